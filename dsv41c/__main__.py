@@ -1,0 +1,3 @@
+from dsv41c.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,162 @@
+"""The `dsv41c` command line.
+
+Each subcommand's arguments are declared here; its work is done by a `cmd_<name>`
+function in the component that owns it (imported lazily, so `dsv41c plan` does not import
+Triton). User errors (bad config, bad checkpoint, bad artifact, bad ids) are printed as one
+line `dsv41c <command>: error: ...` on stderr with exit status 2; anything else is a bug
+and keeps its traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> "module:function" (the function takes the parsed args, returns an exit code)
+HANDLERS = {
+    "init-checkpoint": "dsv41c.frontend.commands:cmd_init_checkpoint",
+    "plan": "dsv41c.frontend.commands:cmd_plan",
+    "reference": "dsv41c.frontend.commands:cmd_reference",
+    "generate": "dsv41c.frontend.commands:cmd_generate",
+    "compile": "dsv41c.passes.commands:cmd_compile",
+    "opt": "dsv41c.passes.commands:cmd_opt",
+    "run": "dsv41c.runtime.commands:cmd_run",
+    "inspect": "dsv41c.runtime.commands:cmd_inspect",
+    "kernels": "dsv41c.codegen.commands:cmd_kernels",
+}
+
+
+class UserError(Exception):
+    """An error caused by the user's input; printed as one line, exit status 2."""
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"token ids must be comma-separated integers, got {text!r}") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("no token ids given")
+    return ids
+
+
+def _onoff(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected 'on' or 'off', got {text!r}")
+    return text == "on"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dsv41c", description="Ahead-of-time compiler and runtime for DeepSeek-V4.1-Flash.")
+    p.add_argument("--version", action="store_true", help="print versions and exit")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    s = sub.add_parser("init-checkpoint", help="write a seeded random checkpoint in the official format")
+    s.add_argument("--preset", required=True, help="tiny | mini | bench | full")
+    s.add_argument("-o", "--output", required=True, metavar="DIR")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--force", action="store_true", help="overwrite DIR if it exists")
+
+    s = sub.add_parser("plan", help="print the layer plan of a checkpoint or preset")
+    s.add_argument("checkpoint", nargs="?", metavar="CKPT_DIR")
+    s.add_argument("--preset")
+    s.add_argument("--json", action="store_true")
+
+    def model_args(s):
+        s.add_argument("checkpoint", metavar="CKPT_DIR")
+        s.add_argument("--ids", type=_ids, required=True, help="comma-separated token ids")
+        s.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
+        s.add_argument("--kv-quant", type=_onoff, default=True, metavar="on|off",
+                       help="FP8/FP4 fake quantization of the KV path (off: numerics debugging, spec §7.3)")
+
+    s = sub.add_parser("reference", help="logits of one prefill from position 0 on the eager reference")
+    model_args(s)
+    s.add_argument("--out", required=True, metavar="FILE.npy")
+
+    s = sub.add_parser("generate", help="greedy generation on the eager reference")
+    model_args(s)
+    s.add_argument("--max-new-tokens", type=int, default=16)
+    s.add_argument("--dspark", action="store_true", help="speculative decoding with the DSpark drafter")
+    s.add_argument("--chunk", type=int, default=0, help="prefill chunk size (0: one chunk)")
+
+    s = sub.add_parser("compile", help="compile a checkpoint or preset into an artifact")
+    s.add_argument("checkpoint", nargs="?", metavar="CKPT_DIR")
+    s.add_argument("--preset")
+    s.add_argument("-o", "--output", required=True, metavar="OUT")
+    s.add_argument("--target", default="cpu")
+    s.add_argument("--kv-quant", type=_onoff, default=True, metavar="on|off")
+    s.add_argument("--dump-dir", metavar="D")
+    s.add_argument("--dump-filter", metavar="RE")
+    s.add_argument("--timings", action="store_true")
+    s.add_argument("--verify-each", action="store_true")
+    s.add_argument("--seed", type=int, default=0)
+
+    s = sub.add_parser("opt", help="run passes over an IR text file")
+    s.add_argument("input", metavar="IN.ir")
+    s.add_argument("-p", "--passes", required=True, metavar="PASS[,PASS...]")
+    s.add_argument("-o", "--output", metavar="OUT.ir")
+
+    s = sub.add_parser("run", help="load an artifact and generate")
+    s.add_argument("artifact", metavar="ARTIFACT")
+    s.add_argument("--checkpoint", metavar="DIR")
+    s.add_argument("--ids", type=_ids, required=True)
+    s.add_argument("--max-new-tokens", type=int, default=16)
+    s.add_argument("--logits-out", metavar="FILE.npy")
+    s.add_argument("--device")
+
+    s = sub.add_parser("inspect", help="describe an artifact")
+    s.add_argument("artifact", metavar="ARTIFACT")
+    s.add_argument("--json", action="store_true")
+
+    s = sub.add_parser("kernels", help="the kernel matrix and ahead-of-time kernel builds")
+    g = s.add_mutually_exclusive_group(required=True)
+    g.add_argument("--matrix", action="store_true")
+    g.add_argument("--build", action="store_true")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--targets", default="cuda:sm80,cuda:sm90,rocm:gfx942,rocm:gfx1100")
+    s.add_argument("-o", "--output", metavar="DIR")
+    return p
+
+
+def _versions() -> str:
+    import dsv41c
+
+    parts = [f"dsv41c {dsv41c.__version__}"]
+    for mod in ("torch", "triton"):
+        try:
+            parts.append(f"{mod} {importlib.import_module(mod).__version__}")
+        except Exception:  # noqa: BLE001 - optional at this point
+            parts.append(f"{mod} (not installed)")
+    return ", ".join(parts)
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        print(_versions())
+        return 0
+    if not args.command:
+        parser.print_help()
+        return 2
+    mod_name, fn_name = HANDLERS[args.command].split(":")
+    fn = getattr(importlib.import_module(mod_name), fn_name)
+    try:
+        return int(fn(args) or 0)
+    except UserError as e:
+        print(f"dsv41c {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # errors of bad input carry the class name of a known user error
+        if type(e).__name__ in _USER_ERROR_NAMES:
+            print(f"dsv41c {args.command}: error: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+# Exceptions raised by the components for bad input (they do not import this module).
+_USER_ERROR_NAMES = {"ConfigError", "CheckpointError", "ArtifactError", "InputError", "PlanError", "IRParseError",
+                     "VerifyError", "PassError", "KernelBuildError", "FileExistsError", "FileNotFoundError"}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
