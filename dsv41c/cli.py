@@ -14,10 +14,10 @@ import sys
 
 # subcommand -> "module:function" (the function takes the parsed args, returns an exit code)
 HANDLERS = {
-    "init-checkpoint": "dsv41c.frontend.commands:cmd_init_checkpoint",
+    "init-checkpoint": "dsv41c.frontend.checkpoint_cli:cmd_init_checkpoint",
     "plan": "dsv41c.frontend.commands:cmd_plan",
-    "reference": "dsv41c.frontend.commands:cmd_reference",
-    "generate": "dsv41c.frontend.commands:cmd_generate",
+    "reference": "dsv41c.frontend.model.cli:cmd_reference",
+    "generate": "dsv41c.frontend.model.cli:cmd_generate",
     "compile": "dsv41c.passes.commands:cmd_compile",
     "opt": "dsv41c.passes.commands:cmd_opt",
     "run": "dsv41c.runtime.commands:cmd_run",
