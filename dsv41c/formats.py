@@ -41,15 +41,24 @@ def e2m1_lut(device=None) -> torch.Tensor:
 
 
 def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
-    """Round float x (already scaled, |x| ≤ 6 after clamp) to E2M1 codes (uint8 0..15), RNE."""
+    """Round float x (already scaled, |x| ≤ 6 after clamp) to E2M1 codes (uint8 0..15), RNE.
+
+    The magnitude code is the number of thresholds |x| passes; a round-up threshold t
+    ("lt": ties go up) is passed at |x| >= t, i.e. strictly above the float32 just below t,
+    so one `bucketize` (count of boundaries strictly below |x|) does all seven compares.
+    """
     x = x.float()
     a = x.abs().clamp(max=E2M1_MAX)
-    code = torch.zeros_like(a, dtype=torch.uint8)
-    for thr, kind in _E2M1_STEPS:
-        above = a > thr if kind == "le" else a >= thr
-        code += above.to(torch.uint8)
+    code = torch.bucketize(a, _e2m1_boundaries(a.device), right=False).to(torch.uint8)
     sign = (x < 0).to(torch.uint8) << 3
     return code | sign
+
+
+def _e2m1_boundaries(device) -> torch.Tensor:
+    t = torch.tensor([thr for thr, _ in _E2M1_STEPS], dtype=torch.float32, device=device)
+    down = torch.nextafter(t, torch.full_like(t, -1.0))
+    up_ties = torch.tensor([kind == "lt" for _, kind in _E2M1_STEPS], device=device)
+    return torch.where(up_ties, down, t)
 
 
 def e2m1_decode(code: torch.Tensor) -> torch.Tensor:

@@ -108,7 +108,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     weight_block_size: tuple = (32, 32)
     expert_dtype: str = "fp4"
-    name: str = "custom"
+    name: str = dataclasses.field(default="custom", compare=False)
 
     # ---------------------------------------------------------------- derived
     @property
@@ -258,6 +258,9 @@ def validate(cfg: ModelConfig, where: str = "<config>") -> None:
         bad("index_head_dim", f"must hold the {cfg.qk_rope_head_dim} RoPE channels, got {cfg.index_head_dim}")
     if cfg.index_head_dim % 32:
         bad("index_head_dim", f"must be a multiple of 32 (FP4 indexer scales per 32), got {cfg.index_head_dim}")
+    for k in ("hidden_size", "moe_intermediate_size"):
+        if getattr(cfg, k) % 32:
+            bad(k, f"must be a multiple of 32 (FP4 experts carry one E8M0 scale per 32), got {getattr(cfg, k)}")
     if cfg.num_attention_heads % cfg.o_groups:
         bad("o_groups", f"{cfg.o_groups} does not divide num_attention_heads {cfg.num_attention_heads}")
     if cfg.num_experts_per_tok > cfg.n_routed_experts:

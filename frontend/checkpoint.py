@@ -1,0 +1,461 @@
+"""Official-format checkpoints: open + validate + dequantize, and seeded random ones.
+
+Reading (`open_checkpoint(path, validate=True) -> Checkpoint`):
+  config.json (via `load_config`; a bad one raises `ConfigError`), then
+  `model.safetensors.index.json` ({"metadata": {"total_size": N}, "weight_map": {name: shard}})
+  or a single `model.safetensors`. Validation reads shard HEADERS only (8-byte length +
+  JSON, parsed here so a truncated or foreign file gets a precise message) and checks:
+  every indexed shard exists, index and shard headers agree name for name, each shard's
+  data is complete, `total_size` equals the sum of tensor bytes, and the text tensors
+  match `inventory.expected_tensors(cfg)` exactly (missing / unexpected / shape / dtype).
+  `vision.*`, `aligner.*`, `image_start/end/newline` are skipped. Tensor data is read
+  lazily, one tensor at a time, through `safetensors.safe_open(..., framework="pt")`.
+
+Dequantization (`Checkpoint.weight(prefix, dtype)`), keyed on the stored dtype:
+  - `X.weight` F8_E4M3 + `X.scale` F8_E8M0 on b×b blocks -> numerics.dequant_fp8_weight;
+    `*.attn.wo_a` is then rounded to BF16 (the reference converter's "wo_a exception",
+    spec §3.13) before the cast to `dtype`;
+  - `X.weight` I8 (packed E2M1, low nibble first) + E8M0 [out, in/32] -> dequant_fp4_weight;
+  - `*.engram.embed` F8_E4M3 + E8M0 [rows, dim/32]: one scale per row per 32 columns;
+  - anything else (BF16 / F32): cast to `dtype`.
+  `mtp.0.main_proj` may be FP8 + scale (what we write) or BF16 without a scale (spec §6.4).
+
+STATE-DICT KEY CONVENTION (`Checkpoint.state_dict`, consumed by the reference model):
+  for a quantized pair `X.weight` + `X.scale` the key is `X.weight` and the value is the
+  dequantized float matrix [out, in] (no `.scale` key); every other tensor keeps its
+  checkpoint name (`layers.3.hc_attn_fn`, `layers.3.attn.attn_sink`, `norm.weight`, ...).
+  Names are the official ones, without a `model.` prefix.
+
+Writing (`write_random_checkpoint`): exactly the inventory's names/shapes/dtypes, values
+drawn per tensor from a torch.Generator seeded by sha256(seed, name, row-chunk), so adding
+a tensor never shifts another one's values and equal seeds give byte-identical files.
+Shard files are written by this module (the safetensors layout is simple), streaming
+row-chunk by row-chunk, so memory stays bounded for `bench`. Everything goes into a temp
+directory next to the target, renamed into place only when complete.
+
+Known gaps: `weight()`/`state_dict()` dequantize engram tables whole (fine for tiny/mini/
+bench; ~100 GB each for `full`, where a row gather is needed); the random values depend on torch's CPU RNG,
+stable in practice across torch 2.x but not promised by torch.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import struct
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+
+from dsv41c.frontend import numerics as nx
+from dsv41c.frontend.config import ModelConfig, load_config
+from dsv41c.frontend.inventory import TensorSpec, expected_tensors, init_rule, is_ignored, total_bytes, units_of
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+MAX_WRITE_BYTES = 100 * 10**9  # `bench` is ~36 GB; `full` (~509 GB) is the published checkpoint
+DEFAULT_SHARD_BYTES = 5 * 2**30
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
+_TORCH_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I8": torch.int8,
+                 "U8": torch.uint8, "F8_E4M3": torch.float8_e4m3fn, "F8_E8M0": torch.float8_e8m0fnu}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that does not hold a valid DeepSeek-V4.1-Flash checkpoint."""
+
+
+def _fmt(spec: TensorSpec) -> str:
+    return f"{spec.dtype} {list(spec.shape)}"
+
+
+# ============================================================================ headers
+
+def _read_header(path: str, why: str = "") -> tuple[dict, int]:
+    """Safetensors header of `path`: ({name: (dtype, shape, (begin, end))}, data_start)."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+            if n < 2 or 8 + n > size:
+                raise CheckpointError(f"{path}: not a safetensors file (header length {n}, file {size} B)")
+            raw = json.loads(f.read(n))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: shard file does not exist{why}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: malformed safetensors header: {e}") from None
+    out, end_max = {}, 0
+    for name, ent in raw.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dt, shape, (b, e) = ent["dtype"], tuple(int(d) for d in ent["shape"]), ent["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{path}: malformed header entry for tensor '{name}': {ent!r}") from None
+        out[name] = (dt, shape, (int(b), int(e)))
+        end_max = max(end_max, int(e))
+    if 8 + n + end_max > size:
+        raise CheckpointError(f"{path}: truncated: data ends at byte {8 + n + end_max}, file has {size} B")
+    return out, 8 + n
+
+
+# ============================================================================ reading
+
+class Checkpoint:
+    """A lazily-read official checkpoint. Build with `open_checkpoint`."""
+
+    def __init__(self, path: str, config: ModelConfig, weight_map: dict, index_hash: str):
+        self.path, self.config, self.index_hash = path, config, index_hash
+        self._map = weight_map  # every indexed name (incl. ignored ones) -> shard file name
+        self._headers: dict[str, tuple[dict, int]] = {}
+        self._handles: dict = {}
+        self._block = config.weight_block_size[0]
+
+    # ------------------------------------------------------------------ listing
+    def names(self) -> list[str]:
+        """Text-model tensor names (vision/aligner/image markers left out), sorted."""
+        return sorted(n for n in self._map if not is_ignored(n))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._map
+
+    def shard_of(self, name: str) -> str:
+        return os.path.join(self.path, self._map[name])
+
+    def _header(self, shard: str, why: str = "") -> tuple[dict, int]:
+        if shard not in self._headers:
+            self._headers[shard] = _read_header(os.path.join(self.path, shard), why)
+        return self._headers[shard]
+
+    def spec(self, name: str) -> TensorSpec:
+        """Stored (shape, dtype) of `name`, from its shard header."""
+        dt, shape, _ = self._entry(name)
+        return TensorSpec(shape, dt)
+
+    def _entry(self, name: str):
+        if name not in self._map:
+            raise CheckpointError(f"{self.path}: no tensor '{name}' in the checkpoint")
+        hdr, _ = self._header(self._map[name], f" (index lists tensor '{name}' in it)")
+        if name not in hdr:
+            raise CheckpointError(f"{self.shard_of(name)}: index lists tensor '{name}' in this shard, "
+                                  f"but the shard does not hold it")
+        return hdr[name]
+
+    # ------------------------------------------------------------------ data
+    def raw(self, name: str) -> torch.Tensor:
+        """The tensor as stored (float8_e4m3fn, float8_e8m0fnu, int8, bfloat16, float32)."""
+        dt, shape, (b, e) = self._entry(name)
+        shard = self._map[name]
+        try:
+            if shard not in self._handles:
+                from safetensors import safe_open
+
+                self._handles[shard] = safe_open(os.path.join(self.path, shard), framework="pt")
+            return self._handles[shard].get_tensor(name)
+        except Exception:  # noqa: BLE001 - an older safetensors without F8_E8M0: read the bytes ourselves
+            if dt not in _TORCH_DTYPES:
+                raise CheckpointError(f"{self.shard_of(name)}: tensor '{name}' has unsupported dtype {dt}") from None
+            with open(self.shard_of(name), "rb") as f:
+                f.seek(self._header(shard)[1] + b)
+                buf = bytearray(f.read(e - b))
+            return torch.frombuffer(buf, dtype=torch.uint8).view(_TORCH_DTYPES[dt]).reshape(shape)
+
+    def weight(self, prefix: str, dtype=torch.float32) -> torch.Tensor:
+        """Dequantized tensor of a module prefix (`layers.3.attn.wq_a`) or a plain tensor name."""
+        base = prefix[: -len(".weight")] if prefix.endswith(".weight") else prefix
+        w_name, s_name = base + ".weight", base + ".scale"
+        if w_name in self._map and s_name in self._map:
+            w, s = self.raw(w_name), self.raw(s_name)
+            if w.dtype == torch.int8:
+                return nx.dequant_fp4_weight(w, s, 32, torch.float32).to(dtype)
+            if base.endswith("engram.embed"):  # per row, per 32 columns (spec §6.7)
+                return nx.dequant_fp8_ue8m0(w, s, 32).to(dtype)
+            out = nx.dequant_fp8_weight(w, s, self._block, torch.float32)
+            if base.endswith("attn.wo_a"):  # the reference keeps wo_a in BF16 after dequant
+                out = out.to(torch.bfloat16)
+            return out.to(dtype)
+        name = w_name if w_name in self._map else prefix
+        if self.spec(name).dtype in ("F8_E4M3", "I8"):  # quantized codes without scales mean nothing
+            raise CheckpointError(f"{self.shard_of(name)}: tensor '{name}' is {self.spec(name).dtype} but "
+                                  f"'{base}.scale' is missing")
+        return self.raw(name).to(dtype)
+
+    def state_dict(self, dtype=torch.float32, include_engram_tables: bool = True) -> dict[str, torch.Tensor]:
+        """Every text tensor dequantized; keys per the module docstring's convention."""
+        out = {}
+        for name in self.names():
+            if name.endswith(".scale") and name[: -len(".scale")] + ".weight" in self._map:
+                continue
+            if not include_engram_tables and name.endswith("engram.embed.weight"):
+                continue
+            out[name] = self.weight(name, dtype)
+        return out
+
+    # ------------------------------------------------------------------ validation
+    def validate(self, total_size: int | None = None) -> None:
+        """Check headers against the index and the config's inventory; raise CheckpointError."""
+        by_shard: dict[str, list[str]] = {}
+        for name, shard in self._map.items():
+            by_shard.setdefault(shard, []).append(name)
+        actual: dict[str, TensorSpec] = {}
+        where: dict[str, str] = {}
+        nbytes = 0
+        for shard, names in sorted(by_shard.items()):  # first what the index promises ...
+            more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+            hdr, _ = self._header(shard, f" (index lists tensor '{names[0]}'{more} in it)")
+            for name in names:
+                if name not in hdr:
+                    raise CheckpointError(f"{os.path.join(self.path, shard)}: index lists tensor '{name}' in this "
+                                          f"shard, but the shard does not hold it")
+        for shard in sorted(by_shard):  # ... then what the shards hold beyond it
+            hdr, _ = self._header(shard)
+            for name, (dt, shape, (b, e)) in hdr.items():
+                if self._map.get(name) != shard:
+                    raise CheckpointError(f"{os.path.join(self.path, shard)}: holds tensor '{name}', which the "
+                                          f"index does not list in this shard")
+                k = _DTYPE_BYTES.get(dt)
+                if k is not None and e - b != math.prod(shape) * k:
+                    raise CheckpointError(f"{os.path.join(self.path, shard)}: tensor '{name}' {dt} {list(shape)} "
+                                          f"spans {e - b} bytes, expected {math.prod(shape) * k}")
+                nbytes += e - b
+                if not is_ignored(name):
+                    actual[name], where[name] = TensorSpec(shape, dt), os.path.join(self.path, shard)
+        if total_size is not None and total_size != nbytes:
+            raise CheckpointError(f"{os.path.join(self.path, INDEX_FILE)}: metadata.total_size is {total_size}, "
+                                  f"but the shards hold {nbytes} bytes of tensors")
+        expected = expected_tensors(self.config)
+        mp = "mtp.0.main_proj"  # BF16 without a scale in some dumps (spec §6.4): accept it
+        if actual.get(f"{mp}.weight", TensorSpec((), "")).dtype == "BF16" and f"{mp}.scale" not in actual:
+            expected.pop(f"{mp}.scale", None)
+            expected[f"{mp}.weight"] = TensorSpec(expected[f"{mp}.weight"].shape, "BF16")
+        what = f"for config '{self.config.name}' ({self.config.num_hidden_layers} layers, " \
+               f"{self.config.n_routed_experts} experts)"
+        missing = [n for n in expected if n not in actual]
+        if missing:
+            rest = f" (and {len(missing) - 1} more missing: {', '.join(missing[1:4])}...)" if len(missing) > 1 else ""
+            raise CheckpointError(f"{self.path}: tensor '{missing[0]}' is missing, expected "
+                                  f"{_fmt(expected[missing[0]])} {what}{rest}")
+        extra = sorted(n for n in actual if n not in expected)
+        if extra:
+            rest = f" (and {len(extra) - 1} more: {', '.join(extra[1:4])}...)" if len(extra) > 1 else ""
+            raise CheckpointError(f"{where[extra[0]]}: unexpected tensor '{extra[0]}' ({_fmt(actual[extra[0]])}) "
+                                  f"{what}{rest}")
+        for name, exp in expected.items():
+            got = actual[name]
+            if got.shape != exp.shape:
+                raise CheckpointError(f"{where[name]}: tensor '{name}' has shape {list(got.shape)}, expected "
+                                      f"{list(exp.shape)} {what}")
+            if got.dtype != exp.dtype:
+                raise CheckpointError(f"{where[name]}: tensor '{name}' has dtype {got.dtype}, expected "
+                                      f"{exp.dtype} {what}")
+
+
+def open_checkpoint(path: str, validate: bool = True) -> Checkpoint:
+    """Open an official-format checkpoint directory (see the module docstring)."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path}: not a checkpoint directory")
+    cfg = load_config(os.path.join(path, "config.json"))
+    index = os.path.join(path, INDEX_FILE)
+    total_size = None
+    if os.path.exists(index):
+        with open(index, "rb") as f:
+            data = f.read()
+        try:
+            d = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{index}: malformed JSON: {e}") from None
+        wm = d.get("weight_map") if isinstance(d, dict) else None
+        if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
+            raise CheckpointError(f"{index}: field 'weight_map' must be an object {{tensor name: shard file}}")
+        for name, shard in wm.items():
+            if os.path.basename(shard) != shard or shard in ("", ".", ".."):
+                raise CheckpointError(f"{index}: tensor '{name}' maps to '{shard}', not a file name in {path}")
+        meta = d.get("metadata", {})
+        total_size = meta.get("total_size") if isinstance(meta, dict) else None
+        if total_size is not None and (not isinstance(total_size, int) or isinstance(total_size, bool)):
+            raise CheckpointError(f"{index}: field 'metadata.total_size' must be an integer, got {total_size!r}")
+        ck = Checkpoint(path, cfg, dict(wm), hashlib.sha256(data).hexdigest())
+    elif os.path.exists(os.path.join(path, SINGLE_FILE)):
+        hdr, _ = _read_header(os.path.join(path, SINGLE_FILE))
+        listing = "".join(f"{n} {hdr[n][0]} {list(hdr[n][1])}\n" for n in sorted(hdr))
+        ck = Checkpoint(path, cfg, {n: SINGLE_FILE for n in hdr}, hashlib.sha256(listing.encode()).hexdigest())
+    else:
+        raise CheckpointError(f"{path}: neither {INDEX_FILE} nor {SINGLE_FILE} found")
+    if validate:
+        ck.validate(total_size)
+    return ck
+
+
+# ============================================================================ writing
+
+@dataclass(frozen=True)
+class WrittenCheckpoint:
+    path: str
+    n_tensors: int
+    n_shards: int
+    total_size: int
+    index_hash: str
+
+
+_CHUNK_ELEMS = 1 << 22  # rows are generated in chunks of about this many elements (bounded memory)
+
+
+def _chunk_seed(seed: int, name: str, chunk: int) -> int:
+    h = hashlib.sha256(f"dsv41c/{seed}/{name}/{chunk}".encode()).digest()
+    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
+
+
+def _bytes(t: torch.Tensor):
+    return t.contiguous().view(torch.uint8).numpy()
+
+
+def _unit_pieces(cfg: ModelConfig, unit: list[str], specs: dict, seed: int):
+    """Yield (tensor name, bytes) in write order for one unit: [name] or [X.weight, X.scale]."""
+    name = unit[0]
+    spec = specs[name]
+    dist, a, b = init_rule(name, spec)
+    shape = spec.shape if len(spec.shape) > 1 else (1, spec.shape[0])
+    rows, cols = shape[0], math.prod(shape[1:]) * (2 if spec.dtype == "I8" else 1)
+    blk = cfg.weight_block_size[0]
+    step = max(blk, _CHUNK_ELEMS // max(cols, 1) // blk * blk)  # multiple of the FP8 block rows
+    scales = []
+    for c, r0 in enumerate(range(0, rows, step)):
+        g = torch.Generator().manual_seed(_chunk_seed(seed, name, c))
+        n = min(step, rows - r0)
+        if dist == "normal":
+            x = torch.randn(n, cols, generator=g) * a + b
+        else:
+            x = torch.rand(n, cols, generator=g) * (b - a) + a
+        if spec.dtype == "I8":
+            q, s = nx.quant_fp4_weight(x, 32)
+        elif spec.dtype == "F8_E4M3" and name.endswith("engram.embed.weight"):
+            q, s = nx.quant_fp8_ue8m0(x, 32)
+        elif spec.dtype == "F8_E4M3":
+            q, s = nx.quant_fp8_weight(x, blk)
+        else:
+            q, s = x.to(torch.bfloat16 if spec.dtype == "BF16" else torch.float32), None
+        if s is not None:
+            scales.append(s)
+        yield name, _bytes(q)
+    if len(unit) == 2:
+        yield unit[1], _bytes(torch.cat(scales, 0))
+
+
+def _plan_shards(units, specs, max_shard_bytes: int) -> list[list[list[str]]]:
+    """Greedy in inventory order; a unit never straddles two shards."""
+    shards, cur, size = [], [], 0
+    for u in units:
+        ub = sum(specs[n].nbytes for n in u)
+        if cur and size + ub > max_shard_bytes:
+            shards.append(cur)
+            cur, size = [], 0
+        cur.append(u)
+        size += ub
+    if cur:
+        shards.append(cur)
+    return shards
+
+
+def _write_shard(path: str, units, specs, cfg, seed, progress) -> None:
+    header, off = {"__metadata__": {"format": "pt"}}, 0
+    for u in units:
+        for n in u:
+            sp = specs[n]
+            header[n] = {"dtype": sp.dtype, "shape": list(sp.shape), "data_offsets": [off, off + sp.nbytes]}
+            off += sp.nbytes
+    hb = json.dumps(header, separators=(",", ":")).encode()
+    hb += b" " * (-len(hb) % 8)  # safetensors pads the header to 8 bytes
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hb)))
+        f.write(hb)
+        for u in units:
+            done = dict.fromkeys(u, 0)
+            for n, buf in _unit_pieces(cfg, u, specs, seed):
+                f.write(buf)
+                done[n] += buf.nbytes
+            for n in u:  # a wrong byte count would silently corrupt every later offset
+                if done[n] != specs[n].nbytes:
+                    raise AssertionError(f"{n}: wrote {done[n]} bytes, header says {specs[n].nbytes}")
+            if progress:
+                progress(u[0], sum(done.values()))
+
+
+def write_random_checkpoint(cfg: ModelConfig, out_dir, seed: int = 0, max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+                            force: bool = False, progress: bool | None = None) -> WrittenCheckpoint:
+    """Write a seeded random checkpoint for `cfg` in the official format into `out_dir`."""
+    specs = expected_tensors(cfg)
+    total = total_bytes(specs)
+    out = os.path.abspath(os.fspath(out_dir))
+    if total > MAX_WRITE_BYTES:
+        raise CheckpointError(f"{out}: preset '{cfg.name}' is too large to write ({total / 1e9:.1f} GB of tensors, "
+                              f"limit {MAX_WRITE_BYTES / 1e9:.0f} GB); use the published checkpoint")
+    if os.path.lexists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        if not force:
+            raise CheckpointError(f"{out}: exists and is not an empty directory; pass force=True (--force) to "
+                                  f"replace it")
+        # --force deletes the old directory: only do that to something that is a checkpoint
+        if not os.path.isdir(out) or not os.path.exists(os.path.join(out, "config.json")):
+            raise CheckpointError(f"{out}: exists and is not a checkpoint directory (no config.json); refusing to "
+                                  f"replace it even with --force")
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    free = shutil.disk_usage(parent).free
+    if free < total + (64 << 20):
+        raise CheckpointError(f"{out}: needs {total / 1e9:.2f} GB, only {free / 1e9:.2f} GB free on that disk")
+    shards = _plan_shards(units_of(specs), specs, max_shard_bytes)
+    show = progress if progress is not None else total > 2**30
+    state = {"done": 0, "t": 0.0}
+
+    def report(name, nb):
+        state["done"] += nb
+        if time.monotonic() - state["t"] > 2 or state["done"] == total:
+            state["t"] = time.monotonic()
+            print(f"init-checkpoint: {state['done'] / 1e9:.2f}/{total / 1e9:.2f} GB "
+                  f"({100 * state['done'] / total:.0f}%) {name}", file=sys.stderr, flush=True)
+
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; the result is an ordinary directory
+        weight_map = {}
+        for i, units in enumerate(shards):
+            fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            _write_shard(os.path.join(tmp, fname), units, specs, cfg, seed, report if show else None)
+            weight_map.update({n: fname for u in units for n in u})
+        index = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2,
+                           sort_keys=True).encode() + b"\n"
+        with open(os.path.join(tmp, INDEX_FILE), "wb") as f:
+            f.write(index)
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(cfg.to_json_dict(), f, indent=2)
+            f.write("\n")
+        _swap_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return WrittenCheckpoint(out, len(specs), len(shards), total, hashlib.sha256(index).hexdigest())
+
+
+def _swap_into_place(tmp: str, out: str) -> None:
+    """Rename the finished temp dir to `out`; an existing `out` is removed only after that succeeds."""
+    if not os.path.lexists(out):
+        os.rename(tmp, out)
+        return
+    old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=os.path.dirname(out))
+    os.rmdir(old)
+    os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
+    if os.path.isdir(old) and not os.path.islink(old):
+        shutil.rmtree(old)
+    else:
+        os.remove(old)
