@@ -6,8 +6,9 @@ Spec §3.9/3.10:
 - primes: starting above `engram_vocab_size - 1`, for every (layer, n, head) in order the
   next prime not handed out before (one global "seen" set; each n restarts the walk at
   `engram_vocab_size - 1`, so in effect the primes are consecutive);
-- per position p, compressed tokens t_i = tok[p-i] (pad id where p-i < 0 or the look-back
-  crosses a DEAD token), h = t_0·m_0, then for i = 1..max_n-1: h ^= t_i·m_i and the
+- per position p, compressed tokens t_i = tok[p-i] (pad id where p-i < 0 or where any of
+  tok[p-i..p] is DEAD — HF blocks cumulatively from shift 0, so a DEAD token's own ids are
+  all pad), h = t_0·m_0, then for i = 1..max_n-1: h ^= t_i·m_i and the
   (i+1)-gram hash for head k is h mod prime[n][k];
 - row id = hash + offset, offsets the exclusive prefix sum of the layer's primes in
   n-major, head-minor order; each layer's primes sum to its `engram_num_embeddings`.
@@ -99,8 +100,10 @@ def engram_row_ids(tokens: torch.Tensor, cfg, layer_pos: int, dead: torch.Tensor
     T = t.shape[0]
     d = dead.cpu() if dead is not None else torch.zeros(T, dtype=torch.bool)
     # shifted[i][p] = t[p-i], pad where the look-back leaves the sequence or crosses DEAD.
-    shifted = [t.clone()]
-    blocked = torch.zeros_like(d)
+    # As HF (`DeepseekV41NgramHashState`): the blocking is cumulative and starts at shift 0,
+    # so a DEAD token itself hashes as all-pad (its gate is forced to 0 anyway).
+    blocked = d.clone()
+    shifted = [torch.where(blocked, torch.full_like(t, pad), t)]
     for i in range(1, max_n):
         s = torch.full_like(t, pad)
         s[i:] = t[:-i] if T > i else s[i:]

@@ -1,0 +1,105 @@
+"""Weights of the reference model: dtype policy, expert stacking, random state dicts.
+
+Input: a float state dict keyed by the official names (spec §4/§4.1) — what
+`checkpoint.open_checkpoint(dir).state_dict(dtype)` returns (quantized pairs already
+dequantized into `X.weight`, wo_a rounded through BF16, engram tables with their scales
+applied) or `random_state_dict(cfg, seed)`.
+
+Dtype policy (`Weights`), as the reference / HF `_keep_in_fp32_modules_strict`:
+- fp32-critical tensors (mHC `hc_*`, `attn_sink`, router `bias` / `bias_vl`) are kept in
+  the accumulation dtype (float32; float64 in the float64 mode);
+- everything else is cast to the model dtype. The ratio-2 compressor's wkv/wgate and the
+  router weight are promoted to fp32 where they are used (exact: BF16 ⊂ FP32).
+Routed experts are stacked per layer into w1/w3 [E, I, D] and w2 [E, D, I].
+
+`random_state_dict(cfg, seed)`: every text tensor of `inventory.expected_tensors(cfg)`,
+as float32 with unit-variance linears and norms near 1 (a 40-layer stack keeps O(1)
+activations), for tests that do not need a checkpoint on disk. It is NOT bit-identical
+to `write_random_checkpoint` (no FP8/FP4 rounding) — the model does not care.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dsv41c.frontend.inventory import expected_tensors
+from dsv41c.frontend.model.norms import acc_dtype
+
+_FP32_LEAVES = ("hc_attn_fn", "hc_attn_base", "hc_attn_scale", "hc_ffn_fn", "hc_ffn_base", "hc_ffn_scale",
+                "attn_sink")
+
+
+def is_fp32_critical(name: str) -> bool:
+    leaf = name.rsplit(".", 1)[-1]
+    return leaf in _FP32_LEAVES or name.endswith((".gate.bias", ".gate.bias_vl"))
+
+
+class Weights:
+    """Name -> tensor in the model's dtype policy, plus stacked experts per block prefix."""
+
+    def __init__(self, state_dict: dict, dtype: torch.dtype):
+        self.dtype = dtype
+        self.acc = acc_dtype(dtype)
+        self.t = {}
+        for name, v in state_dict.items():
+            if name.endswith(".scale") and name[: -len(".scale")] + ".weight" in state_dict:
+                continue  # a reader that left scales beside dequantized weights
+            self.t[name] = v.to(self.acc if is_fp32_critical(name) else dtype)
+        self._experts = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        try:
+            return self.t[name]
+        except KeyError:
+            raise KeyError(f"reference model: checkpoint has no tensor '{name}'") from None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.t
+
+    def get(self, name: str):
+        return self.t.get(name)
+
+    def experts(self, prefix: str, n: int):
+        """Stacked routed experts of `prefix` ('layers.3.ffn'): (w1, w2, w3)."""
+        if prefix not in self._experts:
+            stack = [torch.stack([self[f"{prefix}.experts.{e}.{w}.weight"] for e in range(n)])
+                     for w in ("w1", "w2", "w3")]
+            for e in range(n):  # keep one copy only
+                for w in ("w1", "w2", "w3"):
+                    self.t.pop(f"{prefix}.experts.{e}.{w}.weight")
+            self._experts[prefix] = tuple(stack)
+        return self._experts[prefix]
+
+
+def _init(name: str, shape: tuple, g: torch.Generator) -> torch.Tensor:
+    leaf = name.rsplit(".", 1)[-1]
+    if name.endswith("norm.weight") or name.endswith(("engram.q_weight", "engram.k_weight")):
+        return 1.0 + 0.1 * torch.randn(shape, generator=g)
+    if leaf.startswith("hc_") and leaf.endswith("_fn"):
+        return torch.randn(shape, generator=g) / math.sqrt(shape[1])
+    if leaf.startswith("hc_") and leaf.endswith("_base"):
+        return 0.1 * torch.randn(shape, generator=g)
+    if leaf.startswith("hc_") and leaf.endswith("_scale"):
+        return 0.1 + 0.9 * torch.rand(shape, generator=g)
+    if leaf == "attn_sink" or name == "embed.weight" or name.endswith("engram.embed.weight"):
+        return torch.randn(shape, generator=g)
+    if leaf in ("bias", "bias_vl") or name.endswith("markov_head.embed.weight"):
+        return 0.1 * torch.randn(shape, generator=g)
+    small = 0.1 if name.endswith("confidence_head.proj.weight") else 1.0
+    return torch.randn(shape, generator=g) * (small / math.sqrt(shape[-1]))
+
+
+def random_state_dict(cfg, seed: int = 0) -> dict:
+    """A float32 state dict with every text tensor of `cfg` (dequantized shapes, no scales)."""
+    specs = expected_tensors(cfg)
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, spec in specs.items():
+        if name.endswith(".scale"):
+            continue
+        shape = tuple(spec.shape)
+        if spec.dtype == "I8":  # packed FP4: two values per byte along `in`
+            shape = (shape[0], shape[1] * 2)
+        out[name] = _init(name, shape, g)
+    return out
