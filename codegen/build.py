@@ -1,0 +1,161 @@
+"""`dsv41c compile`: config (+ checkpoint) -> trace -> pass pipeline -> cpu codegen -> artifact.
+
+    build_artifact(out, checkpoint=DIR | preset="tiny", target="cpu", kv_quant=True, ...)
+
+Steps (progress on stderr, one line each):
+1. config: `load_config(CKPT_DIR)` (and the checkpoint's headers validated), or a preset;
+2. a checkpoint for `tiny`/`mini` without one: a seeded random checkpoint is written and
+   embedded as `checkpoint/` (location recorded relative, so the artifact runs as is);
+   `bench`/`full` without one: the plan alone (the loader then asks for checkpoint=DIR;
+   the inventory hash to check it against is computed from the config);
+3. trace (`frontend/trace.py`) -> IR module with @prefill/@decode;
+4. the pipeline (`passes/pipeline.py`) through the PassManager (timings, verify-each,
+   dumps), then a final verify;
+5. codegen for `cpu` (`codegen/cpu.py`): program.json;
+6. `write_artifact`: manifest.json (versions, target, config + hash, checkpoint location +
+   index hash + inventory hash, pipeline + options), plan.ir, program.json, reports/
+   (passes.json: per-pass changed flag + stats, and wall-clock seconds when --timings is
+   asked; trace.json; layer_plan.json/.txt with cache bytes; ops.json).
+Determinism: nothing time- or path-dependent is written unless asked (--timings records
+seconds, and then the artifact is reproducible except for reports/passes.json).
+Known gaps: only the `cpu` target is built here (GPU targets: codegen/aot.py's kernels are
+not wired into a plan yet).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+
+from dsv41c.codegen.artifact import dumps_json, write_artifact
+from dsv41c.codegen.cpu import PlanError, emit_program
+
+TARGETS = ("cpu",)
+
+
+def _log(msg):
+    print(f"compile: {msg}", file=sys.stderr, flush=True)
+
+
+def expected_inventory_hash(cfg) -> str:
+    """The runtime's inventory hash (runtime/weights.py) of a checkpoint of `cfg`, from the config alone."""
+    from dsv41c.frontend.inventory import expected_tensors
+
+    lines = sorted(f"{n} {s.dtype} {list(s.shape)}" for n, s in expected_tensors(cfg).items())
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def _versions() -> dict:
+    import torch
+
+    import dsv41c
+
+    try:
+        import triton
+
+        tv = triton.__version__
+    except Exception:  # noqa: BLE001 - triton is optional for the cpu target
+        tv = None
+    return {"dsv41c_version": dsv41c.__version__, "torch_version": torch.__version__, "triton_version": tv}
+
+
+def _op_counts(module) -> dict:
+    return {name: dict(sorted(Counter(op.name for op in f.ops).items())) for name, f in module.functions.items()}
+
+
+def build_artifact(out: str, checkpoint: str | None = None, preset: str | None = None, target: str = "cpu",
+                   kv_quant: bool = True, seed: int = 0, dump_dir=None, dump_filter=None, timings: bool = False,
+                   verify_each: bool = False, force: bool = False) -> dict:
+    from dsv41c.frontend.config import ConfigError, load_config
+    from dsv41c.frontend.config import preset as preset_config
+    from dsv41c.frontend.layer_plan import plan_as_json, plan_as_table
+    from dsv41c.frontend.trace import trace
+    from dsv41c.ir.printer import print_module
+    from dsv41c.ir.verifier import VerifyError, verify
+    from dsv41c.passes.base import PassError
+    from dsv41c.passes.manager import PassManager
+    from dsv41c.passes.pipeline import build_pipeline
+    from dsv41c.runtime.weights import index_hash, inventory_hash
+
+    t_start = time.perf_counter()
+    if (checkpoint is None) == (preset is None):
+        raise ConfigError("compile: give either a checkpoint directory or --preset NAME (not both)")
+    if target not in TARGETS:
+        raise PlanError(f"target '{target}' is not built by this compiler yet (built targets: {', '.join(TARGETS)})")
+    if os.path.exists(out) and not force:
+        raise FileExistsError(f"{os.path.abspath(out)}: already exists (remove it, or pass force=True)")
+    tmp_ckpt = None
+    try:
+        if checkpoint is not None:
+            from dsv41c.frontend.checkpoint import open_checkpoint
+
+            cfg = load_config(checkpoint)
+            open_checkpoint(checkpoint)  # headers vs index vs inventory, before any work
+            ck = {"location": os.path.abspath(checkpoint), "index_hash": index_hash(checkpoint),
+                  "inventory_hash": inventory_hash(checkpoint)}
+            _log(f"config from {checkpoint} (hash {cfg.hash()})")
+        else:
+            cfg = preset_config(preset)
+            _log(f"preset '{preset}' (config hash {cfg.hash()})")
+            if preset in ("tiny", "mini"):
+                from dsv41c.frontend.checkpoint import write_random_checkpoint
+
+                parent = os.path.dirname(os.path.abspath(out))
+                os.makedirs(parent, exist_ok=True)
+                tmp_ckpt = tempfile.mkdtemp(prefix=".ckpt-", dir=parent)
+                _log(f"writing a random checkpoint (seed {seed}) into the artifact")
+                write_random_checkpoint(cfg, os.path.join(tmp_ckpt, "checkpoint"), seed=seed, progress=False)
+                src = os.path.join(tmp_ckpt, "checkpoint")
+                ck = {"location": "checkpoint", "index_hash": index_hash(src), "inventory_hash": inventory_hash(src)}
+            else:
+                ck = {"location": None, "index_hash": None, "inventory_hash": expected_inventory_hash(cfg)}
+        _log(f"tracing prefill + decode ({cfg.num_hidden_layers} layers, kv_quant={'on' if kv_quant else 'off'})")
+        module, tinfo = trace(cfg, kv_quant=kv_quant, progress=sys.stderr)
+        _log(f"traced in {tinfo.seconds:.1f} s: {tinfo.ops} ops, {tinfo.stamps} segment stamps")
+        passes = build_pipeline()
+        pm = PassManager(passes, verify_each=verify_each, timings=timings, dump_dir=dump_dir, dump_filter=dump_filter)
+        t0 = time.perf_counter()
+        result = pm.run(module)
+        module = result.module
+        try:
+            verify(module)
+        except VerifyError as e:
+            raise PassError(f"IR invalid after the pipeline; rerun with --verify-each to find the pass: {e}") from e
+        _log(f"pipeline ({len(passes)} passes) in {time.perf_counter() - t0:.1f} s")
+        program = emit_program(module, {"state.tokens_tail": cfg.engram_pad_token_id})
+        plan_text = print_module(module)
+        records = []
+        for r in result.records:
+            rec = {"index": r.index, "name": r.name, "spec": r.spec, "changed": r.changed, "stats": r.stats,
+                   "disabled": r.disabled}
+            if timings:
+                rec["seconds"] = round(r.seconds, 4)
+            records.append(rec)
+        files = {
+            "plan.ir": plan_text,
+            "program.json": program,
+            "reports/passes.json": dumps_json({"pipeline": [p.spec() for p in passes], "passes": records}),
+            "reports/trace.json": dumps_json({"segments_exported": sorted(tinfo.exports) if not timings
+                                              else tinfo.exports, "stamps": tinfo.stamps, "ops": tinfo.ops}),
+            "reports/ops.json": dumps_json(_op_counts(module)),
+            "reports/layer_plan.json": dumps_json(plan_as_json(cfg)),
+            "reports/layer_plan.txt": plan_as_table(cfg) + "\n",
+        }
+        config = cfg.to_json_dict()
+        manifest = {**_versions(), "target": target, "config": config, "config_hash": cfg.hash(), "checkpoint": ck,
+                    "pipeline": [p.spec() for p in passes], "program": "program.json", "plan": "plan.ir",
+                    "options": {"kv_quant": bool(kv_quant), "dtype": "float32", "seed": seed if tmp_ckpt else None},
+                    "functions": {n: {"ops": len(f.ops), "args": len(f.args)} for n, f in module.functions.items()}}
+        copy = {"checkpoint": os.path.join(tmp_ckpt, "checkpoint")} if tmp_ckpt else None
+        path = write_artifact(out, manifest, files, copy, force=force)
+    finally:
+        if tmp_ckpt:
+            shutil.rmtree(tmp_ckpt, ignore_errors=True)
+    total = time.perf_counter() - t_start
+    size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
+    _log(f"wrote {path} ({size / 1e6:.1f} MB) in {total:.1f} s")
+    return {"path": path, "seconds": total, "trace_seconds": tinfo.seconds, "ops": tinfo.ops}

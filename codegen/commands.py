@@ -1,0 +1,56 @@
+"""`dsv41c kernels`: print the kernel matrix, or build every kernel ahead of time.
+
+    dsv41c kernels --matrix [--json]
+    dsv41c kernels --build --targets cuda:sm80,cuda:sm90,rocm:gfx942,rocm:gfx1100 -o DIR [--json]
+
+`--matrix` prints `codegen/matrix.py`'s table (every registered template × every target,
+the emitted HIP/AscendC rows, gaps listed at the end) or its JSON. `--build` runs
+`codegen/aot.py` (one progress line per kernel on stderr), prints a summary, and exits 1
+when any kernel failed (the output directory is still written, failures recorded in it).
+Bad input raises KernelBuildError (printed by the CLI as one line, exit status 2).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from dsv41c.codegen.matrix import KernelBuildError, parse_targets
+
+
+def cmd_kernels(args) -> int:
+    if getattr(args, "build", False):
+        return _build(args)
+    return _matrix(args)
+
+
+def _matrix(args) -> int:
+    from dsv41c.codegen.matrix import KernelMatrix
+
+    m = KernelMatrix.build()
+    sys.stdout.write(m.dumps() if args.json else m.render())
+    return 0
+
+
+def _build(args) -> int:
+    if not args.output:
+        raise KernelBuildError("--build needs -o DIR (the output directory)")
+    targets = parse_targets(args.targets)  # before importing triton: bad input fails fast
+    if "triton" not in sys.modules:
+        # an AOT build needs the real compiler: kernels must be defined as JITFunctions
+        os.environ["TRITON_INTERPRET"] = "0"
+    from dsv41c.codegen import aot
+
+    manifest = aot.build(targets, args.output, log=sys.stderr)
+    s = manifest["summary"]
+    if args.json:
+        sys.stdout.write(json.dumps(s, indent=1, sort_keys=True) + "\n")
+    else:
+        print(f"kernels: {s['built']} built, {s['failed']} failed, {s['sources_emitted']} sources emitted "
+              f"-> {args.output}")
+        for t, p in s["per_target"].items():
+            checks = ", ".join(f"{k} {v}" for k, v in sorted(p["matrix_check"].items())) or "-"
+            print(f"  {t}: {p['built']} built, {p['failed']} failed, {p['sources']} sources; matrix check: {checks}")
+        for f in s["failures"]:
+            print(f"  FAILED {f}")
+    return 1 if s["failed"] else 0

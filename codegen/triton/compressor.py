@@ -1,0 +1,451 @@
+"""Fused KV compressor: wkv GEMM (+ gated pair pooling) -> RMSNorm -> RoPE -> FP4 pack -> cache append.
+
+What (spec §3.3, §3.4, §3.12): one kernel per KV-source layer turns the attention input x
+[T, 5120] into compressed-KV cache rows, and optionally the indexer key rows:
+- ratio 1 (layer 20): `latent_t = kv_norm(wkv(x_t))` (bf16 linear, bf16 RMSNorm).
+- ratio 2 (layers 2/8/14): aligned pairs (2j, 2j+1): `kv = x·wkv^T`, `g = x·wgate^T` in fp32,
+  per-channel softmax over the 2 tokens, weighted sum, then RMSNorm in fp32.
+- tail (both): the pre-RoPE latent is written out if asked (the indexer's input), then RoPE
+  (interleaved pairs on the last rope_dim channels, compress cos/sin table at the entry's
+  position: t for ratio 1, 2j for ratio 2), FP4 E2M1 + one E4M3 scale per 16 channels, packed
+  (low nibble = even channel), written to cache row `rows[i]` (-1 = do not write).
+- fused indexer key (optional): `k = k_norm(wk(latent))` (latent rounded to bf16, wk 512->128,
+  bf16 RMSNorm), RoPE on the last rope_dim of 128 channels, FP4 E2M1 + UE8M0 per 32, packed,
+  written to the indexer-key cache at the same row.
+
+Algorithm: one program owns BM output rows and the full 512-channel width, kept in registers
+as (even, odd) channel halves: the GEMM computes the even and the odd output channels as two
+accumulators (W's rows loaded with stride 2), so RoPE pairs and FP4 nibble pairs are lane-wise
+and nothing is shuffled. The RMSNorm needs whole rows, which is why the width is not tiled.
+bf16 roundings of the reference (linear output, normalized value, weight product, RoPE output)
+are reproduced with an explicit round-to-nearest-even on the fp32 bit pattern (`round_bf16`);
+rsqrt is `1 / sqrt_rn` with `div_rn`, so on inputs whose GEMM and sum of squares are exact the
+kernel is bit-identical to the reference (tested); elsewhere it differs by accumulation order.
+
+Specialization keys: C (512), ROPE (64), RATIO (1|2), BM (rows per program), BK (K step),
+FUSE_IDX (indexer key fused), CI/IROPE (128/64), UPCAST (fp32 dots: interpreter only).
+Variants per target: ratio-1 prefill (BM 32) and ratio-2 prefill (BM 16 pairs), each with the
+indexer key fused; decode (<= 32 tokens): `_compress_gemv_kernel` spreads the 512x5120 (x2 with
+the gate) weight read over 8 channel blocks x 8 K-splits, and the tail kernel (FROM_PART) adds the
+partials in split order; gfx1100 (RDNA3, 64 KB LDS, wave32) uses BK 32.
+
+Known gaps: the ratio-2 partial group (odd token at a chunk's end) is buffered by the caller
+(HF `buffer_kv`): this kernel takes complete aligned pairs only. The compressed cache is a flat
+row array (a paged layout only changes `rows`). With fp fusion on (Triton's default on GPUs)
+RoPE's mul/sub may contract to FMA: GPU results can differ from the reference in the last bit
+of a few values (and so in a rare FP4 code); launches here pass enable_fp_fusion=False.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv41c.codegen.templates import KernelTemplate, register
+from dsv41c.codegen.triton.kv_quant import (
+    TARGETS, aot_spec, interpreting, quant_fp4_e4m3_pairs, quant_fp4_ue8m0_pairs, round_bf16)
+from dsv41c.frontend import numerics as nx
+
+
+@triton.jit
+def _rope_pairs(E, O, pos, cos_ptr, sin_ptr, R: tl.constexpr, HALF: tl.constexpr, ROPE: tl.constexpr,
+                INVERSE: tl.constexpr):
+    """Rotate the last ROPE/2 (even, odd) pairs of [R, HALF] by the angle table at pos [R]."""
+    i = tl.arange(0, HALF)
+    j = i - (HALF - ROPE // 2)
+    on = j >= 0
+    jj = tl.where(on, j, 0)
+    off = pos.to(tl.int64)[:, None] * (ROPE // 2) + jj[None, :]
+    c = tl.load(cos_ptr + off, mask=on[None, :], other=1.0)
+    s = tl.load(sin_ptr + off, mask=on[None, :], other=0.0)
+    if INVERSE:
+        s = -s
+    eR = E * c - O * s
+    oR = E * s + O * c
+    return tl.where(on[None, :], eR, E), tl.where(on[None, :], oR, O)
+
+
+@triton.jit
+def _rmsnorm_pairs(E, O, w_ptr, eps, HALF: tl.constexpr, BF16: tl.constexpr):
+    """RMSNorm of rows split into (even, odd) halves: w * (x * rsqrt(mean x^2 + eps)) with the
+    reference's bf16 roundings when BF16."""
+    i = tl.arange(0, HALF)
+    ss = tl.sum(E * E, axis=1) + tl.sum(O * O, axis=1)
+    ms = tl.math.div_rn(ss, tl.full(ss.shape, 2.0 * HALF, tl.float32)) + eps
+    rstd = tl.math.div_rn(tl.full(ms.shape, 1.0, tl.float32), tl.math.sqrt_rn(ms))
+    wE = tl.load(w_ptr + 2 * i).to(tl.float32)
+    wO = tl.load(w_ptr + 2 * i + 1).to(tl.float32)
+    yE = E * rstd[:, None]
+    yO = O * rstd[:, None]
+    if BF16:
+        yE = round_bf16(round_bf16(yE) * wE[None, :])
+        yO = round_bf16(round_bf16(yO) * wO[None, :])
+    else:
+        yE = yE * wE[None, :]
+        yO = yO * wO[None, :]
+    return yE, yO
+
+
+@triton.jit
+def _compressor_kernel(x_ptr, wkv_ptr, wg_ptr, nw_ptr, cos_ptr, sin_ptr, pos_ptr, rows_ptr,
+                       kvc_ptr, kvs_ptr, lat_ptr, wk_ptr, knw_ptr, ic_ptr, is_ptr, part_ptr, gpart_ptr,
+                       n_out, K, stride_x, eps, n_tok, ksplit,
+                       C: tl.constexpr, ROPE: tl.constexpr, RATIO: tl.constexpr, BM: tl.constexpr,
+                       BK: tl.constexpr, WRITE_LAT: tl.constexpr, LAT_BF16: tl.constexpr,
+                       FUSE_IDX: tl.constexpr, CI: tl.constexpr, IROPE: tl.constexpr, UPCAST: tl.constexpr,
+                       FROM_PART: tl.constexpr):
+    HALF: tl.constexpr = C // 2
+    pid = tl.program_id(0)
+    r = pid * BM + tl.arange(0, BM)
+    rmask = r < n_out
+    r64 = r.to(tl.int64)
+    h = tl.arange(0, HALF)
+    kk = tl.arange(0, BK)
+    # x rows: token RATIO*r (+1 for the second token of a pair)
+    if FROM_PART:
+        # decode: the linear outputs were computed by _compress_gemv_kernel as ksplit partial sums
+        # [ksplit, n_tok, C] (fp32), added here in split order (deterministic)
+        pa = part_ptr + (RATIO * r64)[:, None] * C + 2 * h[None, :]
+        accE = tl.zeros((BM, HALF), tl.float32)
+        accO = tl.zeros((BM, HALF), tl.float32)
+        if RATIO == 2:
+            ga = gpart_ptr + (RATIO * r64)[:, None] * C + 2 * h[None, :]
+            bE = tl.zeros((BM, HALF), tl.float32)
+            bO = tl.zeros((BM, HALF), tl.float32)
+            gaE = tl.zeros((BM, HALF), tl.float32)
+            gaO = tl.zeros((BM, HALF), tl.float32)
+            gbE = tl.zeros((BM, HALF), tl.float32)
+            gbO = tl.zeros((BM, HALF), tl.float32)
+        off = tl.zeros((), tl.int64)
+        for ks in range(ksplit):
+            accE += tl.load(pa + off, mask=rmask[:, None], other=0.0)
+            accO += tl.load(pa + off + 1, mask=rmask[:, None], other=0.0)
+            if RATIO == 2:
+                bE += tl.load(pa + off + C, mask=rmask[:, None], other=0.0)
+                bO += tl.load(pa + off + C + 1, mask=rmask[:, None], other=0.0)
+                gaE += tl.load(ga + off, mask=rmask[:, None], other=0.0)
+                gaO += tl.load(ga + off + 1, mask=rmask[:, None], other=0.0)
+                gbE += tl.load(ga + off + C, mask=rmask[:, None], other=0.0)
+                gbO += tl.load(ga + off + C + 1, mask=rmask[:, None], other=0.0)
+            off += n_tok * C
+    else:
+        # x rows: token RATIO*r (+1 for the second token of a pair)
+        xa_ptrs = x_ptr + (RATIO * r64)[:, None] * stride_x + kk[None, :]
+        # W tiles [BK, HALF]: even output channels are W rows 2h, odd ones 2h+1
+        wE_ptrs = wkv_ptr + (2 * h).to(tl.int64)[None, :] * K + kk[:, None]
+        accE = tl.zeros((BM, HALF), tl.float32)
+        accO = tl.zeros((BM, HALF), tl.float32)
+        if RATIO == 2:
+            gE_ptrs = wg_ptr + (2 * h).to(tl.int64)[None, :] * K + kk[:, None]
+            bE = tl.zeros((BM, HALF), tl.float32)
+            bO = tl.zeros((BM, HALF), tl.float32)
+            gaE = tl.zeros((BM, HALF), tl.float32)
+            gaO = tl.zeros((BM, HALF), tl.float32)
+            gbE = tl.zeros((BM, HALF), tl.float32)
+            gbO = tl.zeros((BM, HALF), tl.float32)
+        for k0 in range(0, K, BK):
+            kmask = (k0 + kk) < K
+            xa = tl.load(xa_ptrs + k0, mask=rmask[:, None] & kmask[None, :], other=0.0)
+            wE = tl.load(wE_ptrs + k0, mask=kmask[:, None], other=0.0)
+            wO = tl.load(wE_ptrs + K + k0, mask=kmask[:, None], other=0.0)
+            if UPCAST:
+                xa = xa.to(tl.float32)
+                wE = wE.to(tl.float32)
+                wO = wO.to(tl.float32)
+            accE = tl.dot(xa, wE, accE)
+            accO = tl.dot(xa, wO, accO)
+            if RATIO == 2:
+                xb = tl.load(xa_ptrs + stride_x + k0, mask=rmask[:, None] & kmask[None, :], other=0.0)
+                vE = tl.load(gE_ptrs + k0, mask=kmask[:, None], other=0.0)
+                vO = tl.load(gE_ptrs + K + k0, mask=kmask[:, None], other=0.0)
+                if UPCAST:
+                    xb = xb.to(tl.float32)
+                    vE = vE.to(tl.float32)
+                    vO = vO.to(tl.float32)
+                bE = tl.dot(xb, wE, bE)
+                bO = tl.dot(xb, wO, bO)
+                gaE = tl.dot(xa, vE, gaE)
+                gaO = tl.dot(xa, vO, gaO)
+                gbE = tl.dot(xb, vE, gbE)
+                gbO = tl.dot(xb, vO, gbO)
+
+    if RATIO == 2:
+        # per-channel softmax over the pair, fp32 (reference order: exp(g - max) / sum)
+        mE = tl.maximum(gaE, gbE)
+        eaE = tl.exp(gaE - mE)
+        ebE = tl.exp(gbE - mE)
+        sE = eaE + ebE
+        E = tl.math.div_rn(eaE, sE) * accE + tl.math.div_rn(ebE, sE) * bE
+        mO = tl.maximum(gaO, gbO)
+        eaO = tl.exp(gaO - mO)
+        ebO = tl.exp(gbO - mO)
+        sO = eaO + ebO
+        O = tl.math.div_rn(eaO, sO) * accO + tl.math.div_rn(ebO, sO) * bO
+        E, O = _rmsnorm_pairs(E, O, nw_ptr, eps, HALF, False)
+    else:
+        E, O = _rmsnorm_pairs(round_bf16(accE), round_bf16(accO), nw_ptr, eps, HALF, True)
+
+    if WRITE_LAT:
+        lp = lat_ptr + r64[:, None] * C + 2 * h[None, :]
+        if LAT_BF16:
+            tl.store(lp, round_bf16(E).to(lat_ptr.dtype.element_ty), mask=rmask[:, None])
+            tl.store(lp + 1, round_bf16(O).to(lat_ptr.dtype.element_ty), mask=rmask[:, None])
+        else:
+            tl.store(lp, E.to(lat_ptr.dtype.element_ty), mask=rmask[:, None])
+            tl.store(lp + 1, O.to(lat_ptr.dtype.element_ty), mask=rmask[:, None])
+
+    pos = tl.load(pos_ptr + r, mask=rmask, other=0)
+    rows = tl.load(rows_ptr + r, mask=rmask, other=-1)
+    wmask = rmask & (rows >= 0)
+    rows64 = rows.to(tl.int64)
+
+    if FUSE_IDX:
+        # k = k_norm(wk(bf16(latent))): even/odd output channels x even/odd input channels
+        IH: tl.constexpr = CI // 2
+        ci = tl.arange(0, IH)
+        LE = round_bf16(E)
+        LO = round_bf16(O)
+        wkb = wk_ptr + (2 * ci)[None, :] * C + (2 * h)[:, None]  # [HALF, IH]: wk[2ci, 2h]
+        wEE = tl.load(wkb)
+        wEO = tl.load(wkb + 1)
+        wOE = tl.load(wkb + C)
+        wOO = tl.load(wkb + C + 1)
+        if UPCAST:
+            wEE = wEE.to(tl.float32)
+            wEO = wEO.to(tl.float32)
+            wOE = wOE.to(tl.float32)
+            wOO = wOO.to(tl.float32)
+        else:
+            LE = LE.to(tl.bfloat16)
+            LO = LO.to(tl.bfloat16)
+        kE = tl.dot(LE, wEE) + tl.dot(LO, wEO)
+        kO = tl.dot(LE, wOE) + tl.dot(LO, wOO)
+        kE, kO = _rmsnorm_pairs(round_bf16(kE), round_bf16(kO), knw_ptr, eps, IH, True)
+        kE, kO = _rope_pairs(kE, kO, pos, cos_ptr, sin_ptr, BM, IH, IROPE, False)
+        kp, ke = quant_fp4_ue8m0_pairs(round_bf16(kE), round_bf16(kO), BM, IH)
+        tl.store(ic_ptr + rows64[:, None] * IH + ci[None, :], kp.to(tl.uint8), mask=wmask[:, None])
+        ie = tl.arange(0, CI // 32)
+        tl.store(is_ptr + rows64[:, None] * (CI // 32) + ie[None, :], ke.to(tl.uint8), mask=wmask[:, None])
+
+    E, O = _rope_pairs(E, O, pos, cos_ptr, sin_ptr, BM, HALF, ROPE, False)
+    if RATIO == 1:
+        E = round_bf16(E)
+        O = round_bf16(O)
+    packed, sc = quant_fp4_e4m3_pairs(E, O, BM, HALF)
+    tl.store(kvc_ptr + rows64[:, None] * HALF + h[None, :], packed.to(tl.uint8), mask=wmask[:, None])
+    sj = tl.arange(0, C // 16)
+    tl.store(kvs_ptr + rows64[:, None] * (C // 16) + sj[None, :], sc.to(tl.uint8), mask=wmask[:, None])
+
+
+@triton.jit
+def _compress_gemv_kernel(x_ptr, w_ptr, wg_ptr, part_ptr, gpart_ptr, T, K, stride_x, k_per_split,
+                          C: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                          GATE: tl.constexpr, UPCAST: tl.constexpr):
+    """Decode-size linear: a [BN output channels] x [K range] slice for all T (<= BT) tokens, fp32
+    partial sums to part[k-split, T, C] (and the gate's to gpart). Many programs share the 5 MB of
+    weights, which one program per 16 tokens cannot stream fast enough."""
+    pn = tl.program_id(0)
+    ks = tl.program_id(1)
+    t = tl.arange(0, BT)
+    tm = t < T
+    n = pn * BN + tl.arange(0, BN)
+    kk = tl.arange(0, BK)
+    k_lo = ks * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    acc = tl.zeros((BT, BN), tl.float32)
+    gacc = tl.zeros((BT, BN), tl.float32)
+    for k0 in range(k_lo, k_hi, BK):
+        km = (k0 + kk) < k_hi
+        x = tl.load(x_ptr + t[:, None].to(tl.int64) * stride_x + k0 + kk[None, :], mask=tm[:, None] & km[None, :],
+                    other=0.0)
+        w = tl.load(w_ptr + n[None, :].to(tl.int64) * K + k0 + kk[:, None], mask=km[:, None], other=0.0)
+        if UPCAST:
+            x = x.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(x, w, acc)
+        if GATE:
+            g = tl.load(wg_ptr + n[None, :].to(tl.int64) * K + k0 + kk[:, None], mask=km[:, None], other=0.0)
+            if UPCAST:
+                g = g.to(tl.float32)
+            gacc = tl.dot(x, g, gacc)
+    off = (ks.to(tl.int64) * T + t[:, None]) * C + n[None, :]
+    tl.store(part_ptr + off, acc, mask=tm[:, None])
+    if GATE:
+        tl.store(gpart_ptr + off, gacc, mask=tm[:, None])
+
+
+# ============================================================================ host side
+
+
+def _u8(t):
+    return t if t.dtype == torch.uint8 else t.view(torch.uint8)
+
+
+def compress(x, wkv, norm_w, cos, sin, pos, rows, kv_cache, kv_scale, *, ratio: int = 1, wgate=None,
+             latent_out=None, wk=None, k_norm_w=None, idx_cache=None, idx_scale=None, eps: float = 1e-20,
+             block_m: int | None = None, block_k: int | None = None, num_warps: int | None = None,
+             num_stages: int = 2, split_k: int | None = None):
+    """Run the fused compressor.
+
+    x [T, D] bf16 (ratio 2: T = 2·J complete aligned pairs); wkv (and wgate) [C, D] bf16;
+    norm_w [C]; cos/sin [P, rope/2] fp32 (compress RoPE table); pos [T/ratio] int32 (entry
+    position: t, or 2j); rows [T/ratio] int32 cache rows (-1 = skip); kv_cache [N, C/2] uint8,
+    kv_scale [N, C/16] uint8 (E4M3 codes). Optional latent_out [T/ratio, C] (pre-RoPE latent), and
+    the fused indexer key: wk [CI, C], k_norm_w [CI], idx_cache [N, CI/2] uint8, idx_scale
+    [N, CI/32] uint8 (UE8M0). split_k: decode path (T <= 32 tokens by default): the linear runs
+    as split-K partial sums over many programs, then the tail kernel adds them. Returns latent_out."""
+    T, D = x.shape
+    C = wkv.shape[0]
+    if ratio not in (1, 2):
+        raise ValueError(f"compress: ratio {ratio} (only 1 and 2 exist in DeepSeek-V4.1)")
+    if ratio == 2 and (wgate is None or T % 2):
+        raise ValueError("compress: ratio 2 needs wgate and an even number of tokens (complete aligned pairs; "
+                         "buffer the odd token of a chunk and prepend it to the next call)")
+    if wkv.shape[1] != D or x.stride(1) != 1:
+        raise ValueError(f"compress: x {tuple(x.shape)} / wkv {tuple(wkv.shape)} mismatch or x not row-major")
+    n_out = T // ratio
+    rope = cos.shape[1] * 2
+    fuse = wk is not None
+    CI = wk.shape[0] if fuse else 32
+    interp = interpreting()
+    if split_k is None:
+        split_k = 8 if T <= 32 else 0
+    BM = block_m or (16 if (ratio == 2 or n_out <= 16) else 32)
+    if num_warps is None:
+        num_warps = 8
+    BK = block_k or (32 if ratio == 2 else 64)  # ratio 2 streams 4 weight tiles per K step
+    dummy = kv_cache
+    if n_out == 0:
+        return latent_out
+    part = gpart = dummy
+    if split_k:
+        if T > 32:
+            raise ValueError(f"compress: split_k (decode path) takes at most 32 tokens, got {T}")
+        BT = max(16, triton.next_power_of_2(T))
+        BN = 64 if C % 64 == 0 else C
+        kps = triton.cdiv(triton.cdiv(D, split_k), 64) * 64
+        split_k = triton.cdiv(D, kps)
+        part = torch.empty((split_k, T, C), dtype=torch.float32, device=x.device)
+        gpart = torch.empty_like(part) if ratio == 2 else part
+        _compress_gemv_kernel[(C // BN, split_k)](
+            x, wkv.contiguous(), (wgate if wgate is not None else wkv).contiguous(), part, gpart, T, D, x.stride(0), kps,
+            C=C, BT=BT, BN=BN, BK=64, GATE=ratio == 2, UPCAST=interp, num_warps=4)
+    grid = (triton.cdiv(n_out, BM),)
+    _compressor_kernel[grid](
+        x, wkv.contiguous(), (wgate if wgate is not None else wkv).contiguous(), norm_w, cos.contiguous(),
+        sin.contiguous(), pos.to(torch.int32).contiguous(), rows.to(torch.int32).contiguous(),
+        _u8(kv_cache), _u8(kv_scale), latent_out if latent_out is not None else dummy,
+        wk.contiguous() if fuse else wkv, k_norm_w if fuse else norm_w,
+        _u8(idx_cache) if fuse else dummy, _u8(idx_scale) if fuse else dummy, part, gpart,
+        n_out, D, x.stride(0), eps, T, split_k,
+        C=C, ROPE=rope, RATIO=ratio, BM=BM, BK=BK, WRITE_LAT=latent_out is not None,
+        LAT_BF16=latent_out is not None and latent_out.dtype == torch.bfloat16,
+        FUSE_IDX=fuse, CI=CI, IROPE=rope, UPCAST=interp, FROM_PART=bool(split_k), num_warps=num_warps,
+        num_stages=num_stages,
+        enable_fp_fusion=False)
+    return latent_out
+
+
+# ----------------------------------------------------------------------------- reference
+
+
+def _rms(x, w, eps, bf16: bool):
+    xf = x.float()
+    ms = (xf * xf).sum(-1, keepdim=True) / xf.shape[-1] + eps
+    y = xf * (1.0 / torch.sqrt(ms))
+    if bf16:
+        return (y.to(torch.bfloat16) * w.to(torch.bfloat16)).float()
+    return y * w.float()
+
+
+def rope_ref(x, pos, cos, sin, inverse: bool = False):
+    """Interleaved-pair RoPE on the last 2·cos.shape[1] channels of x [..., C] (fp32 math)."""
+    x = x.float().clone()
+    n = cos.shape[1]
+    c = cos[pos.long()].float()
+    s = sin[pos.long()].float()
+    while c.dim() < x.dim():
+        c, s = c.unsqueeze(-2), s.unsqueeze(-2)
+    if inverse:
+        s = -s
+    e = x[..., -2 * n::2].clone()
+    o = x[..., -2 * n + 1::2].clone()
+    x[..., -2 * n::2] = e * c - o * s
+    x[..., -2 * n + 1::2] = e * s + o * c
+    return x
+
+
+def compress_ref(x, wkv, norm_w, cos, sin, pos, rows, kv_cache, kv_scale, *, ratio: int = 1, wgate=None,
+                 latent_out=None, wk=None, k_norm_w=None, idx_cache=None, idx_scale=None, eps: float = 1e-20,
+                 block_m=None, block_k=None, num_warps=None, num_stages=2, split_k=None):
+    """Pure-PyTorch compressor with the spec's roundings (same call signature as `compress`)."""
+    xf = x.float()
+    if ratio == 1:
+        kv = (xf @ wkv.float().T).to(torch.bfloat16)
+        lat = _rms(kv, norm_w, eps, True)
+    else:
+        kv = (xf @ wkv.float().T).unflatten(0, (-1, 2))
+        g = (xf @ wgate.float().T).unflatten(0, (-1, 2))
+        m = g.amax(1, keepdim=True)
+        e = torch.exp(g - m)
+        p = e / e.sum(1, keepdim=True)
+        lat = _rms(p[:, 0] * kv[:, 0] + p[:, 1] * kv[:, 1], norm_w, eps, False)
+    if latent_out is not None:
+        latent_out.copy_(lat.to(latent_out.dtype))
+    ok = rows.long() >= 0
+    rr = rows.long()[ok]
+    if wk is not None:
+        k = (lat.to(torch.bfloat16).float() @ wk.float().T).to(torch.bfloat16)
+        k = _rms(k, k_norm_w, eps, True)
+        k = rope_ref(k, pos, cos, sin).to(torch.bfloat16)
+        kp, ke = nx.quant_fp4_ue8m0(k.float(), 32)
+        _u8(idx_cache)[rr] = kp[ok]
+        _u8(idx_scale)[rr] = ke[ok]
+    c = rope_ref(lat, pos, cos, sin)
+    if ratio == 1:
+        c = c.to(torch.bfloat16)
+    p4, s4 = nx.quant_fp4_e4m3(c.float(), 16)
+    _u8(kv_cache)[rr] = p4[ok]
+    _u8(kv_scale)[rr] = s4.view(torch.uint8)[ok]
+    return latent_out
+
+
+# ----------------------------------------------------------------------------- registration
+
+
+def _specs(target):
+    from dsv41c.frontend.config import preset
+
+    c = preset("full")
+    out = []
+    gemv_types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "wg_ptr": "*bf16", "part_ptr": "*fp32", "gpart_ptr": "*fp32",
+                  "T": "i32", "K": "i32", "stride_x": "i32", "k_per_split": "i32"}
+    for ratio in (1, 2):
+        bk = 32 if (target == "rocm:gfx1100" or ratio == 2) else 64
+        lat_t = "*bf16" if ratio == 1 else "*fp32"
+        types = {"x_ptr": "*bf16", "wkv_ptr": "*bf16", "wg_ptr": "*bf16", "nw_ptr": "*bf16",
+                 "cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i32", "rows_ptr": "*i32",
+                 "kvc_ptr": "*u8", "kvs_ptr": "*u8", "lat_ptr": lat_t, "wk_ptr": "*bf16", "knw_ptr": "*bf16",
+                 "ic_ptr": "*u8", "is_ptr": "*u8", "part_ptr": "*fp32", "gpart_ptr": "*fp32", "n_out": "i32",
+                 "K": "i32", "stride_x": "i32", "eps": "fp32", "n_tok": "i32", "ksplit": "i32"}
+        # prefill: fused GEMM + tail; decode: split-K GEMV (many programs) + tail reading the partials
+        for phase, bm, from_part in (("prefill", 32 if ratio == 1 else 16, False), ("decode", 16, True)):
+            const = {"C": c.head_dim, "ROPE": c.qk_rope_head_dim, "RATIO": ratio, "BM": bm, "BK": bk,
+                     "WRITE_LAT": True, "LAT_BF16": ratio == 1, "FUSE_IDX": True, "CI": c.index_head_dim,
+                     "IROPE": c.qk_rope_head_dim, "UPCAST": False, "FROM_PART": from_part}
+            out.append(aot_spec(_compressor_kernel, f"r{ratio}_{phase}_bm{bm}", types, const, num_warps=8,
+                                num_stages=2, keys={"RATIO": ratio, "BM": bm, "BK": bk, "C": c.head_dim,
+                                                    "FUSE_IDX": True, "FROM_PART": from_part,
+                                                    "enable_fp_fusion": False}))
+        bt = 16 * ratio
+        out.append(aot_spec(_compress_gemv_kernel, f"r{ratio}_decode_gemv_bt{bt}", gemv_types,
+                            {"C": c.head_dim, "BT": bt, "BN": 64, "BK": 64, "GATE": ratio == 2, "UPCAST": False},
+                            num_warps=4))
+    return out
+
+
+register(KernelTemplate(
+    name="compressor", module=__name__,
+    summary="wkv GEMM (+ ratio-2 gated pair pool) -> RMSNorm -> RoPE -> FP4/E4M3 cache append (+ fused indexer key)",
+    keys=("RATIO", "C", "ROPE", "BM", "BK", "FUSE_IDX", "CI"),
+    reference=compress_ref, launch=compress, specializations=_specs))

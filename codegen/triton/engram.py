@@ -1,0 +1,198 @@
+"""Engram in Triton: FP8 table gather + dequantize, and the gated stream update.
+
+What (spec §3.9, §6.7, §4.1):
+- `engram_gather`: row ids [T, 24] into the table `embed.weight` E4M3 [rows, 256] with
+  `embed.scale` UE8M0 [rows, 8] (one scale per 32 columns of a row) -> e [T, 24·256], each row
+  dequantized as code × 2^(s-127). The result is exact in bf16 (an E4M3 value times a power of
+  two), so bf16 output loses nothing; fp32 output is also offered.
+- `engram_gate` (after kv = wkv(e), the FP8 GEMM): key = kv[:, :4·D] as [4, D] (one per stream),
+  value = kv[:, 4·D:] [D]; per token and stream k
+      dot_k = Σ_d H_k,d·(q_weight_k,d·k_weight_k,d)·key_k,d · rsqrt(mean(H_k²)+eps)
+              · rsqrt(mean(key_k²)+eps) · D^-0.5
+      gate_k = sigmoid(copysign(sqrt(max(|dot_k|, 1e-6)), dot_k)),  0 where token_mask is False
+      H_k += gate_k · value        (fp32 math, result in H's dtype)
+
+Algorithm: gather: one program per BR (token, column) rows; the int64 row id addresses the
+table (rows × 256 exceeds 2^31 bytes in the real tables). Gate: one program per (token, stream),
+two passes over D (sums and dot, then the update); the second pass re-reads only H_k and the
+shared value. Writing into H itself (out=H) is safe: a program reads its own row before writing.
+
+Specialization keys: D (5120), HEAD_DIM (256), N_COLS (24), BR, BD, dtypes.
+
+Known gaps: the sign at dot == 0 follows the eager model's copysign (gate = sigmoid(+1e-3)),
+where the spec's literal `sign(0)` would give 0.5; no prefetch of table rows from host memory
+(the gather assumes the table is device-addressable: HBM, or mapped host memory).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv41c.codegen.templates import KernelTemplate, register
+from dsv41c.codegen.triton.fp8_gemm import (
+    aot_spec, as_u8, e4m3_to_f32, e8m0_to_f32, expand_cols, interpreting, native_fp8_for, target_traits)
+from dsv41c.frontend import numerics as nx
+
+HIDDEN = 5120
+HEAD_DIM = 256
+N_COLS = 24  # (max_ngram - 1) · n_heads
+HC = 4
+
+
+# ============================================================================ kernels
+
+
+@triton.jit
+def engram_gather_kernel(ids_ptr, table_ptr, scale_ptr, out_ptr, n,
+                         DH: tl.constexpr, BR: tl.constexpr, NATIVE_FP8: tl.constexpr):
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    ok = r < n
+    rid = tl.load(ids_ptr + r, mask=ok, other=0).to(tl.int64)
+    cols = tl.arange(0, DH)
+    q = tl.load(table_ptr + rid[:, None] * DH + cols[None, :], mask=ok[:, None], other=0)
+    s = tl.load(scale_ptr + rid[:, None] * (DH // 32) + tl.arange(0, DH // 32)[None, :], mask=ok[:, None], other=127)
+    v = e4m3_to_f32(q, NATIVE_FP8) * expand_cols(e8m0_to_f32(s), BR, DH // 32, 32)
+    tl.store(out_ptr + r[:, None].to(tl.int64) * DH + cols[None, :], v.to(out_ptr.dtype.element_ty), mask=ok[:, None])
+
+
+@triton.jit
+def engram_gate_kernel(h_ptr, kv_ptr, qw_ptr, kw_ptr, mask_ptr, out_ptr, D, stride_ht, stride_kv, stride_ot, eps,
+                       BD: tl.constexpr, HAS_MASK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    k = tl.program_id(1)
+    h_row = h_ptr + t * stride_ht + k * D
+    key_row = kv_ptr + t * stride_kv + k * D
+    val_row = kv_ptr + t * stride_kv + 4 * D
+    sh = tl.zeros((BD,), dtype=tl.float32)
+    sk = tl.zeros((BD,), dtype=tl.float32)
+    sd = tl.zeros((BD,), dtype=tl.float32)
+    for d0 in range(0, D, BD):
+        rd = d0 + tl.arange(0, BD)
+        ok = rd < D
+        h = tl.load(h_row + rd, mask=ok, other=0.0).to(tl.float32)
+        key = tl.load(key_row + rd, mask=ok, other=0.0).to(tl.float32)
+        w = tl.load(qw_ptr + k * D + rd, mask=ok, other=0.0).to(tl.float32) * \
+            tl.load(kw_ptr + k * D + rd, mask=ok, other=0.0).to(tl.float32)
+        sh += h * h
+        sk += key * key
+        sd += h * w * key
+    Df = D.to(tl.float32)
+    rs_h = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(tl.sum(sh, axis=0), Df) + eps))
+    rs_k = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(tl.sum(sk, axis=0), Df) + eps))
+    dot = tl.sum(sd, axis=0) * (rs_h * rs_k) * tl.div_rn(1.0, tl.sqrt_rn(Df))
+    mag = tl.sqrt_rn(tl.maximum(tl.abs(dot), 1e-6))
+    z = tl.where(dot < 0, -mag, mag)  # copysign (dot is never -0.0 here unless the sum is)
+    gate = tl.div_rn(1.0, 1.0 + tl.exp(-z))
+    if HAS_MASK:
+        gate = tl.where(tl.load(mask_ptr + t) != 0, gate, 0.0)
+    o_row = out_ptr + t * stride_ot + k * D
+    for d0 in range(0, D, BD):
+        rd = d0 + tl.arange(0, BD)
+        ok = rd < D
+        h = tl.load(h_row + rd, mask=ok, other=0.0).to(tl.float32)
+        v = tl.load(val_row + rd, mask=ok, other=0.0).to(tl.float32)
+        tl.store(o_row + rd, (h + gate * v).to(out_ptr.dtype.element_ty), mask=ok)
+
+
+# ============================================================================ references
+
+
+def engram_gather_reference(ids, table, scale, out_dtype=torch.bfloat16):
+    """ids [T, C] -> [T, C·256] dequantized rows (table E4M3 [rows, 256], scale UE8M0 [rows, 8])."""
+    q = as_u8(table)[ids.long()].view(torch.float8_e4m3fn)
+    e = as_u8(scale)[ids.long()]
+    return nx.dequant_fp8_ue8m0(q, e, 32).flatten(-2).to(out_dtype)
+
+
+def engram_gate_reference(H, kv, q_weight, k_weight, eps: float, token_mask=None):
+    """H [T, 4, D], kv [T, 5·D] -> H + gate·value (fp32 math, H's dtype)."""
+    T, hc, D = H.shape
+    h = H.float()
+    key = kv[:, :hc * D].float().unflatten(-1, (hc, D))
+    value = kv[:, hc * D:].float()
+    w = q_weight.float() * k_weight.float()
+    rstd = torch.rsqrt(h.square().mean(-1) + eps) * torch.rsqrt(key.square().mean(-1) + eps)
+    dot = (h * w * key).sum(-1) * rstd * D ** -0.5
+    gate = torch.sigmoid(torch.copysign(dot.abs().clamp_min(1e-6).sqrt(), dot))
+    if token_mask is not None:
+        gate = gate.masked_fill(~token_mask.bool()[:, None], 0.0)
+    return (h + gate.unsqueeze(-1) * value.unsqueeze(1)).to(H.dtype)
+
+
+# ============================================================================ launchers
+
+
+def engram_gather(ids, table, scale, out_dtype=torch.bfloat16):
+    T, C = ids.shape
+    DH = table.shape[1]
+    if scale.shape[0] != table.shape[0] or scale.shape[1] * 32 != DH or DH & (DH - 1):
+        raise ValueError(f"engram_gather: table {tuple(table.shape)} / scale {tuple(scale.shape)} are not "
+                         f"[rows, D] E4M3 + [rows, D/32] UE8M0 with D a power of two")
+    out = torch.empty(T, C * DH, dtype=out_dtype, device=ids.device)
+    n = T * C
+    if n == 0:
+        return out
+    BR = 8 if interpreting() else 16
+    ids_c = ids.reshape(-1).contiguous()
+    engram_gather_kernel[(triton.cdiv(n, BR),)](ids_c, as_u8(table), as_u8(scale), out, n, DH=DH, BR=BR,
+                                                NATIVE_FP8=native_fp8_for(ids.device), num_warps=4)
+    return out
+
+
+def engram_gate(H, kv, q_weight, k_weight, eps: float, token_mask=None, out=None):
+    """Triton: H + gate·value; `out` may be H itself (in-place update)."""
+    T, hc, D = H.shape
+    if hc != HC or tuple(kv.shape) != (T, (HC + 1) * D) or tuple(q_weight.shape) != (HC, D) \
+            or tuple(k_weight.shape) != (HC, D):
+        raise ValueError(f"engram_gate: H {tuple(H.shape)}, kv {tuple(kv.shape)}, q/k weight "
+                         f"{tuple(q_weight.shape)}/{tuple(k_weight.shape)} do not fit 4 streams of D={D}")
+    H = H if H.is_contiguous() else H.contiguous()
+    kv = kv if kv.stride(-1) == 1 else kv.contiguous()
+    out = torch.empty_like(H) if out is None else out
+    if T == 0:
+        return out
+    m = token_mask.to(torch.uint8).contiguous() if token_mask is not None else H
+    BD = 256 if interpreting() else 1024
+    engram_gate_kernel[(T, HC)](H, kv, q_weight.contiguous(), k_weight.contiguous(), m, out, D, H.stride(0),
+                                kv.stride(0), out.stride(0), float(eps), BD=BD, HAS_MASK=token_mask is not None,
+                                num_warps=4)
+    return out
+
+
+# ============================================================================ ahead-of-time variants
+
+
+def _gather_variants(target: str) -> list:
+    tr = target_traits(target)
+    if tr is None:
+        return []
+    types = {"ids_ptr": "*i64", "table_ptr": "*u8", "scale_ptr": "*u8", "out_ptr": "*bf16", "n": "i32"}
+    ce = {"DH": HEAD_DIM, "BR": 16, "NATIVE_FP8": tr["native_fp8"]}
+    return [aot_spec(engram_gather_kernel, "dh256_br16", types, ce, 4, 1, {"HEAD_DIM": HEAD_DIM, "N_COLS": N_COLS,
+                                                                           "out": "bf16", **ce})]
+
+
+def _gate_variants(target: str) -> list:
+    if target_traits(target) is None:
+        return []
+    out = []
+    for sdt in ("*fp32", "*bf16"):
+        types = {"h_ptr": sdt, "kv_ptr": "*bf16", "qw_ptr": "*bf16", "kw_ptr": "*bf16", "mask_ptr": "*u8",
+                 "out_ptr": sdt, "D": "i32", "stride_ht": "i32", "stride_kv": "i32", "stride_ot": "i32", "eps": "fp32"}
+        ce = {"BD": 1024, "HAS_MASK": True}
+        out.append(aot_spec(engram_gate_kernel, f"d{HIDDEN}_{sdt[1:]}", types, ce, 4, 2,
+                            {"D": HIDDEN, "streams": sdt[1:], **ce}))
+    return out
+
+
+register(KernelTemplate(
+    name="engram_gather", module=__name__,
+    summary="gather 24 E4M3 table rows per token and dequantize with per-32-column UE8M0 scales",
+    keys=("HEAD_DIM", "N_COLS", "BR", "NATIVE_FP8", "out"), reference=engram_gather_reference, launch=engram_gather,
+    specializations=_gather_variants))
+register(KernelTemplate(
+    name="engram_gate", module=__name__,
+    summary="per-stream sigmoid gate from normalized H·(q∘k)·key, H_k += gate·value (masked tokens: 0)",
+    keys=("D", "streams", "BD", "HAS_MASK"), reference=engram_gate_reference, launch=engram_gate,
+    specializations=_gate_variants))

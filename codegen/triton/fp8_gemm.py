@@ -1,0 +1,449 @@
+"""Block-scaled FP8 GEMM for the dense linears, and the FP8/E8M0/E2M1 decode helpers.
+
+What (spec §3.13, §4): y[M, N] = x[M, K] · W[N, K]ᵀ with W stored as FP8 E4M3 codes and one
+UE8M0 (power-of-two) scale per 32×32 block (`scale [ceil(N/32), ceil(K/32)]`), fp32
+accumulation, output in x's dtype (or `out_dtype`). Variants:
+- `fp8_gemm`: plain linear (wq_a, wq_b, wkv, wo_b, shared-expert w2, indexer wq_b, engram wkv...).
+- `fp8_gemm_swiglu`: the shared expert's gate/up pair in one kernel: g = x·w1ᵀ, u = x·w3ᵀ,
+  h = silu(min(g, limit)) · clamp(u, ±limit) (spec §3.5), so x is read once and h written once.
+- `act_quant_fp8`: the `activation_scheme: dynamic` reading: x is quantized per 32 along K to
+  E4M3 with a power-of-two scale s = 2^ceil(log2(max(amax, 1e-4)/448)) and dequantized again
+  (exactly numerics.fake_quant_fp8_ue8m0). `act_quant=False` (the default) is the exact
+  bf16-activation reference path.
+
+Algorithm: "swap AB": the weight tile [BN, BK] is the dot's LEFT operand, so it is decoded in
+registers (E4M3 bits -> fp32, times the block scale, -> bf16; exact, because an E4M3 value
+times a power of two is a bf16 value) and can feed wgmma straight from registers, while the
+activation tile xᵀ [BK, BM] comes through shared memory; decode shapes (M = 1..16 tokens) then
+use wgmma's small N instead of padding M to 64. The accumulator is [BN, BM] fp32 and is
+transposed once for a coalesced store. Tiles are grouped along M (GROUP_M) for L2 reuse of W.
+Dynamic activation quantization is a separate elementwise pass (`act_quant_fp8`) producing the
+dequantized activation in x's dtype, which is bit-identical to what an FP8×FP8 tensor-core
+product with the two scales multiplied in would compute before accumulation; the GEMM is then
+the same bf16 kernel.
+
+Decode helpers shared by moe.py and engram.py: `e4m3_to_f32` (bit arithmetic, or the native
+cvt where the target has FP8 units), `e8m0_to_f32`, `e2m1_to_f32`, `fp4_tile_to_f32`, and the
+in-register fake-quant `fake_quant_e4m3_pow2`. Interpreter notes: its float casts to bf16/fp8
+truncate and its bf16 tl.dot multiplies raw bits, so under TRITON_INTERPRET the launchers set
+DOT_F32 (operands upcast to fp32 before tl.dot) and every rounding step is integer arithmetic.
+
+Specialization keys: N, K (the real linears of the published config), M class (prefill /
+decode), BM, BN, BK, GROUP_M, NATIVE_FP8 (sm90/sm100/gfx950 have an FP8 cvt), GATED.
+
+Known gaps: no FP8×FP8 tensor-core path (wgmma e4m3 / MFMA fp8) — activations that are
+dynamically quantized still multiply in bf16 (same products, 2× the tensor-core time of FP8
+on Hopper); no split-K, so the narrowest decode linears (wkv 512×5120) launch few programs;
+UE8M0 byte 0 (2^-127) decodes to 2^-127 only through the subnormal constant.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv41c.codegen.templates import AotSpec, KernelTemplate, register
+from dsv41c.frontend import numerics as nx
+
+TARGETS = ("cuda:sm80", "cuda:sm90", "cuda:sm100", "rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")
+
+# Published widths (spec §1.2, §4) used to size the ahead-of-time variants.
+HIDDEN = 5120
+MOE_INTER = 2304
+DENSE_LINEARS = {  # name -> (N, K)
+    "wq_a": (1280, 5120), "wq_b": (32768, 1280), "wkv": (512, 5120), "wo_b": (5120, 8192),
+    "shared_w2": (5120, 2304), "indexer_wq_b": (4096, 1280), "engram_wkv": (25600, 6144),
+    "mtp_main_proj": (5120, 15360),
+}
+GATED_LINEARS = {"shared_w13": (2304, 5120)}
+
+
+# ============================================================================ host helpers
+
+
+def interpreting() -> bool:
+    """True when kernels run in Triton's CPU interpreter (no faithful bf16 tl.dot there)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def dot_f32_for(*tensors) -> bool:
+    """Upcast dot operands to fp32 inside the kernel: interpreter, or fp32 inputs (exact path)."""
+    return interpreting() or any(t is not None and t.dtype == torch.float32 for t in tensors)
+
+
+def native_fp8_for(device) -> bool:
+    """Use the hardware E4M3 -> fp32 cvt (sm89+ CUDA); bit arithmetic elsewhere."""
+    if interpreting() or device.type != "cuda" or torch.version.hip is not None:
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def fp32_dot_precision(device) -> str:
+    """tl.dot input_precision for fp32 operands that must keep ~fp32 accuracy."""
+    if interpreting() or device.type != "cuda" or torch.version.hip is not None:
+        return "ieee"
+    return "tf32x3"
+
+
+def parse_target(target: str):
+    """'cuda:sm90' -> ('cuda', 90); 'rocm:gfx942' -> ('rocm', 'gfx942'); else (None, None)."""
+    kind, _, arch = target.partition(":")
+    if kind == "cuda" and arch.startswith("sm") and arch[2:].isdigit():
+        return "cuda", int(arch[2:])
+    if kind == "rocm" and arch.startswith("gfx"):
+        return "rocm", arch
+    return None, None
+
+
+def target_traits(target: str) -> dict | None:
+    """What a kernel variant may assume on a target; None for targets without Triton."""
+    kind, arch = parse_target(target)
+    if kind is None:
+        return None
+    if kind == "cuda":
+        return {"kind": kind, "arch": arch, "native_fp8": arch >= 90, "fp32_prec": "tf32x3",
+                "big_tiles": arch >= 90, "warp": 32}
+    return {"kind": kind, "arch": arch, "native_fp8": arch == "gfx950", "fp32_prec": "ieee",
+            "big_tiles": arch in ("gfx942", "gfx950"), "warp": 32 if arch == "gfx1100" else 64}
+
+
+def aot_spec(kernel, variant, types: dict, constexprs: dict, num_warps=4, num_stages=2, keys=None) -> AotSpec:
+    """AotSpec with the signature in the kernel's argument order; every argument must be typed."""
+    sig = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in types:
+            sig[name] = types[name]
+        else:
+            raise ValueError(f"aot_spec({kernel.__name__}, {variant}): argument '{name}' has no type")
+    extra = set(constexprs) - set(kernel.arg_names)
+    if extra:
+        raise ValueError(f"aot_spec({kernel.__name__}, {variant}): unknown constexprs {sorted(extra)}")
+    return AotSpec(kernel=kernel, variant=variant, signature=sig, constexprs=dict(constexprs),
+                   num_warps=num_warps, num_stages=num_stages, keys=dict(keys if keys is not None else constexprs))
+
+
+def as_u8(t: torch.Tensor) -> torch.Tensor:
+    """FP8 / E8M0 / packed-FP4 tensors travel to kernels as raw bytes."""
+    return t if t.dtype == torch.uint8 else t.view(torch.uint8)
+
+
+# ============================================================================ jit decode helpers
+
+
+@triton.jit
+def e4m3_to_f32(b, NATIVE: tl.constexpr):
+    """E4M3 (fn) codes (uint8 tensor) -> float32. NaN (0x7F/0xFF) decodes as 480 (not produced)."""
+    if NATIVE:
+        return b.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        bi = b.to(tl.int32)
+        mag = bi & 0x7F
+        # normal: exponent e4 + 120 (rebias 7 -> 127), mantissa bits to the top of fp32's
+        v = ((mag << 20) + (120 << 23)).to(tl.float32, bitcast=True)
+        v = tl.where(mag < 8, mag.to(tl.float32) * 0.001953125, v)  # subnormal: m · 2^-9
+        return tl.where((bi & 0x80) != 0, -v, v)
+
+
+@triton.jit
+def e8m0_to_f32(e):
+    """UE8M0 bytes -> 2^(e-127) float32 (byte 0 -> 2^-127 subnormal, 255 -> NaN)."""
+    ei = e.to(tl.int32)
+    v = (ei << 23).to(tl.float32, bitcast=True)
+    v = tl.where(ei == 0, 5.877471754111438e-39, v)
+    return tl.where(ei == 255, float("nan"), v)
+
+
+@triton.jit
+def e2m1_to_f32(c):
+    """E2M1 codes (int32 0..15, bit 3 = sign) -> float32 {0, .5, 1, 1.5, 2, 3, 4, 6}."""
+    mag = c & 7
+    v = ((mag << 22) + (126 << 23)).to(tl.float32, bitcast=True)  # 2^((mag>>1)-1)·(1 + (mag&1)/2)
+    v = tl.where(mag < 2, mag.to(tl.float32) * 0.5, v)
+    return tl.where((c & 8) != 0, -v, v)
+
+
+@triton.jit
+def expand_cols(s, R: tl.constexpr, C: tl.constexpr, REP: tl.constexpr):
+    """[R, C] -> [R, C·REP], each column repeated REP times (per-block scales -> per element)."""
+    return tl.reshape(tl.broadcast_to(s[:, :, None], (R, C, REP)), (R, C * REP))
+
+
+@triton.jit
+def fp4_tile_to_f32(wp, sc, R: tl.constexpr, BK: tl.constexpr):
+    """Packed E2M1 bytes [R, BK/2] (low nibble = even k) + UE8M0 bytes [R, BK/32] -> fp32 [R, BK]."""
+    wi = wp.to(tl.int32)
+    s = expand_cols(e8m0_to_f32(sc), R, BK // 32, 16)  # per packed byte
+    lo = e2m1_to_f32(wi & 15) * s
+    hi = e2m1_to_f32(wi >> 4) * s
+    return tl.reshape(tl.join(lo, hi), (R, BK))
+
+
+@triton.jit
+def pow2_ceil_f32(r):
+    """2^ceil(log2 r) for normal positive float32 r, exactly (exponent field + 'mantissa != 0')."""
+    u = r.to(tl.int32, bitcast=True)
+    e = ((u >> 23) & 0xFF) + ((u & 0x7FFFFF) != 0).to(tl.int32)
+    return (e << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def pow2_inv_f32(p):
+    """1/p for a normal power of two p, exactly (no division: the GPU `/` is approximate)."""
+    u = p.to(tl.int32, bitcast=True)
+    return ((254 - ((u >> 23) & 0xFF)) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def round_e4m3_f32(v):
+    """Round float32 v (|v| <= 448) to the nearest E4M3 value, ties to even, returned as float32."""
+    a = tl.abs(v)
+    u = a.to(tl.int32, bitcast=True)
+    e = tl.maximum(((u >> 23) & 0xFF), 121)  # E4M3 subnormals share the 2^-6 binade's step
+    ulp = ((e - 3) << 23).to(tl.float32, bitcast=True)  # 2^(exp-3): 3 mantissa bits
+    inv = ((254 - (e - 3)) << 23).to(tl.float32, bitcast=True)
+    q = (a * inv + 8388608.0) - 8388608.0  # RNE to an integer (a·inv < 16 is exact)
+    r = q * ulp
+    return tl.where(v < 0, -r, r)
+
+
+@triton.jit
+def fake_quant_e4m3_pow2(x, R: tl.constexpr, C: tl.constexpr):
+    """Per-32-column dynamic FP8 fake quant of a float32 tile [R, C] (numerics.fake_quant_fp8_ue8m0)."""
+    xb = tl.reshape(x, (R, C // 32, 32))
+    amax = tl.maximum(tl.max(tl.abs(xb), axis=2), 1e-4)
+    s = pow2_ceil_f32(tl.div_rn(amax, 448.0))
+    q = round_e4m3_f32(tl.minimum(tl.maximum(xb * pow2_inv_f32(s)[:, :, None], -448.0), 448.0))
+    return tl.reshape(q * s[:, :, None], (R, C))
+
+
+# ============================================================================ kernels
+
+
+@triton.jit
+def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, M, N, K, stride_xm, stride_ym, limit,
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                    GATED: tl.constexpr, NATIVE_FP8: tl.constexpr, DOT_F32: tl.constexpr,
+                    EVEN_K: tl.constexpr):
+    """y = x·Wᵀ (GATED: y = silu(min(x·W1ᵀ, limit))·clamp(x·W3ᵀ, ±limit)); W E4M3 with UE8M0/32×32."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    group = pid // (GROUP_M * num_n)
+    first_m = group * GROUP_M
+    gsize = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * num_n)) % gsize
+    pid_n = (pid % (GROUP_M * num_n)) // gsize
+
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    m_ok = rm < M
+    n_ok = rn < N
+    KS = tl.cdiv(K, 32)
+    w_rows = rn.to(tl.int64) * K
+    s_rows = (rn // 32) * KS
+    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    acc3 = tl.zeros((BN, BM), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        rk = k0 + tl.arange(0, BK)
+        if EVEN_K:
+            xm = m_ok[:, None]
+            wm = n_ok[:, None]
+        else:
+            xm = m_ok[:, None] & (rk[None, :] < K)
+            wm = n_ok[:, None] & (rk[None, :] < K)
+        xt = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=xm, other=0.0)
+        if DOT_F32:
+            xt = xt.to(tl.float32)
+        else:
+            xt = xt.to(tl.bfloat16)
+        sc = e8m0_to_f32(tl.load(ws_ptr + s_rows[:, None] + (rk // 32)[None, :], mask=wm, other=127))
+        wt = e4m3_to_f32(tl.load(w_ptr + w_rows[:, None] + rk[None, :], mask=wm, other=0), NATIVE_FP8) * sc
+        if DOT_F32:
+            acc += tl.dot(wt, tl.trans(xt), input_precision="ieee")
+        else:
+            acc += tl.dot(wt.to(tl.bfloat16), tl.trans(xt))
+        if GATED:
+            sc3 = e8m0_to_f32(tl.load(ws3_ptr + s_rows[:, None] + (rk // 32)[None, :], mask=wm, other=127))
+            wt3 = e4m3_to_f32(tl.load(w3_ptr + w_rows[:, None] + rk[None, :], mask=wm, other=0), NATIVE_FP8) * sc3
+            if DOT_F32:
+                acc3 += tl.dot(wt3, tl.trans(xt), input_precision="ieee")
+            else:
+                acc3 += tl.dot(wt3.to(tl.bfloat16), tl.trans(xt))
+    if GATED:
+        g = tl.minimum(acc, limit)
+        u = tl.minimum(tl.maximum(acc3, -limit), limit)
+        acc = g / (1.0 + tl.exp(-g)) * u
+    out = tl.trans(acc)  # [BM, BN]
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], out.to(y_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def act_quant_fp8_kernel(x_ptr, y_ptr, M, K, stride_xm, stride_ym, BR: tl.constexpr, BK: tl.constexpr):
+    """y = dequant(quant_e4m3_pow2_per32(x)) for a [BR, BK] tile (K % 32 == 0)."""
+    rm = tl.program_id(0) * BR + tl.arange(0, BR)
+    rk = tl.program_id(1) * BK + tl.arange(0, BK)
+    mask = (rm[:, None] < M) & (rk[None, :] < K)
+    x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :], mask=mask, other=0.0).to(tl.float32)
+    y = fake_quant_e4m3_pow2(x, BR, BK)
+    tl.store(y_ptr + rm[:, None].to(tl.int64) * stride_ym + rk[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+# ============================================================================ references
+
+
+def act_quant_fp8_reference(x: torch.Tensor) -> torch.Tensor:
+    """Dynamic per-32 FP8 fake quantization (E4M3, pow2 scale, amax floor 1e-4), x's dtype."""
+    return nx.fake_quant_fp8_ue8m0(x, 32)
+
+
+def fp8_gemm_reference(x, w, w_scale, act_quant: bool = False, out_dtype=None):
+    """x [M, K] · dequant(W [N, K], scale [N/32, K/32])ᵀ in fp32 -> out_dtype (default x's)."""
+    xa = act_quant_fp8_reference(x) if act_quant else x
+    y = xa.float() @ nx.dequant_fp8_weight(w, w_scale).T
+    return y.to(out_dtype or x.dtype)
+
+
+def fp8_gemm_swiglu_reference(x, w1, s1, w3, s3, limit: float, act_quant: bool = False, out_dtype=None):
+    """h = silu(min(x·W1ᵀ, limit)) · clamp(x·W3ᵀ, ±limit), fp32 math -> out_dtype (default x's)."""
+    xa = (act_quant_fp8_reference(x) if act_quant else x).float()
+    g = (xa @ nx.dequant_fp8_weight(w1, s1).T).clamp(max=limit)
+    u = (xa @ nx.dequant_fp8_weight(w3, s3).T).clamp(-limit, limit)
+    return (torch.nn.functional.silu(g) * u).to(out_dtype or x.dtype)
+
+
+# ============================================================================ launchers
+
+
+def _tiles(M: int, N: int):
+    """(BM, BN, BK, GROUP_M, num_warps, num_stages) for a shape on the running device."""
+    if interpreting():
+        return 16, 32, 64, 4, 4, 1
+    if M <= 16:
+        return 16, 64, 256, 1, 4, 4
+    if M <= 64:
+        return 64, 128, 128, 8, 4, 3
+    return 128, 128, 64, 8, 8, 3
+
+
+def _check_w(w, scale, K, name):
+    if w.dim() != 2 or w.shape[1] != K:
+        raise ValueError(f"{name}: weight {tuple(w.shape)} does not match K={K}")
+    want = (triton.cdiv(w.shape[0], 32), triton.cdiv(K, 32))
+    if tuple(scale.shape) != want:
+        raise ValueError(f"{name}: scale {tuple(scale.shape)} != {want} (32×32 blocks of {tuple(w.shape)})")
+
+
+def act_quant_fp8(x: torch.Tensor) -> torch.Tensor:
+    if x.shape[-1] % 32:
+        raise ValueError(f"act_quant_fp8: K={x.shape[-1]} is not a multiple of 32")
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    y = torch.empty_like(x2)
+    M, K = x2.shape
+    BR, BK = (16, 128) if not interpreting() else (8, 64)
+    if M:
+        act_quant_fp8_kernel[(triton.cdiv(M, BR), triton.cdiv(K, BK))](x2, y, M, K, x2.stride(0), y.stride(0),
+                                                                        BR=BR, BK=BK)
+    return y.reshape(x.shape)
+
+
+def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name):
+    K = x.shape[-1]
+    _check_w(w, s, K, name)
+    if w3 is not None:
+        _check_w(w3, s3, K, name)
+        if w3.shape != w.shape:
+            raise ValueError(f"{name}: w1 {tuple(w.shape)} and w3 {tuple(w3.shape)} differ")
+    if act_quant:
+        x = act_quant_fp8(x)
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    M, N = x2.shape[0], w.shape[0]
+    y = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
+    if M == 0:
+        return y.reshape(*x.shape[:-1], N)
+    BM, BN, BK, GM, nw, ns = _tiles(M, N)
+    wu, su = as_u8(w), as_u8(s)
+    w3u, s3u = (as_u8(w3), as_u8(s3)) if w3 is not None else (wu, su)
+    grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN),)
+    fp8_gemm_kernel[grid](x2, wu, su, w3u, s3u, y, M, N, K, x2.stride(0), y.stride(0), float(limit),
+                          BM=BM, BN=BN, BK=BK, GROUP_M=GM, GATED=w3 is not None,
+                          NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2),
+                          EVEN_K=K % BK == 0, num_warps=nw, num_stages=ns)
+    return y.reshape(*x.shape[:-1], N)
+
+
+def fp8_gemm(x, w, w_scale, act_quant: bool = False, out_dtype=None):
+    """x [..., K] (bf16/fp32) · dequant(W)ᵀ -> [..., N]; W E4M3 [N, K], scale E8M0 [N/32, K/32]."""
+    return _gemm(x, w, w_scale, None, None, 0.0, act_quant, out_dtype, "fp8_gemm")
+
+
+def fp8_gemm_swiglu(x, w1, s1, w3, s3, limit: float, act_quant: bool = False, out_dtype=None):
+    """Shared-expert gate/up: silu(min(x·W1ᵀ, limit)) · clamp(x·W3ᵀ, ±limit) -> [..., N]."""
+    return _gemm(x, w1, s1, w3, s3, limit, act_quant, out_dtype, "fp8_gemm_swiglu")
+
+
+# ============================================================================ ahead-of-time variants
+
+
+def _gemm_types(act: str):
+    return {"x_ptr": act, "w_ptr": "*u8", "ws_ptr": "*u8", "w3_ptr": "*u8", "ws3_ptr": "*u8", "y_ptr": act,
+            "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32", "limit": "fp32"}
+
+
+def _gemm_variants(target: str, gated: bool) -> list:
+    tr = target_traits(target)
+    if tr is None:
+        return []
+    shapes = GATED_LINEARS if gated else DENSE_LINEARS
+    out = []
+    for name, (N, K) in shapes.items():
+        for mode in ("decode", "prefill"):
+            if mode == "decode":
+                BM, BN, BK, GM, nw, ns = 16, 64, 256, 1, 4, (4 if tr["big_tiles"] else 2)
+            elif tr["big_tiles"]:
+                BM, BN, BK, GM, nw, ns = 128, 128, 64, 8, 8, 3
+            else:  # sm80 / gfx1100: smaller shared memory / register budget
+                BM, BN, BK, GM, nw, ns = 64, 128, 64, 8, 4, 2
+            if gated and mode == "prefill":
+                BN = 64  # two accumulators
+            BK = min(BK, K)
+            ce = {"BM": BM, "BN": BN, "BK": BK, "GROUP_M": GM, "GATED": gated, "NATIVE_FP8": tr["native_fp8"],
+                  "DOT_F32": False, "EVEN_K": K % BK == 0}
+            keys = {"linear": name, "N": N, "K": K, "mode": mode, "act": "bf16", **ce}
+            out.append(aot_spec(fp8_gemm_kernel, f"{name}_{mode}", _gemm_types("*bf16"), ce, nw, ns, keys))
+    return out
+
+
+def _act_quant_variants(target: str) -> list:
+    if target_traits(target) is None:
+        return []
+    ce = {"BR": 16, "BK": 128}
+    types = {"x_ptr": "*bf16", "y_ptr": "*bf16", "M": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32"}
+    return [aot_spec(act_quant_fp8_kernel, "br16_bk128", types, ce, 4, 1, {"act": "bf16", **ce})]
+
+
+register(KernelTemplate(
+    name="fp8_gemm", module=__name__,
+    summary="x · dequant(E4M3 W, UE8M0 32×32)ᵀ, fp32 accumulate (dense linears)",
+    keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "NATIVE_FP8"),
+    reference=fp8_gemm_reference, launch=fp8_gemm,
+    specializations=lambda t: _gemm_variants(t, False)))
+register(KernelTemplate(
+    name="fp8_gemm_swiglu", module=__name__,
+    summary="shared expert gate/up: silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L), FP8 weights",
+    keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "NATIVE_FP8"),
+    reference=fp8_gemm_swiglu_reference, launch=fp8_gemm_swiglu,
+    specializations=lambda t: _gemm_variants(t, True)))
+register(KernelTemplate(
+    name="act_quant_fp8", module=__name__,
+    summary="dynamic per-32 E4M3 fake quant of activations (pow2 scales)",
+    keys=("act", "BR", "BK"), reference=act_quant_fp8_reference, launch=act_quant_fp8,
+    specializations=_act_quant_variants))

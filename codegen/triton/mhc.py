@@ -1,0 +1,327 @@
+"""mHC (manifold hyper-connections) sites in Triton: coefficients + collapse, and expand.
+
+What (spec §3.8, single-pass order), per token with streams H [hc=4, D]:
+    f    = H_flat · rsqrt(mean(H_flat²) + rms_norm_eps)         (unweighted RMSNorm, fp32)
+    m    = f · fnᵀ                                               (fn [24, 4·D] fp32)
+    pre  = sigmoid(m[0:4]·scale0 + base[0:4]) + hc_eps           (collapses the NEXT site's input)
+    post = 2·sigmoid(m[4:8]·scale1 + base[4:8])
+    comb = softmax_row(m[8:24]·scale2 + base[8:24] as 4×4) + hc_eps, then column-normalize,
+           then (iters-1) × {row-normalize, column-normalize}, each x / (sum + hc_eps)
+    x_in = Σ_k pre_prev_k · H_k           (pre_prev: the previous site's `pre`; one-hot stream 0
+                                           at layer 0's attention site)
+    H'_k = post_k · y + Σ_j comb[j, k] · H_j   (after the sublayer produced y from x_in)
+The math is fp32 whatever the stream dtype; x_in and H' come back in H's dtype.
+
+Algorithm: `mhc_pre` makes ONE pass over H: for each chunk of D it loads the 4 stream chunks,
+adds their squares, accumulates the 24 projections with a tl.dot against fn (two N=16 halves:
+rows 0..7 = pre/post, rows 8..23 = comb) and writes the collapse x_in for that chunk. The norm
+is a per-token scalar, so it is applied to the 24 dot products at the end (m = (H·fnᵀ)·rstd).
+Prefill runs one program per token block and finishes the coefficients in the same kernel;
+decode (few tokens) splits D across programs (partial projections + sums of squares, fixed-order
+reduction in `mhc_coeff_kernel`) so the 2 MB fn is streamed by many SMs. The Sinkhorn runs on a
+[BT, 4, 4] register tile. `mhc_post` is elementwise over (token block, D chunk).
+Divisions in the coefficient math are IEEE (div_rn) so all targets agree with the reference.
+
+Specialization keys: HC (4), D (5120), ITERS (20), mode (decode: split D, prefill: fused),
+BT, BD, PREC (fp32 dot: tf32x3 on CUDA, ieee on ROCm), stream dtype.
+
+Known gaps: the expand of one site and the coefficient pass of the next are separate kernels
+(fusing them saves one read of H per site boundary); the fp32 projection on ROCm runs at the
+ieee (FMA / fp32 MFMA) rate.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv41c.codegen.templates import KernelTemplate, register
+from dsv41c.codegen.triton.fp8_gemm import aot_spec, fp32_dot_precision, interpreting, target_traits
+
+HC = 4
+HIDDEN = 5120
+SINKHORN_ITERS = 20
+
+
+# ============================================================================ kernels
+
+
+@triton.jit
+def _mhc_coeffs(mpp, mc, sumsq, rt, t_ok, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, n_elem, norm_eps, hc_eps,
+                ITERS: tl.constexpr, BT: tl.constexpr):
+    """From raw projections (H·fnᵀ, [BT,16] ×2) and Σ H² -> pre/post [T,4], comb [T,16] (row-major j,k)."""
+    rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(sumsq, n_elem) + norm_eps))
+    c16 = tl.arange(0, 16)
+    s0 = tl.load(scale_ptr)
+    s1 = tl.load(scale_ptr + 1)
+    s2 = tl.load(scale_ptr + 2)
+    z = (mpp * rstd[:, None]) * tl.where(c16 < 4, s0, s1)[None, :] + tl.load(base_ptr + c16, mask=c16 < 8, other=0.0)[None, :]
+    sg = tl.div_rn(tl.full(z.shape, 1.0, tl.float32), 1.0 + tl.exp(-z))
+    pp = tl.where(c16[None, :] < 4, sg + hc_eps, 2.0 * sg)
+    tl.store(pre_ptr + rt[:, None] * 4 + c16[None, :], pp, mask=t_ok[:, None] & (c16[None, :] < 4))
+    tl.store(post_ptr + rt[:, None] * 4 + (c16[None, :] - 4), pp,
+             mask=t_ok[:, None] & (c16[None, :] >= 4) & (c16[None, :] < 8))
+    lg = (mc * rstd[:, None]) * s2 + tl.load(base_ptr + 8 + c16)[None, :]
+    l3 = tl.reshape(lg, (BT, 4, 4))  # [t, j, k]
+    p = tl.exp(l3 - tl.max(l3, axis=2)[:, :, None])
+    c = tl.div_rn(p, tl.sum(p, axis=2)[:, :, None]) + hc_eps
+    c = tl.div_rn(c, tl.sum(c, axis=1)[:, None, :] + hc_eps)
+    for _ in range(ITERS - 1):
+        c = tl.div_rn(c, tl.sum(c, axis=2)[:, :, None] + hc_eps)
+        c = tl.div_rn(c, tl.sum(c, axis=1)[:, None, :] + hc_eps)
+    tl.store(comb_ptr + rt[:, None] * 16 + c16[None, :], tl.reshape(c, (BT, 16)), mask=t_ok[:, None])
+
+
+@triton.jit
+def mhc_pre_kernel(h_ptr, pre_prev_ptr, fn_ptr, x_ptr, part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr,
+                   comb_ptr, T, D, d_per_split, stride_t, stride_x, norm_eps, hc_eps,
+                   BT: tl.constexpr, BD: tl.constexpr, ITERS: tl.constexpr, PREC: tl.constexpr,
+                   FINALIZE: tl.constexpr):
+    """One pass over H [T, 4, D]: collapse with pre_prev, Σ H², H·fnᵀ; coefficients when FINALIZE."""
+    pid_t = tl.program_id(0)
+    split = tl.program_id(1)
+    rt = pid_t * BT + tl.arange(0, BT)
+    t_ok = rt < T
+    r16 = tl.arange(0, 16)
+    pp_rows = r16 < 8
+    p0 = tl.load(pre_prev_ptr + rt * 4 + 0, mask=t_ok, other=0.0)
+    p1 = tl.load(pre_prev_ptr + rt * 4 + 1, mask=t_ok, other=0.0)
+    p2 = tl.load(pre_prev_ptr + rt * 4 + 2, mask=t_ok, other=0.0)
+    p3 = tl.load(pre_prev_ptr + rt * 4 + 3, mask=t_ok, other=0.0)
+    h_rows = h_ptr + rt[:, None].to(tl.int64) * stride_t
+    x_rows = x_ptr + rt[:, None].to(tl.int64) * stride_x
+    KD = 4 * D
+    acc_pp = tl.zeros((BT, 16), dtype=tl.float32)
+    acc_c = tl.zeros((BT, 16), dtype=tl.float32)
+    sq = tl.zeros((BT, BD), dtype=tl.float32)
+    d_lo = split * d_per_split
+    d_hi = tl.minimum(d_lo + d_per_split, D)
+    for d0 in range(d_lo, d_hi, BD):
+        rd = d0 + tl.arange(0, BD)
+        d_ok = rd < d_hi
+        m2 = t_ok[:, None] & d_ok[None, :]
+        xacc = tl.zeros((BT, BD), dtype=tl.float32)
+        for k in tl.static_range(4):
+            hk = tl.load(h_rows + k * D + rd[None, :], mask=m2, other=0.0).to(tl.float32)
+            sq += hk * hk
+            fpp = tl.load(fn_ptr + r16[:, None] * KD + k * D + rd[None, :], mask=pp_rows[:, None] & d_ok[None, :],
+                          other=0.0)
+            fc = tl.load(fn_ptr + (8 + r16[:, None]) * KD + k * D + rd[None, :], mask=d_ok[None, :], other=0.0)
+            acc_pp = tl.dot(hk, tl.trans(fpp), acc_pp, input_precision=PREC)
+            acc_c = tl.dot(hk, tl.trans(fc), acc_c, input_precision=PREC)
+            if k == 0:
+                xacc += p0[:, None] * hk
+            elif k == 1:
+                xacc += p1[:, None] * hk
+            elif k == 2:
+                xacc += p2[:, None] * hk
+            else:
+                xacc += p3[:, None] * hk
+        tl.store(x_rows + rd[None, :], xacc.to(x_ptr.dtype.element_ty), mask=m2)
+    sumsq = tl.sum(sq, axis=1)
+    if FINALIZE:
+        _mhc_coeffs(acc_pp, acc_c, sumsq, rt, t_ok, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr,
+                    (4 * D).to(tl.float32), norm_eps, hc_eps, ITERS, BT)
+    else:
+        base = part_ptr + (split * T + rt[:, None]).to(tl.int64) * 32 + r16[None, :]
+        tl.store(base, acc_pp, mask=t_ok[:, None])
+        tl.store(base + 16, acc_c, mask=t_ok[:, None])
+        tl.store(sq_ptr + split * T + rt, sumsq, mask=t_ok)
+
+
+@triton.jit
+def mhc_coeff_kernel(part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, D, n_split, norm_eps,
+                     hc_eps, BT: tl.constexpr, ITERS: tl.constexpr):
+    """Sum the D-split partials in split order, then the coefficients."""
+    rt = tl.program_id(0) * BT + tl.arange(0, BT)
+    t_ok = rt < T
+    r16 = tl.arange(0, 16)
+    acc_pp = tl.zeros((BT, 16), dtype=tl.float32)
+    acc_c = tl.zeros((BT, 16), dtype=tl.float32)
+    sumsq = tl.zeros((BT,), dtype=tl.float32)
+    for sp in range(0, n_split):
+        base = part_ptr + (sp * T + rt[:, None]).to(tl.int64) * 32 + r16[None, :]
+        acc_pp += tl.load(base, mask=t_ok[:, None], other=0.0)
+        acc_c += tl.load(base + 16, mask=t_ok[:, None], other=0.0)
+        sumsq += tl.load(sq_ptr + sp * T + rt, mask=t_ok, other=0.0)
+    _mhc_coeffs(acc_pp, acc_c, sumsq, rt, t_ok, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr,
+                (4 * D).to(tl.float32), norm_eps, hc_eps, ITERS, BT)
+
+
+@triton.jit
+def mhc_post_kernel(h_ptr, y_ptr, post_ptr, comb_ptr, out_ptr, T, D, stride_t, stride_y, stride_o,
+                    BT: tl.constexpr, BD: tl.constexpr):
+    """H'_k = post_k·y + Σ_j comb[j,k]·H_j for a [BT tokens, BD channels] tile of all 4 streams."""
+    rt = tl.program_id(0) * BT + tl.arange(0, BT)
+    rd = tl.program_id(1) * BD + tl.arange(0, BD)
+    t_ok = rt < T
+    m2 = t_ok[:, None] & (rd[None, :] < D)
+    h_rows = h_ptr + rt[:, None].to(tl.int64) * stride_t + rd[None, :]
+    o_rows = out_ptr + rt[:, None].to(tl.int64) * stride_o + rd[None, :]
+    y = tl.load(y_ptr + rt[:, None].to(tl.int64) * stride_y + rd[None, :], mask=m2, other=0.0).to(tl.float32)
+    h0 = tl.load(h_rows, mask=m2, other=0.0).to(tl.float32)
+    h1 = tl.load(h_rows + D, mask=m2, other=0.0).to(tl.float32)
+    h2 = tl.load(h_rows + 2 * D, mask=m2, other=0.0).to(tl.float32)
+    h3 = tl.load(h_rows + 3 * D, mask=m2, other=0.0).to(tl.float32)
+    for k in tl.static_range(4):
+        pk = tl.load(post_ptr + rt * 4 + k, mask=t_ok, other=0.0)
+        c0 = tl.load(comb_ptr + rt * 16 + 0 * 4 + k, mask=t_ok, other=0.0)
+        c1 = tl.load(comb_ptr + rt * 16 + 1 * 4 + k, mask=t_ok, other=0.0)
+        c2 = tl.load(comb_ptr + rt * 16 + 2 * 4 + k, mask=t_ok, other=0.0)
+        c3 = tl.load(comb_ptr + rt * 16 + 3 * 4 + k, mask=t_ok, other=0.0)
+        o = pk[:, None] * y + (c0[:, None] * h0 + c1[:, None] * h1 + c2[:, None] * h2 + c3[:, None] * h3)
+        tl.store(o_rows + k * D, o.to(out_ptr.dtype.element_ty), mask=m2)
+
+
+# ============================================================================ references
+
+
+def mhc_pre_reference(H, pre_prev, fn, base, scale, norm_eps: float, hc_eps: float, iters: int = SINKHORN_ITERS):
+    """H [T, 4, D] -> (x_in [T, D] (H's dtype), pre [T, 4], post [T, 4], comb [T, 4, 4]) fp32.
+
+    pre_prev [T, 4] (None: one-hot stream 0, layer 0's attention site)."""
+    T, hc, D = H.shape
+    hf = H.float()
+    flat = hf.flatten(1)
+    f = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps)
+    m = f @ fn.float().T
+    scale, base = scale.float(), base.float()
+    pre = torch.sigmoid(m[:, :hc] * scale[0] + base[:hc]) + hc_eps
+    post = 2 * torch.sigmoid(m[:, hc:2 * hc] * scale[1] + base[hc:2 * hc])
+    logits = (m[:, 2 * hc:] * scale[2] + base[2 * hc:]).unflatten(-1, (hc, hc))
+    comb = torch.softmax(logits, dim=-1) + hc_eps
+    comb = comb / (comb.sum(-2, keepdim=True) + hc_eps)
+    for _ in range(iters - 1):
+        comb = comb / (comb.sum(-1, keepdim=True) + hc_eps)
+        comb = comb / (comb.sum(-2, keepdim=True) + hc_eps)
+    if pre_prev is None:
+        pre_prev = _one_hot(T, hc, H.device)
+    x_in = (pre_prev.float().unsqueeze(-1) * hf).sum(1).to(H.dtype)
+    return x_in, pre, post, comb
+
+
+def mhc_post_reference(H, y, post, comb):
+    """H'_k = post_k·y + Σ_j comb[j,k]·H_j -> [T, 4, D] in H's dtype."""
+    mixed = torch.einsum("tjk,tjd->tkd", comb.float(), H.float())
+    return (post.float().unsqueeze(-1) * y.float().unsqueeze(1) + mixed).to(H.dtype)
+
+
+def _one_hot(T, hc, device):
+    p = torch.zeros(T, hc, dtype=torch.float32, device=device)
+    p[:, 0] = 1.0
+    return p
+
+
+# ============================================================================ launchers
+
+
+def mhc_pre(H, pre_prev, fn, base, scale, norm_eps: float, hc_eps: float, iters: int = SINKHORN_ITERS, split=None):
+    """Triton: -> (x_in [T, D], pre [T, 4], post [T, 4], comb [T, 4, 4])."""
+    T, hc, D = H.shape
+    if hc != HC or tuple(fn.shape) != ((2 + HC) * HC, HC * D) or base.numel() != 24 or scale.numel() != 3:
+        raise ValueError(f"mhc_pre: H {tuple(H.shape)}, fn {tuple(fn.shape)}, base {tuple(base.shape)}, "
+                         f"scale {tuple(scale.shape)} do not describe a 4-stream site over D={D}")
+    dev = H.device
+    H = H if H.is_contiguous() else H.contiguous()
+    pre_prev = (_one_hot(T, hc, dev) if pre_prev is None else pre_prev.float()).contiguous()
+    x = torch.empty(T, D, dtype=H.dtype, device=dev)
+    pre = torch.empty(T, 4, dtype=torch.float32, device=dev)
+    post = torch.empty(T, 4, dtype=torch.float32, device=dev)
+    comb = torch.empty(T, 4, 4, dtype=torch.float32, device=dev)
+    if T == 0:
+        return x, pre, post, comb
+    fn32, base32, scale32 = fn.float().contiguous(), base.float().contiguous(), scale.float().contiguous()
+    if interpreting():
+        BT, BD = 16, 32
+        nsplit = 1 if split is None else split
+    elif T <= 64:
+        BT, BD = 16, 64
+        nsplit = max(1, D // 256) if split is None else split
+    else:
+        BT, BD = 32, 64
+        nsplit = 1 if split is None else split
+    d_per = triton.cdiv(triton.cdiv(D, nsplit), BD) * BD
+    nsplit = triton.cdiv(D, d_per)
+    prec = fp32_dot_precision(dev)
+    if nsplit == 1:
+        mhc_pre_kernel[(triton.cdiv(T, BT), 1)](H, pre_prev, fn32, x, pre, pre, base32, scale32, pre, post, comb, T,
+                                                 D, d_per, H.stride(0), x.stride(0), float(norm_eps), float(hc_eps),
+                                                 BT=BT, BD=BD, ITERS=iters, PREC=prec, FINALIZE=True, num_warps=4)
+    else:
+        part = torch.empty(nsplit, T, 32, dtype=torch.float32, device=dev)
+        sq = torch.empty(nsplit, T, dtype=torch.float32, device=dev)
+        mhc_pre_kernel[(triton.cdiv(T, BT), nsplit)](H, pre_prev, fn32, x, part, sq, base32, scale32, pre, post, comb,
+                                                      T, D, d_per, H.stride(0), x.stride(0), float(norm_eps),
+                                                      float(hc_eps), BT=BT, BD=BD, ITERS=iters, PREC=prec,
+                                                      FINALIZE=False, num_warps=4)
+        BT2 = 16
+        mhc_coeff_kernel[(triton.cdiv(T, BT2),)](part, sq, base32, scale32, pre, post, comb, T, D, nsplit,
+                                                 float(norm_eps), float(hc_eps), BT=BT2, ITERS=iters, num_warps=4)
+    return x, pre, post, comb
+
+
+def mhc_post(H, y, post, comb):
+    """Triton: H' [T, 4, D] = post_k·y + Σ_j comb[j,k]·H_j, in H's dtype."""
+    T, hc, D = H.shape
+    if hc != HC or tuple(y.shape) != (T, D) or tuple(post.shape) != (T, 4) or tuple(comb.shape) != (T, 4, 4):
+        raise ValueError(f"mhc_post: H {tuple(H.shape)}, y {tuple(y.shape)}, post {tuple(post.shape)}, "
+                         f"comb {tuple(comb.shape)} do not fit")
+    H = H if H.is_contiguous() else H.contiguous()
+    y = y if y.stride(-1) == 1 else y.contiguous()
+    out = torch.empty_like(H)
+    if T == 0:
+        return out
+    BT, BD = (4, 64) if interpreting() else (4, 512)
+    mhc_post_kernel[(triton.cdiv(T, BT), triton.cdiv(D, BD))](H, y, post.float().contiguous(),
+                                                            comb.float().contiguous(), out, T, D, H.stride(0),
+                                                            y.stride(0), out.stride(0), BT=BT, BD=BD, num_warps=4)
+    return out
+
+
+# ============================================================================ ahead-of-time variants
+
+
+def _pre_variants(target: str) -> list:
+    tr = target_traits(target)
+    if tr is None:
+        return []
+    out = []
+    for sdt in ("*bf16", "*fp32"):
+        types = {"h_ptr": sdt, "pre_prev_ptr": "*fp32", "fn_ptr": "*fp32", "x_ptr": sdt, "part_ptr": "*fp32",
+                 "sq_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32", "pre_ptr": "*fp32",
+                 "post_ptr": "*fp32", "comb_ptr": "*fp32", "T": "i32", "D": "i32", "d_per_split": "i32",
+                 "stride_t": "i32", "stride_x": "i32", "norm_eps": "fp32", "hc_eps": "fp32"}
+        for mode, (BT, BD, fin) in {"decode": (16, 64, False), "prefill": (32, 64, True)}.items():
+            ce = {"BT": BT, "BD": BD, "ITERS": SINKHORN_ITERS, "PREC": tr["fp32_prec"], "FINALIZE": fin}
+            out.append(aot_spec(mhc_pre_kernel, f"{mode}_{sdt[1:]}", types, ce, 4, 2,
+                                {"HC": HC, "D": HIDDEN, "mode": mode, "streams": sdt[1:], **ce}))
+    ct = {"part_ptr": "*fp32", "sq_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32", "pre_ptr": "*fp32",
+          "post_ptr": "*fp32", "comb_ptr": "*fp32", "T": "i32", "D": "i32", "n_split": "i32", "norm_eps": "fp32",
+          "hc_eps": "fp32"}
+    out.append(aot_spec(mhc_coeff_kernel, "coeff_bt16", ct, {"BT": 16, "ITERS": SINKHORN_ITERS}, 4, 1,
+                        {"HC": HC, "mode": "decode", "BT": 16, "ITERS": SINKHORN_ITERS}))
+    return out
+
+
+def _post_variants(target: str) -> list:
+    if target_traits(target) is None:
+        return []
+    out = []
+    for sdt in ("*bf16", "*fp32"):
+        types = {"h_ptr": sdt, "y_ptr": "*bf16", "post_ptr": "*fp32", "comb_ptr": "*fp32", "out_ptr": sdt, "T": "i32",
+                 "D": "i32", "stride_t": "i32", "stride_y": "i32", "stride_o": "i32"}
+        ce = {"BT": 4, "BD": 512}
+        out.append(aot_spec(mhc_post_kernel, f"bt4_bd512_{sdt[1:]}", types, ce, 4, 1,
+                            {"HC": HC, "D": HIDDEN, "streams": sdt[1:], **ce}))
+    return out
+
+
+register(KernelTemplate(
+    name="mhc_pre", module=__name__,
+    summary="mHC site: unweighted RMSNorm + 24 projections + pre/post/Sinkhorn comb + collapse with pre_prev",
+    keys=("HC", "D", "mode", "streams", "BT", "BD", "ITERS", "PREC"), reference=mhc_pre_reference, launch=mhc_pre,
+    specializations=_pre_variants))
+register(KernelTemplate(
+    name="mhc_post", module=__name__, summary="mHC expand: H'_k = post_k·y + Σ_j comb[j,k]·H_j",
+    keys=("HC", "D", "streams", "BT", "BD"), reference=mhc_post_reference, launch=mhc_post,
+    specializations=_post_variants))

@@ -1,0 +1,589 @@
+"""MoE in Triton: sqrtsoftplus router with top-k, grouped FP4 expert GEMMs, combine.
+
+What (spec §3.5, §3.13, §7.1):
+- Router: logits = x_f32 · W_gateᵀ / temp (fp32), s = sqrt(softplus(logits)) (torch's
+  softplus: x above 20, log1p(exp(x)) below, so small values survive until exp underflows),
+  top-k of s + b (b = `bias`, or `bias_vl` for image-span tokens), ties toward the LOWER expert
+  index; weights = s[idx] / (Σ + 1e-20) · route_scale.
+- Routed experts, MXFP4 weights (E2M1 packed two per byte, low nibble = even k, one UE8M0 scale
+  per 32 along k) decoded in the kernel: g = x·w1ᵀ, u = x·w3ᵀ (fp32), u = clamp(u, ±limit),
+  g = min(g, limit), h = silu(g)·u·w_route (rounded to `inter_dtype`), y_slot = h·w2ᵀ (rounded
+  to `partial_dtype`), y = Σ_slots y_slot (+ the shared expert) in fp32 -> x's dtype.
+- Shared expert: the FP8 GEMMs of fp8_gemm.py (`fp8_gemm_swiglu`, `fp8_gemm`).
+- `act_quant=True`: the dynamic per-32 FP8 fake quant of x before w1/w3 and of h before w2.
+
+Algorithm:
+- Router: `router_logits_kernel` (tiles of tokens × experts × optional K split, fp32 tl.dot
+  with input_precision ieee / tf32x3) writes partial logits; `router_topk_kernel` sums them in
+  a fixed order and selects top-k by k rounds of (max, lowest index attaining it), which is
+  exactly a stable descending sort's first k.
+- Dispatch (`moe_align`, plain torch, no host sync, CUDA-graph capturable): slots t·k+j are
+  stably sorted by expert; each expert's rows are cut into tiles of BM rows; a tile table
+  (expert, first row) sized for the worst case lets one launch cover every expert, and programs
+  past the real tile count exit at once. Experts with no tokens get no tiles.
+- Grouped GEMMs, "swap AB": the decoded weight tile [BN, BK] is the dot's left operand and the
+  gathered activations xᵀ [BK, BM] the right one (wgmma's M is the weight rows, its N the
+  tokens, so decode tiles of 16 tokens waste nothing). Two decoders: `tl.dot_scaled` (native
+  MX on sm100/gfx950, Triton's own upcast elsewhere) or a bit-arithmetic upcast
+  (`fp4_tile_to_f32`) feeding tl.dot. Gate/up share one pass over x; the down GEMM reads h in
+  expert order and scatters each row to its slot; `moe_combine_kernel` sums a token's k slots
+  in slot order (deterministic: no atomics).
+
+Specialization keys: E (384 routed; 128 for DSpark), TOPK (6; 3), hidden 5120, inter 2304,
+mode (decode: BM=16, prefill: BM=64/128), BN, BK, DOT_SCALED, H_QUANT.
+
+Known gaps: dispatch runs as torch ops (argsort/bincount/cumsum/searchsorted), not a Triton
+kernel; the tile table is sized for the worst case, so prefill launches up to E idle programs;
+no split-K for the down GEMM at decode; the shared expert is not fused into the routed launch.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv41c.codegen.templates import KernelTemplate, register
+from dsv41c.codegen.triton.fp8_gemm import (
+    act_quant_fp8, act_quant_fp8_reference, aot_spec, as_u8, dot_f32_for, fake_quant_e4m3_pow2, fp4_tile_to_f32,
+    fp8_gemm, fp8_gemm_reference, fp8_gemm_swiglu, fp8_gemm_swiglu_reference, fp32_dot_precision, interpreting,
+    target_traits)
+from dsv41c.frontend import numerics as nx
+
+HIDDEN = 5120
+MOE_INTER = 2304
+ROUTERS = {"backbone": (384, 6), "dspark": (128, 3)}  # (experts, top-k)
+
+
+# ============================================================================ router kernels
+
+
+@triton.jit
+def router_logits_kernel(x_ptr, w_ptr, part_ptr, T, E, K, stride_x, k_per_split,
+                         BT: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    """part[split, t, e] = Σ_{k in split} x[t, k]·W[e, k] (fp32 operands)."""
+    pid_t = tl.program_id(0)
+    pid_e = tl.program_id(1)
+    split = tl.program_id(2)
+    rt = pid_t * BT + tl.arange(0, BT)
+    re = pid_e * BE + tl.arange(0, BE)
+    t_ok = rt < T
+    e_ok = re < E
+    k_lo = split * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    acc = tl.zeros((BT, BE), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BK):
+        rk = k0 + tl.arange(0, BK)
+        k_ok = rk < k_hi
+        xt = tl.load(x_ptr + rt[:, None].to(tl.int64) * stride_x + rk[None, :], mask=t_ok[:, None] & k_ok[None, :],
+                     other=0.0).to(tl.float32)
+        wt = tl.load(w_ptr + re[:, None].to(tl.int64) * K + rk[None, :], mask=e_ok[:, None] & k_ok[None, :],
+                     other=0.0).to(tl.float32)
+        acc += tl.dot(xt, tl.trans(wt), input_precision=PREC)
+    tl.store(part_ptr + (split * T + rt[:, None]).to(tl.int64) * E + re[None, :], acc,
+             mask=t_ok[:, None] & e_ok[None, :])
+
+
+@triton.jit
+def sqrtsoftplus_f32(x):
+    """sqrt(softplus(x)) with torch's threshold (x > 20 -> x) and an accurate log1p(exp(x))."""
+    y = tl.exp(tl.minimum(x, 20.0))
+    u = 1.0 + y
+    # log1p(y) = log(u)·y/(u-1) (Goldberg): exact where 1 + y rounds, y itself where it rounds to 1
+    one = u == 1.0
+    lp = tl.where(one, y, tl.log(u) * (y / tl.where(one, 1.0, u - 1.0)))
+    return tl.sqrt(tl.where(x > 20.0, x, lp))
+
+
+@triton.jit
+def router_topk_kernel(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, T, E, n_split,
+                       inv_temp, route_scale,
+                       BT: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr, K_PAD: tl.constexpr,
+                       HAS_VL: tl.constexpr, NORM: tl.constexpr):
+    rt = tl.program_id(0) * BT + tl.arange(0, BT)
+    re = tl.arange(0, E_PAD)
+    t_ok = rt < T
+    e_ok = re < E
+    m2 = t_ok[:, None] & e_ok[None, :]
+    logits = tl.zeros((BT, E_PAD), dtype=tl.float32)
+    for sp in range(0, n_split):
+        logits += tl.load(part_ptr + (sp * T + rt[:, None]).to(tl.int64) * E + re[None, :], mask=m2, other=0.0)
+    s = sqrtsoftplus_f32(logits * inv_temp)
+    b = tl.load(bias_ptr + re, mask=e_ok, other=0.0)
+    sel = s + b[None, :]
+    if HAS_VL:
+        bvl = tl.load(bias_vl_ptr + re, mask=e_ok, other=0.0)
+        img = tl.load(img_ptr + rt, mask=t_ok, other=0) != 0
+        sel = tl.where(img[:, None], s + bvl[None, :], sel)
+    sel = tl.where(e_ok[None, :], sel + 0.0, float("-inf"))  # +0.0: -0.0 and +0.0 tie
+    rk = tl.arange(0, K_PAD)
+    top_i = tl.zeros((BT, K_PAD), dtype=tl.int32)
+    top_w = tl.zeros((BT, K_PAD), dtype=tl.float32)
+    for j in tl.static_range(TOPK):
+        best = tl.max(sel, axis=1)
+        idx = tl.min(tl.where(sel == best[:, None], re[None, :], E_PAD), axis=1)
+        hit = re[None, :] == idx[:, None]
+        wj = tl.sum(tl.where(hit, s, 0.0), axis=1)
+        top_i = tl.where(rk[None, :] == j, idx[:, None], top_i)
+        top_w = tl.where(rk[None, :] == j, wj[:, None], top_w)
+        sel = tl.where(hit, float("-inf"), sel)
+    if NORM:
+        total = tl.sum(top_w, axis=1)
+        top_w = top_w / (total[:, None] + 1e-20)
+    top_w = top_w * route_scale
+    om = t_ok[:, None] & (rk[None, :] < TOPK)
+    tl.store(i_out_ptr + rt[:, None] * TOPK + rk[None, :], top_i, mask=om)
+    tl.store(w_out_ptr + rt[:, None] * TOPK + rk[None, :], top_w, mask=om)
+
+
+# ============================================================================ expert kernels
+
+
+@triton.jit
+def _fp4_dot(acc, wp, sc, xt, BN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, DOT_SCALED: tl.constexpr):
+    """acc [BN, BM] += dequant(wp [BN, BK/2], sc [BN, BK/32]) · xt [BM, BK]ᵀ."""
+    if DOT_SCALED:
+        return tl.dot_scaled(wp, sc, "e2m1", tl.trans(xt.to(tl.bfloat16)), None, "bf16", acc)
+    else:
+        wf = fp4_tile_to_f32(wp, sc, BN, BK)
+        if DOT_F32:
+            return tl.dot(wf, tl.trans(xt.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            return tl.dot(wf.to(tl.bfloat16), tl.trans(xt.to(tl.bfloat16)), acc)
+
+
+@triton.jit
+def moe_gate_up_kernel(x_ptr, slots_ptr, rw_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
+                       w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, K, N, stride_x, limit,
+                       TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                       DOT_F32: tl.constexpr, DOT_SCALED: tl.constexpr, H_QUANT: tl.constexpr):
+    """h[row] = silu(min(x·w1ᵀ, L))·clamp(x·w3ᵀ, ±L)·w_route for the BM sorted rows of one tile."""
+    pid_t = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(tile_expert_ptr + pid_t)
+    if e < 0:
+        return
+    row0 = tl.load(tile_row_ptr + pid_t)
+    row_end = tl.load(offsets_ptr + e + 1)
+    rows = row0 + tl.arange(0, BM)
+    r_ok = rows < row_end
+    slot = tl.load(slots_ptr + rows, mask=r_ok, other=0)
+    tok = (slot // TOPK).to(tl.int64)
+    rn = pid_n * BN + tl.arange(0, BN)
+    n_ok = rn < N
+    KH = K // 2
+    KS = K // 32
+    e64 = e.to(tl.int64)
+    w1_rows = w1_ptr + e64 * N * KH + rn[:, None].to(tl.int64) * KH
+    w3_rows = w3_ptr + e64 * N * KH + rn[:, None].to(tl.int64) * KH
+    s1_rows = s1_ptr + e64 * N * KS + rn[:, None] * KS
+    s3_rows = s3_ptr + e64 * N * KS + rn[:, None] * KS
+    x_rows = x_ptr + tok[:, None] * stride_x
+    acc1 = tl.zeros((BN, BM), dtype=tl.float32)
+    acc3 = tl.zeros((BN, BM), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        xt = tl.load(x_rows + (k0 + tl.arange(0, BK))[None, :], mask=r_ok[:, None], other=0.0)
+        kh = (k0 // 2 + tl.arange(0, BK // 2))[None, :]
+        ks = (k0 // 32 + tl.arange(0, BK // 32))[None, :]
+        wp1 = tl.load(w1_rows + kh, mask=n_ok[:, None], other=0)
+        sc1 = tl.load(s1_rows + ks, mask=n_ok[:, None], other=127)
+        acc1 = _fp4_dot(acc1, wp1, sc1, xt, BN, BK, DOT_F32, DOT_SCALED)
+        wp3 = tl.load(w3_rows + kh, mask=n_ok[:, None], other=0)
+        sc3 = tl.load(s3_rows + ks, mask=n_ok[:, None], other=127)
+        acc3 = _fp4_dot(acc3, wp3, sc3, xt, BN, BK, DOT_F32, DOT_SCALED)
+    rw = tl.load(rw_ptr + slot, mask=r_ok, other=0.0)
+    g = tl.minimum(acc1, limit)
+    u = tl.minimum(tl.maximum(acc3, -limit), limit)
+    h = tl.trans(g / (1.0 + tl.exp(-g)) * u * rw[None, :])  # [BM, BN]
+    h = h.to(h_ptr.dtype.element_ty)
+    if H_QUANT:
+        h = fake_quant_e4m3_pow2(h.to(tl.float32), BM, BN).to(h_ptr.dtype.element_ty)
+    tl.store(h_ptr + rows[:, None].to(tl.int64) * N + rn[None, :], h, mask=r_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def moe_down_kernel(h_ptr, slots_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr, w2_ptr, s2_ptr, out_ptr, K, N,
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                    DOT_F32: tl.constexpr, DOT_SCALED: tl.constexpr):
+    """out[slot(row)] = h[row]·w2ᵀ for the BM sorted rows of one tile (h in expert order)."""
+    pid_t = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(tile_expert_ptr + pid_t)
+    if e < 0:
+        return
+    row0 = tl.load(tile_row_ptr + pid_t)
+    row_end = tl.load(offsets_ptr + e + 1)
+    rows = row0 + tl.arange(0, BM)
+    r_ok = rows < row_end
+    rn = pid_n * BN + tl.arange(0, BN)
+    n_ok = rn < N
+    KH = K // 2
+    KS = K // 32
+    e64 = e.to(tl.int64)
+    w_rows = w2_ptr + e64 * N * KH + rn[:, None].to(tl.int64) * KH
+    s_rows = s2_ptr + e64 * N * KS + rn[:, None] * KS
+    h_rows = h_ptr + rows[:, None].to(tl.int64) * K
+    acc = tl.zeros((BN, BM), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        ht = tl.load(h_rows + (k0 + tl.arange(0, BK))[None, :], mask=r_ok[:, None], other=0.0)
+        wp = tl.load(w_rows + (k0 // 2 + tl.arange(0, BK // 2))[None, :], mask=n_ok[:, None], other=0)
+        sc = tl.load(s_rows + (k0 // 32 + tl.arange(0, BK // 32))[None, :], mask=n_ok[:, None], other=127)
+        acc = _fp4_dot(acc, wp, sc, ht, BN, BK, DOT_F32, DOT_SCALED)
+    slot = tl.load(slots_ptr + rows, mask=r_ok, other=0).to(tl.int64)
+    tl.store(out_ptr + slot[:, None] * N + rn[None, :], tl.trans(acc).to(out_ptr.dtype.element_ty),
+             mask=r_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def moe_combine_kernel(part_ptr, shared_ptr, y_ptr, N, stride_s, stride_y,
+                       TOPK: tl.constexpr, BN: tl.constexpr, HAS_SHARED: tl.constexpr):
+    """y[t] = Σ_j part[t·k + j] (slot order) + shared[t], fp32 -> y's dtype."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    ok = cols < N
+    acc = tl.zeros((BN,), dtype=tl.float32)
+    for j in tl.static_range(TOPK):
+        acc += tl.load(part_ptr + (t * TOPK + j) * N + cols, mask=ok, other=0.0).to(tl.float32)
+    if HAS_SHARED:
+        acc += tl.load(shared_ptr + t * stride_s + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + t * stride_y + cols, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+# ============================================================================ references
+
+
+def router_reference(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: float = 1.0,
+                     bias_vl=None, image_mask=None, norm_topk_prob: bool = True):
+    """x [T, D] -> (weights [T, k] fp32, expert ids [T, k] int32)."""
+    s = torch.nn.functional.softplus((x.float() @ gate_w.float().T) / gate_temp).sqrt()
+    b = bias.float()[None, :].expand_as(s)
+    if bias_vl is not None and image_mask is not None:
+        b = torch.where(image_mask.bool()[:, None], bias_vl.float()[None, :], b)
+    order = torch.sort(s + b + 0.0, dim=-1, descending=True, stable=True).indices[:, :top_k]
+    w = s.gather(-1, order)
+    if norm_topk_prob:
+        w = w / (w.sum(-1, keepdim=True) + 1e-20)
+    return w * route_scale, order.to(torch.int32)
+
+
+def moe_experts_reference(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float, act_quant: bool = False,
+                          inter_dtype=None, partial_dtype=None, compute_dtype=torch.float32):
+    """Σ_j expert_{idx[t,j]}(x[t]) · w[t,j] over routed slots -> [T, D] in compute_dtype.
+
+    Stacked MXFP4 weights: w1/w3 int8 [E, I, D/2] + E8M0 [E, I, D/32]; w2 [E, D, I/2] + [E, D, I/32].
+    """
+    inter_dtype = inter_dtype or x.dtype
+    partial_dtype = partial_dtype or x.dtype
+    cd = compute_dtype
+    xa = act_quant_fp8_reference(x) if act_quant else x
+    y = torch.zeros(x.shape[0], w2.shape[1], dtype=cd, device=x.device)
+    for e in torch.unique(topk_idx).tolist():
+        tok, j = torch.where(topk_idx == e)
+        xe = xa[tok].to(cd)
+        g = (xe @ nx.dequant_fp4_weight(w1[e], s1[e]).to(cd).T).clamp(max=limit)
+        u = (xe @ nx.dequant_fp4_weight(w3[e], s3[e]).to(cd).T).clamp(-limit, limit)
+        h = (torch.nn.functional.silu(g) * u * topk_w[tok, j, None].to(cd)).to(inter_dtype)
+        if act_quant:
+            h = act_quant_fp8_reference(h)
+        out = (h.to(cd) @ nx.dequant_fp4_weight(w2[e], s2[e]).to(cd).T).to(partial_dtype)
+        y.index_add_(0, tok, out.to(cd))
+    return y
+
+
+def shared_expert_reference(x, sw1, ss1, sw3, ss3, sw2, ss2, limit: float, act_quant: bool = False):
+    h = fp8_gemm_swiglu_reference(x, sw1, ss1, sw3, ss3, limit, act_quant)
+    return fp8_gemm_reference(h, sw2, ss2, act_quant)
+
+
+def moe_forward_reference(x, gate_w, bias, w1, s1, w3, s3, w2, s2, shared, *, top_k: int, route_scale: float,
+                          limit: float, gate_temp: float = 1.0, bias_vl=None, image_mask=None,
+                          act_quant: bool = False):
+    """The whole FFN: route, routed experts, shared expert (`shared` = (w1, s1, w3, s3, w2, s2) FP8)."""
+    tw, ti = router_reference(x, gate_w, bias, top_k, route_scale, gate_temp, bias_vl, image_mask)
+    y = moe_experts_reference(x, ti, tw, w1, s1, w3, s3, w2, s2, limit, act_quant)
+    if shared is not None:
+        y = y + shared_expert_reference(x, *shared, limit, act_quant).float()
+    return y.to(x.dtype)
+
+
+# ============================================================================ launchers
+
+
+def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: float = 1.0, bias_vl=None,
+           image_mask=None, norm_topk_prob: bool = True):
+    """Triton router: -> (weights [T, k] fp32, expert ids [T, k] int32)."""
+    T, D = x.shape
+    E = gate_w.shape[0]
+    if gate_w.shape[1] != D or bias.shape != (E,):
+        raise ValueError(f"router: gate {tuple(gate_w.shape)} / bias {tuple(bias.shape)} do not fit x {tuple(x.shape)}")
+    if top_k > E:
+        raise ValueError(f"router: top_k={top_k} > {E} experts")
+    wts = torch.empty(T, top_k, dtype=torch.float32, device=x.device)
+    ids = torch.empty(T, top_k, dtype=torch.int32, device=x.device)
+    if T == 0:
+        return wts, ids
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    gw = gate_w.contiguous()
+    if interpreting():
+        BT, BE, BK, split = 16, 64, 64, 1
+    elif T <= 64:
+        BT, BE, BK = 16, 64, 128
+        split = max(1, min(8, D // 1024))
+    else:
+        BT, BE, BK, split = 64, 128, 64, 1
+    k_per = triton.cdiv(triton.cdiv(D, split), BK) * BK
+    split = triton.cdiv(D, k_per)
+    part = torch.empty(split, T, E, dtype=torch.float32, device=x.device)
+    router_logits_kernel[(triton.cdiv(T, BT), triton.cdiv(E, BE), split)](
+        x, gw, part, T, E, D, x.stride(0), k_per, BT=BT, BE=BE, BK=BK, PREC=fp32_dot_precision(x.device),
+        num_warps=4, num_stages=1 if interpreting() else 3)
+    has_vl = bias_vl is not None and image_mask is not None
+    img = image_mask.to(torch.uint8).contiguous() if has_vl else ids
+    BT2 = 4 if interpreting() else 8
+    router_topk_kernel[(triton.cdiv(T, BT2),)](
+        part, bias.float().contiguous(), bias_vl.float().contiguous() if has_vl else bias, img, wts, ids, T, E, split,
+        1.0 / gate_temp, float(route_scale), BT=BT2, E_PAD=triton.next_power_of_2(E), TOPK=top_k,
+        K_PAD=triton.next_power_of_2(top_k), HAS_VL=has_vl, NORM=norm_topk_prob, num_warps=4)
+    return wts, ids
+
+
+def moe_align(topk_idx: torch.Tensor, n_experts: int, block_m: int) -> dict:
+    """Expert-grouped dispatch plan for slots t·k+j (torch ops only; no host synchronization).
+
+    sorted_slots [T·k] int32: slots stably sorted by expert; offsets [E+1] int32: the first sorted
+    row of each expert; tile_expert / tile_row [n_tiles_max] int32: each BM-row tile's expert
+    (-1: unused tile) and first sorted row.
+    """
+    T, k = topk_idx.shape
+    R = T * k
+    dev = topk_idx.device
+    flat = topk_idx.reshape(-1).to(torch.int64)
+    sorted_slots = torch.argsort(flat, stable=True).to(torch.int32)
+    # scatter_add, not bincount: bincount reads the max id back to the host (a sync; breaks graph capture)
+    counts = torch.zeros(n_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    offsets = torch.zeros(n_experts + 1, dtype=torch.int64, device=dev)
+    offsets[1:] = torch.cumsum(counts, 0)
+    tiles = (counts + block_m - 1) // block_m
+    tile_end = torch.cumsum(tiles, 0)
+    n_max = max(1, min(R, triton.cdiv(R, block_m) + n_experts))
+    t = torch.arange(n_max, device=dev)
+    e = torch.searchsorted(tile_end, t, right=True).clamp(max=n_experts - 1)
+    valid = t < tile_end[-1]
+    row = offsets[e] + (t - (tile_end[e] - tiles[e])) * block_m
+    return {"sorted_slots": sorted_slots, "offsets": offsets.to(torch.int32),
+            "tile_expert": torch.where(valid, e, -1).to(torch.int32),
+            "tile_row": torch.where(valid, row, 0).to(torch.int32), "block_m": block_m, "top_k": k, "T": T}
+
+
+def _expert_tiles(R: int, K: int):
+    """(BM, BN, BK, num_warps, num_stages) for a grouped GEMM with R routed rows, reduction K."""
+    if interpreting():
+        return 16, 32, 64, 4, 1
+    if R <= 128:
+        BK = 256 if K % 256 == 0 else 128
+        return 16, 64, BK, 4, 4
+    return 64, 128, 128, 8, 3
+
+
+def _dot_scaled_default() -> bool:
+    return False
+
+
+def _check_experts(w, s, N, K, name):
+    E = w.shape[0]
+    if tuple(w.shape) != (E, N, K // 2) or tuple(s.shape) != (E, N, K // 32):
+        raise ValueError(f"{name}: weight {tuple(w.shape)} / scale {tuple(s.shape)} are not "
+                         f"[E, {N}, {K // 2}] / [E, {N}, {K // 32}] packed MXFP4")
+
+
+def moe_gate_up(x, plan, topk_w, w1, s1, w3, s3, limit: float, act_quant: bool = False, inter_dtype=None,
+                dot_scaled=None, tiles=None):
+    """h [T·k, I] in expert-sorted row order (rows of `plan`)."""
+    T, D = x.shape
+    I = w1.shape[1]
+    _check_experts(w1, s1, I, D, "moe_gate_up w1")
+    _check_experts(w3, s3, I, D, "moe_gate_up w3")
+    R = plan["sorted_slots"].numel()
+    BM, BN, BK, nw, ns = tiles or _expert_tiles(R, D)
+    if BM != plan["block_m"] or D % BK:
+        raise ValueError(f"moe_gate_up: tiles BM={BM}/BK={BK} do not fit plan BM={plan['block_m']} / D={D}")
+    inter_dtype = inter_dtype or x.dtype
+    h = torch.empty(R, I, dtype=inter_dtype, device=x.device)
+    if R == 0:
+        return h
+    xa = act_quant_fp8(x) if act_quant else x
+    xa = xa if xa.stride(-1) == 1 else xa.contiguous()
+    ds = _dot_scaled_default() if dot_scaled is None else dot_scaled
+    grid = (plan["tile_expert"].numel(), triton.cdiv(I, BN))
+    moe_gate_up_kernel[grid](xa, plan["sorted_slots"], topk_w.float().contiguous(), plan["tile_expert"],
+                             plan["tile_row"], plan["offsets"], as_u8(w1), as_u8(s1), as_u8(w3), as_u8(s3), h, D, I,
+                             xa.stride(0), float(limit), TOPK=plan["top_k"], BM=BM, BN=BN, BK=BK,
+                             DOT_F32=dot_f32_for(xa) and not ds, DOT_SCALED=ds, H_QUANT=act_quant,
+                             num_warps=nw, num_stages=ns)
+    return h
+
+
+def moe_down(h, plan, w2, s2, partial_dtype=None, dot_scaled=None, tiles=None):
+    """Partial outputs [T·k, D] indexed by slot t·k+j."""
+    R, I = h.shape
+    D = w2.shape[1]
+    _check_experts(w2, s2, D, I, "moe_down w2")
+    BM, BN, BK, nw, ns = tiles or _expert_tiles(R, I)
+    if BM != plan["block_m"] or I % BK:
+        raise ValueError(f"moe_down: tiles BM={BM}/BK={BK} do not fit plan BM={plan['block_m']} / I={I}")
+    out = torch.empty(R, D, dtype=partial_dtype or h.dtype, device=h.device)
+    if R == 0:
+        return out
+    ds = _dot_scaled_default() if dot_scaled is None else dot_scaled
+    grid = (plan["tile_expert"].numel(), triton.cdiv(D, BN))
+    moe_down_kernel[grid](h, plan["sorted_slots"], plan["tile_expert"], plan["tile_row"], plan["offsets"],
+                          as_u8(w2), as_u8(s2), out, I, D, BM=BM, BN=BN, BK=BK,
+                          DOT_F32=dot_f32_for(h) and not ds, DOT_SCALED=ds, num_warps=nw, num_stages=ns)
+    return out
+
+
+def moe_combine(partials, top_k: int, shared=None, out_dtype=torch.float32):
+    """y [T, D] = Σ_j partials[t·k + j] + shared[t]."""
+    R, D = partials.shape
+    T = R // top_k
+    y = torch.empty(T, D, dtype=out_dtype, device=partials.device)
+    if T == 0:
+        return y
+    BN = 256 if interpreting() else 1024
+    sh = shared if shared is not None else y
+    moe_combine_kernel[(T, triton.cdiv(D, BN))](partials, sh, y, D, sh.stride(0), y.stride(0), TOPK=top_k, BN=BN,
+                                               HAS_SHARED=shared is not None, num_warps=4)
+    return y
+
+
+def moe_combine_reference(partials, top_k: int, shared=None, out_dtype=torch.float32):
+    y = partials.float().unflatten(0, (-1, top_k)).sum(1)
+    if shared is not None:
+        y = y + shared.float()
+    return y.to(out_dtype)
+
+
+def moe_experts(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float, act_quant: bool = False,
+                inter_dtype=None, partial_dtype=None, compute_dtype=torch.float32, dot_scaled=None):
+    """Routed experts only (Triton): -> Σ_j expert(x)·w, fp32 [T, D] (compute_dtype must be fp32)."""
+    if compute_dtype != torch.float32:
+        raise ValueError("moe_experts: the kernels accumulate in float32 only")
+    T, D = x.shape
+    R = topk_idx.numel()
+    BM = _expert_tiles(R, D)[0]
+    plan = moe_align(topk_idx, w1.shape[0], BM)
+    h = moe_gate_up(x, plan, topk_w, w1, s1, w3, s3, limit, act_quant, inter_dtype, dot_scaled)
+    part = moe_down(h, plan, w2, s2, partial_dtype or x.dtype, dot_scaled)
+    return moe_combine(part, topk_idx.shape[1])
+
+
+def moe_forward(x, gate_w, bias, w1, s1, w3, s3, w2, s2, shared, *, top_k: int, route_scale: float,
+                limit: float, gate_temp: float = 1.0, bias_vl=None, image_mask=None, act_quant: bool = False):
+    """The whole FFN in Triton kernels: router, dispatch, gate/up, down, shared expert, combine."""
+    tw, ti = router(x, gate_w, bias, top_k, route_scale, gate_temp, bias_vl, image_mask)
+    R = ti.numel()
+    plan = moe_align(ti, w1.shape[0], _expert_tiles(R, x.shape[1])[0])
+    h = moe_gate_up(x, plan, tw, w1, s1, w3, s3, limit, act_quant)
+    part = moe_down(h, plan, w2, s2, x.dtype)
+    sh = None
+    if shared is not None:
+        sw1, ss1, sw3, ss3, sw2, ss2 = shared
+        sh = fp8_gemm(fp8_gemm_swiglu(x, sw1, ss1, sw3, ss3, limit, act_quant), sw2, ss2, act_quant)
+    return moe_combine(part, top_k, sh, x.dtype)
+
+
+# ============================================================================ ahead-of-time variants
+
+
+def _router_variants(target: str) -> list:
+    tr = target_traits(target)
+    if tr is None:
+        return []
+    out = []
+    lt = {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32", "T": "i32", "E": "i32", "K": "i32",
+          "stride_x": "i32", "k_per_split": "i32"}
+    for mode, (BT, BE, BK) in {"decode": (16, 64, 128), "prefill": (64, 128, 64)}.items():
+        ce = {"BT": BT, "BE": BE, "BK": BK, "PREC": tr["fp32_prec"]}
+        out.append(aot_spec(router_logits_kernel, f"logits_{mode}", lt, ce, 4, 3, {"mode": mode, "D": HIDDEN, **ce}))
+    tt = {"part_ptr": "*fp32", "bias_ptr": "*fp32", "bias_vl_ptr": "*fp32", "img_ptr": "*u8", "w_out_ptr": "*fp32",
+          "i_out_ptr": "*i32", "T": "i32", "E": "i32", "n_split": "i32", "inv_temp": "fp32", "route_scale": "fp32"}
+    for name, (E, k) in ROUTERS.items():
+        ce = {"BT": 8, "E_PAD": triton.next_power_of_2(E), "TOPK": k, "K_PAD": triton.next_power_of_2(k),
+              "HAS_VL": True, "NORM": True}
+        out.append(aot_spec(router_topk_kernel, f"topk_{name}_e{E}_k{k}", tt, ce, 4, 1,
+                            {"router": name, "E": E, "TOPK": k, **ce}))
+    return out
+
+
+def _expert_modes(tr):
+    dec = {"BM": 16, "BN": 64, "BK": 256}
+    pre = {"BM": 64, "BN": 128, "BK": 128} if tr["big_tiles"] else {"BM": 64, "BN": 64, "BK": 64}
+    return {"decode": (dec, 4, 4 if tr["big_tiles"] else 2), "prefill": (pre, 8 if tr["big_tiles"] else 4,
+                                                                          3 if tr["big_tiles"] else 2)}
+
+
+def _dot_scaled_on(tr) -> bool:
+    # native MX tensor-core instructions: sm100 (tcgen05 mxf4) and gfx950 (scaled MFMA)
+    return (tr["kind"] == "cuda" and tr["arch"] >= 100) or tr["arch"] == "gfx950"
+
+
+def _gate_up_variants(target: str) -> list:
+    tr = target_traits(target)
+    if tr is None:
+        return []
+    types = {"x_ptr": "*bf16", "slots_ptr": "*i32", "rw_ptr": "*fp32", "tile_expert_ptr": "*i32",
+             "tile_row_ptr": "*i32", "offsets_ptr": "*i32", "w1_ptr": "*u8", "s1_ptr": "*u8", "w3_ptr": "*u8",
+             "s3_ptr": "*u8", "h_ptr": "*bf16", "K": "i32", "N": "i32", "stride_x": "i32", "limit": "fp32"}
+    out = []
+    for name, (E, k) in ROUTERS.items():
+        for mode, (t, nw, ns) in _expert_modes(tr).items():
+            for hq in (False, True):
+                ce = {"TOPK": k, **t, "DOT_F32": False, "DOT_SCALED": _dot_scaled_on(tr), "H_QUANT": hq}
+                v = f"{name}_{mode}" + ("_aq" if hq else "")
+                out.append(aot_spec(moe_gate_up_kernel, v, types, ce, nw, ns,
+                                    {"router": name, "E": E, "D": HIDDEN, "I": MOE_INTER, "mode": mode, **ce}))
+    return out
+
+
+def _down_variants(target: str) -> list:
+    tr = target_traits(target)
+    if tr is None:
+        return []
+    types = {"h_ptr": "*bf16", "slots_ptr": "*i32", "tile_expert_ptr": "*i32", "tile_row_ptr": "*i32",
+             "offsets_ptr": "*i32", "w2_ptr": "*u8", "s2_ptr": "*u8", "out_ptr": "*bf16", "K": "i32", "N": "i32"}
+    out = []
+    for mode, (t, nw, ns) in _expert_modes(tr).items():
+        ce = {**t, "DOT_F32": False, "DOT_SCALED": _dot_scaled_on(tr)}
+        out.append(aot_spec(moe_down_kernel, mode, types, ce, nw, ns,
+                            {"D": HIDDEN, "I": MOE_INTER, "mode": mode, **ce}))
+    return out
+
+
+def _combine_variants(target: str) -> list:
+    if target_traits(target) is None:
+        return []
+    types = {"part_ptr": "*bf16", "shared_ptr": "*bf16", "y_ptr": "*bf16", "N": "i32", "stride_s": "i32",
+             "stride_y": "i32"}
+    return [aot_spec(moe_combine_kernel, f"{name}_k{k}", types, {"TOPK": k, "BN": 1024, "HAS_SHARED": True}, 4, 1,
+                     {"router": name, "TOPK": k, "D": HIDDEN, "BN": 1024})
+            for name, (E, k) in ROUTERS.items()]
+
+
+register(KernelTemplate(
+    name="moe_router", module=__name__,
+    summary="fp32 gate logits, sqrtsoftplus, biased top-k (ties -> lower index), normalized ×scale weights",
+    keys=("router", "E", "TOPK", "mode", "BT", "BE", "BK", "PREC"), reference=router_reference, launch=router,
+    specializations=_router_variants))
+register(KernelTemplate(
+    name="moe_gate_up_fp4", module=__name__,
+    summary="grouped MXFP4 w1/w3 GEMM over expert-sorted rows + clamped SwiGLU × routing weight",
+    keys=("router", "E", "D", "I", "mode", "BM", "BN", "BK", "DOT_SCALED", "H_QUANT"),
+    reference=moe_experts_reference, launch=moe_experts, specializations=_gate_up_variants))
+register(KernelTemplate(
+    name="moe_down_fp4", module=__name__,
+    summary="grouped MXFP4 w2 GEMM over expert-sorted rows, scattered to slots",
+    keys=("D", "I", "mode", "BM", "BN", "BK", "DOT_SCALED"),
+    reference=moe_experts_reference, launch=moe_experts, specializations=_down_variants))
+register(KernelTemplate(
+    name="moe_combine", module=__name__, summary="Σ of a token's k slot outputs (+ shared expert), fp32",
+    keys=("router", "TOPK", "D", "BN"), reference=moe_combine_reference, launch=moe_combine,
+    specializations=_combine_variants))

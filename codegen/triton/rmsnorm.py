@@ -1,0 +1,162 @@
+"""RMSNorm (weighted or not) and the fused residual-add + RMSNorm, in Triton.
+
+What (spec §3.1): y = w ⊙ (x_f32 · rsqrt(mean(x_f32²) + eps)).to(x.dtype), statistics in
+fp32, eps = rms_norm_eps (1e-20 in the published config). Unweighted (w = None):
+y = (x_f32 · rsqrt(...)).to(x.dtype). The output dtype is x's (promoted with w's when they
+differ, as torch's `w * y` would be). `add_rmsnorm(x, residual, w, eps)` first forms
+s = (x_f32 + residual_f32).to(residual.dtype), writes it (the new residual) and normalizes s.
+
+Algorithm: one program per row. When the row fits one tile (N <= BLOCK_N; the published
+widths 5120, 1280, 512, 128 all do) it stays in registers: one read, one write. Wider rows
+take two passes (sum of squares, then normalize); the add variant recomputes x + residual in
+the second pass instead of re-reading its own stores.
+
+Specialization keys: N (hidden 5120, q_norm 1280, kv_norm 512, k_norm 128), BLOCK_N,
+HAS_WEIGHT, activation dtype.
+
+Known gaps: one row per program, so decode (1–8 rows) uses 1–8 programs; that is a latency,
+not a bandwidth, problem and these norms are fusion candidates for their producers anyway.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv41c.codegen.templates import KernelTemplate, register
+from dsv41c.codegen.triton.fp8_gemm import aot_spec, interpreting, target_traits
+
+NORM_WIDTHS = {"hidden": 5120, "q_norm": 1280, "kv_norm": 512, "k_norm": 128}
+
+
+@triton.jit
+def rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, N, stride_x, stride_r, stride_y, stride_s, eps,
+                   BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                   ONE_TILE: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    xrow = x_ptr + row * stride_x
+    rrow = r_ptr + row * stride_r
+    if ONE_TILE:
+        cols = tl.arange(0, BLOCK_N)
+        mask = cols < N
+        x = tl.load(xrow + cols, mask=mask, other=0.0)
+        if HAS_RESIDUAL:
+            x = (x.to(tl.float32) + tl.load(rrow + cols, mask=mask, other=0.0).to(tl.float32)).to(s_ptr.dtype.element_ty)
+            tl.store(s_ptr + row * stride_s + cols, x, mask=mask)
+        xf = x.to(tl.float32)
+        rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.sum(xf * xf, axis=0) / N + eps))
+        n = (xf * rstd).to(x.dtype).to(tl.float32)
+        if HAS_WEIGHT:
+            n = n * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * stride_y + cols, n.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for c0 in range(0, N, BLOCK_N):
+            cols = c0 + tl.arange(0, BLOCK_N)
+            mask = cols < N
+            x = tl.load(xrow + cols, mask=mask, other=0.0)
+            if HAS_RESIDUAL:
+                x = (x.to(tl.float32) + tl.load(rrow + cols, mask=mask, other=0.0).to(tl.float32)).to(s_ptr.dtype.element_ty)
+                tl.store(s_ptr + row * stride_s + cols, x, mask=mask)
+            xf = x.to(tl.float32)
+            acc += xf * xf
+        rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.sum(acc, axis=0) / N + eps))
+        for c0 in range(0, N, BLOCK_N):
+            cols = c0 + tl.arange(0, BLOCK_N)
+            mask = cols < N
+            x = tl.load(xrow + cols, mask=mask, other=0.0)
+            if HAS_RESIDUAL:
+                x = (x.to(tl.float32) + tl.load(rrow + cols, mask=mask, other=0.0).to(tl.float32)).to(s_ptr.dtype.element_ty)
+            n = (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)
+            if HAS_WEIGHT:
+                n = n * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            tl.store(y_ptr + row * stride_y + cols, n.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+# ============================================================================ references
+
+
+def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    xf = x.float()
+    n = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return n if weight is None else weight * n
+
+
+def add_rmsnorm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float):
+    """-> (rmsnorm(s), s) with s = (x + residual) rounded to residual's dtype."""
+    s = (x.float() + residual.float()).to(residual.dtype)
+    return rmsnorm_reference(s, weight, eps), s
+
+
+# ============================================================================ launchers
+
+
+def _block(N: int) -> tuple[int, int, bool]:
+    if interpreting():
+        b = min(triton.next_power_of_2(N), 256)
+        return b, 4, N <= b
+    b = min(triton.next_power_of_2(N), 8192)
+    return b, (8 if b >= 4096 else 4 if b >= 1024 else 2), N <= b
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    t2 = t.reshape(-1, t.shape[-1])
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+def _launch(x, residual, weight, eps):
+    N = x.shape[-1]
+    if weight is not None and weight.shape != (N,):
+        raise ValueError(f"rmsnorm: weight {tuple(weight.shape)} does not match the last dim {N}")
+    x2 = _rows(x)
+    s_dtype = residual.dtype if residual is not None else x.dtype
+    out_dtype = s_dtype if weight is None else torch.promote_types(s_dtype, weight.dtype)
+    y = torch.empty(x2.shape, dtype=out_dtype, device=x.device)
+    r2 = _rows(residual) if residual is not None else x2
+    s = torch.empty(x2.shape, dtype=s_dtype, device=x.device) if residual is not None else y
+    M = x2.shape[0]
+    if M:
+        BLOCK, nw, one = _block(N)
+        rmsnorm_kernel[(M,)](x2, r2, weight if weight is not None else x2, y, s, N, x2.stride(0), r2.stride(0),
+                             y.stride(0), s.stride(0), float(eps), BLOCK_N=BLOCK, HAS_WEIGHT=weight is not None,
+                             HAS_RESIDUAL=residual is not None, ONE_TILE=one, num_warps=nw)
+    return y.reshape(x.shape), s.reshape(x.shape)
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    return _launch(x, None, weight, eps)[0]
+
+
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float):
+    if residual.shape != x.shape:
+        raise ValueError(f"add_rmsnorm: x {tuple(x.shape)} and residual {tuple(residual.shape)} differ")
+    return _launch(x, residual, weight, eps)
+
+
+# ============================================================================ ahead-of-time variants
+
+
+def _variants(target: str, residual: bool) -> list:
+    if target_traits(target) is None:
+        return []
+    types = {"x_ptr": "*bf16", "r_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "s_ptr": "*bf16", "N": "i32",
+             "stride_x": "i32", "stride_r": "i32", "stride_y": "i32", "stride_s": "i32", "eps": "fp32"}
+    out = []
+    for name, N in NORM_WIDTHS.items():
+        if residual and name != "hidden":
+            continue
+        B = triton.next_power_of_2(N)
+        nw = 8 if B >= 4096 else 4 if B >= 1024 else 2
+        ce = {"BLOCK_N": B, "HAS_WEIGHT": True, "HAS_RESIDUAL": residual, "ONE_TILE": True}
+        out.append(aot_spec(rmsnorm_kernel, f"{name}_n{N}", types, ce, nw, 1, {"norm": name, "N": N, "act": "bf16", **ce}))
+    return out
+
+
+register(KernelTemplate(
+    name="rmsnorm", module=__name__, summary="weighted/unweighted RMSNorm, fp32 statistics, output in x's dtype",
+    keys=("norm", "N", "act", "BLOCK_N", "HAS_WEIGHT"), reference=rmsnorm_reference, launch=rmsnorm,
+    specializations=lambda t: _variants(t, False)))
+register(KernelTemplate(
+    name="add_rmsnorm", module=__name__, summary="s = x + residual (written) then RMSNorm(s)",
+    keys=("norm", "N", "act", "BLOCK_N", "HAS_WEIGHT"), reference=add_rmsnorm_reference, launch=add_rmsnorm,
+    specializations=lambda t: _variants(t, True)))

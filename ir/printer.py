@@ -1,0 +1,151 @@
+"""The IR text printer (the syntax is documented in `ir/__init__.py`).
+
+`print_module(m)` is deterministic: functions in module order, ops in list order,
+attribute dictionaries sorted by key, floats as `repr` (the shortest text that reads back to
+the same double: `1e-20`, `0.1`, `-0.0`, `inf`, `nan`), strings in double quotes with
+`\\" \\\\ \\n \\t \\r` and `\\uXXXX`/`\\UXXXXXXXX` for every other non-printable character.
+
+Value names: each function prints its values as `%<name hint>` when the hint is a valid
+name not used yet in that function, else as the next free number (`%0`, `%1`, ...). The
+parser keeps the printed names as hints, so print(parse(print(m))) == print(m).
+"""
+from __future__ import annotations
+
+import re
+
+from dsv41c.ir.attrs import DYN
+from dsv41c.ir.symbolic import SymExpr
+from dsv41c.ir.types import DType
+
+NAME_RE = re.compile(r"[A-Za-z0-9_.]+\Z")
+_ESC = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def format_string(s: str) -> str:
+    out = []
+    for ch in s:
+        if ch in _ESC:
+            out.append(_ESC[ch])
+        elif ch.isprintable():
+            out.append(ch)
+        elif ord(ch) <= 0xFFFF:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    return '"' + "".join(out) + '"'
+
+
+def format_attr(v) -> str:
+    if v is None:
+        return "none"
+    if v is DYN:
+        return "?"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, str):
+        return format_string(v)
+    if isinstance(v, (DType, SymExpr)):
+        return str(v)
+    if isinstance(v, (tuple, list)):
+        return "[" + ", ".join(format_attr(x) for x in v) + "]"
+    raise TypeError(f"cannot print attribute value {v!r}")
+
+
+def format_attr_dict(attrs: dict) -> str:
+    if not attrs:
+        return ""
+    return "{" + ", ".join(f"{k} = {format_attr(attrs[k])}" for k in sorted(attrs)) + "}"
+
+
+class Namer:
+    def __init__(self):
+        self.names: dict[int, str] = {}
+        self.used: set[str] = set()
+        self.counter = 0
+
+    def define(self, v) -> str:
+        hint = v.name
+        if hint is not None and NAME_RE.match(hint) and hint not in self.used:
+            name = hint
+        else:
+            while str(self.counter) in self.used:
+                self.counter += 1
+            name = str(self.counter)
+        self.used.add(name)
+        self.names[id(v)] = name
+        return name
+
+    def __call__(self, v) -> str:
+        name = self.names.get(id(v))
+        if name is None:  # used before defined (invalid IR); print it so the verifier's report can be read
+            name = self.define(v)
+        return "%" + name
+
+
+def function_namer(f) -> "Namer":
+    """The names `print_function` gives f's values (for messages that quote the text)."""
+    namer = Namer()
+    for a in f.args:
+        namer.define(a)
+    for op in f.ops:
+        for r in op.results:
+            namer.define(r)
+    return namer
+
+
+def _value_decl(namer, v) -> str:
+    s = namer(v)
+    if v.attrs:
+        s += " " + format_attr_dict(v.attrs)
+    return s
+
+
+def format_types(types) -> str:
+    return "(" + ", ".join(str(t) for t in types) + ")"
+
+
+def print_function(f) -> str:
+    namer = Namer()
+    # Define every name up front so a use-before-def still prints the definition's name.
+    args = []
+    for a in f.args:
+        decl = f"%{namer.define(a)}: {a.type}"
+        if a.attrs:
+            decl += " " + format_attr_dict(a.attrs)
+        args.append(decl)
+    for op in f.ops:
+        for r in op.results:
+            namer.define(r)
+    lines = [f"func @{f.name}({', '.join(args)}) -> {format_types(f.result_types)} {{"]
+    for op in f.ops:
+        lines.append("  " + format_op(op, namer))
+    if f.returns is not None:
+        lines.append("  return" + ("" if not f.returns else " " + ", ".join(namer(v) for v in f.returns)))
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def format_op(op, namer=None) -> str:
+    namer = namer or Namer()
+    head = ""
+    if op.results:
+        head = ", ".join(_value_decl(namer, r) for r in op.results) + " = "
+    attrs = format_attr_dict(op.attrs)
+    rtypes = str(op.results[0].type) if len(op.results) == 1 else format_types(r.type for r in op.results)
+    s = (f"{head}{op.name}({', '.join(namer(v) for v in op.operands)})"
+         f"{' ' + attrs if attrs else ''} : {format_types(v.type for v in op.operands)} -> {rtypes}")
+    if op.loc is not None:
+        s += f" loc({format_string(op.loc)})"
+    return s
+
+
+def print_module(m) -> str:
+    parts = []
+    if m.attrs:
+        parts.append(f"module {format_attr_dict(m.attrs)}")
+    parts.extend(print_function(f) for f in m.functions.values())
+    return "\n\n".join(parts) + "\n"

@@ -1,0 +1,37 @@
+"""The whole compile pipeline as one list, in order (MLC-LLM's pipeline.py).
+
+`PIPELINE` holds pass specs (the `-p` text of each pass); `build_pipeline()` turns them
+into pass objects through the lazy registry, so this file imports no pass module. The
+slots of the passes still to come are listed in order where they go; each lands as one
+line here, one in `passes/registry.py`, and its own file.
+
+Order, and why: shapes first (later rewrites match on static shapes), then local
+simplification, then merging, then sweeping what the others left dead. The domain passes
+come after the clean-up because they match on canonical op chains; scheduling and memory
+planning come last because they fix the order and the addresses of everything before.
+"""
+from __future__ import annotations
+
+from dsv41c.passes.registry import parse_pipeline
+
+PIPELINE = [
+    "fold-shapes",
+    "canonicalize",
+    "cse",
+    "dce",
+    # "share-csa2-state",     one producer per Full/Reindex/Reuse group
+    # "fuse-compressor",      wkv -> RMSNorm (-> RoPE -> FP4 pack -> cache append) as one kernel
+    # "lower-kv-fp4",         compressed KV / indexer K stored packed FP4
+    # "lower-indexer-int8",   exact INT8 scoring of FP4 indexer data
+    # "split-ced-prefill",    optional: encoder-only prompt, bounded decoder replay
+    # "plan-chunks",          prefill chunk size from the memory budget
+    # "canonicalize", "cse", "dce",   clean-up after the domain rewrites
+    # "specialize-kernels",   kernel.call per target from the kernel matrix
+    # "schedule-streams",     two streams + events, Engram on an aux stream
+    # "plan-memory",          arena offsets for transient values
+]
+
+
+def build_pipeline(specs=None) -> list:
+    """Pass objects for `specs` (default: PIPELINE), e.g. ["fold-shapes{bind=\\"T=1\\"}", "dce"]."""
+    return parse_pipeline(",".join(specs if specs is not None else PIPELINE))

@@ -1,0 +1,150 @@
+"""Runs one function of a cpu `program.json` (codegen/cpu.py wrote it) with torch ops.
+
+`Program(spec)` prepares each op once: the target resolved through `torch.ops`
+(`aten.matmul` -> the overload packet, `aten.slice.Tensor` -> the overload,
+`dsv41.moe.default` -> the domain op) or a built-in for host integers (`rt.*`), and its
+argument template compiled to getters. `run(inputs)` binds the size symbols from the
+inputs' shapes, runs the ops in order (freeing each slot after its last use), binds
+data-dependent sizes where the plan says (`bind`), and returns the outputs.
+
+Symbolic sizes (`{"dim": "N20+n20"}`) are evaluated from the bindings; the expression
+text is checked to hold only names, integers, `+ - * //` and parentheses before it is
+compiled, so a crafted program cannot run code. Errors name the op, its location and
+target (`ExecutionError`). Imports nothing from the compiler.
+Known gaps: CPU only; no arena (torch's allocator), no streams.
+"""
+from __future__ import annotations
+
+import ast
+
+import torch
+
+import dsv41c.ops  # noqa: F401  (registers torch.ops.dsv41)
+from dsv41c.runtime.manifest import ArtifactError
+
+
+class ExecutionError(RuntimeError):
+    """An op of the plan failed at run time (names the op, its location and target)."""
+
+
+_OK_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.USub,
+             ast.Name, ast.Load, ast.Constant)
+
+
+def compile_dim(text: str):
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        raise ArtifactError(f"program.json: bad size expression {text!r}") from None
+    for node in ast.walk(tree):
+        if not isinstance(node, _OK_NODES) or (isinstance(node, ast.Constant) and type(node.value) is not int):
+            raise ArtifactError(f"program.json: size expression {text!r} holds {type(node).__name__}")
+    code = compile(tree, "<dim>", "eval")
+    return lambda env: eval(code, {"__builtins__": {}}, env)  # noqa: S307 - checked above
+
+
+_BUILTINS = {
+    "rt.dim": lambda v: v,
+    "rt.size": lambda t, d: int(t.shape[d]),
+    "rt.numel": lambda t: int(t.numel()),
+    "rt.add": lambda a, b: a + b,
+    "rt.sub": lambda a, b: a - b,
+    "rt.mul": lambda a, b: a * b,
+    "rt.floordiv": lambda a, b: a // b,
+}
+
+
+def resolve_target(name: str):
+    if name in _BUILTINS:
+        return _BUILTINS[name]
+    ns, _, rest = name.partition(".")
+    try:
+        obj = getattr(torch.ops, ns)
+        for part in rest.split("."):
+            obj = getattr(obj, part)
+        return obj
+    except (AttributeError, RuntimeError):
+        raise ArtifactError(f"program.json: op target '{name}' is not available in this torch") from None
+
+
+def _compile_arg(x):
+    """-> getter(env, slots) for an encoded argument (see codegen/cpu.py)."""
+    if isinstance(x, dict):
+        if "v" in x:
+            s = x["v"]
+            return lambda env, vals: vals[s]
+        if "dim" in x:
+            f = compile_dim(x["dim"])
+            return lambda env, vals: f(env)
+        if "dtype" in x:
+            dt = getattr(torch, x["dtype"])
+            return lambda env, vals: dt
+        if "float" in x:
+            v = float(x["float"])
+            return lambda env, vals: v
+        raise ArtifactError(f"program.json: unknown argument encoding {sorted(x)}")
+    if isinstance(x, list):
+        parts = [_compile_arg(v) for v in x]
+        if all(getattr(p, "const", False) for p in parts):
+            vals_ = [p(None, None) for p in parts]
+            g = lambda env, vals: list(vals_)  # noqa: E731
+            g.const = True
+            return g
+        return lambda env, vals: [p(env, vals) for p in parts]
+    g = lambda env, vals: x  # noqa: E731
+    g.const = True
+    return g
+
+
+class _Op:
+    __slots__ = ("fn", "args", "kwargs", "out", "bind", "free", "where")
+
+    def __init__(self, rec):
+        self.fn = resolve_target(rec["target"])
+        self.args = [_compile_arg(a) for a in rec["args"]]
+        self.kwargs = [(k, _compile_arg(v)) for k, v in rec.get("kwargs", {}).items()]
+        self.out = rec["out"]
+        self.bind = rec.get("bind", ())
+        self.free = rec.get("free", ())
+        self.where = f"{rec['target']} at loc({rec.get('loc', '?')})"
+
+
+class Function:
+    def __init__(self, name: str, spec: dict):
+        self.name = name
+        self.args = spec["args"]
+        self.symbols = spec["symbols"]
+        self.ops = [_Op(r) for r in spec["ops"]]
+        self.outputs = spec["outputs"]
+        self.output_names = spec["output_names"]
+        self.nslots = spec["nslots"]
+
+    def run(self, inputs: list) -> list:
+        vals = [None] * self.nslots
+        vals[:len(inputs)] = inputs
+        env = {s: int(inputs[i].shape[d]) for s, (i, d) in self.symbols.items()}
+        for op in self.ops:
+            try:
+                res = op.fn(*[g(env, vals) for g in op.args], **{k: g(env, vals) for k, g in op.kwargs})
+            except Exception as e:
+                raise ExecutionError(f"@{self.name}: {op.where}: {type(e).__name__}: {e}") from e
+            if len(op.out) == 1:
+                vals[op.out[0]] = res
+            else:
+                for s, r in zip(op.out, res):
+                    vals[s] = r
+            for r, d, s in op.bind:
+                env[s] = int(vals[op.out[r]].shape[d])
+            for s in op.free:
+                vals[s] = None
+        return [vals[s] for s in self.outputs]
+
+
+class Program:
+    def __init__(self, spec: dict):
+        if spec.get("format") != "dsv41c-cpu-program/1":
+            raise ArtifactError(f"program.json: format {spec.get('format')!r}, this runtime reads dsv41c-cpu-program/1")
+        self.functions = {n: Function(n, f) for n, f in spec["functions"].items()}
+
+    def __getitem__(self, name: str) -> Function:
+        return self.functions[name]

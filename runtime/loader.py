@@ -1,0 +1,150 @@
+"""Load a compiled artifact and serve it: `load(path) -> CompiledModel`.
+
+    model = dsv41c.load("tiny.dsv41c")            # checkpoint=DIR rebinds the weights
+    s = model.new_session()
+    logits = model.prefill(s, [1, 2, 3])          # [T, vocab]; call again to prefill in chunks
+    logits = model.decode(s)                      # [vocab]: feeds the greedy token of the last logits
+    logits = model.decode(s, token=17)            # ... or the token given
+    ids = model.generate([1, 2, 3], max_new_tokens=8)   # greedy, like the reference's greedy_generate
+
+Order of checks (nothing is read before the one above it passed): the manifest
+(`read_manifest`: format version, config hash, every file's sha256), the target
+(`check_target`), the checkpoint binding (`bind_checkpoint`: index / inventory hash),
+then `program.json`. Weights are mapped lazily (`WeightMap`): a tensor is read from its
+shard the first time a function needs it. A session holds the serving state the plan
+declares (`state.*` arguments: windows, compressed caches, compressor carry, token tail)
+and is updated functionally by each call (the plan returns the new state).
+
+`decode(session)` without a token decodes the session's pending greedy token: the argmax
+of the logits of the last position processed (so prefill + decode + decode ... is greedy
+generation); `decode(session, token)` feeds an explicit token.
+Known gaps: the cpu plan runs on the CPU whatever `device` says (`device` is only
+checked against the target); one sequence per session.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from dsv41c.runtime.executor import Program
+from dsv41c.runtime.manifest import ArtifactError, check_target, read_manifest
+from dsv41c.runtime.weights import WeightMap, bind_checkpoint
+
+
+class InputError(ValueError):
+    """Input the model cannot take (bad token ids, decode before prefill, ...)."""
+
+
+class Session:
+    """One sequence's serving state plus the tokens fed so far."""
+
+    def __init__(self, state: dict):
+        self.state = state
+        self.tokens: list[int] = []
+        self.last_logits: torch.Tensor | None = None
+
+    @property
+    def pos(self) -> int:
+        return len(self.tokens)
+
+
+class CompiledModel:
+    def __init__(self, path: str, manifest: dict, program: Program, weights: WeightMap):
+        self.path, self.manifest, self.program, self.weights = path, manifest, program, weights
+        text = manifest["config"].get("text_config", manifest["config"])
+        self.vocab_size = int(text["vocab_size"])
+        self._bound: dict = {}
+
+    def __repr__(self):
+        return f"<CompiledModel {self.path} target={self.manifest['target']}>"
+
+    # ------------------------------------------------------------------ sessions
+    def new_session(self) -> Session:
+        st = {}
+        for a in self.program["prefill"].args:
+            if a["role"] != "state":
+                continue
+            shape = [d if isinstance(d, int) else 0 for d in a["shape"]]  # growing caches start empty
+            st[a["name"]] = torch.full(shape, a.get("fill", 0), dtype=getattr(torch, a["dtype"]))
+        return Session(st)
+
+    def _check_ids(self, ids) -> torch.Tensor:
+        t = torch.as_tensor(ids, dtype=torch.int64).reshape(-1)
+        if t.numel() == 0:
+            raise InputError("no token ids given")
+        bad = t[(t < 0) | (t >= self.vocab_size)]
+        if bad.numel():
+            raise InputError(f"token id {int(bad[0])} is out of range: the vocabulary has {self.vocab_size} "
+                             f"tokens (ids 0..{self.vocab_size - 1})")
+        return t
+
+    def _weights_of(self, fname: str) -> list:
+        if fname not in self._bound:
+            fn = self.program[fname]
+            self._bound[fname] = {a["name"]: self.weights.get(a["name"]) for a in fn.args if a["role"] == "weight"}
+        return self._bound[fname]
+
+    def _run(self, fname: str, session: Session, ids: torch.Tensor) -> torch.Tensor:
+        fn = self.program[fname]
+        w = self._weights_of(fname)
+        inputs = []
+        for a in fn.args:
+            role = a["role"]
+            inputs.append(ids if role == "input" else session.state[a["name"]] if role == "state" else w[a["name"]])
+        with torch.no_grad():
+            outs = fn.run(inputs)
+        names = fn.output_names
+        session.state = {n: v for n, v in zip(names[1:], outs[1:])}
+        session.tokens.extend(int(t) for t in ids)
+        session.last_logits = outs[0][-1]
+        return outs[0]
+
+    # ------------------------------------------------------------------ serving
+    def prefill(self, session: Session, ids) -> torch.Tensor:
+        """Logits [T, vocab] of a chunk continuing the session (any T >= 1)."""
+        return self._run("prefill", session, self._check_ids(ids))
+
+    def decode(self, session: Session, token: int | None = None) -> torch.Tensor:
+        """Logits [vocab] after feeding `token` (default: the greedy token of the last logits)."""
+        if token is None:
+            if session.last_logits is None:
+                raise InputError("decode needs a token or a prefilled session (nothing to continue from)")
+            token = int(torch.argmax(session.last_logits))
+        return self._run("decode", session, self._check_ids([int(token)]))[0]
+
+    def generate(self, ids, max_new_tokens: int, chunk: int = 0) -> list[int]:
+        """Greedy: prefill `ids` (in chunks of `chunk`, 0 = one), then exactly max_new_tokens tokens."""
+        if max_new_tokens < 0:
+            raise InputError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        ids = self._check_ids(ids)
+        s = self.new_session()
+        step = chunk if chunk and chunk > 0 else ids.shape[0]
+        for i in range(0, ids.shape[0], step):
+            self.prefill(s, ids[i:i + step])
+        out = []
+        for i in range(max_new_tokens):
+            tok = int(torch.argmax(s.last_logits))
+            out.append(tok)
+            if i + 1 < max_new_tokens:
+                self.decode(s, tok)
+        return out
+
+
+def load(path, device=None, checkpoint=None) -> CompiledModel:
+    """Validate and load `path` (a NAME.dsv41c directory); see the module docstring."""
+    path = os.fspath(path)
+    m = read_manifest(path)
+    check_target(m, device or "cpu")
+    if m["target"] != "cpu":
+        raise ArtifactError(f"{path}: target '{m['target']}' needs its device runtime; this loader runs cpu plans")
+    ckpt = bind_checkpoint(path, m, os.fspath(checkpoint) if checkpoint is not None else None)
+    weights = WeightMap(ckpt, dtype=getattr(torch, m["options"].get("dtype", "float32")))
+    prog_file = m.get("program", "program.json")
+    try:
+        with open(os.path.join(path, prog_file)) as f:
+            spec = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ArtifactError(f"{path}: cannot read {prog_file} ({type(e).__name__})") from None
+    return CompiledModel(path, m, Program(spec), weights)

@@ -1,0 +1,392 @@
+"""Attention-path kernels vs their PyTorch references: KV codecs, compressor, indexer, sparse attention.
+
+On a CPU machine the kernels run in Triton's interpreter (conftest sets TRITON_INTERPRET) on
+small shapes with ragged edges; the `gpu`-marked tests run the same comparisons at the real
+widths (64 heads × 512, indexer 32 × 128, top-512 / 2048 blocks) on a CUDA device.
+Integer-exact results (codecs, indexer scores and top-k) must match bit for bit; bf16 outputs
+within a few ulps (accumulation order differs from the reference).
+"""
+import math
+
+import pytest
+import torch
+
+from dsv41c.codegen.triton import compressor as cm
+from dsv41c.codegen.triton import indexer as ix
+from dsv41c.codegen.triton import kv_quant as kq
+from dsv41c.codegen.triton import sparse_attention as sa
+from dsv41c.frontend import numerics as nx
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def rope_table(P, n_freq, theta=160000.0, device=DEV):
+    inv = 1.0 / (theta ** (torch.arange(n_freq, dtype=torch.float64) / n_freq))
+    ang = torch.arange(P, dtype=torch.float64)[:, None] * inv[None]
+    return torch.cos(ang).float().to(device), torch.sin(ang).float().to(device)
+
+
+def bits(t):
+    return t.contiguous().view(torch.uint8)
+
+
+def assert_bf16_close(out, ref, ulps=4, floor=1e-6):
+    """|out - ref| <= ulps bf16 ulps of |ref| (floor for values near zero)."""
+    o, r = out.float(), ref.float()
+    tol = ulps * torch.clamp(r.abs(), min=floor) * 2.0 ** -8
+    bad = (o - r).abs() > tol
+    assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} values off by more than {ulps} ulps; " \
+                          f"max abs diff {(o - r).abs().max().item():.3g}"
+
+
+# ============================================================================ kv_quant
+
+
+def _ties_rows(C, device):
+    """Rows whose scaled values sit exactly on E4M3 / E2M1 rounding ties."""
+    e4 = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # non-negative codes
+    mid = (e4[:-1] + e4[1:]) / 2  # every E4M3 midpoint (ties to even)
+    e2 = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 0.5, 3.0])
+    rows = []
+    for vals, top in ((mid, 448.0), (e2, 6.0)):
+        v = vals[torch.arange(C) % vals.numel()].clone()
+        v[0] = top  # pins the block amax so the scale is a known power of two
+        sign = torch.where(torch.arange(C) % 3 == 1, -1.0, 1.0)
+        rows.append(v * sign)
+    return torch.stack(rows).to(device)
+
+
+@pytest.mark.parametrize("S,R", [(5, 16), (37, 16), (1, 8)])
+def test_fp8_ring_append_matches_numerics(S, R):
+    C = 128
+    g = torch.Generator().manual_seed(S)
+    x = torch.randn(S, C, generator=g) * torch.logspace(-6, 4, S)[:, None]
+    x[0, :3] = torch.tensor([-0.0, 1e-30, 0.0])
+    x = x.to(DEV)
+    if S > 2:
+        x[:2] = _ties_rows(C, DEV) * torch.tensor([[1.0], [2.0 ** -5]], device=DEV)
+    x = x.to(torch.bfloat16)
+    pos = torch.arange(3, 3 + S, dtype=torch.int32, device=DEV)
+    q1, e1 = torch.zeros(R, C, dtype=torch.uint8, device=DEV), torch.zeros(R, C // 32, dtype=torch.uint8, device=DEV)
+    q2, e2 = q1.clone(), e1.clone()
+    kq.fp8_ring_append(x, pos, q1, e1)
+    kq.fp8_ring_append_ref(x, pos, q2, e2)
+    assert torch.equal(q1, q2) and torch.equal(e1, e2)
+    assert torch.equal(kq.fp8_dequant(q1, e1, torch.float32), kq.fp8_dequant_ref(q2, e2, torch.float32))
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "ue8m0"])
+def test_fp4_quant_dequant_bit_exact(fmt):
+    C, N = 128, 23
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(N, C, generator=g) * torch.logspace(-5, 5, N)[:, None]
+    x = x.to(DEV)
+    x[:2] = _ties_rows(C, DEV)
+    x[2] = 0.0
+    for dt in (torch.float32, torch.bfloat16):
+        p1, s1 = kq.fp4_quant(x.to(dt), fmt)
+        p2, s2 = kq.fp4_quant_ref(x.to(dt), fmt)
+        assert torch.equal(p1, p2) and torch.equal(bits(s1), bits(s2))
+        assert torch.equal(kq.fp4_dequant(p1, s1, fmt, torch.float32), kq.fp4_dequant_ref(p2, s2, fmt, torch.float32))
+
+
+# ============================================================================ compressor
+
+
+def _compressor_inputs(ratio, T, D, C, CI, rope, grid, seed):
+    g = torch.Generator().manual_seed(seed)
+    if grid:  # small dyadic values: every GEMM and sum of squares is exact in fp32
+        x = torch.randint(-2, 3, (T, D), generator=g).float() / 4
+        wkv = torch.randint(-2, 3, (C, D), generator=g).float() / 8
+    else:
+        x = torch.randn(T, D, generator=g)
+        wkv = torch.randn(C, D, generator=g) / math.sqrt(D)
+    t = dict(x=x, wkv=wkv, wgate=torch.randn(C, D, generator=g) / math.sqrt(D),
+             norm_w=1 + 0.1 * torch.randn(C, generator=g), wk=torch.randn(CI, C, generator=g) / math.sqrt(C),
+             k_norm_w=1 + 0.1 * torch.randn(CI, generator=g))
+    t = {k: v.to(torch.bfloat16).to(DEV) for k, v in t.items()}
+    J = T // ratio
+    cos, sin = rope_table(4096, rope // 2)
+    pos = (torch.arange(J, dtype=torch.int32) * ratio + 60).to(DEV)
+    rows = torch.randperm(J + 4, generator=g)[:J].to(torch.int32).to(DEV)
+    rows[min(1, J - 1)] = -1  # a row that must not be written
+    return t, cos, sin, pos, rows, J + 4
+
+
+def _run_compressor(fn, ratio, t, cos, sin, pos, rows, N, C, CI, lat_dtype):
+    kc = torch.zeros(N, C // 2, dtype=torch.uint8, device=DEV)
+    ks = torch.zeros(N, C // 16, dtype=torch.uint8, device=DEV)
+    ic = torch.zeros(N, CI // 2, dtype=torch.uint8, device=DEV)
+    isc = torch.zeros(N, CI // 32, dtype=torch.uint8, device=DEV)
+    lat = torch.zeros(pos.shape[0], C, dtype=lat_dtype, device=DEV)
+    fn(t["x"], t["wkv"], t["norm_w"], cos, sin, pos, rows, kc, ks, ratio=ratio,
+       wgate=t["wgate"] if ratio == 2 else None, latent_out=lat, wk=t["wk"], k_norm_w=t["k_norm_w"],
+       idx_cache=ic, idx_scale=isc)
+    return kc, ks, ic, isc, lat
+
+
+@pytest.mark.parametrize("T", [37, 5])
+def test_compressor_ratio1_bit_exact_on_exact_gemm(T):
+    C, CI, rope = 128, 32, 32
+    t, cos, sin, pos, rows, N = _compressor_inputs(1, T, 256, C, CI, rope, grid=True, seed=1)
+    a = _run_compressor(cm.compress, 1, t, cos, sin, pos, rows, N, C, CI, torch.bfloat16)
+    b = _run_compressor(cm.compress_ref, 1, t, cos, sin, pos, rows, N, C, CI, torch.bfloat16)
+    for name, x, y in zip(("kv codes", "kv scales", "index codes", "index scales", "latent"), a, b):
+        assert torch.equal(bits(x), bits(y)), name
+    written = set(rows[rows >= 0].tolist())
+    for r in range(N):
+        if r not in written:
+            assert not a[0][r].any() and not a[2][r].any()
+
+
+def _fp4_e4m3_close(pa, sa_, pb, sb, frac=0.02):
+    """Compressed-KV rows from differently-ordered GEMMs: same dequantized values up to rare
+    one-step FP4 flips (a 1-ulp bf16 difference can cross an E2M1 tie)."""
+    va = nx.dequant_fp4_e4m3(pa, sa_.view(torch.float8_e4m3fn), 16)
+    vb = nx.dequant_fp4_e4m3(pb, sb.view(torch.float8_e4m3fn), 16)
+    diff = (va - vb).abs()
+    step = sb.view(torch.float8_e4m3fn).float().repeat_interleave(16, -1) * 2.0 + 1e-30
+    assert (diff <= step * 1.01).all()
+    assert (diff > 0).float().mean() <= frac
+
+
+@pytest.mark.parametrize("ratio,T", [(1, 37), (2, 38), (1, 3), (2, 2)])
+def test_compressor_random(ratio, T):
+    """T > 32: fused GEMM path; T <= 32: decode path (split-K GEMV + tail)."""
+    C, CI, rope = 128, 32, 32
+    t, cos, sin, pos, rows, N = _compressor_inputs(ratio, T, 256, C, CI, rope, grid=False, seed=T)
+    lat_dt = torch.bfloat16 if ratio == 1 else torch.float32
+    a = _run_compressor(cm.compress, ratio, t, cos, sin, pos, rows, N, C, CI, lat_dt)
+    b = _run_compressor(cm.compress_ref, ratio, t, cos, sin, pos, rows, N, C, CI, lat_dt)
+    if ratio == 1:
+        assert_bf16_close(a[4], b[4], ulps=1)
+    else:
+        torch.testing.assert_close(a[4], b[4], rtol=1e-5, atol=1e-6)
+    _fp4_e4m3_close(a[0], a[1], b[0], b[1])
+    assert (a[1] == b[1]).float().mean() > 0.97
+    ka = nx.dequant_fp4_ue8m0(a[2], a[3], 32)
+    kb = nx.dequant_fp4_ue8m0(b[2], b[3], 32)
+    assert (ka != kb).float().mean() <= 0.02
+
+
+def test_compressor_rejects_partial_pair():
+    t, cos, sin, pos, rows, N = _compressor_inputs(2, 4, 64, 64, 32, 32, grid=False, seed=0)
+    with pytest.raises(ValueError, match="complete aligned pairs"):
+        cm.compress(t["x"][:3], t["wkv"], t["norm_w"], cos, sin, pos, rows, None, None, ratio=2, wgate=t["wgate"])
+
+
+# ============================================================================ indexer
+
+
+def _quant_rows(x):
+    p, e = nx.quant_fp4_ue8m0(x.float(), 32)
+    return p.to(DEV), e.to(DEV)
+
+
+def _indexer_inputs(S, H, T, seed, spread_q=(), spread_k=(), dup=(), zero_keys=()):
+    g = torch.Generator().manual_seed(seed)
+    qp, qe = _quant_rows(torch.randn(S, H, 128, generator=g))
+    k = torch.randn(T, 128, generator=g)
+    kp, ke = _quant_rows(k)
+    spread = torch.tensor([112, 127, 119, 131], dtype=torch.uint8, device=DEV)  # 19 apart: no INT8 alignment
+    for s, h in spread_q:
+        qe[s, h] = spread
+    for t in spread_k:
+        ke[t] = spread
+    for a, b in dup:  # key b := key a (exact score ties)
+        kp[b], ke[b] = kp[a], ke[a]
+    for t in zero_keys:  # all-zero codes: score exactly 0 for every query
+        kp[t] = 0
+    w = torch.randn(S, H, generator=g).to(DEV)
+    return qp, qe, w, kp, ke
+
+
+def _check_indexer(args, qpos, **kw):
+    a = ix.indexer_topk(*args, qpos, **kw)
+    b = ix.indexer_topk_ref(*args, qpos, **kw)
+    assert torch.equal(a.scores.view(torch.int32), b.scores.view(torch.int32)), "scores not bit-identical"
+    assert torch.equal(a.topk, b.topk), "top-k differs"
+    if b.candidates is not None:
+        assert torch.equal(a.block_max.view(torch.int32), b.block_max.view(torch.int32))
+        assert torch.equal(a.candidates, b.candidates), "candidate blocks differ"
+    assert a.stats == b.stats, (a.stats, b.stats)
+    return a
+
+
+def test_indexer_exact_realistic_ratio2_with_candidates():
+    S, H, T = 5, 4, 150
+    args = _indexer_inputs(S, H, T, seed=3)
+    qpos = torch.tensor([299, 0, 41, 150, 1000], dtype=torch.int32, device=DEV)  # ratio 2: 150, 0, 21, 75, all
+    a = _check_indexer(args, qpos, ratio=2, topk=16, candidate_blocks=4, block_t=64, chunk=64)
+    assert a.stats["fallback_tiles"] == 0 and a.stats["fallback_heads"] == 0
+    assert (a.topk[1] == -1).all()  # position 0 at ratio 2 sees no compressed entry yet
+
+
+def test_indexer_adversarial_fallbacks_and_ties():
+    S, H, T = 3, 4, 200
+    args = _indexer_inputs(S, H, T, seed=4, spread_q=[(0, 1), (2, 3)], spread_k=[70],
+                           dup=[(10, 150), (10, 11), (20, 190)], zero_keys=range(100, 130))
+    qpos = torch.tensor([199, 120, 60], dtype=torch.int32, device=DEV)
+    a = _check_indexer(args, qpos, ratio=1, topk=64, block_t=64, chunk=128)
+    st = a.stats
+    assert st["fallback_heads"] == 2 and st["fallback_head_tiles"] > 0 and st["fallback_tiles"] == 1, st
+    # the zero-score keys tie: of them, the lowest indices are taken, in ascending order
+    zero_picks = [int(i) for i in a.topk[0] if i >= 0 and a.scores[0, i] == 0]
+    assert zero_picks == sorted(zero_picks)
+
+
+def test_indexer_reindex_candidate_mask_and_single_query():
+    S, H, T = 1, 4, 90
+    args = _indexer_inputs(S, H, T, seed=5, spread_k=[33])
+    qpos = torch.tensor([77], dtype=torch.int32, device=DEV)
+    nblk = -(-T // 8)
+    blocks = torch.tensor([[9, 0, 3, -1]], dtype=torch.int32, device=DEV)
+    mask = ix.candidate_mask(blocks, nblk)
+    a = _check_indexer(args, qpos, ratio=1, topk=40, cand_mask=mask, block_t=64, chunk=64)
+    sel = a.topk[0][a.topk[0] >= 0]
+    assert set((sel // 8).tolist()) <= {9, 0, 3} and a.stats["fallback_tiles"] == 1
+
+
+@pytest.mark.parametrize("S,N,k,chunk", [(2, 300, 16, 64), (2, 700, 20, 128), (2, 40, 64, 64)])
+def test_topk_select_stable_ties(S, N, k, chunk):
+    g = torch.Generator().manual_seed(N)
+    s = torch.randn(S, N, generator=g).round(decimals=1).to(DEV)  # many exact ties
+    s[:, ::5] = 0.0
+    s[:, 2::7] = -0.0
+    s[0, N // 2:] = float("-inf")
+    s[-1] = 1.0  # a row of one value: the first k indices
+    pin = torch.tensor([N - 1] + [-1] * (S - 1), dtype=torch.int32, device=DEV)
+    for p in (None, pin):
+        a = ix.topk_select(s, k, p, chunk=chunk)
+        b = ix.topk_select_ref(s, k, p)
+        assert torch.equal(a, b)
+    assert torch.equal(ix.topk_select(s, k, chunk=chunk)[-1][:min(k, N)], torch.arange(min(k, N), dtype=torch.int32,
+                                                                                       device=DEV))
+
+
+# ============================================================================ sparse attention
+
+
+def _attn_inputs(S, H, D, W, KC, N, quant, seed, R=None):
+    g = torch.Generator().manual_seed(seed)
+    R = R or W + S + 3
+    q = torch.randn(S, H, D, generator=g).to(torch.bfloat16).to(DEV)
+    qpos = torch.randint(0, 3 * W, (S,), generator=g).to(torch.int32)
+    qpos[0] = 2  # a query near the sequence start: most of its window is empty
+    win = torch.randn(R, D, generator=g) * 2
+    cmp = torch.randn(N, D, generator=g) * 2
+    idx = torch.randint(-1, N, (S, KC), generator=g).to(torch.int32)
+    idx[:, -3:] = -1  # trailing padding
+    sink = torch.randn(H, generator=g)
+    if quant:
+        wq, we = nx.quant_fp8_ue8m0(win, 32)
+        cp, cs = nx.quant_fp4_e4m3(cmp, 16)
+        wkv, ckv = (bits(wq).to(DEV), we.to(DEV)), (cp.to(DEV), bits(cs).to(DEV))
+    else:
+        wkv, ckv = win.to(torch.bfloat16).to(DEV), cmp.to(torch.bfloat16).to(DEV)
+    return q, qpos.to(DEV), wkv, ckv, idx.to(DEV), sink.to(DEV)
+
+
+@pytest.mark.parametrize("S,quant,n_split", [(3, True, None), (1, True, None), (4, False, 1), (2, True, 1), (1, False, 3)])
+def test_sparse_attention(S, quant, n_split):
+    H, D, W, KC, N = 16, 128, 16, 21, 40
+    cos, sin = rope_table(512, 16)
+    q, qpos, wkv, ckv, idx, sink = _attn_inputs(S, H, D, W, KC, N, quant, seed=S + 10 * bool(quant))
+    kw = dict(window=W, block_n=16, dc=32)
+    o = sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin, n_split=n_split, **kw)
+    r = sa.sparse_attention_ref(q, qpos, wkv, ckv, idx, sink, cos, sin, **kw)
+    assert_bf16_close(o, r, ulps=2, floor=1e-3)
+
+
+def test_sparse_attention_batched_bases():
+    """Per-query base rows (batched decode: one ring and one compressed region per sequence)."""
+    H, D, W, KC, N, S = 16, 64, 16, 16, 24, 2
+    cos, sin = rope_table(512, 8)
+    q, qpos, wkv, ckv, idx, sink = _attn_inputs(S, H, D, W, KC, 2 * N, True, seed=99, R=2 * W)
+    wb = torch.tensor([0, W], dtype=torch.int32, device=DEV)
+    cb = torch.tensor([0, N], dtype=torch.int32, device=DEV)
+    idx = idx % N
+    kw = dict(window=W, ring=W, block_n=16, dc=32, win_base=wb, cmp_base=cb)
+    wkv = (wkv[0][:2 * W], wkv[1][:2 * W])
+    o = sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin, **kw)
+    r = sa.sparse_attention_ref(q, qpos, wkv, ckv, idx, sink, cos, sin, **kw)
+    assert_bf16_close(o, r, ulps=2, floor=1e-3)
+
+
+# ============================================================================ registry
+
+
+def test_templates_registered_with_real_width_variants():
+    from dsv41c.codegen import templates
+
+    reg = templates._REGISTRY  # this file's modules are imported above; others' are not needed here
+    for name in ("compressor", "kv_fp8_ring_append", "fp4_quant", "fp4_dequant", "fp8_ue8m0_dequant",
+                 "indexer_score", "indexer_topk", "sparse_attention"):
+        t = reg[name]
+        for target in ("cuda:sm80", "cuda:sm90", "cuda:sm100", "rocm:gfx942", "rocm:gfx950", "rocm:gfx1100"):
+            specs = t.specializations(target)
+            assert specs, (name, target)
+            for sp in specs:
+                assert list(sp.signature) == list(sp.kernel.arg_names)
+                assert all(sp.signature[k] == "constexpr" for k in sp.constexprs)
+    attn = [s for s in reg["sparse_attention"].specializations("cuda:sm90") if "H" in s.constexprs]
+    assert {s.constexprs["H"] for s in attn} == {64} and {s.constexprs["D"] for s in attn} == {512}
+
+
+# ============================================================================ GPU tier (real widths)
+
+
+@pytest.mark.gpu
+def test_gpu_indexer_exact_real_widths():
+    S, H, T = 32, 32, 20000
+    args = _indexer_inputs(S, H, T, seed=11, spread_q=[(3, 5)], spread_k=[5000], dup=[(10, 19000)],
+                           zero_keys=range(100, 200))
+    qpos = torch.arange(T - S, T, dtype=torch.int32, device=DEV)
+    nblk = -(-T // 8)
+    a = _check_indexer(args, qpos, ratio=1, topk=512, candidate_blocks=2048)
+    # one bad key tile, seen by both 16-query blocks; one bad query-head row
+    assert a.stats["fallback_tiles"] == 2 and a.stats["fallback_heads"] == 1 and a.stats["fallback_head_tiles"] > 0
+    mask = ix.candidate_mask(a.candidates, nblk)
+    _check_indexer(args, qpos, ratio=1, topk=512, cand_mask=mask)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ratio,T", [(1, 130), (2, 130), (1, 1), (2, 2)])
+def test_gpu_compressor_real_widths(ratio, T):
+    t, cos, sin, pos, rows, N = _compressor_inputs(ratio, T, 5120, 512, 128, 64, grid=False, seed=ratio)
+    lat_dt = torch.bfloat16 if ratio == 1 else torch.float32
+    a = _run_compressor(cm.compress, ratio, t, cos, sin, pos, rows, N, 512, 128, lat_dt)
+    b = _run_compressor(cm.compress_ref, ratio, t, cos, sin, pos, rows, N, 512, 128, lat_dt)
+    if ratio == 1:  # K = 5120 bf16 MMA: the linear output may round one ulp apart, then the norm
+        assert_bf16_close(a[4], b[4], ulps=4)
+    else:
+        torch.testing.assert_close(a[4], b[4], rtol=1e-4, atol=1e-5)
+    _fp4_e4m3_close(a[0], a[1], b[0], b[1], frac=0.03)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("S,quant", [(1, True), (1, False), (48, True)])
+def test_gpu_sparse_attention_real_widths(S, quant):
+    H, D, W, KC, N = 64, 512, 128, 512, 3000
+    cos, sin = rope_table(4096, 32)
+    q, qpos, wkv, ckv, idx, sink = _attn_inputs(S, H, D, W, KC, N, quant, seed=S, R=W + S + 1)
+    o = sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin)
+    r = sa.sparse_attention_ref(q, qpos, wkv, ckv, idx, sink, cos, sin)
+    # P is rounded to bf16 for the P·V MMA: the error scales with the values (|v| ~ 2), not with
+    # the (cancelling) output, so the floor is two bf16 ulps of the value scale
+    assert_bf16_close(o, r, ulps=4, floor=2.0)
+
+
+@pytest.mark.gpu
+def test_gpu_kv_codecs_real_widths():
+    x = (torch.randn(300, 512, device=DEV) * torch.logspace(-4, 3, 300, device=DEV)[:, None]).to(torch.bfloat16)
+    pos = torch.arange(300, dtype=torch.int32, device=DEV)
+    q1, e1 = torch.zeros(128, 512, dtype=torch.uint8, device=DEV), torch.zeros(128, 16, dtype=torch.uint8, device=DEV)
+    q2, e2 = q1.clone(), e1.clone()
+    kq.fp8_ring_append(x, pos, q1, e1)
+    kq.fp8_ring_append_ref(x, pos, q2, e2)
+    assert torch.equal(q1, q2) and torch.equal(e1, e2)
+    for fmt, C in (("e4m3", 512), ("ue8m0", 128)):
+        p1, s1 = kq.fp4_quant(x[:, :C], fmt)
+        p2, s2 = kq.fp4_quant_ref(x[:, :C], fmt)
+        assert torch.equal(p1, p2) and torch.equal(bits(s1), bits(s2))
