@@ -95,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("input", metavar="IN.ir")
     s.add_argument("-p", "--passes", required=True, metavar="PASS[,PASS...]")
     s.add_argument("-o", "--output", metavar="OUT.ir")
+    s.add_argument("--dump-dir", metavar="D")
+    s.add_argument("--dump-filter", metavar="RE")
+    s.add_argument("--timings", action="store_true")
+    s.add_argument("--verify-each", action="store_true")
 
     s = sub.add_parser("run", help="load an artifact and generate")
     s.add_argument("artifact", metavar="ARTIFACT")

@@ -40,6 +40,7 @@ def _attr_dict(attrs: dict | None) -> dict:
         out[k] = freeze(v)
     return out
 
+
 # Value attributes the IR knows; the verifier checks them.
 VALUE_ATTRS = {"arena_offset": "int", "placement": "str"}
 PLACEMENTS = ("persistent", "transient")

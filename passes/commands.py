@@ -26,6 +26,7 @@ def cmd_opt(args) -> int:
     from dsv41c.passes.manager import PassManager
     from dsv41c.passes.registry import parse_pipeline
 
+    passes = parse_pipeline(args.passes)  # a typo in -p fails before any work
     with open(args.input, encoding="utf-8") as fh:
         text = fh.read()
     module = parse_module(text, args.input)
@@ -33,7 +34,6 @@ def cmd_opt(args) -> int:
         verify(module)
     except VerifyError as e:
         raise VerifyError([f"{args.input}: {m}" for m in e.errors]) from None
-    passes = parse_pipeline(args.passes)
     pm = PassManager(passes, verify_each=getattr(args, "verify_each", False), timings=getattr(args, "timings", False),
                      dump_dir=getattr(args, "dump_dir", None), dump_filter=getattr(args, "dump_filter", None))
     result = pm.run(module)
