@@ -311,6 +311,11 @@ def validate(cfg: ModelConfig, where: str = "<config>") -> None:
     c = cfg.candidate_source_layer_id
     if c not in cfg.kv_source_layer_ids:
         bad("candidate_source_layer_id", f"{c} is not a KV source layer {list(cfg.kv_source_layer_ids)}")
+    if c != cfg.kv_source_layer_ids[-1]:
+        # HF applies the candidate mask at EVERY later index source; that is only meaningful
+        # (and equal to our per-group reading) when every later index source reads c's entries.
+        bad("candidate_source_layer_id", f"{c} must be the last KV source layer "
+            f"({cfg.kv_source_layer_ids[-1]}): later index sources consume its candidate mask")
     if len(cfg.engram_num_embeddings) != len(cfg.engram_layer_ids):
         bad("engram_num_embeddings", f"{len(cfg.engram_num_embeddings)} entries for "
             f"{len(cfg.engram_layer_ids)} engram layers {list(cfg.engram_layer_ids)}")

@@ -86,6 +86,7 @@ def _bad(mutate):
     (lambda t: t.update(index_source_layer_ids=[8, 2, 14, 20]), "strictly increasing"),
     (lambda t: t.update(kv_source_layer_ids=[1, 8, 14, 20]), "layer 1 has compress ratio 0"),
     (lambda t: t.update(candidate_source_layer_id=24), "candidate_source_layer_id"),
+    (lambda t: t.update(candidate_source_layer_id=14), "must be the last KV source layer"),
     (lambda t: t.update(engram_num_embeddings=[1]), "engram_num_embeddings"),
     (lambda t: t.update(engram_layer_ids=[1, 45]), "engram_layer_ids': layer 45 outside"),
     (lambda t: t.update(o_groups=7), "o_groups"),
