@@ -12,7 +12,8 @@ COMPONENTS = ["frontend", "ir", "passes", "codegen", "runtime"]
 
 def _packages():
     package_dir = {"dsv41c": "dsv41c"}
-    packages = ["dsv41c"]
+    packages = ["dsv41c"] + ["dsv41c." + d for d in sorted(os.listdir("dsv41c"))
+                             if os.path.isfile(os.path.join("dsv41c", d, "__init__.py"))]
     for comp in COMPONENTS:
         package_dir[f"dsv41c.{comp}"] = comp
         for root, dirs, files in os.walk(comp):

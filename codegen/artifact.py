@@ -53,6 +53,7 @@ def write_artifact(out_dir: str, manifest: dict, files: dict, copy_dirs: dict | 
     parent = os.path.dirname(out_dir)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(out_dir) + "-", dir=parent)
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the artifact is an ordinary directory
     try:
         for rel, data in sorted(files.items()):
             path = os.path.join(tmp, rel)

@@ -43,9 +43,9 @@ def _log(msg):
 
 def expected_inventory_hash(cfg) -> str:
     """The runtime's inventory hash (runtime/weights.py) of a checkpoint of `cfg`, from the config alone."""
-    from dsv41c.frontend.inventory import expected_tensors
+    from dsv41c.frontend.trace import inventory
 
-    lines = sorted(f"{n} {s.dtype} {list(s.shape)}" for n, s in expected_tensors(cfg).items())
+    lines = sorted(f"{n} {s.dtype} {list(s.shape)}" for n, s in inventory(cfg).items())
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
@@ -87,7 +87,7 @@ def build_artifact(out: str, checkpoint: str | None = None, preset: str | None =
     if target not in TARGETS:
         raise PlanError(f"target '{target}' is not built by this compiler yet (built targets: {', '.join(TARGETS)})")
     if os.path.exists(out) and not force:
-        raise FileExistsError(f"{os.path.abspath(out)}: already exists (remove it, or pass force=True)")
+        raise FileExistsError(f"{os.path.abspath(out)}: already exists (remove it, or pass --force)")
     tmp_ckpt = None
     try:
         if checkpoint is not None:

@@ -190,7 +190,7 @@ def lower_function(f, output_names, state_fill: dict) -> dict:
         entry = {"name": a.name, "role": role}
         if isinstance(a.type, TensorType):
             entry.update(dtype=a.type.dtype.torch_name, shape=_dims_json(a.type))
-            for d, x in enumerate(a.type.shape):
+            for d, x in enumerate(a.type.shape if role != "weight" else ()):  # weights are static
                 s = _bare(x)
                 if s is not None and s not in symbols:
                     symbols[s] = [i, d]

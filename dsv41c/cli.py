@@ -90,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timings", action="store_true")
     s.add_argument("--verify-each", action="store_true")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--force", action="store_true", help="replace OUT if it exists")
 
     s = sub.add_parser("opt", help="run passes over an IR text file")
     s.add_argument("input", metavar="IN.ir")

@@ -124,13 +124,6 @@ class Converter:
             return v.dim
         return _dim(v, self.names)
 
-    def val(self, a):
-        if isinstance(a, torch.fx.Node):
-            return self.env[a]
-        if isinstance(a, (list, tuple)):
-            return [self.val(x) for x in a]
-        return a
-
     def types_of(self, node):
         val = node.meta["val"]
         if isinstance(val, torch.Tensor):
@@ -170,10 +163,10 @@ class Converter:
         t = node.target
         if t is operator.getitem:
             return self.env[node.args[0]][node.args[1]]
-        if t in _SYM_FNS or (isinstance(node.meta.get("val"), (torch.SymInt, int)) and
-                             not isinstance(node.meta.get("val"), bool) and t is not torch.ops.aten.scalar_tensor.default):
-            v = node.meta.get("val")
-            return _Sym(self.dim(v)) if isinstance(v, (torch.SymInt, int)) else None
+        v = node.meta.get("val")
+        if t in _SYM_FNS or (isinstance(v, (torch.SymInt, int)) and not isinstance(v, bool)):
+            # a host integer (sym_size, SymInt arithmetic): kept as its dim expression, not an op
+            return _Sym(self.dim(v)) if isinstance(v, (torch.SymInt, int)) and not isinstance(v, bool) else None
         if not isinstance(t, torch._ops.OpOverload):
             raise TraceError(f"{self.f.name}: unsupported call {t} at loc({_loc(node)})")
         packet = t._overloadpacket.__name__

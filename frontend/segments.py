@@ -1,12 +1,19 @@
-"""The pieces of the serving step: prologue, Engram, one segment per kind of layer, epilogue.
+"""The pieces of the serving step (prologue, Engram, the parts of a layer, epilogue).
 
 A `Segment` is an nn.Module with named tensor inputs (activations first, then its weights
 under LOCAL checkpoint names such as `attn.wq_a.weight`), named outputs, and `body(dict)
--> dict`. Layers of the same kind (ratio, mode, candidates) share one segment: the
-tracer exports it once and stamps it per layer with the weights renamed `layers.L.` +
-local name. Sub-steps run in child modules named like the checkpoint's sub-modules
-(`attn`, `attn.compressor`, `attn.indexer`, `ffn`, `hc_attn`, `hc_ffn`) so that
-torch.export's `nn_module_stack` gives every op its source location.
+-> dict`. A layer is split where the kinds of layer differ, so that each distinct piece
+exists once and is exported once, then stamped per layer with the weights renamed
+`layers.L.` + local name:
+    AttnIn        mHC attention-site mixes, collapse, attn_norm, q / kv projections  (every layer)
+    Compress(r)   compressor + indexer keys, appended to the group caches            (KV sources)
+    Index(r, c)   indexer queries, scores, candidates, top-k                         (index sources)
+    Attend(comp)  window (+ selected compressed rows) sparse attention, output proj. (every layer)
+    Ffn           expand, FFN-site mixes, collapse, ffn_norm, MoE, expand            (every layer)
+`StepModel` holds one of each; `frontend/step.py` routes values between them. Sub-steps
+run in child modules named like the checkpoint's sub-modules (`attn`, `attn.compressor`,
+`attn.indexer`, `ffn`, `hc_attn`, `hc_ffn`) so that torch.export's `nn_module_stack`
+gives every op its source location.
 
 The math is the reference's (frontend/model/*, spec §3), in the order `ReferenceModel`
 runs it in its serving form; the KV-path fake quantizers, sparse attention, compressor,

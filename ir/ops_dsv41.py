@@ -15,8 +15,7 @@ Known gaps: `moe` cost assumes every routed slot is filled; no FP4/FP8 pack ops 
 """
 from __future__ import annotations
 
-import torch
-
+from dsv41c.ir.lazy_torch import torch
 from dsv41c.ir.registry import Cost, ShapeError, register
 from dsv41c.ir.shape_rules import memory_cost, need_tensor
 from dsv41c.ir.symbolic import ANY

@@ -257,3 +257,16 @@ def test_inspect_and_bad_ids(tiny_off, capsys):
     err = capsys.readouterr().err.strip()
     assert err == ("dsv41c run: error: token id 512 is out of range: the vocabulary has 512 tokens "
                    "(ids 0..511)")
+
+
+def test_runtime_imports_nothing_from_the_compiler():
+    import subprocess
+    import sys
+
+    code = ("import sys, dsv41c.runtime.loader, dsv41c.runtime.commands; "
+            "print(sorted({k.split('.')[1] for k in sys.modules if k.startswith('dsv41c.')}))")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True).stdout
+    parts = set(eval(out))  # noqa: S307 - our own subprocess' list of names
+    assert not parts & {"ir", "passes", "codegen"}, parts
+    # `frontend` is reached only through dsv41c/ops/_prims.py (the reference primitives, moving to the leaf)

@@ -14,5 +14,4 @@ from dsv41c.frontend.model.engram import chunk_row_ids, engram_apply  # noqa: F4
 from dsv41c.frontend.model.indexer import candidate_blocks, index_scores, select_topk  # noqa: F401
 from dsv41c.frontend.model.mhc import hc_mixes  # noqa: F401
 from dsv41c.frontend.model.moe import moe_forward  # noqa: F401
-from dsv41c.frontend.model.norms import acc_dtype  # noqa: F401
 from dsv41c.frontend.model.quant import fq_compressed_kv, fq_indexer, fq_window_kv  # noqa: F401
