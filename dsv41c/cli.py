@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # subcommand -> "module:function" (the function takes the parsed args, returns an exit code)
@@ -148,6 +149,9 @@ def main(argv=None) -> int:
     fn = getattr(importlib.import_module(mod_name), fn_name)
     try:
         return int(fn(args) or 0)
+    except BrokenPipeError:  # output piped into `head` and the like: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except UserError as e:
         print(f"dsv41c {args.command}: error: {e}", file=sys.stderr)
         return 2
