@@ -7,6 +7,7 @@ max(bytes / measured copy bandwidth, FLOPs / measured bf16 matmul rate), both ce
 here (a large device copy, a large bf16 torch.matmul). Every case runs in its own try/except.
 
     python benchmarks/kernels_ffn.py --out results.json [--only moe] [--quick]
+    python benchmarks/kernels_ffn.py --tune --out tune.json     # tile sweep of the FP4 grouped GEMMs
 
 Goals checked:
 - the FP4 grouped expert GEMMs at prefill shapes (8192 tokens × top-6 over 384 experts, and
@@ -68,7 +69,7 @@ def measure_ceilings():
     b = torch.empty_like(a)
     t = ms(lambda: b.copy_(a))
     out = {"copy_TBps": 2 * a.numel() * 2 / (t * 1e-3) / 1e12}
-    del a, b
+    a = b = None  # free the 2 GiB before the matmul
     m = 8192
     x = torch.randn(m, m, device=DEV, dtype=torch.bfloat16)
     y = torch.randn(m, m, device=DEV, dtype=torch.bfloat16)

@@ -57,13 +57,14 @@ def engram_gather_kernel(ids_ptr, table_ptr, scale_ptr, out_ptr, n,
 
 
 @triton.jit
-def engram_gate_kernel(h_ptr, kv_ptr, qw_ptr, kw_ptr, mask_ptr, out_ptr, D, stride_ht, stride_kv, stride_ot, eps,
-                       BD: tl.constexpr, HAS_MASK: tl.constexpr):
+def engram_gate_kernel(h_ptr, kv_ptr, qw_ptr, kw_ptr, mask_ptr, out_ptr, eps, D: tl.constexpr, BD: tl.constexpr,
+                       HAS_MASK: tl.constexpr):
+    """One (token, stream) of contiguous H [T, 4, D] / kv [T, 5·D] / out [T, 4, D]."""
     t = tl.program_id(0).to(tl.int64)
     k = tl.program_id(1)
-    h_row = h_ptr + t * stride_ht + k * D
-    key_row = kv_ptr + t * stride_kv + k * D
-    val_row = kv_ptr + t * stride_kv + 4 * D
+    h_row = h_ptr + t * (4 * D) + k * D
+    key_row = kv_ptr + t * (5 * D) + k * D
+    val_row = kv_ptr + t * (5 * D) + 4 * D
     sh = tl.zeros((BD,), dtype=tl.float32)
     sk = tl.zeros((BD,), dtype=tl.float32)
     sd = tl.zeros((BD,), dtype=tl.float32)
@@ -77,7 +78,7 @@ def engram_gate_kernel(h_ptr, kv_ptr, qw_ptr, kw_ptr, mask_ptr, out_ptr, D, stri
         sh += h * h
         sk += key * key
         sd += h * w * key
-    Df = D.to(tl.float32)
+    Df = tl.full((), D, tl.float32)
     rs_h = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(tl.sum(sh, axis=0), Df) + eps))
     rs_k = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(tl.sum(sk, axis=0), Df) + eps))
     dot = tl.sum(sd, axis=0) * (rs_h * rs_k) * tl.div_rn(1.0, tl.sqrt_rn(Df))
@@ -86,7 +87,7 @@ def engram_gate_kernel(h_ptr, kv_ptr, qw_ptr, kw_ptr, mask_ptr, out_ptr, D, stri
     gate = tl.div_rn(1.0, 1.0 + tl.exp(-z))
     if HAS_MASK:
         gate = tl.where(tl.load(mask_ptr + t) != 0, gate, 0.0)
-    o_row = out_ptr + t * stride_ot + k * D
+    o_row = out_ptr + t * (4 * D) + k * D
     for d0 in range(0, D, BD):
         rd = d0 + tl.arange(0, BD)
         ok = rd < D
@@ -147,16 +148,17 @@ def engram_gate(H, kv, q_weight, k_weight, eps: float, token_mask=None, out=None
             or tuple(k_weight.shape) != (HC, D):
         raise ValueError(f"engram_gate: H {tuple(H.shape)}, kv {tuple(kv.shape)}, q/k weight "
                          f"{tuple(q_weight.shape)}/{tuple(k_weight.shape)} do not fit 4 streams of D={D}")
-    H = H if H.is_contiguous() else H.contiguous()
-    kv = kv if kv.stride(-1) == 1 else kv.contiguous()
+    H = H.contiguous()
+    kv = kv.contiguous()
     out = torch.empty_like(H) if out is None else out
+    if not out.is_contiguous() or out.shape != H.shape:
+        raise ValueError("engram_gate: out must be a contiguous tensor shaped like H")
     if T == 0:
         return out
     m = token_mask.to(torch.uint8).contiguous() if token_mask is not None else H
     BD = 256 if interpreting() else 1024
-    engram_gate_kernel[(T, HC)](H, kv, q_weight.contiguous(), k_weight.contiguous(), m, out, D, H.stride(0),
-                                kv.stride(0), out.stride(0), float(eps), BD=BD, HAS_MASK=token_mask is not None,
-                                num_warps=4)
+    engram_gate_kernel[(T, HC)](H, kv, q_weight.contiguous(), k_weight.contiguous(), m, out, float(eps), D=D, BD=BD,
+                                HAS_MASK=token_mask is not None, num_warps=4)
     return out
 
 
@@ -179,17 +181,17 @@ def _gate_variants(target: str) -> list:
     out = []
     for sdt in ("*fp32", "*bf16"):
         types = {"h_ptr": sdt, "kv_ptr": "*bf16", "qw_ptr": "*bf16", "kw_ptr": "*bf16", "mask_ptr": "*u8",
-                 "out_ptr": sdt, "D": "i32", "stride_ht": "i32", "stride_kv": "i32", "stride_ot": "i32", "eps": "fp32"}
-        ce = {"BD": 1024, "HAS_MASK": True}
+                 "out_ptr": sdt, "eps": "fp32"}
+        ce = {"D": HIDDEN, "BD": 1024, "HAS_MASK": True}
         out.append(aot_spec(engram_gate_kernel, f"d{HIDDEN}_{sdt[1:]}", types, ce, 4, 2,
-                            {"D": HIDDEN, "streams": sdt[1:], **ce}))
+                            {"streams": sdt[1:], **ce}))
     return out
 
 
 register(KernelTemplate(
     name="engram_gather", module=__name__,
     summary="gather 24 E4M3 table rows per token and dequantize with per-32-column UE8M0 scales",
-    keys=("HEAD_DIM", "N_COLS", "BR", "NATIVE_FP8", "out"), reference=engram_gather_reference, launch=engram_gather,
+    keys=("HEAD_DIM", "N_COLS", "DH", "BR", "NATIVE_FP8", "out"), reference=engram_gather_reference, launch=engram_gather,
     specializations=_gather_variants))
 register(KernelTemplate(
     name="engram_gate", module=__name__,

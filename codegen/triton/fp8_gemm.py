@@ -28,13 +28,20 @@ in-register fake-quant `fake_quant_e4m3_pow2`. Interpreter notes: its float cast
 truncate and its bf16 tl.dot multiplies raw bits, so under TRITON_INTERPRET the launchers set
 DOT_F32 (operands upcast to fp32 before tl.dot) and every rounding step is integer arithmetic.
 
-Specialization keys: N, K (the real linears of the published config), M class (prefill /
-decode), BM, BN, BK, GROUP_M, NATIVE_FP8 (sm90/sm100/gfx950 have an FP8 cvt), GATED.
+Decode shapes (M <= 16) split K across programs (SPLIT_K, ~2 programs per SM) and reduce the fp32
+partials in split order in `splitk_reduce_kernel` (deterministic, the SwiGLU epilogue there).
+
+Specialization keys: N, K (constexpr: the real linears of the published config, so the
+ahead-of-time build knows every stride and vectorizes), M class (prefill / decode), BM, BN, BK,
+GROUP_M, SPLIT_K, NATIVE_FP8 (sm90/sm100/gfx950 have an FP8 cvt), GATED.
+
+Measured (H200, triton 3.6, before split-K): prefill 24–31% of the bf16 matmul rate (the
+E4M3 decode + scale multiply per weight element runs on the same SM as the MMA), decode far
+from its bytes floor (20 programs for wq_a) — split-K was added for the latter.
 
 Known gaps: no FP8×FP8 tensor-core path (wgmma e4m3 / MFMA fp8) — activations that are
 dynamically quantized still multiply in bf16 (same products, 2× the tensor-core time of FP8
-on Hopper); no split-K, so the narrowest decode linears (wkv 512×5120) launch few programs;
-UE8M0 byte 0 (2^-127) decodes to 2^-127 only through the subnormal constant.
+on Hopper); UE8M0 byte 0 (2^-127) decodes to 2^-127 only through the subnormal constant.
 """
 from __future__ import annotations
 
@@ -224,14 +231,19 @@ def fake_quant_e4m3_pow2(x, R: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, M, N, K, stride_xm, stride_ym, limit,
-                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                    GATED: tl.constexpr, NATIVE_FP8: tl.constexpr, DOT_F32: tl.constexpr,
-                    EVEN_K: tl.constexpr):
-    """y = x·Wᵀ (GATED: y = silu(min(x·W1ᵀ, limit))·clamp(x·W3ᵀ, ±limit)); W E4M3 with UE8M0/32×32."""
+def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, M, limit,
+                    N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, GATED: tl.constexpr, NATIVE_FP8: tl.constexpr,
+                    DOT_F32: tl.constexpr):
+    """y = x·Wᵀ (GATED: y = silu(min(x·W1ᵀ, limit))·clamp(x·W3ᵀ, ±limit)); W E4M3 with UE8M0/32×32.
+
+    x [M, K] and y [M, N] are contiguous. SPLIT_K > 1: program_id(1) takes K/SPLIT_K of the
+    reduction and writes fp32 partials y[split, M, N] (GATED: [split, M, 2N], g then u); the
+    epilogue then runs in `splitk_reduce_kernel`."""
     pid = tl.program_id(0)
+    split = tl.program_id(1)
     num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
+    num_n = (N + BN - 1) // BN
     group = pid // (GROUP_M * num_n)
     first_m = group * GROUP_M
     gsize = tl.minimum(num_m - first_m, GROUP_M)
@@ -242,55 +254,90 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, M, N, K, strid
     rn = pid_n * BN + tl.arange(0, BN)
     m_ok = rm < M
     n_ok = rn < N
-    KS = tl.cdiv(K, 32)
-    w_rows = rn.to(tl.int64) * K
-    s_rows = (rn // 32) * KS
+    KS = (K + 31) // 32
+    K_SPLIT = K // SPLIT_K
+    w_rows = rn.to(tl.int64)[:, None] * K
+    s_rows = (rn // 32)[:, None] * KS
+    x_rows = rm.to(tl.int64)[:, None] * K
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     acc3 = tl.zeros((BN, BM), dtype=tl.float32)
-    for k0 in range(0, K, BK):
+    for k0 in range(split * K_SPLIT, split * K_SPLIT + K_SPLIT, BK):
         rk = k0 + tl.arange(0, BK)
-        if EVEN_K:
+        if K % BK == 0:
             xm = m_ok[:, None]
             wm = n_ok[:, None]
         else:
             xm = m_ok[:, None] & (rk[None, :] < K)
             wm = n_ok[:, None] & (rk[None, :] < K)
-        xt = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=xm, other=0.0)
+        xt = tl.load(x_ptr + x_rows + rk[None, :], mask=xm, other=0.0)
         if DOT_F32:
             xt = xt.to(tl.float32)
         else:
             xt = xt.to(tl.bfloat16)
-        sc = e8m0_to_f32(tl.load(ws_ptr + s_rows[:, None] + (rk // 32)[None, :], mask=wm, other=127))
-        wt = e4m3_to_f32(tl.load(w_ptr + w_rows[:, None] + rk[None, :], mask=wm, other=0), NATIVE_FP8) * sc
+        # one scale byte per (row, 32 columns), expanded in registers (not one load per element)
+        rs = k0 // 32 + tl.arange(0, BK // 32)
+        sm = n_ok[:, None] & (rs[None, :] < KS)
+        sc = expand_cols(e8m0_to_f32(tl.load(ws_ptr + s_rows + rs[None, :], mask=sm, other=127)), BN, BK // 32, 32)
+        wt = e4m3_to_f32(tl.load(w_ptr + w_rows + rk[None, :], mask=wm, other=0), NATIVE_FP8) * sc
         if DOT_F32:
             acc += tl.dot(wt, tl.trans(xt), input_precision="ieee")
         else:
             acc += tl.dot(wt.to(tl.bfloat16), tl.trans(xt))
         if GATED:
-            sc3 = e8m0_to_f32(tl.load(ws3_ptr + s_rows[:, None] + (rk // 32)[None, :], mask=wm, other=127))
-            wt3 = e4m3_to_f32(tl.load(w3_ptr + w_rows[:, None] + rk[None, :], mask=wm, other=0), NATIVE_FP8) * sc3
+            sc3 = expand_cols(e8m0_to_f32(tl.load(ws3_ptr + s_rows + rs[None, :], mask=sm, other=127)), BN, BK // 32, 32)
+            wt3 = e4m3_to_f32(tl.load(w3_ptr + w_rows + rk[None, :], mask=wm, other=0), NATIVE_FP8) * sc3
             if DOT_F32:
                 acc3 += tl.dot(wt3, tl.trans(xt), input_precision="ieee")
             else:
                 acc3 += tl.dot(wt3.to(tl.bfloat16), tl.trans(xt))
+    omask = m_ok[:, None] & n_ok[None, :]
+    if SPLIT_K > 1:
+        W2 = N * (1 + GATED)
+        base = y_ptr + (split * M + rm.to(tl.int64))[:, None] * W2 + rn[None, :]
+        tl.store(base, tl.trans(acc), mask=omask)
+        if GATED:
+            tl.store(base + N, tl.trans(acc3), mask=omask)
+    else:
+        if GATED:
+            g = tl.minimum(acc, limit)
+            u = tl.minimum(tl.maximum(acc3, -limit), limit)
+            acc = g / (1.0 + tl.exp(-g)) * u
+        tl.store(y_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], tl.trans(acc).to(y_ptr.dtype.element_ty),
+                 mask=omask)
+
+
+@triton.jit
+def splitk_reduce_kernel(part_ptr, y_ptr, M, limit, N: tl.constexpr, SPLIT_K: tl.constexpr, GATED: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    """y[m, n] = epilogue(Σ_split part[split, m, n]) in split order (deterministic)."""
+    m = tl.program_id(0).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = rn < N
+    W2 = N * (1 + GATED)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK,), dtype=tl.float32)
+    for sp in tl.static_range(SPLIT_K):
+        row = part_ptr + (sp * M + m) * W2
+        acc += tl.load(row + rn, mask=ok, other=0.0)
+        if GATED:
+            acc3 += tl.load(row + N + rn, mask=ok, other=0.0)
     if GATED:
         g = tl.minimum(acc, limit)
         u = tl.minimum(tl.maximum(acc3, -limit), limit)
         acc = g / (1.0 + tl.exp(-g)) * u
-    out = tl.trans(acc)  # [BM, BN]
-    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], out.to(y_ptr.dtype.element_ty),
-             mask=m_ok[:, None] & n_ok[None, :])
+    tl.store(y_ptr + m * N + rn, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
-def act_quant_fp8_kernel(x_ptr, y_ptr, M, K, stride_xm, stride_ym, BR: tl.constexpr, BK: tl.constexpr):
-    """y = dequant(quant_e4m3_pow2_per32(x)) for a [BR, BK] tile (K % 32 == 0)."""
+def act_quant_fp8_kernel(x_ptr, y_ptr, M, K: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
+    """y = dequant(quant_e4m3_pow2_per32(x)) for a [BR, BK] tile of contiguous x [M, K] (K % 32 == 0)."""
     rm = tl.program_id(0) * BR + tl.arange(0, BR)
     rk = tl.program_id(1) * BK + tl.arange(0, BK)
     mask = (rm[:, None] < M) & (rk[None, :] < K)
-    x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :], mask=mask, other=0.0).to(tl.float32)
+    offs = rm[:, None].to(tl.int64) * K + rk[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     y = fake_quant_e4m3_pow2(x, BR, BK)
-    tl.store(y_ptr + rm[:, None].to(tl.int64) * stride_ym + rk[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 # ============================================================================ references
@@ -319,15 +366,28 @@ def fp8_gemm_swiglu_reference(x, w1, s1, w3, s3, limit: float, act_quant: bool =
 # ============================================================================ launchers
 
 
-def _tiles(M: int, N: int):
-    """(BM, BN, BK, GROUP_M, num_warps, num_stages) for a shape on the running device."""
+N_SMS_HINT = 132  # split-K aims for >= 2 programs per SM of an H100/H200-class GPU
+
+
+def _split_k(M: int, N: int, K: int, BN: int, BK: int) -> int:
+    """Decode: split K until ~2 programs per SM (a divisor of K/BK, so every split is whole tiles)."""
+    if M > 16 or K % BK:
+        return 1
+    steps, progs = K // BK, triton.cdiv(N, BN)
+    want = triton.cdiv(2 * N_SMS_HINT, progs)
+    return next((d for d in range(1, steps + 1) if steps % d == 0 and d >= want), steps)
+
+
+def _tiles(M: int, N: int, K: int):
+    """(BM, BN, BK, GROUP_M, SPLIT_K, num_warps, num_stages) for a shape on the running device."""
     if interpreting():
-        return 16, 32, 64, 4, 4, 1
+        return 16, 32, 64, 4, (2 if K % 128 == 0 and M <= 16 else 1), 4, 1
     if M <= 16:
-        return 16, 64, 256, 1, 4, 4
+        BK = 256 if K % 256 == 0 else 128
+        return 16, 64, BK, 1, _split_k(M, N, K, 64, BK), 4, 4
     if M <= 64:
-        return 64, 128, 128, 8, 4, 3
-    return 128, 128, 64, 8, 8, 3
+        return 64, 128, 128, 8, 1, 4, 3
+    return 128, 128, 64, 8, 1, 8, 3
 
 
 def _check_w(w, scale, K, name):
@@ -341,19 +401,16 @@ def _check_w(w, scale, K, name):
 def act_quant_fp8(x: torch.Tensor) -> torch.Tensor:
     if x.shape[-1] % 32:
         raise ValueError(f"act_quant_fp8: K={x.shape[-1]} is not a multiple of 32")
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
     y = torch.empty_like(x2)
     M, K = x2.shape
     BR, BK = (16, 128) if not interpreting() else (8, 64)
     if M:
-        act_quant_fp8_kernel[(triton.cdiv(M, BR), triton.cdiv(K, BK))](x2, y, M, K, x2.stride(0), y.stride(0),
-                                                                        BR=BR, BK=BK)
+        act_quant_fp8_kernel[(triton.cdiv(M, BR), triton.cdiv(K, BK))](x2, y, M, K=K, BR=BR, BK=BK)
     return y.reshape(x.shape)
 
 
-def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name):
+def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None):
     K = x.shape[-1]
     _check_w(w, s, K, name)
     if w3 is not None:
@@ -362,21 +419,24 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name):
             raise ValueError(f"{name}: w1 {tuple(w.shape)} and w3 {tuple(w3.shape)} differ")
     if act_quant:
         x = act_quant_fp8(x)
-    x2 = x.reshape(-1, K)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = x.reshape(-1, K).contiguous()
     M, N = x2.shape[0], w.shape[0]
     y = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
     if M == 0:
         return y.reshape(*x.shape[:-1], N)
-    BM, BN, BK, GM, nw, ns = _tiles(M, N)
+    BM, BN, BK, GM, SK, nw, ns = tiles or _tiles(M, N, K)
+    gated = w3 is not None
     wu, su = as_u8(w), as_u8(s)
-    w3u, s3u = (as_u8(w3), as_u8(s3)) if w3 is not None else (wu, su)
-    grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN),)
-    fp8_gemm_kernel[grid](x2, wu, su, w3u, s3u, y, M, N, K, x2.stride(0), y.stride(0), float(limit),
-                          BM=BM, BN=BN, BK=BK, GROUP_M=GM, GATED=w3 is not None,
-                          NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2),
-                          EVEN_K=K % BK == 0, num_warps=nw, num_stages=ns)
+    w3u, s3u = (as_u8(w3), as_u8(s3)) if gated else (wu, su)
+    out = y if SK == 1 else torch.empty((SK, M, (2 if gated else 1) * N), dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN), SK)
+    fp8_gemm_kernel[grid](x2, wu, su, w3u, s3u, out, M, float(limit), N=N, K=K, BM=BM, BN=BN, BK=BK, GROUP_M=GM,
+                          SPLIT_K=SK, GATED=gated, NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2),
+                          num_warps=nw, num_stages=ns)
+    if SK > 1:
+        RB = 256 if interpreting() else 1024
+        splitk_reduce_kernel[(M, triton.cdiv(N, RB))](out, y, M, float(limit), N=N, SPLIT_K=SK, GATED=gated,
+                                                      BLOCK=RB, num_warps=4)
     return y.reshape(*x.shape[:-1], N)
 
 
@@ -395,7 +455,7 @@ def fp8_gemm_swiglu(x, w1, s1, w3, s3, limit: float, act_quant: bool = False, ou
 
 def _gemm_types(act: str):
     return {"x_ptr": act, "w_ptr": "*u8", "ws_ptr": "*u8", "w3_ptr": "*u8", "ws3_ptr": "*u8", "y_ptr": act,
-            "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32", "limit": "fp32"}
+            "M": "i32", "limit": "fp32"}
 
 
 def _gemm_variants(target: str, gated: bool) -> list:
@@ -407,43 +467,56 @@ def _gemm_variants(target: str, gated: bool) -> list:
     for name, (N, K) in shapes.items():
         for mode in ("decode", "prefill"):
             if mode == "decode":
-                BM, BN, BK, GM, nw, ns = 16, 64, 256, 1, 4, (4 if tr["big_tiles"] else 2)
+                BM, BN, BK, GM, nw, ns = 16, 64, (256 if K % 256 == 0 else 128), 1, 4, (4 if tr["big_tiles"] else 2)
+                SK = _split_k(1, N, K, BN, BK)
             elif tr["big_tiles"]:
-                BM, BN, BK, GM, nw, ns = 128, 128, 64, 8, 8, 3
+                BM, BN, BK, GM, SK, nw, ns = 128, 128, 64, 8, 1, 8, 3
             else:  # sm80 / gfx1100: smaller shared memory / register budget
-                BM, BN, BK, GM, nw, ns = 64, 128, 64, 8, 4, 2
+                BM, BN, BK, GM, SK, nw, ns = 64, 128, 64, 8, 1, 4, 2
             if gated and mode == "prefill":
                 BN = 64  # two accumulators
-            BK = min(BK, K)
-            ce = {"BM": BM, "BN": BN, "BK": BK, "GROUP_M": GM, "GATED": gated, "NATIVE_FP8": tr["native_fp8"],
-                  "DOT_F32": False, "EVEN_K": K % BK == 0}
-            keys = {"linear": name, "N": N, "K": K, "mode": mode, "act": "bf16", **ce}
-            out.append(aot_spec(fp8_gemm_kernel, f"{name}_{mode}", _gemm_types("*bf16"), ce, nw, ns, keys))
+            ce = {"N": N, "K": K, "BM": BM, "BN": BN, "BK": BK, "GROUP_M": GM, "SPLIT_K": SK, "GATED": gated,
+                  "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False}
+            keys = {"linear": name, "mode": mode, "act": "bf16", **ce}
+            types = _gemm_types("*bf16")
+            if SK > 1:
+                types["y_ptr"] = "*fp32"
+            out.append(aot_spec(fp8_gemm_kernel, f"{name}_{mode}", types, ce, nw, ns, keys))
+            if SK > 1:
+                rce = {"N": N, "SPLIT_K": SK, "GATED": gated, "BLOCK": 1024}
+                out.append(aot_spec(splitk_reduce_kernel, f"{name}_{mode}_reduce",
+                                    {"part_ptr": "*fp32", "y_ptr": "*bf16", "M": "i32", "limit": "fp32"}, rce, 4, 1,
+                                    {"linear": name, "mode": mode, **rce}))
     return out
 
 
 def _act_quant_variants(target: str) -> list:
     if target_traits(target) is None:
         return []
-    ce = {"BR": 16, "BK": 128}
-    types = {"x_ptr": "*bf16", "y_ptr": "*bf16", "M": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32"}
-    return [aot_spec(act_quant_fp8_kernel, "br16_bk128", types, ce, 4, 1, {"act": "bf16", **ce})]
+    out = []
+    for K in sorted({k for _, k in DENSE_LINEARS.values()} | {MOE_INTER}):
+        ce = {"K": K, "BR": 16, "BK": 128}
+        out.append(aot_spec(act_quant_fp8_kernel, f"k{K}", {"x_ptr": "*bf16", "y_ptr": "*bf16", "M": "i32"}, ce, 4, 1,
+                            {"act": "bf16", **ce}))
+    return out
 
 
 register(KernelTemplate(
     name="fp8_gemm", module=__name__,
     summary="x · dequant(E4M3 W, UE8M0 32×32)ᵀ, fp32 accumulate (dense linears)",
-    keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "NATIVE_FP8"),
+    keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "SPLIT_K", "NATIVE_FP8", "GATED",
+          "DOT_F32", "BLOCK"),
     reference=fp8_gemm_reference, launch=fp8_gemm,
     specializations=lambda t: _gemm_variants(t, False)))
 register(KernelTemplate(
     name="fp8_gemm_swiglu", module=__name__,
     summary="shared expert gate/up: silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L), FP8 weights",
-    keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "NATIVE_FP8"),
+    keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "SPLIT_K", "NATIVE_FP8", "GATED",
+          "DOT_F32", "BLOCK"),
     reference=fp8_gemm_swiglu_reference, launch=fp8_gemm_swiglu,
     specializations=lambda t: _gemm_variants(t, True)))
 register(KernelTemplate(
     name="act_quant_fp8", module=__name__,
     summary="dynamic per-32 E4M3 fake quant of activations (pow2 scales)",
-    keys=("act", "BR", "BK"), reference=act_quant_fp8_reference, launch=act_quant_fp8,
+    keys=("act", "K", "BR", "BK"), reference=act_quant_fp8_reference, launch=act_quant_fp8,
     specializations=_act_quant_variants))

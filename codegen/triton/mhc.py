@@ -74,10 +74,9 @@ def _mhc_coeffs(mpp, mc, sumsq, rt, t_ok, base_ptr, scale_ptr, pre_ptr, post_ptr
 
 @triton.jit
 def mhc_pre_kernel(h_ptr, pre_prev_ptr, fn_ptr, x_ptr, part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr,
-                   comb_ptr, T, D, d_per_split, stride_t, stride_x, norm_eps, hc_eps,
-                   BT: tl.constexpr, BD: tl.constexpr, ITERS: tl.constexpr, PREC: tl.constexpr,
+                   comb_ptr, T, norm_eps, hc_eps, D: tl.constexpr, D_PER_SPLIT: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, ITERS: tl.constexpr, PREC: tl.constexpr,
                    FINALIZE: tl.constexpr):
-    """One pass over H [T, 4, D]: collapse with pre_prev, Σ H², H·fnᵀ; coefficients when FINALIZE."""
+    """One pass over contiguous H [T, 4, D]: collapse with pre_prev, Σ H², H·fnᵀ; coefficients when FINALIZE."""
     pid_t = tl.program_id(0)
     split = tl.program_id(1)
     rt = pid_t * BT + tl.arange(0, BT)
@@ -88,14 +87,14 @@ def mhc_pre_kernel(h_ptr, pre_prev_ptr, fn_ptr, x_ptr, part_ptr, sq_ptr, base_pt
     p1 = tl.load(pre_prev_ptr + rt * 4 + 1, mask=t_ok, other=0.0)
     p2 = tl.load(pre_prev_ptr + rt * 4 + 2, mask=t_ok, other=0.0)
     p3 = tl.load(pre_prev_ptr + rt * 4 + 3, mask=t_ok, other=0.0)
-    h_rows = h_ptr + rt[:, None].to(tl.int64) * stride_t
-    x_rows = x_ptr + rt[:, None].to(tl.int64) * stride_x
+    h_rows = h_ptr + rt[:, None].to(tl.int64) * (4 * D)
+    x_rows = x_ptr + rt[:, None].to(tl.int64) * D
     KD = 4 * D
     acc_pp = tl.zeros((BT, 16), dtype=tl.float32)
     acc_c = tl.zeros((BT, 16), dtype=tl.float32)
     sq = tl.zeros((BT, BD), dtype=tl.float32)
-    d_lo = split * d_per_split
-    d_hi = tl.minimum(d_lo + d_per_split, D)
+    d_lo = split * D_PER_SPLIT
+    d_hi = tl.minimum(d_lo + D_PER_SPLIT, D)
     for d0 in range(d_lo, d_hi, BD):
         rd = d0 + tl.arange(0, BD)
         d_ok = rd < d_hi
@@ -121,7 +120,7 @@ def mhc_pre_kernel(h_ptr, pre_prev_ptr, fn_ptr, x_ptr, part_ptr, sq_ptr, base_pt
     sumsq = tl.sum(sq, axis=1)
     if FINALIZE:
         _mhc_coeffs(acc_pp, acc_c, sumsq, rt, t_ok, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr,
-                    (4 * D).to(tl.float32), norm_eps, hc_eps, ITERS, BT)
+                    4.0 * D, norm_eps, hc_eps, ITERS, BT)
     else:
         base = part_ptr + (split * T + rt[:, None]).to(tl.int64) * 32 + r16[None, :]
         tl.store(base, acc_pp, mask=t_ok[:, None])
@@ -130,8 +129,8 @@ def mhc_pre_kernel(h_ptr, pre_prev_ptr, fn_ptr, x_ptr, part_ptr, sq_ptr, base_pt
 
 
 @triton.jit
-def mhc_coeff_kernel(part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, D, n_split, norm_eps,
-                     hc_eps, BT: tl.constexpr, ITERS: tl.constexpr):
+def mhc_coeff_kernel(part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, n_split, norm_eps,
+                     hc_eps, D: tl.constexpr, BT: tl.constexpr, ITERS: tl.constexpr):
     """Sum the D-split partials in split order, then the coefficients."""
     rt = tl.program_id(0) * BT + tl.arange(0, BT)
     t_ok = rt < T
@@ -145,20 +144,20 @@ def mhc_coeff_kernel(part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, c
         acc_c += tl.load(base + 16, mask=t_ok[:, None], other=0.0)
         sumsq += tl.load(sq_ptr + sp * T + rt, mask=t_ok, other=0.0)
     _mhc_coeffs(acc_pp, acc_c, sumsq, rt, t_ok, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr,
-                (4 * D).to(tl.float32), norm_eps, hc_eps, ITERS, BT)
+                4.0 * D, norm_eps, hc_eps, ITERS, BT)
 
 
 @triton.jit
-def mhc_post_kernel(h_ptr, y_ptr, post_ptr, comb_ptr, out_ptr, T, D, stride_t, stride_y, stride_o,
-                    BT: tl.constexpr, BD: tl.constexpr):
+def mhc_post_kernel(h_ptr, y_ptr, post_ptr, comb_ptr, out_ptr, T, D: tl.constexpr, BT: tl.constexpr,
+                    BD: tl.constexpr):
     """H'_k = post_k·y + Σ_j comb[j,k]·H_j for a [BT tokens, BD channels] tile of all 4 streams."""
     rt = tl.program_id(0) * BT + tl.arange(0, BT)
     rd = tl.program_id(1) * BD + tl.arange(0, BD)
     t_ok = rt < T
     m2 = t_ok[:, None] & (rd[None, :] < D)
-    h_rows = h_ptr + rt[:, None].to(tl.int64) * stride_t + rd[None, :]
-    o_rows = out_ptr + rt[:, None].to(tl.int64) * stride_o + rd[None, :]
-    y = tl.load(y_ptr + rt[:, None].to(tl.int64) * stride_y + rd[None, :], mask=m2, other=0.0).to(tl.float32)
+    h_rows = h_ptr + rt[:, None].to(tl.int64) * (4 * D) + rd[None, :]
+    o_rows = out_ptr + rt[:, None].to(tl.int64) * (4 * D) + rd[None, :]
+    y = tl.load(y_ptr + rt[:, None].to(tl.int64) * D + rd[None, :], mask=m2, other=0.0).to(tl.float32)
     h0 = tl.load(h_rows, mask=m2, other=0.0).to(tl.float32)
     h1 = tl.load(h_rows + D, mask=m2, other=0.0).to(tl.float32)
     h2 = tl.load(h_rows + 2 * D, mask=m2, other=0.0).to(tl.float32)
@@ -245,18 +244,18 @@ def mhc_pre(H, pre_prev, fn, base, scale, norm_eps: float, hc_eps: float, iters:
     prec = fp32_dot_precision(dev)
     if nsplit == 1:
         mhc_pre_kernel[(triton.cdiv(T, BT), 1)](H, pre_prev, fn32, x, pre, pre, base32, scale32, pre, post, comb, T,
-                                                 D, d_per, H.stride(0), x.stride(0), float(norm_eps), float(hc_eps),
-                                                 BT=BT, BD=BD, ITERS=iters, PREC=prec, FINALIZE=True, num_warps=4)
+                                                 float(norm_eps), float(hc_eps), D=D, D_PER_SPLIT=d_per, BT=BT, BD=BD,
+                                                 ITERS=iters, PREC=prec, FINALIZE=True, num_warps=4)
     else:
         part = torch.empty(nsplit, T, 32, dtype=torch.float32, device=dev)
         sq = torch.empty(nsplit, T, dtype=torch.float32, device=dev)
         mhc_pre_kernel[(triton.cdiv(T, BT), nsplit)](H, pre_prev, fn32, x, part, sq, base32, scale32, pre, post, comb,
-                                                      T, D, d_per, H.stride(0), x.stride(0), float(norm_eps),
-                                                      float(hc_eps), BT=BT, BD=BD, ITERS=iters, PREC=prec,
-                                                      FINALIZE=False, num_warps=4)
+                                                      T, float(norm_eps), float(hc_eps), D=D, D_PER_SPLIT=d_per,
+                                                      BT=BT, BD=BD, ITERS=iters, PREC=prec, FINALIZE=False,
+                                                      num_warps=4)
         BT2 = 16
-        mhc_coeff_kernel[(triton.cdiv(T, BT2),)](part, sq, base32, scale32, pre, post, comb, T, D, nsplit,
-                                                 float(norm_eps), float(hc_eps), BT=BT2, ITERS=iters, num_warps=4)
+        mhc_coeff_kernel[(triton.cdiv(T, BT2),)](part, sq, base32, scale32, pre, post, comb, T, nsplit,
+                                                 float(norm_eps), float(hc_eps), D=D, BT=BT2, ITERS=iters, num_warps=4)
     return x, pre, post, comb
 
 
@@ -266,15 +265,15 @@ def mhc_post(H, y, post, comb):
     if hc != HC or tuple(y.shape) != (T, D) or tuple(post.shape) != (T, 4) or tuple(comb.shape) != (T, 4, 4):
         raise ValueError(f"mhc_post: H {tuple(H.shape)}, y {tuple(y.shape)}, post {tuple(post.shape)}, "
                          f"comb {tuple(comb.shape)} do not fit")
-    H = H if H.is_contiguous() else H.contiguous()
-    y = y if y.stride(-1) == 1 else y.contiguous()
+    H = H.contiguous()
+    y = y.contiguous()
     out = torch.empty_like(H)
     if T == 0:
         return out
     BT, BD = (4, 64) if interpreting() else (4, 512)
     mhc_post_kernel[(triton.cdiv(T, BT), triton.cdiv(D, BD))](H, y, post.float().contiguous(),
-                                                            comb.float().contiguous(), out, T, D, H.stride(0),
-                                                            y.stride(0), out.stride(0), BT=BT, BD=BD, num_warps=4)
+                                                            comb.float().contiguous(), out, T, D=D, BT=BT, BD=BD,
+                                                            num_warps=4)
     return out
 
 
@@ -289,17 +288,17 @@ def _pre_variants(target: str) -> list:
     for sdt in ("*bf16", "*fp32"):
         types = {"h_ptr": sdt, "pre_prev_ptr": "*fp32", "fn_ptr": "*fp32", "x_ptr": sdt, "part_ptr": "*fp32",
                  "sq_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32", "pre_ptr": "*fp32",
-                 "post_ptr": "*fp32", "comb_ptr": "*fp32", "T": "i32", "D": "i32", "d_per_split": "i32",
-                 "stride_t": "i32", "stride_x": "i32", "norm_eps": "fp32", "hc_eps": "fp32"}
+                 "post_ptr": "*fp32", "comb_ptr": "*fp32", "T": "i32", "norm_eps": "fp32", "hc_eps": "fp32"}
         for mode, (BT, BD, fin) in {"decode": (16, 64, False), "prefill": (32, 64, True)}.items():
-            ce = {"BT": BT, "BD": BD, "ITERS": SINKHORN_ITERS, "PREC": tr["fp32_prec"], "FINALIZE": fin}
+            dper = 256 if mode == "decode" else HIDDEN
+            ce = {"D": HIDDEN, "D_PER_SPLIT": dper, "BT": BT, "BD": BD, "ITERS": SINKHORN_ITERS, "PREC": tr["fp32_prec"],
+                  "FINALIZE": fin}
             out.append(aot_spec(mhc_pre_kernel, f"{mode}_{sdt[1:]}", types, ce, 4, 2,
-                                {"HC": HC, "D": HIDDEN, "mode": mode, "streams": sdt[1:], **ce}))
+                                {"HC": HC, "mode": mode, "streams": sdt[1:], **ce}))
     ct = {"part_ptr": "*fp32", "sq_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32", "pre_ptr": "*fp32",
-          "post_ptr": "*fp32", "comb_ptr": "*fp32", "T": "i32", "D": "i32", "n_split": "i32", "norm_eps": "fp32",
-          "hc_eps": "fp32"}
-    out.append(aot_spec(mhc_coeff_kernel, "coeff_bt16", ct, {"BT": 16, "ITERS": SINKHORN_ITERS}, 4, 1,
-                        {"HC": HC, "mode": "decode", "BT": 16, "ITERS": SINKHORN_ITERS}))
+          "post_ptr": "*fp32", "comb_ptr": "*fp32", "T": "i32", "n_split": "i32", "norm_eps": "fp32", "hc_eps": "fp32"}
+    out.append(aot_spec(mhc_coeff_kernel, "coeff_bt16", ct, {"D": HIDDEN, "BT": 16, "ITERS": SINKHORN_ITERS}, 4, 1,
+                        {"HC": HC, "mode": "decode", "D": HIDDEN, "BT": 16, "ITERS": SINKHORN_ITERS}))
     return out
 
 
@@ -308,18 +307,17 @@ def _post_variants(target: str) -> list:
         return []
     out = []
     for sdt in ("*bf16", "*fp32"):
-        types = {"h_ptr": sdt, "y_ptr": "*bf16", "post_ptr": "*fp32", "comb_ptr": "*fp32", "out_ptr": sdt, "T": "i32",
-                 "D": "i32", "stride_t": "i32", "stride_y": "i32", "stride_o": "i32"}
-        ce = {"BT": 4, "BD": 512}
+        types = {"h_ptr": sdt, "y_ptr": "*bf16", "post_ptr": "*fp32", "comb_ptr": "*fp32", "out_ptr": sdt, "T": "i32"}
+        ce = {"D": HIDDEN, "BT": 4, "BD": 512}
         out.append(aot_spec(mhc_post_kernel, f"bt4_bd512_{sdt[1:]}", types, ce, 4, 1,
-                            {"HC": HC, "D": HIDDEN, "streams": sdt[1:], **ce}))
+                            {"HC": HC, "streams": sdt[1:], **ce}))
     return out
 
 
 register(KernelTemplate(
     name="mhc_pre", module=__name__,
     summary="mHC site: unweighted RMSNorm + 24 projections + pre/post/Sinkhorn comb + collapse with pre_prev",
-    keys=("HC", "D", "mode", "streams", "BT", "BD", "ITERS", "PREC"), reference=mhc_pre_reference, launch=mhc_pre,
+    keys=("HC", "D", "mode", "streams", "BT", "BD", "ITERS", "PREC", "D_PER_SPLIT", "FINALIZE"), reference=mhc_pre_reference, launch=mhc_pre,
     specializations=_pre_variants))
 register(KernelTemplate(
     name="mhc_post", module=__name__, summary="mHC expand: H'_k = post_k·y + Σ_j comb[j,k]·H_j",

@@ -23,18 +23,29 @@ Algorithm:
   past the real tile count exit at once. Experts with no tokens get no tiles.
 - Grouped GEMMs, "swap AB": the decoded weight tile [BN, BK] is the dot's left operand and the
   gathered activations xᵀ [BK, BM] the right one (wgmma's M is the weight rows, its N the
-  tokens, so decode tiles of 16 tokens waste nothing). Two decoders: `tl.dot_scaled` (native
-  MX on sm100/gfx950, Triton's own upcast elsewhere) or a bit-arithmetic upcast
+  tokens, so decode tiles of 16 tokens waste nothing). Two decoders: `tl.dot_scaled` (Triton's
+  own FP4 upcast; with a bf16 right operand it still lowers to a bf16 MMA — wgmma,
+  tcgen05 kind::f16, MFMA bf16 — on every target) or a bit-arithmetic upcast
   (`fp4_tile_to_f32`) feeding tl.dot. Gate/up share one pass over x; the down GEMM reads h in
   expert order and scatters each row to its slot; `moe_combine_kernel` sums a token's k slots
   in slot order (deterministic: no atomics).
 
 Specialization keys: E (384 routed; 128 for DSpark), TOPK (6; 3), hidden 5120, inter 2304,
-mode (decode: BM=16, prefill: BM=64/128), BN, BK, DOT_SCALED, H_QUANT.
+mode (decode: BM=16 with tl.dot_scaled on sm90; prefill: BM=128 with the bit upcast), BN, BK,
+DOT_SCALED, H_QUANT. K and N are constexpr so that the ahead-of-time build knows every stride.
 
-Known gaps: dispatch runs as torch ops (argsort/bincount/cumsum/searchsorted), not a Triton
+Measured (H200, torch 2.11 / triton 3.6, first sweep): prefill gate/up reaches ~28% and down
+~25% of the measured bf16 matmul rate; decode streams weights at ~0.5 TB/s. Both are bound by
+the per-element FP4 decode in registers (~12 lane-ops per weight element, while HBM rate needs
+<= ~4 and the prefill MMA time leaves ~5): the next steps are a packed conversion (byte-permute
+LUT via inline PTX on sm90, several nibbles per instruction) and, on sm100/gfx950, feeding
+`tl.dot_scaled` MX-format activations (the act_quant E4M3 + UE8M0/32 codes, which are exactly
+MXFP8) so that it selects the native mxf8f6f4 / scaled-MFMA instructions.
+
+Known gaps: dispatch runs as torch ops (argsort/scatter_add/cumsum/searchsorted), not a Triton
 kernel; the tile table is sized for the worst case, so prefill launches up to E idle programs;
-no split-K for the down GEMM at decode; the shared expert is not fused into the routed launch.
+no split-K at decode; the shared expert is not fused into the routed launch; the FP4 decode cost
+above (the 60%-of-bf16 prefill goal is not met).
 """
 from __future__ import annotations
 
@@ -58,9 +69,9 @@ ROUTERS = {"backbone": (384, 6), "dspark": (128, 3)}  # (experts, top-k)
 
 
 @triton.jit
-def router_logits_kernel(x_ptr, w_ptr, part_ptr, T, E, K, stride_x, k_per_split,
+def router_logits_kernel(x_ptr, w_ptr, part_ptr, T, E: tl.constexpr, K: tl.constexpr, K_PER_SPLIT: tl.constexpr,
                          BT: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
-    """part[split, t, e] = Σ_{k in split} x[t, k]·W[e, k] (fp32 operands)."""
+    """part[split, t, e] = Σ_{k in split} x[t, k]·W[e, k] (fp32 operands; x [T, K] contiguous)."""
     pid_t = tl.program_id(0)
     pid_e = tl.program_id(1)
     split = tl.program_id(2)
@@ -68,13 +79,13 @@ def router_logits_kernel(x_ptr, w_ptr, part_ptr, T, E, K, stride_x, k_per_split,
     re = pid_e * BE + tl.arange(0, BE)
     t_ok = rt < T
     e_ok = re < E
-    k_lo = split * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
+    k_lo = split * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
     acc = tl.zeros((BT, BE), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BK):
         rk = k0 + tl.arange(0, BK)
         k_ok = rk < k_hi
-        xt = tl.load(x_ptr + rt[:, None].to(tl.int64) * stride_x + rk[None, :], mask=t_ok[:, None] & k_ok[None, :],
+        xt = tl.load(x_ptr + rt[:, None].to(tl.int64) * K + rk[None, :], mask=t_ok[:, None] & k_ok[None, :],
                      other=0.0).to(tl.float32)
         wt = tl.load(w_ptr + re[:, None].to(tl.int64) * K + rk[None, :], mask=e_ok[:, None] & k_ok[None, :],
                      other=0.0).to(tl.float32)
@@ -95,8 +106,8 @@ def sqrtsoftplus_f32(x):
 
 
 @triton.jit
-def router_topk_kernel(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, T, E, n_split,
-                       inv_temp, route_scale,
+def router_topk_kernel(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, T, n_split,
+                       inv_temp, route_scale, E: tl.constexpr,
                        BT: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr, K_PAD: tl.constexpr,
                        HAS_VL: tl.constexpr, NORM: tl.constexpr):
     rt = tl.program_id(0) * BT + tl.arange(0, BT)
@@ -153,10 +164,10 @@ def _fp4_dot(acc, wp, sc, xt, BN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.co
 
 @triton.jit
 def moe_gate_up_kernel(x_ptr, slots_ptr, rw_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
-                       w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, K, N, stride_x, limit,
+                       w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, limit, K: tl.constexpr, N: tl.constexpr,
                        TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                        DOT_F32: tl.constexpr, DOT_SCALED: tl.constexpr, H_QUANT: tl.constexpr):
-    """h[row] = silu(min(x·w1ᵀ, L))·clamp(x·w3ᵀ, ±L)·w_route for the BM sorted rows of one tile."""
+    """h[row] = silu(min(x·w1ᵀ, L))·clamp(x·w3ᵀ, ±L)·w_route for the BM sorted rows of one tile (x [T, K])."""
     pid_t = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(tile_expert_ptr + pid_t)
@@ -177,7 +188,7 @@ def moe_gate_up_kernel(x_ptr, slots_ptr, rw_ptr, tile_expert_ptr, tile_row_ptr, 
     w3_rows = w3_ptr + e64 * N * KH + rn[:, None].to(tl.int64) * KH
     s1_rows = s1_ptr + e64 * N * KS + rn[:, None] * KS
     s3_rows = s3_ptr + e64 * N * KS + rn[:, None] * KS
-    x_rows = x_ptr + tok[:, None] * stride_x
+    x_rows = x_ptr + tok[:, None] * K
     acc1 = tl.zeros((BN, BM), dtype=tl.float32)
     acc3 = tl.zeros((BN, BM), dtype=tl.float32)
     for k0 in range(0, K, BK):
@@ -201,8 +212,8 @@ def moe_gate_up_kernel(x_ptr, slots_ptr, rw_ptr, tile_expert_ptr, tile_row_ptr, 
 
 
 @triton.jit
-def moe_down_kernel(h_ptr, slots_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr, w2_ptr, s2_ptr, out_ptr, K, N,
-                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+def moe_down_kernel(h_ptr, slots_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr, w2_ptr, s2_ptr, out_ptr,
+                    K: tl.constexpr, N: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                     DOT_F32: tl.constexpr, DOT_SCALED: tl.constexpr):
     """out[slot(row)] = h[row]·w2ᵀ for the BM sorted rows of one tile (h in expert order)."""
     pid_t = tl.program_id(0)
@@ -234,9 +245,9 @@ def moe_down_kernel(h_ptr, slots_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr
 
 
 @triton.jit
-def moe_combine_kernel(part_ptr, shared_ptr, y_ptr, N, stride_s, stride_y,
+def moe_combine_kernel(part_ptr, shared_ptr, y_ptr, N: tl.constexpr,
                        TOPK: tl.constexpr, BN: tl.constexpr, HAS_SHARED: tl.constexpr):
-    """y[t] = Σ_j part[t·k + j] (slot order) + shared[t], fp32 -> y's dtype."""
+    """y[t] = Σ_j part[t·k + j] (slot order) + shared[t], fp32 -> y's dtype (all [., N] contiguous)."""
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BN + tl.arange(0, BN)
     ok = cols < N
@@ -244,8 +255,8 @@ def moe_combine_kernel(part_ptr, shared_ptr, y_ptr, N, stride_s, stride_y,
     for j in tl.static_range(TOPK):
         acc += tl.load(part_ptr + (t * TOPK + j) * N + cols, mask=ok, other=0.0).to(tl.float32)
     if HAS_SHARED:
-        acc += tl.load(shared_ptr + t * stride_s + cols, mask=ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + t * stride_y + cols, acc.to(y_ptr.dtype.element_ty), mask=ok)
+        acc += tl.load(shared_ptr + t * N + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + t * N + cols, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 # ============================================================================ references
@@ -321,27 +332,27 @@ def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: flo
     ids = torch.empty(T, top_k, dtype=torch.int32, device=x.device)
     if T == 0:
         return wts, ids
-    x = x if x.stride(-1) == 1 else x.contiguous()
+    x = x.contiguous()
     gw = gate_w.contiguous()
     if interpreting():
-        BT, BE, BK, split = 16, 64, 64, 1
+        BT, BE, BK = 16, 64, 64
+        split, k_per = _router_split(False, D, BK)
     elif T <= 64:
         BT, BE, BK = 16, 64, 128
-        split = max(1, min(8, D // 1024))
+        split, k_per = _router_split(True, D, BK)
     else:
-        BT, BE, BK, split = 64, 128, 64, 1
-    k_per = triton.cdiv(triton.cdiv(D, split), BK) * BK
-    split = triton.cdiv(D, k_per)
+        BT, BE, BK = 64, 128, 64
+        split, k_per = _router_split(False, D, BK)
     part = torch.empty(split, T, E, dtype=torch.float32, device=x.device)
     router_logits_kernel[(triton.cdiv(T, BT), triton.cdiv(E, BE), split)](
-        x, gw, part, T, E, D, x.stride(0), k_per, BT=BT, BE=BE, BK=BK, PREC=fp32_dot_precision(x.device),
+        x, gw, part, T, E=E, K=D, K_PER_SPLIT=k_per, BT=BT, BE=BE, BK=BK, PREC=fp32_dot_precision(x.device),
         num_warps=4, num_stages=1 if interpreting() else 3)
     has_vl = bias_vl is not None and image_mask is not None
     img = image_mask.to(torch.uint8).contiguous() if has_vl else ids
     BT2 = 4 if interpreting() else 8
     router_topk_kernel[(triton.cdiv(T, BT2),)](
-        part, bias.float().contiguous(), bias_vl.float().contiguous() if has_vl else bias, img, wts, ids, T, E, split,
-        1.0 / gate_temp, float(route_scale), BT=BT2, E_PAD=triton.next_power_of_2(E), TOPK=top_k,
+        part, bias.float().contiguous(), bias_vl.float().contiguous() if has_vl else bias, img, wts, ids, T, split,
+        1.0 / gate_temp, float(route_scale), E=E, BT=BT2, E_PAD=triton.next_power_of_2(E), TOPK=top_k,
         K_PAD=triton.next_power_of_2(top_k), HAS_VL=has_vl, NORM=norm_topk_prob, num_warps=4)
     return wts, ids
 
@@ -375,17 +386,19 @@ def moe_align(topk_idx: torch.Tensor, n_experts: int, block_m: int) -> dict:
 
 
 def _expert_tiles(R: int, K: int):
-    """(BM, BN, BK, num_warps, num_stages) for a grouped GEMM with R routed rows, reduction K."""
+    """(BM, BN, BK, num_warps, num_stages) for a grouped GEMM with R routed rows, reduction K.
+
+    From the H200 sweep (`benchmarks/kernels_ffn.py --tune`, triton 3.6): decode is best with
+    tl.dot_scaled and 128-row weight tiles, prefill with the bit-arithmetic upcast and 128×128."""
     if interpreting():
         return 16, 32, 64, 4, 1
     if R <= 128:
-        BK = 256 if K % 256 == 0 else 128
-        return 16, 64, BK, 4, 4
-    return 64, 128, 128, 8, 3
+        return 16, 128, 128, 4, 4
+    return 128, 128, 128, 8, 3
 
 
-def _dot_scaled_default() -> bool:
-    return False
+def _dot_scaled_default(R: int) -> bool:
+    return R <= 128 and not interpreting()
 
 
 def _check_experts(w, s, N, K, name):
@@ -410,13 +423,12 @@ def moe_gate_up(x, plan, topk_w, w1, s1, w3, s3, limit: float, act_quant: bool =
     h = torch.empty(R, I, dtype=inter_dtype, device=x.device)
     if R == 0:
         return h
-    xa = act_quant_fp8(x) if act_quant else x
-    xa = xa if xa.stride(-1) == 1 else xa.contiguous()
-    ds = _dot_scaled_default() if dot_scaled is None else dot_scaled
+    xa = (act_quant_fp8(x) if act_quant else x).contiguous()
+    ds = _dot_scaled_default(R) if dot_scaled is None else dot_scaled
     grid = (plan["tile_expert"].numel(), triton.cdiv(I, BN))
     moe_gate_up_kernel[grid](xa, plan["sorted_slots"], topk_w.float().contiguous(), plan["tile_expert"],
-                             plan["tile_row"], plan["offsets"], as_u8(w1), as_u8(s1), as_u8(w3), as_u8(s3), h, D, I,
-                             xa.stride(0), float(limit), TOPK=plan["top_k"], BM=BM, BN=BN, BK=BK,
+                             plan["tile_row"], plan["offsets"], as_u8(w1), as_u8(s1), as_u8(w3), as_u8(s3), h,
+                             float(limit), K=D, N=I, TOPK=plan["top_k"], BM=BM, BN=BN, BK=BK,
                              DOT_F32=dot_f32_for(xa) and not ds, DOT_SCALED=ds, H_QUANT=act_quant,
                              num_warps=nw, num_stages=ns)
     return h
@@ -433,10 +445,10 @@ def moe_down(h, plan, w2, s2, partial_dtype=None, dot_scaled=None, tiles=None):
     out = torch.empty(R, D, dtype=partial_dtype or h.dtype, device=h.device)
     if R == 0:
         return out
-    ds = _dot_scaled_default() if dot_scaled is None else dot_scaled
+    ds = _dot_scaled_default(R) if dot_scaled is None else dot_scaled
     grid = (plan["tile_expert"].numel(), triton.cdiv(D, BN))
-    moe_down_kernel[grid](h, plan["sorted_slots"], plan["tile_expert"], plan["tile_row"], plan["offsets"],
-                          as_u8(w2), as_u8(s2), out, I, D, BM=BM, BN=BN, BK=BK,
+    moe_down_kernel[grid](h.contiguous(), plan["sorted_slots"], plan["tile_expert"], plan["tile_row"],
+                          plan["offsets"], as_u8(w2), as_u8(s2), out, K=I, N=D, BM=BM, BN=BN, BK=BK,
                           DOT_F32=dot_f32_for(h) and not ds, DOT_SCALED=ds, num_warps=nw, num_stages=ns)
     return out
 
@@ -449,8 +461,8 @@ def moe_combine(partials, top_k: int, shared=None, out_dtype=torch.float32):
     if T == 0:
         return y
     BN = 256 if interpreting() else 1024
-    sh = shared if shared is not None else y
-    moe_combine_kernel[(T, triton.cdiv(D, BN))](partials, sh, y, D, sh.stride(0), y.stride(0), TOPK=top_k, BN=BN,
+    sh = shared.contiguous() if shared is not None else y
+    moe_combine_kernel[(T, triton.cdiv(D, BN))](partials.contiguous(), sh, y, N=D, TOPK=top_k, BN=BN,
                                                HAS_SHARED=shared is not None, num_warps=4)
     return y
 
@@ -494,36 +506,46 @@ def moe_forward(x, gate_w, bias, w1, s1, w3, s3, w2, s2, shared, *, top_k: int, 
 # ============================================================================ ahead-of-time variants
 
 
+def _router_split(T_small: bool, D: int, BK: int):
+    split = max(1, min(8, D // 1024)) if T_small else 1
+    k_per = triton.cdiv(triton.cdiv(D, split), BK) * BK
+    return triton.cdiv(D, k_per), k_per
+
+
 def _router_variants(target: str) -> list:
     tr = target_traits(target)
     if tr is None:
         return []
     out = []
-    lt = {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32", "T": "i32", "E": "i32", "K": "i32",
-          "stride_x": "i32", "k_per_split": "i32"}
-    for mode, (BT, BE, BK) in {"decode": (16, 64, 128), "prefill": (64, 128, 64)}.items():
-        ce = {"BT": BT, "BE": BE, "BK": BK, "PREC": tr["fp32_prec"]}
-        out.append(aot_spec(router_logits_kernel, f"logits_{mode}", lt, ce, 4, 3, {"mode": mode, "D": HIDDEN, **ce}))
+    lt = {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32", "T": "i32"}
     tt = {"part_ptr": "*fp32", "bias_ptr": "*fp32", "bias_vl_ptr": "*fp32", "img_ptr": "*u8", "w_out_ptr": "*fp32",
-          "i_out_ptr": "*i32", "T": "i32", "E": "i32", "n_split": "i32", "inv_temp": "fp32", "route_scale": "fp32"}
+          "i_out_ptr": "*i32", "T": "i32", "n_split": "i32", "inv_temp": "fp32", "route_scale": "fp32"}
     for name, (E, k) in ROUTERS.items():
-        ce = {"BT": 8, "E_PAD": triton.next_power_of_2(E), "TOPK": k, "K_PAD": triton.next_power_of_2(k),
+        for mode, (BT, BE, BK) in {"decode": (16, 64, 128), "prefill": (64, 128, 64)}.items():
+            _, k_per = _router_split(mode == "decode", HIDDEN, BK)
+            ce = {"E": E, "K": HIDDEN, "K_PER_SPLIT": k_per, "BT": BT, "BE": BE, "BK": BK, "PREC": tr["fp32_prec"]}
+            out.append(aot_spec(router_logits_kernel, f"logits_{name}_{mode}", lt, ce, 4, 3,
+                                {"router": name, "mode": mode, "TOPK": k, **ce}))
+        ce = {"E": E, "BT": 8, "E_PAD": triton.next_power_of_2(E), "TOPK": k, "K_PAD": triton.next_power_of_2(k),
               "HAS_VL": True, "NORM": True}
         out.append(aot_spec(router_topk_kernel, f"topk_{name}_e{E}_k{k}", tt, ce, 4, 1,
-                            {"router": name, "E": E, "TOPK": k, **ce}))
+                            {"router": name, "TOPK": k, **ce}))
     return out
 
 
 def _expert_modes(tr):
-    dec = {"BM": 16, "BN": 64, "BK": 256}
-    pre = {"BM": 64, "BN": 128, "BK": 128} if tr["big_tiles"] else {"BM": 64, "BN": 64, "BK": 64}
-    return {"decode": (dec, 4, 4 if tr["big_tiles"] else 2), "prefill": (pre, 8 if tr["big_tiles"] else 4,
-                                                                          3 if tr["big_tiles"] else 2)}
+    if tr["big_tiles"]:
+        return {"decode": ({"BM": 16, "BN": 128, "BK": 128}, 4, 4), "prefill": ({"BM": 128, "BN": 128, "BK": 128}, 8, 3)}
+    return {"decode": ({"BM": 16, "BN": 64, "BK": 128}, 4, 2), "prefill": ({"BM": 64, "BN": 64, "BK": 64}, 4, 2)}
 
 
-def _dot_scaled_on(tr) -> bool:
-    # native MX tensor-core instructions: sm100 (tcgen05 mxf4) and gfx950 (scaled MFMA)
-    return (tr["kind"] == "cuda" and tr["arch"] >= 100) or tr["arch"] == "gfx950"
+def _dot_scaled_on(tr, mode) -> bool:
+    # sm90 (H200 sweep): Triton's own upcast is faster at decode, the bit-arithmetic upcast at prefill.
+    # sm100 / gfx950 have MX tensor cores; with bf16 activations dot_scaled still lowers to a bf16 MMA
+    # there, but it leaves the conversion to the backend that knows the chip (not measured).
+    if (tr["kind"] == "cuda" and tr["arch"] >= 100) or tr["arch"] == "gfx950":
+        return True
+    return tr["kind"] == "cuda" and tr["arch"] == 90 and mode == "decode"
 
 
 def _gate_up_variants(target: str) -> list:
@@ -532,12 +554,13 @@ def _gate_up_variants(target: str) -> list:
         return []
     types = {"x_ptr": "*bf16", "slots_ptr": "*i32", "rw_ptr": "*fp32", "tile_expert_ptr": "*i32",
              "tile_row_ptr": "*i32", "offsets_ptr": "*i32", "w1_ptr": "*u8", "s1_ptr": "*u8", "w3_ptr": "*u8",
-             "s3_ptr": "*u8", "h_ptr": "*bf16", "K": "i32", "N": "i32", "stride_x": "i32", "limit": "fp32"}
+             "s3_ptr": "*u8", "h_ptr": "*bf16", "limit": "fp32"}
     out = []
     for name, (E, k) in ROUTERS.items():
         for mode, (t, nw, ns) in _expert_modes(tr).items():
             for hq in (False, True):
-                ce = {"TOPK": k, **t, "DOT_F32": False, "DOT_SCALED": _dot_scaled_on(tr), "H_QUANT": hq}
+                ce = {"K": HIDDEN, "N": MOE_INTER, "TOPK": k, **t, "DOT_F32": False,
+                      "DOT_SCALED": _dot_scaled_on(tr, mode), "H_QUANT": hq}
                 v = f"{name}_{mode}" + ("_aq" if hq else "")
                 out.append(aot_spec(moe_gate_up_kernel, v, types, ce, nw, ns,
                                     {"router": name, "E": E, "D": HIDDEN, "I": MOE_INTER, "mode": mode, **ce}))
@@ -549,41 +572,43 @@ def _down_variants(target: str) -> list:
     if tr is None:
         return []
     types = {"h_ptr": "*bf16", "slots_ptr": "*i32", "tile_expert_ptr": "*i32", "tile_row_ptr": "*i32",
-             "offsets_ptr": "*i32", "w2_ptr": "*u8", "s2_ptr": "*u8", "out_ptr": "*bf16", "K": "i32", "N": "i32"}
+             "offsets_ptr": "*i32", "w2_ptr": "*u8", "s2_ptr": "*u8", "out_ptr": "*bf16"}
     out = []
     for mode, (t, nw, ns) in _expert_modes(tr).items():
-        ce = {**t, "DOT_F32": False, "DOT_SCALED": _dot_scaled_on(tr)}
-        out.append(aot_spec(moe_down_kernel, mode, types, ce, nw, ns,
-                            {"D": HIDDEN, "I": MOE_INTER, "mode": mode, **ce}))
+        ce = {"K": MOE_INTER, "N": HIDDEN, **t, "DOT_F32": False, "DOT_SCALED": _dot_scaled_on(tr, mode)}
+        out.append(aot_spec(moe_down_kernel, mode, types, ce, nw, ns, {"D": HIDDEN, "I": MOE_INTER, "mode": mode, **ce}))
     return out
 
 
 def _combine_variants(target: str) -> list:
     if target_traits(target) is None:
         return []
-    types = {"part_ptr": "*bf16", "shared_ptr": "*bf16", "y_ptr": "*bf16", "N": "i32", "stride_s": "i32",
-             "stride_y": "i32"}
-    return [aot_spec(moe_combine_kernel, f"{name}_k{k}", types, {"TOPK": k, "BN": 1024, "HAS_SHARED": True}, 4, 1,
-                     {"router": name, "TOPK": k, "D": HIDDEN, "BN": 1024})
-            for name, (E, k) in ROUTERS.items()]
+    types = {"part_ptr": "*bf16", "shared_ptr": "*bf16", "y_ptr": "*bf16"}
+    out = []
+    for name, (E, k) in ROUTERS.items():
+        ce = {"N": HIDDEN, "TOPK": k, "BN": 1024, "HAS_SHARED": True}
+        out.append(aot_spec(moe_combine_kernel, f"{name}_k{k}", types, ce, 4, 1, {"router": name, **ce}))
+    return out
 
 
 register(KernelTemplate(
     name="moe_router", module=__name__,
     summary="fp32 gate logits, sqrtsoftplus, biased top-k (ties -> lower index), normalized ×scale weights",
-    keys=("router", "E", "TOPK", "mode", "BT", "BE", "BK", "PREC"), reference=router_reference, launch=router,
+    keys=("router", "E", "K", "TOPK", "mode", "BT", "BE", "BK", "K_PER_SPLIT", "PREC", "E_PAD", "K_PAD", "HAS_VL",
+          "NORM"), reference=router_reference,
+    launch=router,
     specializations=_router_variants))
 register(KernelTemplate(
     name="moe_gate_up_fp4", module=__name__,
     summary="grouped MXFP4 w1/w3 GEMM over expert-sorted rows + clamped SwiGLU × routing weight",
-    keys=("router", "E", "D", "I", "mode", "BM", "BN", "BK", "DOT_SCALED", "H_QUANT"),
+    keys=("router", "E", "D", "I", "K", "N", "TOPK", "mode", "BM", "BN", "BK", "DOT_SCALED", "DOT_F32", "H_QUANT"),
     reference=moe_experts_reference, launch=moe_experts, specializations=_gate_up_variants))
 register(KernelTemplate(
     name="moe_down_fp4", module=__name__,
     summary="grouped MXFP4 w2 GEMM over expert-sorted rows, scattered to slots",
-    keys=("D", "I", "mode", "BM", "BN", "BK", "DOT_SCALED"),
+    keys=("D", "I", "K", "N", "mode", "BM", "BN", "BK", "DOT_SCALED", "DOT_F32"),
     reference=moe_experts_reference, launch=moe_experts, specializations=_down_variants))
 register(KernelTemplate(
     name="moe_combine", module=__name__, summary="Σ of a token's k slot outputs (+ shared expert), fp32",
-    keys=("router", "TOPK", "D", "BN"), reference=moe_combine_reference, launch=moe_combine,
+    keys=("router", "N", "TOPK", "BN", "HAS_SHARED"), reference=moe_combine_reference, launch=moe_combine,
     specializations=_combine_variants))

@@ -30,25 +30,25 @@ NORM_WIDTHS = {"hidden": 5120, "q_norm": 1280, "kv_norm": 512, "k_norm": 128}
 
 
 @triton.jit
-def rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, N, stride_x, stride_r, stride_y, stride_s, eps,
-                   BLOCK_N: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                   ONE_TILE: tl.constexpr):
+def rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, eps, N: tl.constexpr, BLOCK_N: tl.constexpr,
+                   HAS_WEIGHT: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """One row of contiguous [M, N] tensors."""
     row = tl.program_id(0).to(tl.int64)
-    xrow = x_ptr + row * stride_x
-    rrow = r_ptr + row * stride_r
-    if ONE_TILE:
+    xrow = x_ptr + row * N
+    rrow = r_ptr + row * N
+    if N <= BLOCK_N:
         cols = tl.arange(0, BLOCK_N)
         mask = cols < N
         x = tl.load(xrow + cols, mask=mask, other=0.0)
         if HAS_RESIDUAL:
             x = (x.to(tl.float32) + tl.load(rrow + cols, mask=mask, other=0.0).to(tl.float32)).to(s_ptr.dtype.element_ty)
-            tl.store(s_ptr + row * stride_s + cols, x, mask=mask)
+            tl.store(s_ptr + row * N + cols, x, mask=mask)
         xf = x.to(tl.float32)
         rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.sum(xf * xf, axis=0) / N + eps))
         n = (xf * rstd).to(x.dtype).to(tl.float32)
         if HAS_WEIGHT:
             n = n * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(y_ptr + row * stride_y + cols, n.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_ptr + row * N + cols, n.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
         for c0 in range(0, N, BLOCK_N):
@@ -57,7 +57,7 @@ def rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, N, stride_x, stride_r, str
             x = tl.load(xrow + cols, mask=mask, other=0.0)
             if HAS_RESIDUAL:
                 x = (x.to(tl.float32) + tl.load(rrow + cols, mask=mask, other=0.0).to(tl.float32)).to(s_ptr.dtype.element_ty)
-                tl.store(s_ptr + row * stride_s + cols, x, mask=mask)
+                tl.store(s_ptr + row * N + cols, x, mask=mask)
             xf = x.to(tl.float32)
             acc += xf * xf
         rstd = tl.div_rn(1.0, tl.sqrt_rn(tl.sum(acc, axis=0) / N + eps))
@@ -70,7 +70,7 @@ def rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, N, stride_x, stride_r, str
             n = (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)
             if HAS_WEIGHT:
                 n = n * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-            tl.store(y_ptr + row * stride_y + cols, n.to(y_ptr.dtype.element_ty), mask=mask)
+            tl.store(y_ptr + row * N + cols, n.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 # ============================================================================ references
@@ -91,17 +91,15 @@ def add_rmsnorm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch
 # ============================================================================ launchers
 
 
-def _block(N: int) -> tuple[int, int, bool]:
+def _block(N: int) -> tuple[int, int]:
     if interpreting():
-        b = min(triton.next_power_of_2(N), 256)
-        return b, 4, N <= b
+        return min(triton.next_power_of_2(N), 256), 4
     b = min(triton.next_power_of_2(N), 8192)
-    return b, (8 if b >= 4096 else 4 if b >= 1024 else 2), N <= b
+    return b, (8 if b >= 4096 else 4 if b >= 1024 else 2)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
-    t2 = t.reshape(-1, t.shape[-1])
-    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+    return t.reshape(-1, t.shape[-1]).contiguous()
 
 
 def _launch(x, residual, weight, eps):
@@ -116,10 +114,10 @@ def _launch(x, residual, weight, eps):
     s = torch.empty(x2.shape, dtype=s_dtype, device=x.device) if residual is not None else y
     M = x2.shape[0]
     if M:
-        BLOCK, nw, one = _block(N)
-        rmsnorm_kernel[(M,)](x2, r2, weight if weight is not None else x2, y, s, N, x2.stride(0), r2.stride(0),
-                             y.stride(0), s.stride(0), float(eps), BLOCK_N=BLOCK, HAS_WEIGHT=weight is not None,
-                             HAS_RESIDUAL=residual is not None, ONE_TILE=one, num_warps=nw)
+        BLOCK, nw = _block(N)
+        rmsnorm_kernel[(M,)](x2, r2, weight.contiguous() if weight is not None else x2, y, s, float(eps), N=N,
+                             BLOCK_N=BLOCK, HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None,
+                             num_warps=nw)
     return y.reshape(x.shape), s.reshape(x.shape)
 
 
@@ -139,24 +137,23 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | 
 def _variants(target: str, residual: bool) -> list:
     if target_traits(target) is None:
         return []
-    types = {"x_ptr": "*bf16", "r_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "s_ptr": "*bf16", "N": "i32",
-             "stride_x": "i32", "stride_r": "i32", "stride_y": "i32", "stride_s": "i32", "eps": "fp32"}
+    types = {"x_ptr": "*bf16", "r_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "s_ptr": "*bf16", "eps": "fp32"}
     out = []
     for name, N in NORM_WIDTHS.items():
         if residual and name != "hidden":
             continue
         B = triton.next_power_of_2(N)
         nw = 8 if B >= 4096 else 4 if B >= 1024 else 2
-        ce = {"BLOCK_N": B, "HAS_WEIGHT": True, "HAS_RESIDUAL": residual, "ONE_TILE": True}
-        out.append(aot_spec(rmsnorm_kernel, f"{name}_n{N}", types, ce, nw, 1, {"norm": name, "N": N, "act": "bf16", **ce}))
+        ce = {"N": N, "BLOCK_N": B, "HAS_WEIGHT": True, "HAS_RESIDUAL": residual}
+        out.append(aot_spec(rmsnorm_kernel, f"{name}_n{N}", types, ce, nw, 1, {"norm": name, "act": "bf16", **ce}))
     return out
 
 
 register(KernelTemplate(
     name="rmsnorm", module=__name__, summary="weighted/unweighted RMSNorm, fp32 statistics, output in x's dtype",
-    keys=("norm", "N", "act", "BLOCK_N", "HAS_WEIGHT"), reference=rmsnorm_reference, launch=rmsnorm,
+    keys=("norm", "N", "act", "BLOCK_N", "HAS_WEIGHT", "HAS_RESIDUAL"), reference=rmsnorm_reference, launch=rmsnorm,
     specializations=lambda t: _variants(t, False)))
 register(KernelTemplate(
     name="add_rmsnorm", module=__name__, summary="s = x + residual (written) then RMSNorm(s)",
-    keys=("norm", "N", "act", "BLOCK_N", "HAS_WEIGHT"), reference=add_rmsnorm_reference, launch=add_rmsnorm,
+    keys=("norm", "N", "act", "BLOCK_N", "HAS_WEIGHT", "HAS_RESIDUAL"), reference=add_rmsnorm_reference, launch=add_rmsnorm,
     specializations=lambda t: _variants(t, True)))
