@@ -125,7 +125,17 @@ def quant_fp8_ue8m0(x: torch.Tensor, block: int = 32, amax_floor: float = 1e-4):
     return q.flatten(-2), (exp.squeeze(-1) + 127).to(torch.uint8)
 
 
+def _as_e4m3(q: torch.Tensor) -> torch.Tensor:
+    """Raw bytes are E4M3 codes: reinterpret them (a `.float()` of uint8 would read integers)."""
+    if q.dtype in (torch.uint8, torch.int8):
+        return q.view(torch.float8_e4m3fn)
+    if q.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"expected float8_e4m3fn codes (or their raw bytes), got {q.dtype}")
+    return q
+
+
 def dequant_fp8_ue8m0(q: torch.Tensor, e: torch.Tensor, block: int = 32) -> torch.Tensor:
+    q = _as_e4m3(q)
     s = e8m0_to_float(e).unsqueeze(-1)
     return (q.float().unflatten(-1, (q.shape[-1] // block, block)) * s).flatten(-2)
 
@@ -185,6 +195,7 @@ def fake_quant_fp4_ue8m0(x: torch.Tensor, block: int = 32) -> torch.Tensor:
 
 def dequant_fp8_weight(w: torch.Tensor, scale: torch.Tensor, block: int = 32, dtype=torch.float32) -> torch.Tensor:
     """FP8 E4M3 weight [out, in] with E8M0 scales [ceil(out/b), ceil(in/b)] on b×b blocks."""
+    w = _as_e4m3(w)
     out_f, in_f = w.shape
     s = e8m0_to_float(scale)
     s = s.repeat_interleave(block, 0)[:out_f].repeat_interleave(block, 1)[:, :in_f]
@@ -206,6 +217,8 @@ def quant_fp8_weight(w: torch.Tensor, block: int = 32):
 
 def dequant_fp4_weight(packed: torch.Tensor, scale: torch.Tensor, block: int = 32, dtype=torch.float32) -> torch.Tensor:
     """Routed-expert MXFP4: I8 [out, in/2] (low nibble = even element) + E8M0 [out, in/32]."""
+    if packed.dim() != 2:
+        raise ValueError(f"dequant_fp4_weight takes one [out, in/2] matrix, got shape {tuple(packed.shape)}")
     v = e2m1_decode(unpack_fp4(packed))
     s = e8m0_to_float(scale).repeat_interleave(block, 1)[:, : v.shape[1]]
     return (v * s).to(dtype)
