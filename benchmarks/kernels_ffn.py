@@ -38,7 +38,7 @@ from dsv41c.codegen.triton import fp8_gemm as fg  # noqa: E402
 from dsv41c.codegen.triton import mhc  # noqa: E402
 from dsv41c.codegen.triton import moe  # noqa: E402
 from dsv41c.codegen.triton import rmsnorm as rn  # noqa: E402
-from dsv41c.frontend import numerics as nx  # noqa: E402
+from dsv41c import formats as nx  # noqa: E402
 
 DEV = "cuda"
 ROWS = 1 << 22  # Engram table rows (1 GiB of FP8)

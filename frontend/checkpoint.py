@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dsv41c.frontend import numerics as nx
+from dsv41c import formats as nx
 from dsv41c.frontend.config import ModelConfig, load_config
 from dsv41c.frontend.inventory import TensorSpec, expected_tensors, init_rule, is_ignored, total_bytes, units_of
 

@@ -391,7 +391,7 @@ def _small(text: dict, **over) -> dict:
 def _engram_rows(cfg_text: dict) -> list:
     # Rows per engram layer are fixed by the prime walk (spec §3.9/3.10); compute them so
     # the presets satisfy the self-check "each layer's primes sum to its row count".
-    from dsv41c.frontend.engram_hash import engram_primes
+    from dsv41c.prims.engram_hash import engram_primes
 
     primes = engram_primes(cfg_text["engram_layer_ids"], cfg_text["engram_max_ngram_size"],
                            cfg_text["engram_n_heads"], cfg_text["engram_vocab_size"])

@@ -28,10 +28,10 @@ from torch import nn
 
 import dsv41c.ops  # noqa: F401  (registers torch.ops.dsv41)
 from dsv41c.frontend.layer_plan import layer_plan
-from dsv41c.frontend.model.attention import attn_out, attn_q, window_indices
-from dsv41c.frontend.model.mhc import hc_collapse, hc_expand
-from dsv41c.frontend.model.norms import acc_dtype, rms_norm
-from dsv41c.frontend.model.rope import apply_rope, inv_freq_compress, inv_freq_main, rope_cos_sin
+from dsv41c.prims.attention import attn_out, attn_q, window_indices
+from dsv41c.prims.mhc import hc_collapse, hc_expand
+from dsv41c.prims.norms import acc_dtype, rms_norm
+from dsv41c.prims.rope import apply_rope, inv_freq_compress, inv_freq_main, rope_cos_sin
 
 ops = torch.ops.dsv41
 

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from dsv41c.cli import main as cli_main
 from dsv41c.frontend import checkpoint as ckmod
-from dsv41c.frontend import numerics as nx
+from dsv41c import formats as nx
 from dsv41c.frontend.checkpoint import CheckpointError, open_checkpoint, write_random_checkpoint
 from dsv41c.frontend.config import ConfigError, preset
 from dsv41c.frontend.inventory import expected_tensors, total_bytes

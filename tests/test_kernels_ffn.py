@@ -22,7 +22,7 @@ from dsv41c.codegen.triton import fp8_gemm as fg
 from dsv41c.codegen.triton import mhc
 from dsv41c.codegen.triton import moe
 from dsv41c.codegen.triton import rmsnorm as rn
-from dsv41c.frontend import numerics as nx
+from dsv41c import formats as nx
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 BF16_ULP = 2.0 ** -7

@@ -4,19 +4,19 @@ import math
 import pytest
 import torch
 
-from dsv41c.frontend import numerics as nx
+from dsv41c import formats as nx
 from dsv41c.frontend.config import preset
-from dsv41c.frontend.engram_hash import engram_row_ids
-from dsv41c.frontend.model import quant
-from dsv41c.frontend.model.attention import sparse_attention, dense_attention, window_bias, window_indices
-from dsv41c.frontend.model.compressor import compressor_full, compressor_step
-from dsv41c.frontend.model.engram import chunk_row_ids
-from dsv41c.frontend.model.indexer import candidate_blocks, index_scores, select_topk
-from dsv41c.frontend.model.mhc import sinkhorn
-from dsv41c.frontend.model.moe import route, sqrtsoftplus, swiglu_expert
-from dsv41c.frontend.model.rope import apply_rope, inv_freq_compress, inv_freq_main, rope_cos_sin, \
+from dsv41c.prims.engram_hash import engram_row_ids
+from dsv41c.prims import quant
+from dsv41c.prims.attention import sparse_attention, dense_attention, window_bias, window_indices
+from dsv41c.prims.compressor import compressor_full, compressor_step
+from dsv41c.prims.engram import chunk_row_ids
+from dsv41c.prims.indexer import candidate_blocks, index_scores, select_topk
+from dsv41c.prims.mhc import sinkhorn
+from dsv41c.prims.moe import route, sqrtsoftplus, swiglu_expert
+from dsv41c.prims.rope import apply_rope, inv_freq_compress, inv_freq_main, rope_cos_sin, \
     yarn_correction_range
-from dsv41c.frontend.model.topk import stable_topk
+from dsv41c.prims.topk import stable_topk
 
 torch.set_num_threads(1)
 

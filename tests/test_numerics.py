@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from dsv41c.frontend import numerics as nx
+from dsv41c import formats as nx
 
 
 def _e2m1(xs):

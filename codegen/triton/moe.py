@@ -58,7 +58,7 @@ from dsv41c.codegen.triton.fp8_gemm import (
     act_quant_fp8, act_quant_fp8_reference, aot_spec, as_u8, dot_f32_for, fake_quant_e4m3_pow2, fp4_tile_to_f32,
     fp8_gemm, fp8_gemm_reference, fp8_gemm_swiglu, fp8_gemm_swiglu_reference, fp32_dot_precision, interpreting,
     target_traits)
-from dsv41c.frontend import numerics as nx
+from dsv41c import formats as nx
 
 HIDDEN = 5120
 MOE_INTER = 2304

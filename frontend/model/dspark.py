@@ -35,9 +35,9 @@ from __future__ import annotations
 
 import torch
 
-from dsv41c.frontend.model.attention import attn_kv, attn_out, attn_q, dense_attention
-from dsv41c.frontend.model.mhc import hc_collapse
-from dsv41c.frontend.model.norms import rms_norm
+from dsv41c.prims.attention import attn_kv, attn_out, attn_q, dense_attention
+from dsv41c.prims.mhc import hc_collapse
+from dsv41c.prims.norms import rms_norm
 
 
 def ctx_rows(model, taps: torch.Tensor) -> torch.Tensor:

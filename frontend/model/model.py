@@ -36,19 +36,19 @@ from __future__ import annotations
 import torch
 
 from dsv41c.frontend.config import ModelConfig, load_config
-from dsv41c.frontend.engram_hash import engram_row_ids
+from dsv41c.prims.engram_hash import engram_row_ids
 from dsv41c.frontend.layer_plan import layer_plan
 from dsv41c.frontend.model import InputError
-from dsv41c.frontend.model.attention import (attn_kv, attn_out, attn_q, dense_attention, sparse_attention,
+from dsv41c.prims.attention import (attn_kv, attn_out, attn_q, dense_attention, sparse_attention,
                                              window_bias, window_indices)
-from dsv41c.frontend.model.compressor import compressor_full, compressor_step
-from dsv41c.frontend.model.engram import chunk_row_ids, engram_apply
-from dsv41c.frontend.model.indexer import index_keys, index_query, indexer_select, topk_bias
-from dsv41c.frontend.model.mhc import hc_collapse, hc_expand, hc_mixes
-from dsv41c.frontend.model.moe import moe_forward
-from dsv41c.frontend.model.norms import acc_dtype, rms_norm
-from dsv41c.frontend.model.quant import fq_compressed_kv
-from dsv41c.frontend.model.rope import apply_rope, inv_freq_compress, inv_freq_main, rope_cos_sin
+from dsv41c.prims.compressor import compressor_full, compressor_step
+from dsv41c.prims.engram import chunk_row_ids, engram_apply
+from dsv41c.prims.indexer import index_keys, index_query, indexer_select, topk_bias
+from dsv41c.prims.mhc import hc_collapse, hc_expand, hc_mixes
+from dsv41c.prims.moe import moe_forward
+from dsv41c.prims.norms import acc_dtype, rms_norm
+from dsv41c.prims.quant import fq_compressed_kv
+from dsv41c.prims.rope import apply_rope, inv_freq_compress, inv_freq_main, rope_cos_sin
 from dsv41c.frontend.model.state import State, new_state
 from dsv41c.frontend.model.weights import Weights
 

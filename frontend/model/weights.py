@@ -24,7 +24,7 @@ import math
 import torch
 
 from dsv41c.frontend.inventory import expected_tensors
-from dsv41c.frontend.model.norms import acc_dtype
+from dsv41c.prims.norms import acc_dtype
 
 _FP32_LEAVES = ("hc_attn_fn", "hc_attn_base", "hc_attn_scale", "hc_ffn_fn", "hc_ffn_base", "hc_ffn_scale",
                 "attn_sink")

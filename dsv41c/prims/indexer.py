@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import torch
 
-from dsv41c.frontend.model.norms import acc_dtype, rms_norm
-from dsv41c.frontend.model.quant import fq_indexer
-from dsv41c.frontend.model.rope import apply_rope
-from dsv41c.frontend.model.topk import stable_topk
+from dsv41c.prims.norms import acc_dtype, rms_norm
+from dsv41c.prims.quant import fq_indexer
+from dsv41c.prims.rope import apply_rope
+from dsv41c.prims.topk import stable_topk
 
 
 def index_keys(latent: torch.Tensor, wk: torch.Tensor, k_norm_w: torch.Tensor, cos: torch.Tensor,

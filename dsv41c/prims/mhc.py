@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv41c.frontend.model.norms import acc_dtype, rms_norm_unweighted
+from dsv41c.prims.norms import acc_dtype, rms_norm_unweighted
 
 
 def sinkhorn(comb_logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import torch
 
-from dsv41c.frontend.model.norms import acc_dtype, rms_norm
-from dsv41c.frontend.model.quant import fq_window_kv
-from dsv41c.frontend.model.rope import apply_rope
+from dsv41c.prims.norms import acc_dtype, rms_norm
+from dsv41c.prims.quant import fq_window_kv
+from dsv41c.prims.rope import apply_rope
 
 
 def attn_q(x, wq_a, q_norm_w, wq_b, n_heads: int, cos, sin, eps: float):

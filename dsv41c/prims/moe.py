@@ -22,8 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dsv41c.frontend.model.norms import acc_dtype
-from dsv41c.frontend.model.topk import stable_topk
+from dsv41c.prims.norms import acc_dtype
+from dsv41c.prims.topk import stable_topk
 
 
 def sqrtsoftplus(x: torch.Tensor) -> torch.Tensor:

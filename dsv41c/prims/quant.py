@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv41c.frontend.numerics import E2M1_MAX, E4M3_MAX
+from dsv41c.formats import E2M1_MAX, E4M3_MAX
 
 # E2M1 magnitudes by code, and the ties-to-even thresholds between consecutive codes:
 # (threshold, tie rounds up?) — 0.25↓ 0.75↑ 1.25↓ 1.75↑ 2.5↓ 3.5↑ 5↓.

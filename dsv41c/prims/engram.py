@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from dsv41c.frontend.engram_hash import engram_row_ids
-from dsv41c.frontend.model.norms import acc_dtype
+from dsv41c.prims.engram_hash import engram_row_ids
+from dsv41c.prims.norms import acc_dtype
 
 
 def chunk_row_ids(cfg, layer_pos: int, history: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv41c.frontend.model.norms import acc_dtype, rms_norm
+from dsv41c.prims.norms import acc_dtype, rms_norm
 
 
 def _project(x: torch.Tensor, wkv: torch.Tensor, wgate: torch.Tensor):
