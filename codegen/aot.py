@@ -28,6 +28,7 @@ builds need toolchains absent here.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -154,6 +155,17 @@ def _run_jobs(jobs, tmp: str, log) -> list:
     if log is not None:
         log.flush()
     sys.stdout.flush()
+    try:
+        _drive(pending, running, results, len(jobs), parallel, timeout, tmp, log)
+    finally:  # interrupted: no compiler child outlives the build
+        for pid in running:
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+    return results
+
+
+def _drive(pending, running, results, total, parallel, timeout, tmp, log):
     while pending or running:
         while pending and len(running) < parallel:
             i, job = pending.pop(0)
@@ -162,8 +174,10 @@ def _run_jobs(jobs, tmp: str, log) -> list:
             if pid == 0:  # the child: compile, write the entry, leave without running any cleanup
                 code = 3
                 try:
-                    with open(rpath, "w") as f:
-                        json.dump(_build_one(*job, tmp, restore=False), f)
+                    entry = _build_one(*job, tmp, restore=False)
+                    with open(rpath + ".part", "w") as f:
+                        json.dump(entry, f)
+                    os.rename(rpath + ".part", rpath)  # the parent sees a whole entry or none
                     code = 0
                 finally:
                     os._exit(code)
@@ -190,10 +204,9 @@ def _run_jobs(jobs, tmp: str, log) -> list:
                 e = {"template": name, "module": t.module, "variant": spec.variant, "target": tg.name,
                      "keys": json.loads(json.dumps(spec.keys or {}, default=str)), "status": "failed", "error": why}
             results.append(e)
-            _progress(log, len(results), len(jobs), e, time.time() - t0)
+            _progress(log, len(results), total, e, time.time() - t0)
         if not finished:
             time.sleep(0.02)
-    return results
 
 
 def _exit_text(status: int) -> str:

@@ -267,7 +267,11 @@ class KernelMatrix:
                         f"{r['variant']}: {r.get('error', '').splitlines()[0] if r.get('error') else '?'}"
                         for r in failed)
                 elif all(r["status"] == "built" for r in rs):
-                    cell.build = "built"
+                    odd = [r for r in rs if r.get("matrix_instructions", {}).get("check", "ok").startswith(
+                        ("fallback", "none"))]
+                    cell.build = "built" if not odd else (
+                        f"built; {len(odd)}/{len(rs)} variants without the target's matrix instruction: "
+                        + "; ".join(f"{r['variant']}: {r['matrix_instructions']['check']}" for r in odd))
                 else:
                     cell.build = rs[0]["status"]
 
@@ -291,6 +295,8 @@ class KernelMatrix:
                     groups.setdefault((cell.status, row.name, cell.reason + extra), []).append(target)
                 if cell.build.startswith("failed"):
                     groups.setdefault(("failed", row.name, cell.build), []).append(target)
+                elif cell.build.startswith("built;"):
+                    groups.setdefault(("matrix", row.name, cell.build[len("built; "):]), []).append(target)
                 elif cell.build.startswith(("source emitted, not built", NO_TRITON)):
                     groups.setdefault(("not built", row.name, cell.build + extra), []).append(target)
         out = [f"{kind}: {name} @ {','.join(ts)} ({why})" for (kind, name, why), ts in groups.items()]
@@ -338,6 +344,8 @@ def _cell_text(cell: Cell, kind: str) -> str:
         return "FAILED"
     if cell.build == "built":
         return s + " built"
+    if cell.build.startswith("built;"):
+        return s + " built*"
     if cell.build.startswith("source emitted"):
         return s + " src"
     if cell.build.startswith(NO_TRITON):
@@ -363,7 +371,8 @@ def render_table(m: KernelMatrix) -> str:
     lines.append("")
     lines.append("native(n)/generic(n): n variants; generic = fallback (reason below); src = source emitted, "
                  "not built; nobe = variant declared, no backend here to build it; built/FAILED = ahead-of-time "
-                 "build result; - = not this toolchain")
+                 "build result (built* = a tl.dot lowered without the target's matrix instruction); "
+                 "- = not this toolchain")
 
     # variants, grouped: the same (variant, keys) on several targets is listed once
     detail = []

@@ -232,3 +232,28 @@ def test_aot_cubin_loads_and_runs_on_this_gpu(tmp_path):
     torch.cuda.synchronize()
     torch.testing.assert_close(c, (a.float() @ b.float()) * 0.5, rtol=2e-3, atol=2e-3)
     cuda.cuModuleUnload(module)
+
+
+def test_a_hanging_or_crashing_compiler_fails_only_its_kernel(tmp_path, monkeypatch):
+    import signal
+    import time
+
+    def flaky(name, t, tg, spec, tmp, restore=True):
+        if tg.name == "cuda:sm80":
+            time.sleep(30)  # a compiler that hangs
+        if tg.name == "cuda:sm90":
+            os.kill(os.getpid(), signal.SIGSEGV)  # a compiler that crashes
+        return {"template": name, "variant": spec.variant, "target": tg.name, "status": "built",
+                "matrix_instructions": {"check": "ok", "expected": "v_mfma", "found": {}, "dots": 1}}
+
+    monkeypatch.setattr(aot, "_build_one", flaky)
+    monkeypatch.setenv("DSV41C_AOT_TIMEOUT", "2")
+    t0 = time.time()
+    m = aot.build(["cuda:sm80", "cuda:sm90", "rocm:gfx942"], str(tmp_path / "k"), templates={"test_gemm": GEMM},
+                  log=None, sources=False)
+    assert time.time() - t0 < 25
+    by = {k["target"]: k for k in m["kernels"]}
+    assert by["cuda:sm80"]["status"] == "failed" and "timed out after 2 s" in by["cuda:sm80"]["error"]
+    assert by["cuda:sm90"]["status"] == "failed" and "signal 11" in by["cuda:sm90"]["error"]
+    assert by["rocm:gfx942"]["status"] == "built", by["rocm:gfx942"].get("error")
+    assert m["summary"]["failed"] == 2

@@ -95,7 +95,8 @@ def test_hip_source_compiles_with_clang_for_amd_targets(arch, tmp_path):
     assert re.search(r"_ZN6dsv41c17indexer_score_fp4ILi128EEEvPKhS2_S2_S2_PKfPKiPfii:", asm)  # the kernel symbol
     assert re.search(r"\bds_(read|load)", asm)  # q is read from LDS
     assert ".group_segment_fixed_size: 0" in asm  # no static LDS: all of it is dynamic
-    assert ".private_segment_fixed_size: 0" in asm  # the key stays in registers (no scratch)
+    assert ".private_segment_fixed_size: 0" in asm  # no scratch memory ...
+    assert ".vgpr_spill_count: 0" in asm  # ... and no register spills (RDNA3 has 256 VGPRs)
 
 
 @NEEDS_CLANG

@@ -171,6 +171,8 @@ def test_apply_build_marks_built_and_failed(fake_matrix):
     m.apply_build([
         {"template": "fake_fp8_gemm", "target": "cuda:sm90", "variant": "bm64", "status": "built"},
         {"template": "fake_fp8_gemm", "target": "cuda:sm90", "variant": "bm128", "status": "built"},
+        {"template": "fake_cuda_only", "target": "cuda:sm90", "variant": "v", "status": "built",
+         "matrix_instructions": {"check": "fallback: mma.sync instead of wgmma"}},
         {"template": "fake_fp8_gemm", "target": "cuda:sm80", "variant": "bm64", "status": "failed",
          "error": "CompilationError: boom\nmore"},
     ])
@@ -178,6 +180,10 @@ def test_apply_build_marks_built_and_failed(fake_matrix):
     assert rows["fake_fp8_gemm"].cells["cuda:sm90"].build == "built"
     assert rows["fake_fp8_gemm"].cells["cuda:sm80"].build == "failed (1/1): bm64: CompilationError: boom"
     assert "failed: fake_fp8_gemm @ cuda:sm80" in "\n".join(m.gaps())
+    assert rows["fake_cuda_only"].cells["cuda:sm90"].build.startswith("built; 1/1 variants without")
+    assert ("matrix: fake_cuda_only @ cuda:sm90 (1/1 variants without the target's matrix instruction: "
+            "v: fallback: mma.sync instead of wgmma)") in m.gaps()
+    assert "native(1) built*" in m.render()
 
 
 def _cli(*args):

@@ -15,7 +15,7 @@ from dsv41c.codegen.triton import compressor as cm
 from dsv41c.codegen.triton import indexer as ix
 from dsv41c.codegen.triton import kv_quant as kq
 from dsv41c.codegen.triton import sparse_attention as sa
-from dsv41c.frontend import numerics as nx
+from dsv41c import formats as nx
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -357,10 +357,12 @@ def test_gpu_compressor_real_widths(ratio, T):
     lat_dt = torch.bfloat16 if ratio == 1 else torch.float32
     a = _run_compressor(cm.compress, ratio, t, cos, sin, pos, rows, N, 512, 128, lat_dt)
     b = _run_compressor(cm.compress_ref, ratio, t, cos, sin, pos, rows, N, 512, 128, lat_dt)
-    if ratio == 1:  # K = 5120 bf16 MMA: the linear output may round one ulp apart, then the norm
-        assert_bf16_close(a[4], b[4], ulps=4)
+    # K = 5120 MMA accumulation order: the linear output may round one ulp apart, then the norm
+    # scales it; the floor is the latent's O(1) scale (it is RMS-normalized)
+    if ratio == 1:
+        assert_bf16_close(a[4], b[4], ulps=4, floor=2.0)
     else:
-        torch.testing.assert_close(a[4], b[4], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(a[4], b[4], rtol=1e-4, atol=1e-4)
     _fp4_e4m3_close(a[0], a[1], b[0], b[1], frac=0.03)
 
 

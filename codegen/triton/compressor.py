@@ -27,7 +27,7 @@ FUSE_IDX (indexer key fused), CI/IROPE (128/64), UPCAST (fp32 dots: interpreter 
 Variants per target: ratio-1 prefill (BM 32) and ratio-2 prefill (BM 16 pairs), each with the
 indexer key fused; decode (<= 32 tokens): `_compress_gemv_kernel` spreads the 512x5120 (x2 with
 the gate) weight read over 8 channel blocks x 8 K-splits, and the tail kernel (FROM_PART) adds the
-partials in split order; gfx1100 (RDNA3, 64 KB LDS, wave32) uses BK 32.
+partials in split order; gfx1100 (RDNA3, 64 KB LDS, wave32) uses BK 32 and one pipeline stage.
 
 Known gaps: the ratio-2 partial group (odd token at a chunk's end) is buffered by the caller
 (HF `buffer_kv`): this kernel takes complete aligned pairs only. The compressed cache is a flat
@@ -43,8 +43,8 @@ import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, register
 from dsv41c.codegen.triton.kv_quant import (
-    TARGETS, aot_spec, interpreting, quant_fp4_e4m3_pairs, quant_fp4_ue8m0_pairs, round_bf16)
-from dsv41c.frontend import numerics as nx
+    aot_spec, interpreting, quant_fp4_e4m3_pairs, quant_fp4_ue8m0_pairs, round_bf16)
+from dsv41c import formats as nx
 
 
 @triton.jit
@@ -434,9 +434,9 @@ def _specs(target):
                      "WRITE_LAT": True, "LAT_BF16": ratio == 1, "FUSE_IDX": True, "CI": c.index_head_dim,
                      "IROPE": c.qk_rope_head_dim, "UPCAST": False, "FROM_PART": from_part}
             out.append(aot_spec(_compressor_kernel, f"r{ratio}_{phase}_bm{bm}", types, const, num_warps=8,
-                                num_stages=2, keys={"RATIO": ratio, "BM": bm, "BK": bk, "C": c.head_dim,
-                                                    "FUSE_IDX": True, "FROM_PART": from_part,
-                                                    "enable_fp_fusion": False}))
+                                num_stages=1 if target == "rocm:gfx1100" else 2,
+                                keys={"RATIO": ratio, "BM": bm, "BK": bk, "C": c.head_dim, "FUSE_IDX": True,
+                                      "FROM_PART": from_part, "enable_fp_fusion": False}))
         bt = 16 * ratio
         out.append(aot_spec(_compress_gemv_kernel, f"r{ratio}_decode_gemv_bt{bt}", gemv_types,
                             {"C": c.head_dim, "BT": bt, "BN": 64, "BK": 64, "GATE": ratio == 2, "UPCAST": False},

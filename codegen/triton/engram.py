@@ -32,7 +32,7 @@ import triton.language as tl
 from dsv41c.codegen.templates import KernelTemplate, register
 from dsv41c.codegen.triton.fp8_gemm import (
     aot_spec, as_u8, e4m3_to_f32, e8m0_to_f32, expand_cols, interpreting, native_fp8_for, target_traits)
-from dsv41c.frontend import numerics as nx
+from dsv41c import formats as nx
 
 HIDDEN = 5120
 HEAD_DIM = 256

@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import AotSpec, KernelTemplate, register
-from dsv41c.frontend import numerics as nx
+from dsv41c import formats as nx
 
 TARGETS = ("cuda:sm80", "cuda:sm90", "cuda:sm100", "rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")
 

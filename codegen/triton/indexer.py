@@ -59,7 +59,7 @@ import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, register
 from dsv41c.codegen.triton.kv_quant import _bcast_groups, aot_spec, e2m1_decode_x2, pow2_float
-from dsv41c.frontend import numerics as nx
+from dsv41c import formats as nx
 
 INT64_MIN = -(2**63)
 NEG_INF_KEY = -2139095041  # order key of -inf: 0xFF800000 ^ 0x7FFFFFFF as int32

@@ -1,6 +1,6 @@
 """KV-cache number formats in Triton: FP8 window-KV quantize + ring append, FP4/FP8 codecs.
 
-What (spec §3.2, §3.3, §3.4, §3.12; conventions of `frontend/numerics.py`):
+What (spec §3.2, §3.3, §3.4, §3.12; the conventions of `dsv41c/formats.py` = frontend.numerics):
 - `kv_fp8_ring_append`: window KV rows [S, C] (post-RoPE, bf16/fp32) -> FP8 E4M3 codes with one
   UE8M0 (power-of-two) scale per 32 channels, written into a ring [R, C] at slot pos % R.
 - `fp8_ue8m0_dequant`, `fp4_e4m3_quant`/`fp4_e4m3_dequant` (compressed KV: E2M1 + one E4M3 scale
@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import AotSpec, KernelTemplate, register
-from dsv41c.frontend import numerics as nx
+from dsv41c import formats as nx
 
 TARGETS = ("cuda:sm80", "cuda:sm90", "cuda:sm100", "rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")
 

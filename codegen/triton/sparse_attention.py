@@ -24,9 +24,12 @@ programs) partial (m, l, acc) go to a scratch buffer and `_combine_kernel` (spli
 merges them, adds the sink and inverse-rotates.
 
 Specialization keys: H (64), D (512), ROPE (64), W (128), BN (key block), DC (q·k channel
-chunk), DV (output channels per program: 256 splits the 64×512 fp32 accumulator over two
-programs), QUANT (fp8/fp4 vs bf16), SPLIT; combine: NSPLIT. Variants: decode (split, DV 256,
-NSPLIT 10) and prefill (no split, DV 256) for each KV format; gfx1100 uses BN 32 (64 KB LDS).
+chunk), DV (output channels per program), QUANT (fp8/fp4 vs bf16), SPLIT; combine: NSPLIT.
+Variants (from an H200 sweep): decode = split over 10 programs, DV 256, BN 64, + combine
+(NSPLIT 10; a batch of >= 32 decode queries runs the same tile unsplit); prefill (>= 256 queries)
+= one program per query, DV 512, BN 32; each for both KV formats (bf16 with DC 64 and one
+pipeline stage: shared memory). ROCm: one stage (LDS: 64 KB gfx942/gfx1100, 160 KB gfx950);
+gfx1100 also BN 32, DC 64 and DV 256 for prefill.
 
 Known gaps: entries selected by the indexer that also lie in the window are attended twice
 (as the reference does, spec §3.4 note). Window rows are trusted to hold the right positions
@@ -40,8 +43,9 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, register
-from dsv41c.codegen.triton.kv_quant import aot_spec, e2m1_decode, e4m3_decode, interpreting, round_bf16, ue8m0_to_float
-from dsv41c.frontend import numerics as nx
+from dsv41c.codegen.triton.kv_quant import (
+    aot_spec, e2m1_decode, e4m3_decode, interpreting, is_rocm, round_bf16, ue8m0_to_float)
+from dsv41c import formats as nx
 
 
 @triton.jit
@@ -208,7 +212,8 @@ def _kv_parts(kv, what):
 
 def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: int = 128, ring: int | None = None,
                      win_base=None, cmp_base=None, scale: float | None = None, n_split: int | None = None, dv: int | None = None,
-                     block_n: int = 64, dc: int = 128, num_warps: int | None = None):
+                     block_n: int | None = None, dc: int | None = None, num_warps: int | None = None,
+                     num_stages: int | None = None):
     """q [S, H, D] bf16 post-RoPE; qpos [S] int32; win_kv: (E4M3 codes [R, D] u8, UE8M0 [R, D/32] u8)
     or bf16 [R, D] (ring, slot = pos % R); cmp_kv: (packed FP4 [N, D/2] u8, E4M3 [N, D/16] u8) or
     bf16 [N, D]; idx [S, KC] int32 compressed rows (-1 = padding); sink [H] fp32; cos/sin [P, rope/2].
@@ -224,7 +229,10 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     out = torch.empty((S, H, D), dtype=torch.bfloat16, device=dev)
     if S == 0:
         return out
-    BN = min(block_n, window)
+    # H200 sweep (benchmarks/kernels_attention.py): long prefill chunks run best with one program per
+    # query owning all 512 channels (DV 512, BN 32); decode and small batches with DV 256, BN 64
+    many = S >= 256
+    BN = min(block_n or (32 if many else 64), window)
     if window % BN:
         raise ValueError(f"sparse_attention: window {window} is not a multiple of the key block {BN}")
     KC = idx.shape[1]
@@ -235,15 +243,12 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     zeros = torch.zeros(S, dtype=torch.int32, device=dev)
     wb = zeros if win_base is None else win_base.to(torch.int32).contiguous()
     cb = zeros if cmp_base is None else cmp_base.to(torch.int32).contiguous()
-    DV = dv or (D // 2 if D >= 256 else D)
+    DV = dv or (D if many or D < 256 else D // 2)
     if D % DV or DV % 32:
         raise ValueError(f"sparse_attention: dv {DV} must divide D {D} and be a multiple of 32")
     ncv = D // DV
     n_blocks = (window + KC) // BN
-    if n_split is None:  # few queries (decode): split the keys so that ~32+ programs run
-        n_split = max(1, min(n_blocks, 16, triton.cdiv(32, S * ncv))) if S * ncv < 64 else 1
-    bps = triton.cdiv(n_blocks, n_split)
-    n_split = triton.cdiv(n_blocks, bps)
+    bps, n_split = _key_splits(n_blocks, S * ncv, n_split)
     split = n_split > 1
     scale = D ** -0.5 if scale is None else scale
     rope = cos.shape[1] * 2
@@ -258,13 +263,21 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     _sparse_attn_kernel[(S, ncv, n_split)](
         q.contiguous(), qpos, wkv, wsc, ckv, csc, idx, wb, cb, sink.float().contiguous(), cos.contiguous(),
         sin.contiguous(), out, pm, pl, pacc, R, KC, bps, n_split, scale,
-        H=H, D=D, ROPE=rope, W=window, BN=BN, DC=min(dc, D), DV=DV, QUANT=wq, SPLIT=split, UPCAST=interpreting(),
-        num_warps=nw)
+        H=H, D=D, ROPE=rope, W=window, BN=BN, DC=min(dc or (128 if wq else 64), D), DV=DV, QUANT=wq, SPLIT=split,
+        UPCAST=interpreting(), num_warps=nw, num_stages=num_stages or (3 if wq else 1))
     if split:
         CP = min(64, D)
         _combine_kernel[(S, D // CP)](pm, pl, pacc, qpos, sink.float().contiguous(), cos.contiguous(),
                                       sin.contiguous(), out, H=H, D=D, ROPE=rope, CP=CP, NSPLIT=n_split, num_warps=4)
     return out
+
+
+def _key_splits(n_blocks: int, programs: int, n_split: int | None = None):
+    """(blocks per split, splits): few query programs (decode) split the keys so ~32 programs run."""
+    if n_split is None:
+        n_split = max(1, min(n_blocks, 16, triton.cdiv(32, programs))) if programs < 64 else 1
+    bps = triton.cdiv(n_blocks, n_split)
+    return bps, triton.cdiv(n_blocks, bps)
 
 
 def _dequant_kv(kv, fmt_win: bool):
@@ -279,8 +292,8 @@ def _dequant_kv(kv, fmt_win: bool):
 
 
 def sparse_attention_ref(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: int = 128, ring: int | None = None,
-                         win_base=None, cmp_base=None, scale: float | None = None, n_split=None, dv=None, block_n=64, dc=64,
-                         num_warps=None):
+                         win_base=None, cmp_base=None, scale: float | None = None, n_split=None, dv=None, block_n=None,
+                         dc=None, num_warps=None, num_stages=None):
     """Eager PyTorch: gather window ∪ selected rows, one softmax with the sink column, inverse RoPE."""
     from dsv41c.codegen.triton.compressor import rope_ref
 
@@ -315,22 +328,27 @@ def _specs(target):
     from dsv41c.frontend.config import preset
 
     c = preset("full")
-    bn = 32 if target == "rocm:gfx1100" else 64
+    small = target == "rocm:gfx1100"  # 64 KB LDS
     out = []
     for quant in (True, False):
         kvt = "*u8" if quant else "*bf16"
-        sct = "*u8" if quant else "*bf16"
-        types = {"q_ptr": "*bf16", "qpos_ptr": "*i32", "wkv_ptr": kvt, "wsc_ptr": sct, "ckv_ptr": kvt, "csc_ptr": sct,
+        types = {"q_ptr": "*bf16", "qpos_ptr": "*i32", "wkv_ptr": kvt, "wsc_ptr": kvt, "ckv_ptr": kvt, "csc_ptr": kvt,
                  "idx_ptr": "*i32", "wbase_ptr": "*i32", "cbase_ptr": "*i32", "sink_ptr": "*fp32", "cos_ptr": "*fp32",
                  "sin_ptr": "*fp32", "o_ptr": "*bf16", "pm_ptr": "*fp32", "pl_ptr": "*fp32", "pacc_ptr": "*fp32",
                  "R": "i32", "KC": "i32", "blocks_per_split": "i32", "n_split": "i32", "scale": "fp32"}
-        for phase, split in (("decode", True), ("prefill", False)):
+        # measured on H200 (benchmarks/kernels_attention.py sweep): decode DV 256 / BN 64 (keys split
+        # over 10 programs + combine), prefill DV 512 / BN 32 (one program per query)
+        for phase, split, dv, bn in (("decode", True, c.head_dim // 2, 64), ("prefill", False, c.head_dim, 32)):
+            if small:
+                bn, dv = 32, c.head_dim // 2
+            dc = 64 if (small or not quant) else 128
             const = {"H": c.num_attention_heads, "D": c.head_dim, "ROPE": c.qk_rope_head_dim, "W": c.sliding_window,
-                     "BN": bn, "DC": 128, "DV": c.head_dim // 2, "QUANT": quant, "SPLIT": split, "UPCAST": False}
-            out.append(aot_spec(_sparse_attn_kernel, f"{phase}_{'fp8fp4' if quant else 'bf16'}_bn{bn}", types, const,
-                                num_warps=8, num_stages=1))
-    # decode: 128 window + 512 selected keys in blocks of bn, one block per split
-    nsplit = min(16, (c.sliding_window + c.index_topk) // bn)
+                     "BN": bn, "DC": dc, "DV": dv, "QUANT": quant, "SPLIT": split, "UPCAST": False}
+            out.append(aot_spec(_sparse_attn_kernel, f"{phase}_{'fp8fp4' if quant else 'bf16'}_dv{dv}_bn{bn}", types,
+                                const, num_warps=8, num_stages=3 if (quant and not is_rocm(target)) else 1))
+    # decode: 128 window + 512 selected keys, one query, two channel halves (as the launcher splits)
+    bn = 32 if small else 64
+    nsplit = _key_splits((c.sliding_window + c.index_topk) // bn, 2)[1]
     out.append(aot_spec(_combine_kernel, f"combine_nsplit{nsplit}",
                         {"pm_ptr": "*fp32", "pl_ptr": "*fp32", "pacc_ptr": "*fp32", "qpos_ptr": "*i32",
                          "sink_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "o_ptr": "*bf16"},
