@@ -83,8 +83,10 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
 
 def e8m0_to_float(e: torch.Tensor) -> torch.Tensor:
     """UE8M0 bytes (uint8, or torch.float8_e8m0fnu) -> float32 2^(e-127); 255 -> NaN."""
-    if e.dtype != torch.uint8:
+    if e.dtype in (torch.int8, getattr(torch, "float8_e8m0fnu", torch.uint8)):
         e = e.view(torch.uint8)
+    elif e.dtype != torch.uint8:  # a wider integer would be reinterpreted byte by byte
+        raise TypeError(f"E8M0 scales must be uint8 bytes or float8_e8m0fnu, got {e.dtype}")
     out = torch.ldexp(torch.ones(e.shape, dtype=torch.float32, device=e.device), e.to(torch.int32) - 127)
     return torch.where(e == 255, torch.full_like(out, float("nan")), out)
 
