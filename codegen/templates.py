@@ -58,6 +58,23 @@ class KernelTemplate:
     generic_on: dict = field(default_factory=dict)
 
 
+def aot_spec(kernel, variant, types: dict, constexprs: dict, num_warps=4, num_stages=2, keys=None) -> AotSpec:
+    """AotSpec with the signature in the kernel's argument order; every argument must be typed."""
+    sig = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in types:
+            sig[name] = types[name]
+        else:
+            raise ValueError(f"aot_spec({kernel.__name__}, {variant}): argument '{name}' has no type")
+    extra = set(constexprs) - set(kernel.arg_names)
+    if extra:
+        raise ValueError(f"aot_spec({kernel.__name__}, {variant}): unknown constexprs {sorted(extra)}")
+    return AotSpec(kernel=kernel, variant=variant, signature=sig, constexprs=dict(constexprs),
+                   num_warps=num_warps, num_stages=num_stages, keys=dict(keys if keys is not None else constexprs))
+
+
 _REGISTRY: dict[str, KernelTemplate] = {}
 
 

@@ -51,7 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41c.codegen.templates import AotSpec, KernelTemplate, register
+from dsv41c.codegen.templates import KernelTemplate, aot_spec, register  # noqa: F401 (aot_spec re-exported)
 from dsv41c import formats as nx
 
 TARGETS = ("cuda:sm80", "cuda:sm90", "cuda:sm100", "rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")
@@ -114,23 +114,6 @@ def target_traits(target: str) -> dict | None:
                 "big_tiles": arch >= 90, "warp": 32}
     return {"kind": kind, "arch": arch, "native_fp8": arch == "gfx950", "fp32_prec": "ieee",
             "big_tiles": arch in ("gfx942", "gfx950"), "warp": 32 if arch == "gfx1100" else 64}
-
-
-def aot_spec(kernel, variant, types: dict, constexprs: dict, num_warps=4, num_stages=2, keys=None) -> AotSpec:
-    """AotSpec with the signature in the kernel's argument order; every argument must be typed."""
-    sig = {}
-    for name in kernel.arg_names:
-        if name in constexprs:
-            sig[name] = "constexpr"
-        elif name in types:
-            sig[name] = types[name]
-        else:
-            raise ValueError(f"aot_spec({kernel.__name__}, {variant}): argument '{name}' has no type")
-    extra = set(constexprs) - set(kernel.arg_names)
-    if extra:
-        raise ValueError(f"aot_spec({kernel.__name__}, {variant}): unknown constexprs {sorted(extra)}")
-    return AotSpec(kernel=kernel, variant=variant, signature=sig, constexprs=dict(constexprs),
-                   num_warps=num_warps, num_stages=num_stages, keys=dict(keys if keys is not None else constexprs))
 
 
 def as_u8(t: torch.Tensor) -> torch.Tensor:

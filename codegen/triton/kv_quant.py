@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41c.codegen.templates import AotSpec, KernelTemplate, register
+from dsv41c.codegen.templates import KernelTemplate, aot_spec, register  # noqa: F401 (aot_spec re-exported)
 from dsv41c import formats as nx
 
 TARGETS = ("cuda:sm80", "cuda:sm90", "cuda:sm100", "rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")
@@ -47,20 +47,6 @@ TARGETS = ("cuda:sm80", "cuda:sm90", "cuda:sm100", "rocm:gfx942", "rocm:gfx950",
 def interpreting() -> bool:
     """True when kernels run in Triton's CPU interpreter (no bf16 tl.dot there)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def aot_spec(kernel, variant, types: dict, constexprs: dict, num_warps=4, num_stages=2, keys=None) -> AotSpec:
-    """AotSpec with the signature in the kernel's argument order; every argument must be typed."""
-    sig = {}
-    for name in kernel.arg_names:
-        if name in constexprs:
-            sig[name] = "constexpr"
-        elif name in types:
-            sig[name] = types[name]
-        else:
-            raise ValueError(f"aot_spec({kernel.__name__}, {variant}): argument '{name}' has no type")
-    return AotSpec(kernel=kernel, variant=variant, signature=sig, constexprs=dict(constexprs),
-                   num_warps=num_warps, num_stages=num_stages, keys=dict(keys or constexprs))
 
 
 def is_rocm(target: str) -> bool:
