@@ -102,7 +102,7 @@ def build_artifact(out: str, checkpoint: str | None = None, preset: str | None =
             cfg = preset_config(preset)
             _log(f"preset '{preset}' (config hash {cfg.hash()})")
             if preset in ("tiny", "mini"):
-                from dsv41c.frontend.checkpoint import write_random_checkpoint
+                from dsv41c.frontend.checkpoint_writer import write_random_checkpoint
 
                 parent = os.path.dirname(os.path.abspath(out))
                 os.makedirs(parent, exist_ok=True)

@@ -7,7 +7,7 @@ non-empty DIR without --force, a preset too large to write) are `ConfigError` /
 """
 from __future__ import annotations
 
-from dsv41c.frontend.checkpoint import write_random_checkpoint
+from dsv41c.frontend.checkpoint_writer import write_random_checkpoint
 from dsv41c.frontend.config import preset
 
 

@@ -15,8 +15,10 @@ from safetensors.torch import save_file
 
 from dsv41c.cli import main as cli_main
 from dsv41c.frontend import checkpoint as ckmod
+from dsv41c.frontend import checkpoint_writer as ckwriter
 from dsv41c import formats as nx
-from dsv41c.frontend.checkpoint import CheckpointError, open_checkpoint, write_random_checkpoint
+from dsv41c.frontend.checkpoint import CheckpointError, open_checkpoint
+from dsv41c.frontend.checkpoint_writer import write_random_checkpoint
 from dsv41c.frontend.config import ConfigError, preset
 from dsv41c.frontend.inventory import expected_tensors, total_bytes
 
@@ -288,7 +290,7 @@ def test_not_a_checkpoint(tmp_path):
 # ============================================================================ atomic writes, CLI
 
 def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
-    real, calls = ckmod._unit_pieces, []
+    real, calls = ckwriter._unit_pieces, []
 
     def failing(*a, **k):
         calls.append(1)
@@ -296,16 +298,16 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
             raise RuntimeError("disk on fire")
         return real(*a, **k)
 
-    monkeypatch.setattr(ckmod, "_unit_pieces", failing)
+    monkeypatch.setattr(ckwriter, "_unit_pieces", failing)
     with pytest.raises(RuntimeError, match="disk on fire"):
         write_random_checkpoint(preset("tiny"), tmp_path / "out", max_shard_bytes=SHARD)
     assert list(tmp_path.iterdir()) == []
     # an existing checkpoint survives a failed --force rewrite untouched
-    monkeypatch.setattr(ckmod, "_unit_pieces", real)
+    monkeypatch.setattr(ckwriter, "_unit_pieces", real)
     write_random_checkpoint(preset("tiny"), tmp_path / "out")
     before = _files(tmp_path / "out")
     calls.clear()
-    monkeypatch.setattr(ckmod, "_unit_pieces", failing)
+    monkeypatch.setattr(ckwriter, "_unit_pieces", failing)
     with pytest.raises(RuntimeError):
         write_random_checkpoint(preset("tiny"), tmp_path / "out", seed=5, force=True)
     assert [p.name for p in tmp_path.iterdir()] == ["out"] and _files(tmp_path / "out") == before

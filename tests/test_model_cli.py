@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from dsv41c.frontend.checkpoint import write_random_checkpoint
+from dsv41c.frontend.checkpoint_writer import write_random_checkpoint
 from dsv41c.frontend.config import preset
 from dsv41c.frontend.model.generate import greedy_generate
 from dsv41c.frontend.model.model import load_reference
