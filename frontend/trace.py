@@ -46,7 +46,7 @@ from dsv41c.frontend.inventory import expected_tensors
 from dsv41c.frontend.segments import Ffn, StepModel
 from dsv41c.frontend.step import new_state, serve_step
 from dsv41c.ir.core import Function, Module, Op
-from dsv41c.ir.symbolic import SymExpr, sym
+from dsv41c.ir.symbolic import SymExpr, subs_attr, sym
 from dsv41c.ir.types import TensorType, dtype_from_torch, i64
 
 _EXPORTS: dict = {}  # in-process cache: (config hash, kv_quant, dtype, segment key) -> (ExportedProgram, dims)
@@ -81,14 +81,6 @@ def weight_types(cfg, dtype=torch.float32) -> dict:
             shape = shape[:-1] + (shape[-1] * 2,)
         out[name] = TensorType(dt, shape)
     return out
-
-
-def _subs_attr(v, env):
-    if isinstance(v, SymExpr):
-        return v.subs(env)
-    if isinstance(v, tuple):
-        return tuple(_subs_attr(x, env) for x in v)
-    return v
 
 
 def _unify(tmpl_t, actual_t, env, where):
@@ -195,7 +187,7 @@ class Tracer:
                     if s not in env:  # a data-dependent size: one fresh symbol per stamp
                         env[s] = sym(f"n{layer}" if s.startswith("u") and s == "u0" else f"{s}_{layer}")
             types = [r.type.subs(env) for r in op.results]
-            attrs = {k: _subs_attr(v, env) for k, v in op.attrs.items()} if env else op.attrs
+            attrs = {k: subs_attr(v, env) for k, v in op.attrs.items()} if env else op.attrs
             loc = op.loc if root is None else (root if op.loc is None else f"{root}.{op.loc}")
             operands = [vals.get(id(v)) for v in op.operands]
             if expand and op.name == "dsv41.moe":  # x, gate_w, gate_bias, experts..., sw1, sw2, sw3

@@ -412,3 +412,12 @@ class DimParser:
                 self.fail("expected ')' in dimension")
             return out
         self.fail(f"expected a dimension, got {t!r}")
+
+
+def subs_attr(v, env):
+    """An attribute value with symbols substituted: dims and (nested) tuples of dims."""
+    if isinstance(v, SymExpr):
+        return v.subs(env)
+    if isinstance(v, tuple):
+        return tuple(subs_attr(x, env) for x in v)
+    return v

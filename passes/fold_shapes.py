@@ -33,7 +33,7 @@ from typing import ClassVar
 from dsv41c.ir.attrs import DYN
 from dsv41c.ir.registry import lookup
 from dsv41c.ir.schema import dyn_slots, fill_dyn
-from dsv41c.ir.symbolic import ANY, SymExpr, floordiv, is_dim, parse_dim, product
+from dsv41c.ir.symbolic import ANY, SymExpr, floordiv, is_dim, parse_dim, product, subs_attr
 from dsv41c.ir.types import IndexType, TensorType
 from dsv41c.passes.base import ModulePass, PassError, PassResult
 from dsv41c.passes.rewrite import erase_dead_ops
@@ -56,14 +56,6 @@ def parse_bind(text: str) -> dict:
     return env
 
 
-def _subs_attr(v, env):
-    if isinstance(v, SymExpr):
-        return v.subs(env)
-    if isinstance(v, tuple):
-        return tuple(_subs_attr(x, env) for x in v)
-    return v
-
-
 def substitute(f, env) -> int:
     """Substitute symbols in every type and attribute of f; returns how many changed."""
     n = 0
@@ -80,7 +72,7 @@ def substitute(f, env) -> int:
     for op in f.ops:
         for r in op.results:
             r.type = sub_t(r.type)
-        new = {k: _subs_attr(v, env) for k, v in op.attrs.items()}
+        new = {k: subs_attr(v, env) for k, v in op.attrs.items()}
         n += sum(1 for k in new if new[k] != op.attrs[k] or type(new[k]) is not type(op.attrs[k]))
         op.attrs = new
     return n

@@ -3,6 +3,9 @@
 Kernel tests run in Triton's interpreter on machines without a GPU: TRITON_INTERPRET must
 be set before triton is first imported, so it is set here, at collection start. On a CUDA
 machine (the GPU tier) it is left alone and `gpu`-marked tests run for real.
+
+Compiled artifacts (`tiny_off`, `mini_off`, `mini_on`) are session-wide fixtures: each is
+built on first request and reused by every test module.
 """
 import os
 
@@ -21,3 +24,27 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _artifact(tmp_path_factory, preset, kv_quant):
+    from dsv41c.codegen.build import build_artifact
+
+    path = tmp_path_factory.getbasetemp() / f"{preset}-{'on' if kv_quant else 'off'}.dsv41c"
+    if not path.exists():
+        build_artifact(str(path), preset=preset, kv_quant=kv_quant)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_off(tmp_path_factory):
+    return _artifact(tmp_path_factory, "tiny", False)
+
+
+@pytest.fixture(scope="session")
+def mini_off(tmp_path_factory):
+    return _artifact(tmp_path_factory, "mini", False)
+
+
+@pytest.fixture(scope="session")
+def mini_on(tmp_path_factory):
+    return _artifact(tmp_path_factory, "mini", True)

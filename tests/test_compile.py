@@ -1,7 +1,6 @@
 """`dsv41c compile`: artifact layout and manifest, determinism, the full preset, bad input.
 
-The tiny artifact is built once per session (under pytest's session temp dir, so
-test_runtime.py finds and reuses it); the export cache makes the second, byte-compared
+The tiny artifact is the session-wide fixture of conftest.py (shared with test_runtime.py); the export cache makes the second, byte-compared
 build cheap (conversion, stamping, passes, codegen and the random checkpoint all rerun).
 """
 import json
@@ -11,19 +10,6 @@ import time
 import pytest
 
 from dsv41c.codegen.build import build_artifact, expected_inventory_hash
-
-
-def artifact(tmp_path_factory, preset, kv_quant):
-    """A session-wide compiled artifact (built on first request, reused by every test module)."""
-    path = tmp_path_factory.getbasetemp() / f"{preset}-{'on' if kv_quant else 'off'}.dsv41c"
-    if not path.exists():
-        build_artifact(str(path), preset=preset, kv_quant=kv_quant)
-    return str(path)
-
-
-@pytest.fixture(scope="session")
-def tiny_off(tmp_path_factory):
-    return artifact(tmp_path_factory, "tiny", False)
 
 
 def _files(root):

@@ -8,7 +8,8 @@
   registry's reference op; greedy tokens agree with the float64 reference on inputs whose
   float32-vs-float64 noise is measured small against the logit margins.
 - corrupt / truncated / mismatched artifacts fail to load with a one-line reason.
-Artifacts are built once per session and shared with test_compile.py (same temp dir).
+Artifacts come from the session-wide fixtures in conftest.py (built once, shared with
+test_compile.py).
 """
 import json
 import os
@@ -18,33 +19,10 @@ import numpy as np
 import pytest
 import torch
 
-from dsv41c.codegen.build import build_artifact
 from dsv41c.runtime.loader import load
 from dsv41c.runtime.manifest import ArtifactError
 
 torch.set_num_threads(1)
-
-
-def artifact(tmp_path_factory, preset, kv_quant):
-    path = tmp_path_factory.getbasetemp() / f"{preset}-{'on' if kv_quant else 'off'}.dsv41c"
-    if not path.exists():
-        build_artifact(str(path), preset=preset, kv_quant=kv_quant)
-    return str(path)
-
-
-@pytest.fixture(scope="session")
-def tiny_off(tmp_path_factory):
-    return artifact(tmp_path_factory, "tiny", False)
-
-
-@pytest.fixture(scope="session")
-def mini_off(tmp_path_factory):
-    return artifact(tmp_path_factory, "mini", False)
-
-
-@pytest.fixture(scope="session")
-def mini_on(tmp_path_factory):
-    return artifact(tmp_path_factory, "mini", True)
 
 
 def _ids(vocab, n, seed):
