@@ -18,7 +18,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import sys
 import time
 import traceback
@@ -29,8 +28,8 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-import triton  # noqa: E402
-from triton.testing import do_bench  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    decode_goal, env_info, floor_ms, max_rel, measure_ceilings, ms, ms_graph, write_json)
 
 from dsv41c.codegen.triton import compressor as cm  # noqa: E402
 from dsv41c.codegen.triton import indexer as ix  # noqa: E402
@@ -39,56 +38,6 @@ from dsv41c.codegen.triton import sparse_attention as sa  # noqa: E402
 from dsv41c import formats as nx  # noqa: E402
 
 DEV = "cuda"
-
-
-def ms(fn, rep=100):
-    return float(do_bench(fn, warmup=25, rep=rep, return_mode="median"))
-
-
-def ms_graph(fn):
-    try:
-        from triton.testing import do_bench_cudagraph
-
-        return float(do_bench_cudagraph(fn, rep=100, return_mode="median"))
-    except Exception as e:  # noqa: BLE001 - recorded, not fatal
-        return f"unavailable: {type(e).__name__}: {e}"[:300]
-
-
-def measure_ceilings():
-    out = {}
-    n = 1 << 29  # 1 GiB of bf16
-    a = torch.empty(n, dtype=torch.bfloat16, device=DEV)
-    b = torch.empty_like(a)
-    t = ms(lambda: b.copy_(a))
-    out["copy_TBps"] = 2 * a.numel() * 2 / (t * 1e-3) / 1e12
-    a = b = None  # free the 2 GiB before the GEMMs
-    m = 8192
-    x = torch.randn(m, m, device=DEV, dtype=torch.bfloat16)
-    y = torch.randn(m, m, device=DEV, dtype=torch.bfloat16)
-    t = ms(lambda: x @ y)
-    out["bf16_TFLOPs"] = 2 * m**3 / (t * 1e-3) / 1e12
-    try:
-        xi = torch.randint(-8, 8, (m, m), device=DEV, dtype=torch.int8)
-        yi = torch.randint(-8, 8, (m, m), device=DEV, dtype=torch.int8)
-        t = ms(lambda: torch._int_mm(xi, yi))
-        out["int8_TOPs"] = 2 * m**3 / (t * 1e-3) / 1e12
-    except Exception as e:  # noqa: BLE001
-        out["int8_TOPs"] = None
-        out["int8_error"] = str(e)[:200]
-    xf, yf = x.float(), y.float()
-    t = ms(lambda: xf @ yf)
-    out["fp32_TFLOPs"] = 2 * m**3 / (t * 1e-3) / 1e12
-    out["reference_copy_TBps"] = 4.27
-    out["reference_bf16_TFLOPs"] = 716.0
-    return out
-
-
-def floor_ms(ceil, bytes_, flops=0.0, kind="bf16"):
-    t_b = bytes_ / (ceil["copy_TBps"] * 1e12) * 1e3
-    rate = {"bf16": ceil["bf16_TFLOPs"], "int8": ceil.get("int8_TOPs") or ceil["bf16_TFLOPs"] * 2,
-            "fp32": ceil["fp32_TFLOPs"]}[kind]
-    t_f = flops / (rate * 1e12) * 1e3
-    return max(t_b, t_f), t_b, t_f
 
 
 def entry(ceil, name, shape, t_triton, t_eager, bytes_, flops, kind, error, **extra):
@@ -105,11 +54,6 @@ def rope_table(P=1 << 18, n=32, theta=160000.0):
     inv = 1.0 / (theta ** (torch.arange(n, dtype=torch.float64, device=DEV) / n))
     ang = torch.arange(P, dtype=torch.float64, device=DEV)[:, None] * inv[None]
     return torch.cos(ang).float(), torch.sin(ang).float()
-
-
-def max_rel(a, b):
-    a, b = a.float(), b.float()
-    return {"max_abs": float((a - b).abs().max()), "max_rel": float(((a - b).abs() / (b.abs() + 1e-3)).max())}
 
 
 # ============================================================================ cases
@@ -344,13 +288,7 @@ def case_attention(ceil, quick):
                         sweep.append(dict(cfg, error=repr(ex)[:200]))
                 e["sweep"] = sweep
             if S == 1 or batched:
-                g = ms_graph(f)
-                e["triton_cudagraph_ms"] = g
-                if isinstance(g, float):
-                    e["cudagraph_over_bytes_floor"] = g / e["bytes_floor_ms"]
-                e["goal"] = "within 2x of the bytes floor"
-                best = min(x for x in (e["triton_ms"], g) if isinstance(x, float))
-                e["goal_met"] = best <= 2 * e["bytes_floor_ms"]
+                decode_goal(e, ceil, ms_graph(f))
             return e
         yield name, job
 
@@ -368,11 +306,10 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit("benchmarks/kernels_attention.py needs a CUDA GPU")
     torch.manual_seed(0)
-    doc = {"env": {"torch": torch.__version__, "triton": triton.__version__, "gpu": torch.cuda.get_device_name(),
-                   "python": platform.python_version(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")},
+    doc = {"env": env_info(),
            "ceilings": None, "results": [], "errors": []}
     try:
-        doc["ceilings"] = measure_ceilings()
+        doc["ceilings"] = measure_ceilings(int8=True, fp32=True)
     except Exception as e:  # noqa: BLE001
         doc["errors"].append({"case": "ceilings", "error": repr(e), "trace": traceback.format_exc()})
         doc["ceilings"] = {"copy_TBps": 4.27, "bf16_TFLOPs": 716.0, "fp32_TFLOPs": 60.0, "int8_TOPs": None,
@@ -404,11 +341,9 @@ def main(argv=None):
                 doc["errors"].append({"case": label, "error": repr(e), "trace": traceback.format_exc()})
                 print(f"[{label}] FAILED: {e!r}", flush=True)
             torch.cuda.synchronize()
-            with open(args.out, "w") as f:  # after every kernel: a later crash keeps what ran
-                json.dump(doc, f, indent=1, default=str)
+            write_json(args.out, doc)  # after every kernel: a later crash keeps what ran
         print(f"[{name}] {time.time() - t0:.1f}s", flush=True)
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1, default=str)
+    write_json(args.out, doc)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 import traceback
@@ -31,7 +30,9 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 import triton  # noqa: E402
-from triton.testing import do_bench  # noqa: E402
+
+from benchmarks.common import (  # noqa: E402
+    decode_goal, env_info, floor_ms, guarded, measure_ceilings, ms, ms_graph, rel_err, write_json)
 
 from dsv41c.codegen.triton import engram as en  # noqa: E402
 from dsv41c.codegen.triton import fp8_gemm as fg  # noqa: E402
@@ -50,63 +51,23 @@ FP8_CASES = [  # (linear, N, K, M); M "T" = BIG_T
 D, I, E, K_TOP = 5120, 2304, 384, 6
 
 
-def ms(fn, rep=100):
-    return float(do_bench(fn, warmup=25, rep=rep, return_mode="median"))
-
-
-def ms_graph(fn):
-    try:
-        from triton.testing import do_bench_cudagraph
-
-        return float(do_bench_cudagraph(fn, rep=100, return_mode="median"))
-    except Exception as e:  # noqa: BLE001 - recorded, not fatal
-        return f"unavailable: {type(e).__name__}: {e}"[:200]
-
-
-def measure_ceilings():
-    n = 1 << 29  # 1 GiB of bf16
-    a = torch.empty(n, dtype=torch.bfloat16, device=DEV).normal_()
-    b = torch.empty_like(a)
-    t = ms(lambda: b.copy_(a))
-    out = {"copy_TBps": 2 * a.numel() * 2 / (t * 1e-3) / 1e12}
-    a = b = None  # free the 2 GiB before the matmul
-    m = 8192
-    x = torch.randn(m, m, device=DEV, dtype=torch.bfloat16)
-    y = torch.randn(m, m, device=DEV, dtype=torch.bfloat16)
-    t = ms(lambda: x @ y)
-    out["bf16_TFLOPs"] = 2 * m ** 3 / (t * 1e-3) / 1e12
-    return out
-
-
-def floor_ms(ceil, bytes_, flops):
-    tb = bytes_ / (ceil["copy_TBps"] * 1e12) * 1e3
-    tf = flops / (ceil["bf16_TFLOPs"] * 1e12) * 1e3
-    return max(tb, tf), ("bytes" if tb >= tf else "flops")
-
-
-def rel_err(a, b):
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-300))
-
-
 def entry(ceil, name, shape, t_triton, t_ref, bytes_, flops, error, goal=None, **extra):
-    fl, kind = floor_ms(ceil, bytes_, flops)
+    fl, fb, ff = floor_ms(ceil, bytes_, flops)
     e = {"name": name, "shape": shape, "triton_ms": t_triton, "eager_ms": t_ref,
-         "speedup_vs_eager": (t_ref / t_triton) if t_ref else None, "floor_ms": fl, "floor_kind": kind,
+         "speedup_vs_eager": (t_ref / t_triton) if t_ref else None, "floor_ms": fl,
+         "floor_kind": "bytes" if fb >= ff else "flops",
          "time_over_floor": t_triton / fl if fl else None, "bytes": bytes_, "flops": flops,
          "TBps": bytes_ / (t_triton * 1e-3) / 1e12, "TFLOPs": flops / (t_triton * 1e-3) / 1e12 if flops else 0.0,
          "frac_bf16_rate": (flops / (t_triton * 1e-3) / 1e12) / ceil["bf16_TFLOPs"] if flops else None,
          "rel_err": error}
-    g = extra.get("graph_ms")
-    if isinstance(g, float):
-        e["graph_over_floor"] = g / fl if fl else None
+    g = extra.pop("graph_ms", None)
+    e.update(extra)
     if goal == "bf16_rate>=0.6":
         e["goal"], e["goal_met"] = goal, e["frac_bf16_rate"] >= 0.6
-    elif goal == "floor<=2x":
-        # decode runs under CUDA graphs in the runtime: the better of plain and graph time counts
-        best = min(t_triton, g) if isinstance(g, float) else t_triton
-        e["goal"], e["goal_met"] = goal, best / fl <= 2.0
-    e.update(extra)
+    elif goal == "floor<=2x":  # decode runs under CUDA graphs in the runtime
+        decode_goal(e, ceil, g)
+    elif g is not None:
+        e["graph_ms"] = g
     return e
 
 
@@ -128,19 +89,6 @@ def fp4_experts(E_, N, K):
 
 
 # ============================================================================ cases
-
-
-def guarded(out, name, fn):
-    """Run one measurement; a failure is recorded under its name and the case goes on."""
-    try:
-        e = fn()
-        out.append(e)
-        print(json.dumps({k: e[k] for k in ("name", "triton_ms", "eager_ms", "floor_ms", "rel_err") if k in e}
-                         | ({"goal_met": e["goal_met"]} if "goal_met" in e else {})), flush=True)
-    except Exception as ex:  # noqa: BLE001 - one failing kernel must not lose the others
-        out.append({"name": name, "error": f"{type(ex).__name__}: {ex}", "traceback": traceback.format_exc()[-3000:]})
-        print(f"[{name}] FAILED: {ex!r}", flush=True)
-    torch.cuda.empty_cache()
 
 
 def case_rmsnorm(ceil, quick):
@@ -462,15 +410,12 @@ def main(argv=None):
         print("kernels_ffn: needs a CUDA GPU", file=sys.stderr)
         return 2
     torch.manual_seed(0)
-    doc = {"host": platform.node(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "triton": triton.__version__, "python": platform.python_version(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-           "results": []}
+    doc = {**env_info(), "results": []}
     doc["ceilings"] = measure_ceilings()
     print(json.dumps(doc["ceilings"]), flush=True)
     if args.tune:
         doc["tune"] = tune_moe(doc["ceilings"])
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1, default=str)
+        write_json(args.out, doc)
         for r in sorted((r for r in doc["tune"] if "ms" in r), key=lambda r: (r["mode"], r["stage"], r["ms"])):
             print(f"{r['mode']:8s} {r['stage']:8s} {str(r['cfg']):24s} ds={int(r['dot_scaled'])} {r['ms']:8.4f} ms "
                   f"{100 * r['frac_bf16']:5.1f}% bf16 {r['TBps']:5.2f} TB/s")
@@ -486,10 +431,8 @@ def main(argv=None):
             print(f"[{name}] FAILED: {ex!r}", flush=True)
         torch.cuda.empty_cache()
         print(f"[{name}] {time.time() - t0:.1f}s", flush=True)
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1, default=str)
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1, default=str)
+        write_json(args.out, doc)
+    write_json(args.out, doc)
     print_table(doc)
     return 0
 

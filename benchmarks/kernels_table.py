@@ -1,9 +1,11 @@
 """Render the kernel benchmark JSON (benchmarks/results/*.json) as the markdown tables of docs/KERNELS.md.
 
 Usage: python benchmarks/kernels_table.py benchmarks/results/kernels_attention.json benchmarks/results/kernels_ffn.json
-Columns: Triton median time, eager PyTorch reference time, speedup, the floor (max of
-bytes / measured copy bandwidth and FLOPs / measured matrix rate), time over floor, the
-correctness figure the script recorded, and the issue's goal where one applies.
+Columns: Triton median time (do_bench), its CUDA-graph replay time where measured (decode
+shapes), eager PyTorch reference time, speedup, the floor (max of bytes / measured copy
+bandwidth and FLOPs / measured matrix rate), the better time over the floor, the correctness
+figure the script recorded, and the issue's goal where one applies (✔/✘; "launch-bound" where
+the floor is below the measured launch floor of an empty kernel).
 """
 import json
 import sys
@@ -26,16 +28,24 @@ def render(path: str) -> str:
     ceil = d.get("ceilings", {})
     env = d.get("env", {k: d.get(k) for k in ("gpu", "torch", "triton")})
     lines = [f"`{path}` — {env.get('gpu')}, torch {env.get('torch')}, triton {env.get('triton')}; measured "
-             f"ceilings: copy {ceil.get('copy_TBps', 0):.2f} TB/s, bf16 matmul {ceil.get('bf16_TFLOPs', 0):.0f} TFLOP/s",
-             "", "| kernel | Triton ms | eager ms | speedup | floor ms | × floor | bf16-rate frac | check | goal |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"ceilings: copy {ceil.get('copy_TBps', 0):.2f} TB/s, bf16 matmul {ceil.get('bf16_TFLOPs', 0):.0f} TFLOP/s"
+             + (f", launch floor {ceil['launch_floor_ms'] * 1e3:.1f} µs" if ceil.get("launch_floor_ms") else ""),
+             "", "| kernel | Triton ms | graph ms | eager ms | speedup | floor ms | × floor | bf16-rate frac | check | goal |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in d["results"]:
-        over = r.get("triton_over_floor", r.get("time_over_floor"))
+        if "name" in r and "triton_ms" not in r:
+            lines.append(f"| {r['name']} | FAILED: {str(r.get('error'))[:80]} |")
+            continue
+        g = r.get("graph_ms", r.get("triton_cudagraph_ms"))
+        g = g if isinstance(g, float) else None
+        over = r.get("best_over_floor", r.get("triton_over_floor", r.get("time_over_floor")))
         goal = r.get("goal") or ""
         if goal:
             goal += " ✔" if r.get("goal_met") else " ✘"
+            if r.get("launch_bound"):
+                goal += " (launch-bound)"
         frac = r.get("frac_bf16_rate")
-        lines.append(f"| {r['name']} | {_f(r.get('triton_ms'), '{:.4f}')} | {_f(r.get('eager_ms'), '{:.4f}')} | "
+        lines.append(f"| {r['name']} | {_f(r.get('triton_ms'), '{:.4f}')} | {_f(g, '{:.4f}')} | {_f(r.get('eager_ms'), '{:.4f}')} | "
                      f"{_f(r.get('speedup_vs_eager'), '{:.1f}×')} | {_f(r.get('floor_ms'), '{:.4f}')} | "
                      f"{_f(over, '{:.2f}')} | {_f(frac, '{:.0%}')} | {_err(r)} | {goal} |")
     return "\n".join(lines)

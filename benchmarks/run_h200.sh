@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Run on the GPU machine (device tool) from the repository root; results go to $OUT.
-#   - the GPU tier of the kernel tests (real widths, `-m gpu`)
-#   - the kernel micro-benchmarks (JSON per script)
+#   tests            the GPU tier of the kernel tests (real widths, `-m gpu`)
+#   bench_attention  benchmarks/kernels_attention.py -> kernels_attention.json
+#   bench_ffn        benchmarks/kernels_ffn.py       -> kernels_ffn.json
+#   tune_prefill     benchmarks/tune_moe_prefill.py  -> tune_moe_prefill.json (FP4 grouped GEMM decoders x tiles)
+#   tune_decode      benchmarks/tune_moe_decode.py   -> tune_moe_decode.json (small-batch expert GEMV path)
+# STEPS picks the steps (default: tests bench_attention bench_ffn); STEP_TIMEOUT bounds each (s).
 # Each step keeps going when an earlier one fails, so one call returns everything.
 set -u
 OUT=${OUT:-out/h200}
@@ -12,10 +16,24 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
   python3 -c 'import torch, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
 } 2>&1 | tee "$OUT/env.txt"
 STEPS=${STEPS:-"tests bench_attention bench_ffn"}
+T=${STEP_TIMEOUT:-300}
 for step in $STEPS; do
+  t0=$(date +%s)
   case $step in
-    tests) timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_attention.py tests/test_kernels_ffn.py 2>&1 | tail -40 | tee "$OUT/gpu_tests.txt" ;;
-    bench_attention) timeout 240 python3 benchmarks/kernels_attention.py --out "$OUT/kernels_attention.json" 2>&1 | tail -40 | tee "$OUT/bench_attention.txt" ;;
-    bench_ffn) timeout 240 python3 benchmarks/kernels_ffn.py --out "$OUT/kernels_ffn.json" 2>&1 | tail -40 | tee "$OUT/bench_ffn.txt" ;;
+    tests) timeout "$T" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_attention.py \
+             tests/test_kernels_ffn.py tests/test_kernels_moe_decode.py 2>&1 | tail -40 > "$OUT/gpu_tests.txt" ;;
+    bench_attention) timeout "$T" python3 benchmarks/kernels_attention.py --out "$OUT/kernels_attention.json" \
+             > "$OUT/bench_attention.txt" 2>&1 ;;
+    bench_ffn) timeout "$T" python3 benchmarks/kernels_ffn.py --out "$OUT/kernels_ffn.json" > "$OUT/bench_ffn.txt" 2>&1 ;;
+    tune_prefill) timeout "$T" python3 benchmarks/tune_moe_prefill.py --out "$OUT/tune_moe_prefill.json" \
+             > "$OUT/tune_prefill.txt" 2>&1 ;;
+    tune_decode) timeout "$T" python3 benchmarks/tune_moe_decode.py --out "$OUT/tune_moe_decode.json" \
+             > "$OUT/tune_decode.txt" 2>&1 ;;
+    *) echo "unknown step $step" ;;
   esac
+  echo "== step $step: rc=$? in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt"
+done
+# The reply carries only the tail: end with each step's last lines.
+for f in "$OUT"/gpu_tests.txt "$OUT"/bench_*.txt "$OUT"/tune_*.txt; do
+  [ -f "$f" ] && { echo "--- $f"; tail -25 "$f"; }
 done

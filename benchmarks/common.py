@@ -1,0 +1,146 @@
+"""What every kernel benchmark shares: timing, the measured ceilings, floors, errors, JSON output.
+
+Timing: `ms` is the median of `triton.testing.do_bench` (events around each call, L2 flushed
+between calls); at decode shapes that includes the host launch path, so `ms_graph` also times
+CUDA-graph replay (`do_bench_cudagraph`: the way the runtime replays a decode step), which is
+the kernel's device time plus the in-graph launch gap.
+
+Ceilings (measured in the same process, so every ratio is same run, same GPU): copy bandwidth
+(1 GiB device-to-device copy, bytes read + written), the bf16 / fp32 / int8 matmul rates
+(8192³ torch products), and the launch floor: the graph-replay time of an empty Triton kernel,
+the least any one kernel launch costs on this GPU.
+
+Floors: `floor_ms` = max(bytes / copy bandwidth, FLOPs / matmul rate of the kind the kernel
+uses). A decode kernel that moves a few hundred KB has a bytes floor far below one launch; the
+entries record both the plain bytes floor and `launch_floor_ms`, and say which one they beat.
+
+Known gaps: the ceilings are one measurement each (no repeat spread); the launch floor is one
+empty kernel, not a kernel with this one's argument count.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+import traceback
+
+import torch
+import triton
+from triton.testing import do_bench
+
+DEV = "cuda"
+
+
+def ms(fn, rep: int = 100) -> float:
+    """Median milliseconds of fn() under triton.testing.do_bench (rep is its budget in ms)."""
+    return float(do_bench(fn, warmup=25, rep=rep, return_mode="median"))
+
+
+def ms_graph(fn, rep: int = 100):
+    """Median milliseconds of one fn() replayed from a CUDA graph; a string saying why when it cannot be captured."""
+    try:
+        from triton.testing import do_bench_cudagraph
+
+        return float(do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+    except Exception as e:  # noqa: BLE001 - recorded in the JSON, not fatal
+        return f"unavailable: {type(e).__name__}: {e}"[:300]
+
+
+@triton.jit
+def _empty_kernel(x_ptr):
+    pass
+
+
+def launch_floor_ms() -> float:
+    """Graph-replay time of one empty Triton kernel: the least one kernel of any size costs here."""
+    x = torch.empty(1, device=DEV)
+    t = ms_graph(lambda: _empty_kernel[(1,)](x))
+    return t if isinstance(t, float) else float("nan")
+
+
+def measure_ceilings(int8: bool = False, fp32: bool = False) -> dict:
+    out = {}
+    n = 1 << 29  # 1 GiB of bf16, several times the 50 MB L2
+    a = torch.empty(n, dtype=torch.bfloat16, device=DEV).normal_()
+    b = torch.empty_like(a)
+    out["copy_TBps"] = 2 * a.numel() * 2 / (ms(lambda: b.copy_(a)) * 1e-3) / 1e12
+    a = b = None  # free the 2 GiB before the GEMMs
+    m = 8192
+    x = torch.randn(m, m, device=DEV, dtype=torch.bfloat16)
+    y = torch.randn(m, m, device=DEV, dtype=torch.bfloat16)
+    out["bf16_TFLOPs"] = 2 * m**3 / (ms(lambda: x @ y) * 1e-3) / 1e12
+    if fp32:
+        xf, yf = x.float(), y.float()
+        out["fp32_TFLOPs"] = 2 * m**3 / (ms(lambda: xf @ yf) * 1e-3) / 1e12
+        xf = yf = None
+    if int8:
+        try:
+            xi = torch.randint(-8, 8, (m, m), device=DEV, dtype=torch.int8)
+            yi = torch.randint(-8, 8, (m, m), device=DEV, dtype=torch.int8)
+            out["int8_TOPs"] = 2 * m**3 / (ms(lambda: torch._int_mm(xi, yi)) * 1e-3) / 1e12
+        except Exception as e:  # noqa: BLE001 - the int8 floor then falls back to 2x bf16
+            out["int8_TOPs"] = None
+            out["int8_error"] = str(e)[:200]
+    out["launch_floor_ms"] = launch_floor_ms()
+    return out
+
+
+def floor_ms(ceil: dict, bytes_: float, flops: float = 0.0, kind: str = "bf16"):
+    """(floor, bytes floor, FLOP floor) in ms for a kernel moving bytes_ and doing flops of `kind`."""
+    t_b = bytes_ / (ceil["copy_TBps"] * 1e12) * 1e3
+    rate = {"bf16": ceil["bf16_TFLOPs"], "int8": ceil.get("int8_TOPs") or 2 * ceil["bf16_TFLOPs"],
+            "fp32": ceil.get("fp32_TFLOPs") or ceil["bf16_TFLOPs"] / 8}[kind]
+    t_f = flops / (rate * 1e12) * 1e3
+    return max(t_b, t_f), t_b, t_f
+
+
+def decode_goal(e: dict, ceil: dict, t_graph) -> dict:
+    """Fill the 'decode within 2x of the bytes floor' verdict of entry e from its graph-replay time."""
+    best = min(x for x in (e.get("triton_ms"), t_graph) if isinstance(x, float))
+    lf = ceil.get("launch_floor_ms") or 0.0
+    e["graph_ms"] = t_graph
+    e["goal"] = "decode <= 2x bytes floor"
+    e["best_over_floor"] = best / e["floor_ms"] if e["floor_ms"] else None
+    e["goal_met"] = best <= 2 * e["floor_ms"]
+    # Below one launch no kernel can go: say so rather than hide it.
+    e["launch_bound"] = e["floor_ms"] < lf
+    e["goal_met_vs_launch_floor"] = best <= 2 * max(e["floor_ms"], lf)
+    return e
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def max_rel(a: torch.Tensor, b: torch.Tensor) -> dict:
+    a, b = a.float(), b.float()
+    return {"max_abs": float((a - b).abs().max()), "max_rel": float(((a - b).abs() / (b.abs() + 1e-3)).max())}
+
+
+def guarded(out: list, name: str, fn) -> None:
+    """Run one measurement; a failure is recorded under its name and the next case still runs."""
+    try:
+        e = fn()
+        out.append(e)
+        keys = ("name", "triton_ms", "graph_ms", "eager_ms", "floor_ms", "rel_err", "goal_met")
+        print(json.dumps({k: e[k] for k in keys if k in e}, default=str), flush=True)
+    except Exception as ex:  # noqa: BLE001 - one failing kernel must not lose the others
+        out.append({"name": name, "error": f"{type(ex).__name__}: {ex}", "traceback": traceback.format_exc()[-3000:]})
+        print(f"[{name}] FAILED: {ex!r}"[:500], flush=True)
+    torch.cuda.empty_cache()
+
+
+def env_info() -> dict:
+    return {"host": platform.node(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": triton.__version__, "python": platform.python_version(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def write_json(path: str, doc: dict) -> None:
+    """Write doc atomically (a crash mid-write leaves the previous file)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1, default=str)
+    os.replace(tmp, path)
