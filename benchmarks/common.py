@@ -5,6 +5,9 @@ between calls); at decode shapes that includes the host launch path, so `ms_grap
 CUDA-graph replay (`do_bench_cudagraph`: the way the runtime replays a decode step), which is
 the kernel's device time plus the in-graph launch gap.
 
+`ms_compiled` times torch.compile of the eager reference on the same inputs (Inductor, default
+mode), for the kernels where that comparison is cheap to make (a few elementwise/reduction ones).
+
 Ceilings (measured in the same process, so every ratio is same run, same GPU): copy bandwidth
 (1 GiB device-to-device copy, bytes read + written), the bf16 / fp32 / int8 matmul rates
 (8192³ torch products), and the launch floor: the graph-replay time of an empty Triton kernel,
@@ -45,6 +48,18 @@ def ms_graph(fn, rep: int = 100):
         return float(do_bench_cudagraph(fn, rep=rep, return_mode="median"))
     except Exception as e:  # noqa: BLE001 - recorded in the JSON, not fatal
         return f"unavailable: {type(e).__name__}: {e}"[:300]
+
+
+def ms_compiled(fn, *args, rep: int = 100) -> dict:
+    """torch.compile(fn) on these args: its median ms and its compile seconds (or why it failed)."""
+    try:
+        t0 = time.time()
+        cfn = torch.compile(fn, dynamic=False)
+        cfn(*args)
+        torch.cuda.synchronize()
+        return {"compiled_ms": ms(lambda: cfn(*args), rep=rep), "compile_s": time.time() - t0}
+    except Exception as e:  # noqa: BLE001 - recorded in the JSON, not fatal
+        return {"compiled_ms": None, "compile_error": f"{type(e).__name__}: {e}"[:300]}
 
 
 @triton.jit

@@ -29,7 +29,7 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 from benchmarks.common import (  # noqa: E402
-    decode_goal, env_info, floor_ms, max_rel, measure_ceilings, ms, ms_graph, write_json)
+    decode_goal, env_info, floor_ms, max_rel, measure_ceilings, ms, ms_compiled, ms_graph, write_json)
 
 from dsv41c.codegen.triton import compressor as cm  # noqa: E402
 from dsv41c.codegen.triton import indexer as ix  # noqa: E402
@@ -71,8 +71,10 @@ def case_kv_codecs(ceil, quick):
             kq.fp8_ring_append(x, pos, q1, e1)
             kq.fp8_ring_append_ref(x, pos, q2, e2)
             err = {"code_mismatches": int((q1 != q2).sum() + (e1 != e2).sum())}
-            return entry(ceil, f"kv_fp8_ring_append_S{S}", [S, 512], ms(lambda: kq.fp8_ring_append(x, pos, q1, e1)),
-                         ms(lambda: kq.fp8_ring_append_ref(x, pos, q2, e2)), S * (512 * 2 + 512 + 16 + 4), 0, "bf16", err)
+            f = lambda: kq.fp8_ring_append(x, pos, q1, e1)  # noqa: E731
+            e = entry(ceil, f"kv_fp8_ring_append_S{S}", [S, 512], ms(f),
+                      ms(lambda: kq.fp8_ring_append_ref(x, pos, q2, e2)), S * (512 * 2 + 512 + 16 + 4), 0, "bf16", err)
+            return decode_goal(e, ceil, ms_graph(f)) if S == 1 else e
         yield f"kv_fp8_ring_append_S{S}", ring
     N = 65536
     for fmt, C in (("e4m3", 512), ("ue8m0", 128)):
@@ -84,7 +86,8 @@ def case_kv_codecs(ceil, quick):
             p2, s2 = kq.fp4_quant_ref(x, fmt)
             err = {"code_mismatches": int((p1 != p2).sum() + (s1.view(torch.uint8) != s2.view(torch.uint8)).sum())}
             return entry(ceil, f"fp4_quant_{fmt}_C{C}", [N, C], ms(lambda: kq.fp4_quant(x, fmt)),
-                         ms(lambda: kq.fp4_quant_ref(x, fmt)), N * (C * 2 + C // 2 + nsc), 0, "bf16", err)
+                         ms(lambda: kq.fp4_quant_ref(x, fmt)), N * (C * 2 + C // 2 + nsc), 0, "bf16", err,
+                         **ms_compiled(kq.fp4_quant_ref, x, fmt))
 
         def dequant(fmt=fmt, C=C, nsc=nsc):
             p1, s1 = kq.fp4_quant(torch.randn(N, C, device=DEV), fmt)
@@ -101,7 +104,7 @@ def case_kv_codecs(ceil, quick):
         d1, d2 = kq.fp8_dequant(q, e), kq.fp8_dequant_ref(q, e)
         return entry(ceil, "fp8_ue8m0_dequant_C512", [N, 512], ms(lambda: kq.fp8_dequant(q, e)),
                      ms(lambda: kq.fp8_dequant_ref(q, e)), N * (512 * 3 + 16), 0, "bf16",
-                     {"mismatches": int((d1 != d2).sum())})
+                     {"mismatches": int((d1 != d2).sum())}, **ms_compiled(kq.fp8_dequant_ref, q, e))
     yield "fp8_ue8m0_dequant", fp8_deq
 
 
@@ -143,8 +146,9 @@ def case_compressor(ceil, quick):
                    "index_key_code_mismatch_frac": float((A[2] != B[2]).float().mean())}
             flops = 2.0 * T * D * C * ratio + 2.0 * J * C * CI
             bytes_ = T * D * 2 + ratio * C * D * 2 + J * (C // 2 + C // 16 + CI // 2 + CI // 32 + C * (2 if ratio == 1 else 4))
-            return entry(ceil, f"compressor_r{ratio}_T{T}", [T, D], ms(run(cm.compress, A)), ms(run(cm.compress_ref, B)),
-                         bytes_, flops, "bf16", err)
+            e = entry(ceil, f"compressor_r{ratio}_T{T}", [T, D], ms(run(cm.compress, A)), ms(run(cm.compress_ref, B)),
+                      bytes_, flops, "bf16", err)
+            return decode_goal(e, ceil, ms_graph(run(cm.compress, A))) if T <= 2 else e
         yield f"compressor_r{ratio}_T{T}", job
 
 

@@ -32,7 +32,7 @@ if _ROOT not in sys.path:
 import triton  # noqa: E402
 
 from benchmarks.common import (  # noqa: E402
-    decode_goal, env_info, floor_ms, guarded, measure_ceilings, ms, ms_graph, rel_err, write_json)
+    decode_goal, env_info, floor_ms, guarded, measure_ceilings, ms, ms_compiled, ms_graph, rel_err, write_json)
 
 from dsv41c.codegen.triton import engram as en  # noqa: E402
 from dsv41c.codegen.triton import fp8_gemm as fg  # noqa: E402
@@ -100,7 +100,8 @@ def case_rmsnorm(ceil, quick):
             return entry(ceil, f"rmsnorm_T{T}", [T, D], ms(lambda: rn.rmsnorm(x, w, 1e-20)),
                          ms(lambda: rn.rmsnorm_reference(x, w, 1e-20)), 2 * T * D * 2 + D * 2, 0, err,
                          "floor<=2x" if T == 1 else None,
-                         graph_ms=ms_graph(lambda: rn.rmsnorm(x, w, 1e-20)) if T == 1 else None)
+                         graph_ms=ms_graph(lambda: rn.rmsnorm(x, w, 1e-20)) if T == 1 else None,
+                         **(ms_compiled(rn.rmsnorm_reference, x, w, 1e-20) if T > 1 else {}))
 
         def add(T=T):
             x, r, w = rnd(T, D), rnd(T, D), rnd(D)
@@ -108,7 +109,8 @@ def case_rmsnorm(ceil, quick):
             ry, rs = rn.add_rmsnorm_reference(x, r, w, 1e-20)
             return entry(ceil, f"add_rmsnorm_T{T}", [T, D], ms(lambda: rn.add_rmsnorm(x, r, w, 1e-20)),
                          ms(lambda: rn.add_rmsnorm_reference(x, r, w, 1e-20)), 4 * T * D * 2 + D * 2, 0,
-                         max(rel_err(y, ry), rel_err(s, rs)))
+                         max(rel_err(y, ry), rel_err(s, rs)),
+                         **(ms_compiled(rn.add_rmsnorm_reference, x, r, w, 1e-20) if T > 1 else {}))
         guarded(out, f"rmsnorm_T{T}", norm)
         guarded(out, f"add_rmsnorm_T{T}", add)
     return out
@@ -151,7 +153,8 @@ def case_fp8_gemm(ceil, quick):
         x = rnd(BIG_T, D)
         err = float((fg.act_quant_fp8(x) != fg.act_quant_fp8_reference(x)).float().mean())
         return entry(ceil, f"act_quant_fp8_T{BIG_T}", [BIG_T, D], ms(lambda: fg.act_quant_fp8(x)),
-                     ms(lambda: fg.act_quant_fp8_reference(x)), 2 * BIG_T * D * 2, 0, err)
+                     ms(lambda: fg.act_quant_fp8_reference(x)), 2 * BIG_T * D * 2, 0, err,
+                     **ms_compiled(fg.act_quant_fp8_reference, x))
     guarded(out, f"act_quant_fp8_T{BIG_T}", aq)
     return out
 
@@ -292,7 +295,8 @@ def case_mhc(ceil, quick):
             return entry(ceil, f"mhc_post_{tag}", [T, 4, D], ms(lambda: mhc.mhc_post(H, y, pst, comb)),
                          ms(lambda: mhc.mhc_post_reference(H, y, pst, comb)), 2 * T * 4 * D * es + T * D * 2, 0, err,
                          "floor<=2x" if T <= 8 else None,
-                         graph_ms=ms_graph(lambda: mhc.mhc_post(H, y, pst, comb)) if T <= 8 else None)
+                         graph_ms=ms_graph(lambda: mhc.mhc_post(H, y, pst, comb)) if T <= 8 else None,
+                         **(ms_compiled(mhc.mhc_post_reference, H, y, pst, comb) if T > 8 else {}))
         guarded(out, f"mhc_pre_{tag}", pre)
         guarded(out, f"mhc_post_{tag}", post)
     return out

@@ -30,8 +30,8 @@ def render(path: str) -> str:
     lines = [f"`{path}` — {env.get('gpu')}, torch {env.get('torch')}, triton {env.get('triton')}; measured "
              f"ceilings: copy {ceil.get('copy_TBps', 0):.2f} TB/s, bf16 matmul {ceil.get('bf16_TFLOPs', 0):.0f} TFLOP/s"
              + (f", launch floor {ceil['launch_floor_ms'] * 1e3:.1f} µs" if ceil.get("launch_floor_ms") else ""),
-             "", "| kernel | Triton ms | graph ms | eager ms | speedup | floor ms | × floor | bf16-rate frac | check | goal |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "", "| kernel | Triton ms | graph ms | eager ms | speedup | torch.compile ms | floor ms | × floor | bf16-rate frac "
+             "| check | goal |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in d["results"]:
         if "name" in r and "triton_ms" not in r:
             lines.append(f"| {r['name']} | FAILED: {str(r.get('error'))[:80]} |")
@@ -46,7 +46,8 @@ def render(path: str) -> str:
                 goal += " (launch-bound)"
         frac = r.get("frac_bf16_rate")
         lines.append(f"| {r['name']} | {_f(r.get('triton_ms'), '{:.4f}')} | {_f(g, '{:.4f}')} | {_f(r.get('eager_ms'), '{:.4f}')} | "
-                     f"{_f(r.get('speedup_vs_eager'), '{:.1f}×')} | {_f(r.get('floor_ms'), '{:.4f}')} | "
+                     f"{_f(r.get('speedup_vs_eager'), '{:.1f}×')} | {_f(r.get('compiled_ms'), '{:.4f}')} | "
+                     f"{_f(r.get('floor_ms'), '{:.4f}')} | "
                      f"{_f(over, '{:.2f}')} | {_f(frac, '{:.0%}')} | {_err(r)} | {goal} |")
     return "\n".join(lines)
 
