@@ -338,6 +338,18 @@ def test_mhc_pre(T, split, dtype):
     torch.testing.assert_close(comb.sum(-1), torch.ones(T, 4, device=DEV), rtol=0, atol=2e-2)
 
 
+@pytest.mark.parametrize("T,split", [(1, None), (3, 2), (8, None)])
+def test_mhc_pre_decode_gemv_splits(T, split):
+    """The decode (GEMV) form over several D ranges, the last one ragged (D = 320 = 2.5 × 128)."""
+    g = gen(18)
+    H, fn, base, scale, pre_prev = _mhc_inputs(g, T, 320, torch.float32)
+    assert T <= mhc.GEMV_MAX_T
+    out = mhc.mhc_pre(H, pre_prev, fn, base, scale, 1e-20, 1e-6, split=split)
+    ref = mhc.mhc_pre_reference(H, pre_prev, fn, base, scale, 1e-20, 1e-6)
+    for a, b in zip(out, ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_mhc_pre_first_site_takes_stream_zero():
     g = gen(17)
     H, fn, base, scale, _ = _mhc_inputs(g, 3, 64, torch.bfloat16)

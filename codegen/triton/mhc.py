@@ -17,12 +17,16 @@ adds their squares, accumulates the 24 projections with a tl.dot against fn (two
 rows 0..7 = pre/post, rows 8..23 = comb) and writes the collapse x_in for that chunk. The norm
 is a per-token scalar, so it is applied to the 24 dot products at the end (m = (H·fnᵀ)·rstd).
 Prefill runs one program per token block and finishes the coefficients in the same kernel;
-decode (few tokens) splits D across programs (partial projections + sums of squares, fixed-order
-reduction in `mhc_coeff_kernel`) so the 2 MB fn is streamed by many SMs. The Sinkhorn runs on a
+at 9..64 tokens D is split across programs (partial projections + sums of squares, fixed-order
+reduction in `mhc_coeff_kernel`) so the 2 MB fn is streamed by many SMs. Decode (<= 8 tokens)
+uses `mhc_pre_gemv_kernel` instead: one program per (token, 128 channels), plain multiply-and-sum
+against the [24, 128] fn slices (no 16-row MMA padding, no operand shuffles), then the same
+coefficient kernel with a [T, 4, 4] tile in one or two warps. (H200, before the GEMV form:
+32 µs per site at one token under a CUDA graph, 0.5 µs bytes floor.) The Sinkhorn runs on a
 [BT, 4, 4] register tile. `mhc_post` is elementwise over (token block, D chunk).
 Divisions in the coefficient math are IEEE (div_rn) so all targets agree with the reference.
 
-Specialization keys: HC (4), D (5120), ITERS (20), mode (decode: split D, prefill: fused),
+Specialization keys: HC (4), D (5120), ITERS (20), mode (decode_gemv / decode: split D / prefill: fused),
 BT, BD, PREC (fp32 dot: tf32x3 on CUDA, ieee on ROCm), stream dtype.
 
 Known gaps: the expand of one site and the coefficient pass of the next are separate kernels
@@ -129,6 +133,43 @@ def mhc_pre_kernel(h_ptr, pre_prev_ptr, fn_ptr, x_ptr, part_ptr, sq_ptr, base_pt
 
 
 @triton.jit
+def mhc_pre_gemv_kernel(h_ptr, pre_prev_ptr, fn_ptr, x_ptr, part_ptr, sq_ptr, T, D: tl.constexpr,
+                        D_PER_SPLIT: tl.constexpr, BD: tl.constexpr):
+    """Decode form of mhc_pre_kernel: one token × one D range per program, FMA reductions, no MMA.
+
+    part[split, t] = Σ_d H[t]·fn[:, d] over the range, sq[split, t] = Σ H², x_in[t, range]. At a few tokens
+    the [16-token, BD]·[BD, 16] MMAs of mhc_pre_kernel are mostly padding and their operand shuffles
+    serialize each program; plain multiply-and-sum over a [32, BD] fn tile keeps every lane busy."""
+    t = tl.program_id(0)
+    split = tl.program_id(1)
+    # Column c of the partial holds the layout mhc_coeff_kernel sums: m[0:8] (pre, post) in 0..7,
+    # zeros in 8..15, m[8:24] (comb logits) in 16..31.
+    r32 = tl.arange(0, 32)
+    f_ok = (r32 < 8) | (r32 >= 16)
+    frow = tl.where(r32 < 8, r32, r32 - 8)
+    KD = 4 * D
+    acc = tl.zeros((32,), dtype=tl.float32)
+    sq = tl.zeros((BD,), dtype=tl.float32)
+    h_row = h_ptr + t.to(tl.int64) * KD
+    d_lo = split * D_PER_SPLIT
+    for d0 in range(d_lo, d_lo + D_PER_SPLIT, BD):
+        rd = d0 + tl.arange(0, BD)
+        d_ok = rd < D
+        xacc = tl.zeros((BD,), dtype=tl.float32)
+        for k in tl.static_range(4):
+            hk = tl.load(h_row + k * D + rd, mask=d_ok, other=0.0).to(tl.float32)
+            sq += hk * hk
+            xacc += tl.load(pre_prev_ptr + t * 4 + k) * hk
+            f = tl.load(fn_ptr + frow[:, None] * KD + k * D + rd[None, :], mask=f_ok[:, None] & d_ok[None, :],
+                        other=0.0)
+            acc += tl.sum(f * hk[None, :], axis=1)
+        tl.store(x_ptr + t.to(tl.int64) * D + rd, xacc.to(x_ptr.dtype.element_ty), mask=d_ok)
+    base = part_ptr + (split * T + t).to(tl.int64) * 32
+    tl.store(base + r32, acc)
+    tl.store(sq_ptr + split * T + t, tl.sum(sq, axis=0))
+
+
+@triton.jit
 def mhc_coeff_kernel(part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, n_split, norm_eps,
                      hc_eps, D: tl.constexpr, BT: tl.constexpr, ITERS: tl.constexpr):
     """Sum the D-split partials in split order, then the coefficients."""
@@ -230,6 +271,8 @@ def mhc_pre(H, pre_prev, fn, base, scale, norm_eps: float, hc_eps: float, iters:
     if T == 0:
         return x, pre, post, comb
     fn32, base32, scale32 = fn.float().contiguous(), base.float().contiguous(), scale.float().contiguous()
+    if T <= GEMV_MAX_T:
+        return _mhc_pre_gemv(H, pre_prev, fn32, base32, scale32, x, pre, post, comb, norm_eps, hc_eps, iters, split)
     if interpreting():
         BT, BD = 16, 32
         nsplit = 1 if split is None else split
@@ -256,6 +299,25 @@ def mhc_pre(H, pre_prev, fn, base, scale, norm_eps: float, hc_eps: float, iters:
         BT2 = 16
         mhc_coeff_kernel[(triton.cdiv(T, BT2),)](part, sq, base32, scale32, pre, post, comb, T, nsplit,
                                                  float(norm_eps), float(hc_eps), D=D, BT=BT2, ITERS=iters, num_warps=4)
+    return x, pre, post, comb
+
+
+GEMV_MAX_T = 8  # decode: tokens up to which mhc_pre runs the per-token GEMV form
+GEMV_BD = 128  # channels per program of the GEMV form (D = 5120 -> 40 programs per token)
+
+
+def _mhc_pre_gemv(H, pre_prev, fn32, base32, scale32, x, pre, post, comb, norm_eps, hc_eps, iters, split):
+    T, _, D = H.shape
+    nsplit = triton.cdiv(D, GEMV_BD) if split is None else split
+    d_per = triton.cdiv(triton.cdiv(D, nsplit), GEMV_BD) * GEMV_BD
+    nsplit = triton.cdiv(D, d_per)
+    part = torch.empty(nsplit, T, 32, dtype=torch.float32, device=H.device)
+    sq = torch.empty(nsplit, T, dtype=torch.float32, device=H.device)
+    mhc_pre_gemv_kernel[(T, nsplit)](H, pre_prev, fn32, x, part, sq, T, D=D, D_PER_SPLIT=d_per, BD=GEMV_BD,
+                                     num_warps=4)
+    BT2 = triton.next_power_of_2(T)  # one token: a [1, 4, 4] Sinkhorn tile in one warp
+    mhc_coeff_kernel[(1,)](part, sq, base32, scale32, pre, post, comb, T, nsplit, float(norm_eps), float(hc_eps),
+                           D=D, BT=BT2, ITERS=iters, num_warps=1 if BT2 <= 2 else 2)
     return x, pre, post, comb
 
 
@@ -295,10 +357,16 @@ def _pre_variants(target: str) -> list:
                   "FINALIZE": fin}
             out.append(aot_spec(mhc_pre_kernel, f"{mode}_{sdt[1:]}", types, ce, 4, 2,
                                 {"HC": HC, "mode": mode, "streams": sdt[1:], **ce}))
+        gt = {"h_ptr": sdt, "pre_prev_ptr": "*fp32", "fn_ptr": "*fp32", "x_ptr": sdt, "part_ptr": "*fp32",
+              "sq_ptr": "*fp32", "T": "i32"}
+        ce = {"D": HIDDEN, "D_PER_SPLIT": GEMV_BD, "BD": GEMV_BD}
+        out.append(aot_spec(mhc_pre_gemv_kernel, f"decode_gemv_{sdt[1:]}", gt, ce, 4, 1,
+                            {"HC": HC, "mode": "decode_gemv", "streams": sdt[1:], **ce}))
     ct = {"part_ptr": "*fp32", "sq_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32", "pre_ptr": "*fp32",
           "post_ptr": "*fp32", "comb_ptr": "*fp32", "T": "i32", "n_split": "i32", "norm_eps": "fp32", "hc_eps": "fp32"}
-    out.append(aot_spec(mhc_coeff_kernel, "coeff_bt16", ct, {"D": HIDDEN, "BT": 16, "ITERS": SINKHORN_ITERS}, 4, 1,
-                        {"HC": HC, "mode": "decode", "D": HIDDEN, "BT": 16, "ITERS": SINKHORN_ITERS}))
+    for bt, nw in ((1, 1), (8, 2), (16, 4)):
+        out.append(aot_spec(mhc_coeff_kernel, f"coeff_bt{bt}", ct, {"D": HIDDEN, "BT": bt, "ITERS": SINKHORN_ITERS},
+                            nw, 1, {"HC": HC, "mode": "decode", "D": HIDDEN, "BT": bt, "ITERS": SINKHORN_ITERS}))
     return out
 
 
