@@ -10,15 +10,15 @@ mode), for the kernels where that comparison is cheap to make (a few elementwise
 
 Ceilings (measured in the same process, so every ratio is same run, same GPU): copy bandwidth
 (1 GiB device-to-device copy, bytes read + written), the bf16 / fp32 / int8 matmul rates
-(8192³ torch products), and the launch floor: the graph-replay time of an empty Triton kernel,
-the least any one kernel launch costs on this GPU.
+(8192³ torch products), and the launch floor: the graph-replay time of a Triton kernel that
+copies one float, the least any kernel that reads and writes memory costs on this GPU.
 
 Floors: `floor_ms` = max(bytes / copy bandwidth, FLOPs / matmul rate of the kind the kernel
 uses). A decode kernel that moves a few hundred KB has a bytes floor far below one launch; the
 entries record both the plain bytes floor and `launch_floor_ms`, and say which one they beat.
 
 Known gaps: the ceilings are one measurement each (no repeat spread); the launch floor is one
-empty kernel, not a kernel with this one's argument count.
+tiny kernel, not a kernel with this one's argument count.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ import traceback
 
 import torch
 import triton
+import triton.language as tl
 from triton.testing import do_bench
 
 DEV = "cuda"
@@ -63,14 +64,16 @@ def ms_compiled(fn, *args, rep: int = 100) -> dict:
 
 
 @triton.jit
-def _empty_kernel(x_ptr):
-    pass
+def _one_element_copy_kernel(x_ptr, y_ptr):
+    tl.store(y_ptr, tl.load(x_ptr))
 
 
 def launch_floor_ms() -> float:
-    """Graph-replay time of one empty Triton kernel: the least one kernel of any size costs here."""
-    x = torch.empty(1, device=DEV)
-    t = ms_graph(lambda: _empty_kernel[(1,)](x))
+    """Graph-replay time of a kernel that copies one float: the least any kernel that reads and writes
+    memory costs here (one launch + one dependent memory round trip)."""
+    x = torch.ones(1, device=DEV)
+    y = torch.empty(1, device=DEV)
+    t = ms_graph(lambda: _one_element_copy_kernel[(1,)](x, y))
     return t if isinstance(t, float) else float("nan")
 
 
