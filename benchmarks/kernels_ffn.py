@@ -146,7 +146,8 @@ def case_fp8_gemm(ceil, quick):
                          ms(lambda: fg.fp8_gemm_swiglu(x, w1, s1, w3, s3, 10.0)),
                          ms(lambda: fg.fp8_gemm_swiglu_reference(x, w1, s1, w3, s3, 10.0), rep=50),
                          2 * I * D * (1 + 1 / 1024) + M * D * 2 + M * I * 2, 4 * M * I * D, err,
-                         "floor<=2x" if M <= 8 else None)
+                         "floor<=2x" if M <= 8 else None,
+                         graph_ms=ms_graph(lambda: fg.fp8_gemm_swiglu(x, w1, s1, w3, s3, 10.0)) if M <= 8 else None)
         guarded(out, f"fp8_gemm_swiglu_shared_w13_M{M}", swiglu)
 
     def aq():

@@ -5,6 +5,7 @@
 #   bench_ffn        benchmarks/kernels_ffn.py       -> kernels_ffn.json
 #   tune_prefill     benchmarks/tune_moe_prefill.py  -> tune_moe_prefill.json (FP4 grouped GEMM decoders x tiles)
 #   tune_decode      benchmarks/tune_moe_decode.py   -> tune_moe_decode.json (small-batch expert GEMV path)
+#   tune_fp8         benchmarks/tune_fp8_decode.py   -> tune_fp8_decode.json (FP8 GEMM decode tiles)
 # STEPS picks the steps (default: tests bench_attention bench_ffn); STEP_TIMEOUT bounds each (s).
 # Each step keeps going when an earlier one fails, so one call returns everything.
 set -u
@@ -29,6 +30,8 @@ for step in $STEPS; do
              > "$OUT/tune_prefill.txt" 2>&1 ;;
     tune_decode) timeout "$T" python3 benchmarks/tune_moe_decode.py --out "$OUT/tune_moe_decode.json" \
              > "$OUT/tune_decode.txt" 2>&1 ;;
+    tune_fp8) timeout "$T" python3 benchmarks/tune_fp8_decode.py --out "$OUT/tune_fp8_decode.json" \
+             > "$OUT/tune_fp8.txt" 2>&1 ;;
     *) echo "unknown step $step" ;;
   esac
   echo "== step $step: rc=$? in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt"
