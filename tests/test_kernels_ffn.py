@@ -15,9 +15,12 @@ import shutil
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from dsv41c.codegen import templates
 from dsv41c.codegen.triton import engram as en
+from dsv41c.codegen.triton import fp4_unpack as fu
 from dsv41c.codegen.triton import fp8_gemm as fg
 from dsv41c.codegen.triton import mhc
 from dsv41c.codegen.triton import moe
@@ -307,6 +310,80 @@ def test_moe_forward_with_shared_expert(experts):
     assert rel_err(y, ref) < 4 * BF16_ULP
 
 
+@triton.jit
+def _fp4_tile_kernel(w_ptr, s_ptr, o_ptr, R: tl.constexpr, BK: tl.constexpr, DECODE: tl.constexpr,
+                     PTX: tl.constexpr, F32: tl.constexpr):
+    """o [R, BK] = fp4_unpack.fp4_tile of packed rows w [R, BK/2] (bytes) and scales s [R, BK/32]."""
+    r = tl.arange(0, R)[:, None]
+    sc = tl.load(s_ptr + r * (BK // 32) + tl.arange(0, BK // 32)[None, :])
+    if DECODE == 2:
+        wp = tl.load(w_ptr.to(tl.pointer_type(tl.uint32)) + r * (BK // 8) + tl.arange(0, BK // 8)[None, :])
+    else:
+        wp = tl.load(w_ptr + r * (BK // 2) + tl.arange(0, BK // 2)[None, :])
+    tl.store(o_ptr + r * BK + tl.arange(0, BK)[None, :], fu.fp4_tile(wp, sc, R, BK, DECODE, PTX, F32))
+
+
+@triton.jit
+def _permute_cols_kernel(x_ptr, o_ptr, R: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, DECODE: tl.constexpr):
+    offs = tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]
+    tl.store(o_ptr + offs, fu.permute_cols_tile(tl.load(x_ptr + offs), R, C, BK, DECODE))
+
+
+@pytest.mark.parametrize("decode", [0, 1, 2])
+@pytest.mark.parametrize("BK", [64, 128])
+def test_fp4_decoder_every_code_and_extreme_scale(decode, BK):
+    """Each decoder is exact: all 16 E2M1 codes at every k position, UE8M0 e = 0, 1, 127, 128, 129, 254, 255
+    (inf past 2^128 and NaN at e = 255, as the float32 reference). On CUDA the inline-PTX multiply too."""
+    R = 16
+    codes = (torch.arange(R)[:, None] + torch.arange(BK)[None, :]) % 16
+    w = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
+    e = torch.tensor([0, 1, 127, 128, 129, 254, 255, 110, 125, 3, 200, 64, 126, 130, 2, 253], dtype=torch.uint8)
+    s = e[(torch.arange(R)[:, None] * 3 + torch.arange(BK // 32)[None, :]) % 16]
+    ref = fu.permute_k(nx.dequant_fp4_weight(w.view(torch.int8), s), BK, decode)
+    for f32 in (True, False):
+        if decode == 0 and not f32 and DEV == "cpu":
+            continue  # the interpreter's fp32 -> bf16 cvt mangles subnormals (e = 0); decoders 1/2 move bits
+        out = torch.empty(R, BK, dtype=torch.float32 if f32 else torch.bfloat16, device=DEV)
+        _fp4_tile_kernel[(1,)](w.to(DEV), s.to(DEV), out, R=R, BK=BK, DECODE=decode, PTX=DEV == "cuda", F32=f32)
+        torch.testing.assert_close(out.float().cpu(), ref, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("decode", [1, 2])
+def test_k_order_host_and_in_kernel_agree(decode):
+    g = gen(16)
+    R, C, BK = 16, 256, 128
+    x = randn(g, R, C)
+    assert sorted(fu.k_order(BK, decode).tolist()) == list(range(BK))
+    assert torch.equal(fu.unpermute_k(fu.permute_k(x, BK, decode), BK, decode), x)
+    out = torch.empty_like(x)
+    _permute_cols_kernel[(1,)](x, out, R=R, C=C, BK=BK, DECODE=decode)
+    assert torch.equal(out, fu.permute_k(x, BK, decode))
+
+
+@pytest.mark.parametrize("decode", [0, 1, 2])
+@pytest.mark.parametrize("h_in_kernel", [True, False])
+def test_moe_gate_up_down_decoders_ragged_n(decode, h_in_kernel):
+    """Each decoder end to end against float64, with N not a multiple of BN in both GEMMs; h stored in the
+    down kernel's k order by gate/up (h_in_kernel) or reordered by moe_down."""
+    g = gen(17)
+    E, D, I, T, k = 4, 192, 192, 5, 2
+    w1, s1 = fp4_experts(g, E, I, D)
+    w3, s3 = fp4_experts(g, E, I, D)
+    w2, s2 = fp4_experts(g, E, D, I)
+    x = randn(g, T, D)
+    idx, w = _routing(g, T, k=k, E=E, skip=(1,))
+    tiles = (16, 128, 64, 4, 1)  # 192 = 128 + a half-masked tile
+    plan = moe.moe_align(idx, E, 16)
+    h_order = (decode, 64) if decode and h_in_kernel else None
+    kw = dict(dot_scaled=False, tiles=tiles, decode=decode, h_order=h_order)
+    h = moe.moe_gate_up(x, plan, w, w1, s1, w3, s3, 10.0, inter_dtype=torch.float32, **kw)
+    y = moe.moe_combine(moe.moe_down(h, plan, w2, s2, torch.float32, **kw), k)
+    ref64 = moe.moe_experts_reference(x.double(), idx, w.double(), w1, s1, w3, s3, w2, s2, limit=10.0,
+                                      inter_dtype=torch.float64, partial_dtype=torch.float64,
+                                      compute_dtype=torch.float64)
+    assert rel_err(y, ref64) < 1e-6
+
+
 # ============================================================================ mHC
 
 
@@ -443,6 +520,7 @@ def _have_ptxas():
 
 AOT_CASES = (
     ("cuda:sm90", "moe_gate_up_fp4", "backbone_decode", "wgmma.mma_async"),
+    ("cuda:sm90", "moe_gate_up_fp4", "backbone_prefill", "wgmma.mma_async"),  # decoder 2, register A operand
     ("cuda:sm90", "fp8_gemm", "wq_a_prefill", "wgmma.mma_async"),
     ("rocm:gfx942", "moe_down_fp4", "prefill", "v_mfma"),
 )
@@ -536,10 +614,10 @@ def test_gpu_moe_real_widths(T):
     s3, s2 = s1.clone(), torch.full((E, D, I // 32), 120, dtype=torch.uint8, device=DEV)
     for t_ in (w1, w3, w2):
         t_[used] = torch.randint(-128, 128, t_[used].shape, generator=gk, device=DEV, dtype=torch.int8)
-    for ds in (False, True):
-        y = moe.moe_experts(x, ri, rw, w1, s1, w3, s3, w2, s2, 10.0, dot_scaled=ds)
-        ref = moe.moe_experts_reference(x, ri, rw, w1, s1, w3, s3, w2, s2, 10.0)
-        assert rel_err(y, ref) < 2 * BF16_ULP
+    ref = moe.moe_experts_reference(x, ri, rw, w1, s1, w3, s3, w2, s2, 10.0)
+    for ds, dec in ((False, 0), (False, 1), (False, 2), (True, 0)):
+        y = moe.moe_experts(x, ri, rw, w1, s1, w3, s3, w2, s2, 10.0, dot_scaled=ds, decode=dec)
+        assert rel_err(y, ref) < 2 * BF16_ULP, (ds, dec)
 
 
 @pytest.mark.gpu

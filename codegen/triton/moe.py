@@ -23,29 +23,47 @@ Algorithm:
   past the real tile count exit at once. Experts with no tokens get no tiles.
 - Grouped GEMMs, "swap AB": the decoded weight tile [BN, BK] is the dot's left operand and the
   gathered activations xᵀ [BK, BM] the right one (wgmma's M is the weight rows, its N the
-  tokens, so decode tiles of 16 tokens waste nothing). Two decoders: `tl.dot_scaled` (Triton's
-  own FP4 upcast; with a bf16 right operand it still lowers to a bf16 MMA — wgmma,
-  tcgen05 kind::f16, MFMA bf16 — on every target) or a bit-arithmetic upcast
-  (`fp4_tile_to_f32`) feeding tl.dot. Gate/up share one pass over x; the down GEMM reads h in
-  expert order and scatters each row to its slot; `moe_combine_kernel` sums a token's k slots
-  in slot order (deterministic: no atomics).
+  tokens, so decode tiles of 16 tokens waste nothing). The weight tile comes from either
+  `tl.dot_scaled` (Triton's own FP4 upcast; with a bf16 right operand it still lowers to a bf16
+  MMA — wgmma, tcgen05 kind::f16, MFMA bf16 — on every target) or one of the bit-arithmetic
+  decoders of fp4_unpack.py feeding tl.dot (`DECODE`: 0 "join" = fp4_tile_to_f32 per element,
+  1 "nibbles", 2 "words": 32-bit words, one mask/shift pair places a nibble of each 16-bit half
+  straight into a bf16x2 operand register, the UE8M0 scale applied by two exact bf16x2 multiplies).
+  Decoders 1/2 produce the tile's columns in their own k order (fp4_unpack.k_order), so the
+  activations are permuted to match instead of the weights being shuffled in the k loop: x once
+  per gate/up call on the host (`permute_k`, one pass over x), h in registers before the gate/up
+  kernel stores it (`permute_cols_tile`, `h_order` = the down kernel's (DECODE, BK)). Scales are
+  too small for the cp.async pipeline and are prefetched one k block ahead by hand. Gate/up share
+  one pass over x; the down GEMM reads h in expert order and scatters each row to its slot;
+  `moe_combine_kernel` sums a token's k slots in slot order (deterministic: no atomics).
+- `_default_decoder` is the one place that picks the decoder: tl.dot_scaled (decode shapes on
+  sm90, everything on sm100/gfx950) reads natural order (0); CUDA otherwise 2; ROCm 0 (its bf16
+  products run in float32, where a flush-to-zero of the 0.5·2^-126 intermediates is not ruled out).
 
 Specialization keys: E (384 routed; 128 for DSpark), TOPK (6; 3), hidden 5120, inter 2304,
-mode (decode: BM=16 with tl.dot_scaled on sm90; prefill: BM=128 with the bit upcast), BN, BK,
-DOT_SCALED, H_QUANT. K and N are constexpr so that the ahead-of-time build knows every stride.
+mode (decode: BM=16 with tl.dot_scaled on sm90; prefill: BM=128 with the bit decode), BN, BK,
+DOT_SCALED, DECODE, H_BK/H_DECODE (h's k order), PTX (inline PTX allowed: CUDA), H_QUANT. K and
+N are constexpr so that the ahead-of-time build knows every stride.
 
-Measured (H200, torch 2.11 / triton 3.6, first sweep): prefill gate/up reaches ~28% and down
-~25% of the measured bf16 matmul rate; decode streams weights at ~0.5 TB/s. Both are bound by
-the per-element FP4 decode in registers (~12 lane-ops per weight element, while HBM rate needs
-<= ~4 and the prefill MMA time leaves ~5): the next steps are a packed conversion (byte-permute
-LUT via inline PTX on sm90, several nibbles per instruction) and, on sm100/gfx950, feeding
-`tl.dot_scaled` MX-format activations (the act_quant E4M3 + UE8M0/32 codes, which are exactly
-MXFP8) so that it selects the native mxf8f6f4 / scaled-MFMA instructions.
+Measured (H200, torch 2.11 / triton 3.6, first sweep, decoder 0): prefill gate/up reaches ~28% and
+down ~25% of the measured bf16 matmul rate; decode streams weights at ~0.5 TB/s. Both are bound
+by the per-element FP4 decode in registers. Static evidence for decoder 2 (triton 3.6, sm90,
+128×128×128 tiles, 8 warps; `benchmarks/tune_moe_prefill.py --sass`): the main loop has 670 SASS
+instructions for gate/up (5.2 per weight element and thread; decoder 0: 1896, 14.8, with
+I2FP/F2FP conversions and LDS.S8 byte loads) and 399 for down (6.2; decoder 0: 1121, 17.5), no
+local-memory traffic in the loop, HGMMA 64×128×16 with register A operands, 16-byte LDS of the
+packed weights; the decode itself is ~3 instructions per element (1.25 on the integer pipe).
+Not measured on a GPU yet: `benchmarks/tune_moe_prefill.py` sweeps decoders × tiles. On
+sm100/gfx950 the next step is feeding `tl.dot_scaled` MX-format activations (the act_quant E4M3 +
+UE8M0/32 codes, which are exactly MXFP8) so that it selects the native mxf8f6f4 / scaled-MFMA
+instructions.
 
 Known gaps: dispatch runs as torch ops (argsort/scatter_add/cumsum/searchsorted), not a Triton
 kernel; the tile table is sized for the worst case, so prefill launches up to E idle programs;
-no split-K at decode; the shared expert is not fused into the routed launch; the FP4 decode cost
-above (the 60%-of-bf16 prefill goal is not met).
+BM-row tiles pad each expert's rows up to a multiple of BM (random routing around 128 rows per
+expert wastes ~1/3 of the MMA work at BM=128); no split-K at decode; the shared expert is not
+fused into the routed launch; x is permuted by a separate pass per gate/up call (the previous
+kernel could write it in that order); moe_down called without `h_order` reorders h on the host.
 """
 from __future__ import annotations
 
@@ -55,9 +73,9 @@ import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, register
 from dsv41c.codegen.triton.fp8_gemm import (
-    act_quant_fp8, act_quant_fp8_reference, aot_spec, as_u8, dot_f32_for, fake_quant_e4m3_pow2, fp4_tile_to_f32,
-    fp8_gemm, fp8_gemm_reference, fp8_gemm_swiglu, fp8_gemm_swiglu_reference, fp32_dot_precision, interpreting,
-    target_traits)
+    act_quant_fp8, act_quant_fp8_reference, aot_spec, as_u8, dot_f32_for, fake_quant_e4m3_pow2, fp8_gemm,
+    fp8_gemm_reference, fp8_gemm_swiglu, fp8_gemm_swiglu_reference, fp32_dot_precision, interpreting, target_traits)
+from dsv41c.codegen.triton.fp4_unpack import DECODERS, fp4_tile, permute_cols_tile, permute_k, unpermute_k
 from dsv41c import formats as nx
 
 HIDDEN = 5120
@@ -150,24 +168,54 @@ def router_topk_kernel(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_ou
 
 
 @triton.jit
-def _fp4_dot(acc, wp, sc, xt, BN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr, DOT_SCALED: tl.constexpr):
-    """acc [BN, BM] += dequant(wp [BN, BK/2], sc [BN, BK/32]) · xt [BM, BK]ᵀ."""
+def _weight_rows(w_ptr, s_ptr, e64, rn, N: tl.constexpr, K: tl.constexpr, DECODE: tl.constexpr):
+    """Row pointers of expert e64's rows rn: packed weights (uint32 words for DECODE 2, else bytes), scales."""
+    KS: tl.constexpr = K // 32
+    s_rows = s_ptr + e64 * N * KS + rn[:, None] * KS
+    if DECODE == 2:
+        KW: tl.constexpr = K // 8
+        w_rows = w_ptr.to(tl.pointer_type(tl.uint32)) + e64 * N * KW + rn[:, None].to(tl.int64) * KW
+    else:
+        KH: tl.constexpr = K // 2
+        w_rows = w_ptr + e64 * N * KH + rn[:, None].to(tl.int64) * KH
+    return w_rows, s_rows
+
+
+@triton.jit
+def _scales(s_rows, k0, n_ok, K: tl.constexpr, BK: tl.constexpr):
+    """UE8M0 bytes [BN, BK/32] of the k block at k0 (127 = 1.0 past K, for the prefetch after the last block)."""
+    ks = k0 // 32 + tl.arange(0, BK // 32)
+    return tl.load(s_rows + ks[None, :], mask=n_ok[:, None] & (ks < K // 32)[None, :], other=127)
+
+
+@triton.jit
+def _fp4_dot(acc, w_rows, sc, k0, n_ok, xt, BN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr,
+             DOT_SCALED: tl.constexpr, DECODE: tl.constexpr, PTX: tl.constexpr):
+    """acc [BN, BM] += dequant(W[rows, k0 : k0+BK], sc) · xt [BM, BK]ᵀ (xt's columns in DECODE's k order)."""
+    tl.static_assert(DECODE == 0 or not DOT_SCALED, "tl.dot_scaled reads bytes in natural k order (DECODE 0)")
+    if DECODE == 2:
+        wp = tl.load(w_rows + (k0 // 8 + tl.arange(0, BK // 8))[None, :], mask=n_ok[:, None], other=0)
+    else:
+        wp = tl.load(w_rows + (k0 // 2 + tl.arange(0, BK // 2))[None, :], mask=n_ok[:, None], other=0)
     if DOT_SCALED:
         return tl.dot_scaled(wp, sc, "e2m1", tl.trans(xt.to(tl.bfloat16)), None, "bf16", acc)
     else:
-        wf = fp4_tile_to_f32(wp, sc, BN, BK)
+        wt = fp4_tile(wp, sc, BN, BK, DECODE, PTX, DOT_F32)
         if DOT_F32:
-            return tl.dot(wf, tl.trans(xt.to(tl.float32)), acc, input_precision="ieee")
+            return tl.dot(wt, tl.trans(xt.to(tl.float32)), acc, input_precision="ieee")
         else:
-            return tl.dot(wf.to(tl.bfloat16), tl.trans(xt.to(tl.bfloat16)), acc)
+            return tl.dot(wt, tl.trans(xt.to(tl.bfloat16)), acc)
 
 
 @triton.jit
 def moe_gate_up_kernel(x_ptr, slots_ptr, rw_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
                        w1_ptr, s1_ptr, w3_ptr, s3_ptr, h_ptr, limit, K: tl.constexpr, N: tl.constexpr,
                        TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                       DOT_F32: tl.constexpr, DOT_SCALED: tl.constexpr, H_QUANT: tl.constexpr):
-    """h[row] = silu(min(x·w1ᵀ, L))·clamp(x·w3ᵀ, ±L)·w_route for the BM sorted rows of one tile (x [T, K])."""
+                       DOT_F32: tl.constexpr, DOT_SCALED: tl.constexpr, H_QUANT: tl.constexpr,
+                       DECODE: tl.constexpr, H_BK: tl.constexpr, H_DECODE: tl.constexpr, PTX: tl.constexpr):
+    """h[row] = silu(min(x·w1ᵀ, L))·clamp(x·w3ᵀ, ±L)·w_route for the BM sorted rows of one tile.
+
+    x [T, K] has its columns in DECODE's k order; h's columns are stored in k_order(H_BK, H_DECODE)."""
     pid_t = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(tile_expert_ptr + pid_t)
@@ -181,26 +229,23 @@ def moe_gate_up_kernel(x_ptr, slots_ptr, rw_ptr, tile_expert_ptr, tile_row_ptr, 
     tok = (slot // TOPK).to(tl.int64)
     rn = pid_n * BN + tl.arange(0, BN)
     n_ok = rn < N
-    KH = K // 2
-    KS = K // 32
     e64 = e.to(tl.int64)
-    w1_rows = w1_ptr + e64 * N * KH + rn[:, None].to(tl.int64) * KH
-    w3_rows = w3_ptr + e64 * N * KH + rn[:, None].to(tl.int64) * KH
-    s1_rows = s1_ptr + e64 * N * KS + rn[:, None] * KS
-    s3_rows = s3_ptr + e64 * N * KS + rn[:, None] * KS
+    w1_rows, s1_rows = _weight_rows(w1_ptr, s1_ptr, e64, rn, N, K, DECODE)
+    w3_rows, s3_rows = _weight_rows(w3_ptr, s3_ptr, e64, rn, N, K, DECODE)
     x_rows = x_ptr + tok[:, None] * K
     acc1 = tl.zeros((BN, BM), dtype=tl.float32)
     acc3 = tl.zeros((BN, BM), dtype=tl.float32)
+    # scales are too small a load for the cp.async pipeline: prefetch them one k block ahead by hand
+    sc1 = _scales(s1_rows, 0, n_ok, K, BK)
+    sc3 = _scales(s3_rows, 0, n_ok, K, BK)
     for k0 in range(0, K, BK):
+        sc1_next = _scales(s1_rows, k0 + BK, n_ok, K, BK)
+        sc3_next = _scales(s3_rows, k0 + BK, n_ok, K, BK)
         xt = tl.load(x_rows + (k0 + tl.arange(0, BK))[None, :], mask=r_ok[:, None], other=0.0)
-        kh = (k0 // 2 + tl.arange(0, BK // 2))[None, :]
-        ks = (k0 // 32 + tl.arange(0, BK // 32))[None, :]
-        wp1 = tl.load(w1_rows + kh, mask=n_ok[:, None], other=0)
-        sc1 = tl.load(s1_rows + ks, mask=n_ok[:, None], other=127)
-        acc1 = _fp4_dot(acc1, wp1, sc1, xt, BN, BK, DOT_F32, DOT_SCALED)
-        wp3 = tl.load(w3_rows + kh, mask=n_ok[:, None], other=0)
-        sc3 = tl.load(s3_rows + ks, mask=n_ok[:, None], other=127)
-        acc3 = _fp4_dot(acc3, wp3, sc3, xt, BN, BK, DOT_F32, DOT_SCALED)
+        acc1 = _fp4_dot(acc1, w1_rows, sc1, k0, n_ok, xt, BN, BK, DOT_F32, DOT_SCALED, DECODE, PTX)
+        acc3 = _fp4_dot(acc3, w3_rows, sc3, k0, n_ok, xt, BN, BK, DOT_F32, DOT_SCALED, DECODE, PTX)
+        sc1 = sc1_next
+        sc3 = sc3_next
     rw = tl.load(rw_ptr + slot, mask=r_ok, other=0.0)
     g = tl.minimum(acc1, limit)
     u = tl.minimum(tl.maximum(acc3, -limit), limit)
@@ -208,14 +253,18 @@ def moe_gate_up_kernel(x_ptr, slots_ptr, rw_ptr, tile_expert_ptr, tile_row_ptr, 
     h = h.to(h_ptr.dtype.element_ty)
     if H_QUANT:
         h = fake_quant_e4m3_pow2(h.to(tl.float32), BM, BN).to(h_ptr.dtype.element_ty)
+    # the down GEMM reads h in its own k order: permute the columns here (once per tile), not there
+    h = permute_cols_tile(h, BM, BN, H_BK, H_DECODE)
     tl.store(h_ptr + rows[:, None].to(tl.int64) * N + rn[None, :], h, mask=r_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
 def moe_down_kernel(h_ptr, slots_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr, w2_ptr, s2_ptr, out_ptr,
                     K: tl.constexpr, N: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                    DOT_F32: tl.constexpr, DOT_SCALED: tl.constexpr):
-    """out[slot(row)] = h[row]·w2ᵀ for the BM sorted rows of one tile (h in expert order)."""
+                    DOT_F32: tl.constexpr, DOT_SCALED: tl.constexpr, DECODE: tl.constexpr, PTX: tl.constexpr):
+    """out[slot(row)] = h[row]·w2ᵀ for the BM sorted rows of one tile.
+
+    h is in expert order, its columns in DECODE's k order."""
     pid_t = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(tile_expert_ptr + pid_t)
@@ -227,18 +276,15 @@ def moe_down_kernel(h_ptr, slots_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr
     r_ok = rows < row_end
     rn = pid_n * BN + tl.arange(0, BN)
     n_ok = rn < N
-    KH = K // 2
-    KS = K // 32
-    e64 = e.to(tl.int64)
-    w_rows = w2_ptr + e64 * N * KH + rn[:, None].to(tl.int64) * KH
-    s_rows = s2_ptr + e64 * N * KS + rn[:, None] * KS
+    w_rows, s_rows = _weight_rows(w2_ptr, s2_ptr, e.to(tl.int64), rn, N, K, DECODE)
     h_rows = h_ptr + rows[:, None].to(tl.int64) * K
     acc = tl.zeros((BN, BM), dtype=tl.float32)
+    sc = _scales(s_rows, 0, n_ok, K, BK)
     for k0 in range(0, K, BK):
+        sc_next = _scales(s_rows, k0 + BK, n_ok, K, BK)  # prefetched by hand, as in moe_gate_up_kernel
         ht = tl.load(h_rows + (k0 + tl.arange(0, BK))[None, :], mask=r_ok[:, None], other=0.0)
-        wp = tl.load(w_rows + (k0 // 2 + tl.arange(0, BK // 2))[None, :], mask=n_ok[:, None], other=0)
-        sc = tl.load(s_rows + (k0 // 32 + tl.arange(0, BK // 32))[None, :], mask=n_ok[:, None], other=127)
-        acc = _fp4_dot(acc, wp, sc, ht, BN, BK, DOT_F32, DOT_SCALED)
+        acc = _fp4_dot(acc, w_rows, sc, k0, n_ok, ht, BN, BK, DOT_F32, DOT_SCALED, DECODE, PTX)
+        sc = sc_next
     slot = tl.load(slots_ptr + rows, mask=r_ok, other=0).to(tl.int64)
     tl.store(out_ptr + slot[:, None] * N + rn[None, :], tl.trans(acc).to(out_ptr.dtype.element_ty),
              mask=r_ok[:, None] & n_ok[None, :])
@@ -388,10 +434,12 @@ def moe_align(topk_idx: torch.Tensor, n_experts: int, block_m: int) -> dict:
 def _expert_tiles(R: int, K: int):
     """(BM, BN, BK, num_warps, num_stages) for a grouped GEMM with R routed rows, reduction K.
 
-    From the H200 sweep (`benchmarks/kernels_ffn.py --tune`, triton 3.6): decode is best with
-    tl.dot_scaled and 128-row weight tiles, prefill with the bit-arithmetic upcast and 128×128."""
+    From the H200 sweep (`benchmarks/kernels_ffn.py --tune`, triton 3.6, decoder 0): decode is best
+    with tl.dot_scaled and 128-row weight tiles, prefill with the bit-arithmetic upcast and 128×128
+    (to be re-swept per decoder: `benchmarks/tune_moe_prefill.py`). The interpreter's BN = BK lets
+    the gate/up kernel store h in the down kernel's k order."""
     if interpreting():
-        return 16, 32, 64, 4, 1
+        return 16, 64, 64, 4, 1
     if R <= 128:
         return 16, 128, 128, 4, 4
     return 128, 128, 128, 8, 3
@@ -401,56 +449,123 @@ def _dot_scaled_default(R: int) -> bool:
     return R <= 128 and not interpreting()
 
 
-def _check_experts(w, s, N, K, name):
+def _default_decoder(kind: str, dot_scaled: bool) -> int:
+    """THE choice of FP4 decoder (fp4_unpack.DECODERS) per target kind ("cuda", "rocm", "interpreter").
+
+    tl.dot_scaled reads the natural k order (0). CUDA: "words" (2), ~5 SASS instructions per weight
+    element in the sm90 main loop against ~15 for "join" (0). ROCm keeps "join": its bf16 multiplies
+    run in float32 there, and a flush-to-zero of the 0.5·2^-126 intermediates is not ruled out."""
+    if dot_scaled or kind == "rocm":
+        return 0
+    return 2
+
+
+def _device_kind(device) -> str:
+    if interpreting() or device.type != "cuda":
+        return "interpreter"
+    return "rocm" if torch.version.hip is not None else "cuda"
+
+
+def _decode(decode, dot_scaled: bool, device, BK: int) -> int:
+    d = _default_decoder(_device_kind(device), dot_scaled) if decode is None else int(decode)
+    if d not in DECODERS or (dot_scaled and d) or (d and BK % 64):
+        raise ValueError(f"FP4 decoder {decode!r}: one of {sorted(DECODERS)}; 0 with tl.dot_scaled; "
+                         f"1/2 need BK % 64 == 0 (BK={BK})")
+    return d
+
+
+def _ptx_for(device) -> bool:
+    """Inline PTX (the bf16x2 multiplies of decoders 1/2) compiles on CUDA only, not in the interpreter."""
+    return _device_kind(device) == "cuda"
+
+
+def _order(decode: int, BK: int):
+    """The column order of an activation feeding a kernel with this decoder and BK (None: natural)."""
+    return (decode, BK) if decode else None
+
+
+def _check_experts(w, s, N, K, name, decode):
     E = w.shape[0]
     if tuple(w.shape) != (E, N, K // 2) or tuple(s.shape) != (E, N, K // 32):
         raise ValueError(f"{name}: weight {tuple(w.shape)} / scale {tuple(s.shape)} are not "
                          f"[E, {N}, {K // 2}] / [E, {N}, {K // 32}] packed MXFP4")
+    if decode == 2 and w.data_ptr() % 4:
+        raise ValueError(f"{name}: decoder 2 reads the packed weights as 32-bit words (4-byte alignment)")
 
 
 def moe_gate_up(x, plan, topk_w, w1, s1, w3, s3, limit: float, act_quant: bool = False, inter_dtype=None,
-                dot_scaled=None, tiles=None):
-    """h [T·k, I] in expert-sorted row order (rows of `plan`)."""
+                dot_scaled=None, tiles=None, decode=None, h_order=None, x_order=None):
+    """h [T·k, I] in expert-sorted row order (rows of `plan`).
+
+    h_order = (decoder, BK) of the down GEMM that will read h: its columns are then stored in that
+    k order (fp4_unpack.k_order; None: natural order). Needs BN % BK == 0 and I % BK == 0.
+    x_order: the k order x's columns are already in (None: natural); x is permuted here otherwise."""
     T, D = x.shape
     I = w1.shape[1]
-    _check_experts(w1, s1, I, D, "moe_gate_up w1")
-    _check_experts(w3, s3, I, D, "moe_gate_up w3")
     R = plan["sorted_slots"].numel()
     BM, BN, BK, nw, ns = tiles or _expert_tiles(R, D)
+    ds = _dot_scaled_default(R) if dot_scaled is None else dot_scaled
+    dec = _decode(decode, ds, x.device, BK)
+    _check_experts(w1, s1, I, D, "moe_gate_up w1", dec)
+    _check_experts(w3, s3, I, D, "moe_gate_up w3", dec)
     if BM != plan["block_m"] or D % BK:
         raise ValueError(f"moe_gate_up: tiles BM={BM}/BK={BK} do not fit plan BM={plan['block_m']} / D={D}")
+    h_dec, h_bk = h_order or (0, BN)
+    if h_dec and (BN % h_bk or I % h_bk):
+        raise ValueError(f"moe_gate_up: h_order BK={h_bk} must divide BN={BN} and I={I}")
     inter_dtype = inter_dtype or x.dtype
     h = torch.empty(R, I, dtype=inter_dtype, device=x.device)
     if R == 0:
         return h
-    xa = (act_quant_fp8(x) if act_quant else x).contiguous()
-    ds = _dot_scaled_default(R) if dot_scaled is None else dot_scaled
+    if x_order is not None and (act_quant or x_order != _order(dec, BK)):
+        x, x_order = unpermute_k(x, *x_order), None  # the fake quant groups 32 natural columns
+    xa = act_quant_fp8(x) if act_quant else x
+    if x_order is None:
+        xa = permute_k(xa, BK, dec)
     grid = (plan["tile_expert"].numel(), triton.cdiv(I, BN))
     moe_gate_up_kernel[grid](xa, plan["sorted_slots"], topk_w.float().contiguous(), plan["tile_expert"],
                              plan["tile_row"], plan["offsets"], as_u8(w1), as_u8(s1), as_u8(w3), as_u8(s3), h,
                              float(limit), K=D, N=I, TOPK=plan["top_k"], BM=BM, BN=BN, BK=BK,
-                             DOT_F32=dot_f32_for(xa) and not ds, DOT_SCALED=ds, H_QUANT=act_quant,
-                             num_warps=nw, num_stages=ns)
+                             DOT_F32=dot_f32_for(xa) and not ds, DOT_SCALED=ds, H_QUANT=act_quant, DECODE=dec,
+                             H_BK=h_bk, H_DECODE=h_dec, PTX=_ptx_for(x.device), num_warps=nw, num_stages=ns)
     return h
 
 
-def moe_down(h, plan, w2, s2, partial_dtype=None, dot_scaled=None, tiles=None):
-    """Partial outputs [T·k, D] indexed by slot t·k+j."""
+def moe_down(h, plan, w2, s2, partial_dtype=None, dot_scaled=None, tiles=None, decode=None, h_order=None):
+    """Partial outputs [T·k, D] indexed by slot t·k+j; h_order: the k order h's columns are in (moe_gate_up's)."""
     R, I = h.shape
     D = w2.shape[1]
-    _check_experts(w2, s2, D, I, "moe_down w2")
     BM, BN, BK, nw, ns = tiles or _expert_tiles(R, I)
+    ds = _dot_scaled_default(R) if dot_scaled is None else dot_scaled
+    dec = _decode(decode, ds, h.device, BK)
+    _check_experts(w2, s2, D, I, "moe_down w2", dec)
     if BM != plan["block_m"] or I % BK:
         raise ValueError(f"moe_down: tiles BM={BM}/BK={BK} do not fit plan BM={plan['block_m']} / I={I}")
     out = torch.empty(R, D, dtype=partial_dtype or h.dtype, device=h.device)
     if R == 0:
         return out
-    ds = _dot_scaled_default(R) if dot_scaled is None else dot_scaled
+    if h_order != _order(dec, BK):  # h was not stored for this kernel: reorder it here (one pass over h)
+        h = permute_k(unpermute_k(h, *h_order) if h_order else h, BK, dec)
     grid = (plan["tile_expert"].numel(), triton.cdiv(D, BN))
     moe_down_kernel[grid](h.contiguous(), plan["sorted_slots"], plan["tile_expert"], plan["tile_row"],
                           plan["offsets"], as_u8(w2), as_u8(s2), out, K=I, N=D, BM=BM, BN=BN, BK=BK,
-                          DOT_F32=dot_f32_for(h) and not ds, DOT_SCALED=ds, num_warps=nw, num_stages=ns)
+                          DOT_F32=dot_f32_for(h) and not ds, DOT_SCALED=ds, DECODE=dec, PTX=_ptx_for(h.device),
+                          num_warps=nw, num_stages=ns)
     return out
+
+
+def _routed_partials(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit, act_quant, inter_dtype, partial_dtype,
+                     dot_scaled, decode):
+    """Dispatch + gate/up + down: slot outputs [T·k, D]; h is written in the down kernel's k order."""
+    R, D, I = topk_idx.numel(), x.shape[1], w1.shape[1]
+    t_gu, t_dn = _expert_tiles(R, D), _expert_tiles(R, I)
+    plan = moe_align(topk_idx, w1.shape[0], t_gu[0])
+    ds = _dot_scaled_default(R) if dot_scaled is None else dot_scaled
+    h_order = _order(_decode(decode, ds, x.device, t_dn[2]), t_dn[2])
+    if h_order and (t_gu[1] % t_dn[2] or I % t_dn[2]):
+        h_order = None  # the gate/up tile cannot hold whole BK blocks: moe_down reorders h instead
+    h = moe_gate_up(x, plan, topk_w, w1, s1, w3, s3, limit, act_quant, inter_dtype, ds, t_gu, decode, h_order)
+    return moe_down(h, plan, w2, s2, partial_dtype, ds, t_dn, decode, h_order)
 
 
 def moe_combine(partials, top_k: int, shared=None, out_dtype=torch.float32):
@@ -475,16 +590,12 @@ def moe_combine_reference(partials, top_k: int, shared=None, out_dtype=torch.flo
 
 
 def moe_experts(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float, act_quant: bool = False,
-                inter_dtype=None, partial_dtype=None, compute_dtype=torch.float32, dot_scaled=None):
+                inter_dtype=None, partial_dtype=None, compute_dtype=torch.float32, dot_scaled=None, decode=None):
     """Routed experts only (Triton): -> Σ_j expert(x)·w, fp32 [T, D] (compute_dtype must be fp32)."""
     if compute_dtype != torch.float32:
         raise ValueError("moe_experts: the kernels accumulate in float32 only")
-    T, D = x.shape
-    R = topk_idx.numel()
-    BM = _expert_tiles(R, D)[0]
-    plan = moe_align(topk_idx, w1.shape[0], BM)
-    h = moe_gate_up(x, plan, topk_w, w1, s1, w3, s3, limit, act_quant, inter_dtype, dot_scaled)
-    part = moe_down(h, plan, w2, s2, partial_dtype or x.dtype, dot_scaled)
+    part = _routed_partials(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit, act_quant, inter_dtype,
+                            partial_dtype or x.dtype, dot_scaled, decode)
     return moe_combine(part, topk_idx.shape[1])
 
 
@@ -492,10 +603,7 @@ def moe_forward(x, gate_w, bias, w1, s1, w3, s3, w2, s2, shared, *, top_k: int, 
                 limit: float, gate_temp: float = 1.0, bias_vl=None, image_mask=None, act_quant: bool = False):
     """The whole FFN in Triton kernels: router, dispatch, gate/up, down, shared expert, combine."""
     tw, ti = router(x, gate_w, bias, top_k, route_scale, gate_temp, bias_vl, image_mask)
-    R = ti.numel()
-    plan = moe_align(ti, w1.shape[0], _expert_tiles(R, x.shape[1])[0])
-    h = moe_gate_up(x, plan, tw, w1, s1, w3, s3, limit, act_quant)
-    part = moe_down(h, plan, w2, s2, x.dtype)
+    part = _routed_partials(x, ti, tw, w1, s1, w3, s3, w2, s2, limit, act_quant, None, x.dtype, None, None)
     sh = None
     if shared is not None:
         sw1, ss1, sw3, ss3, sw2, ss2 = shared
@@ -548,6 +656,14 @@ def _dot_scaled_on(tr, mode) -> bool:
     return tr["kind"] == "cuda" and tr["arch"] == 90 and mode == "decode"
 
 
+def _decoding_on(tr, mode, t) -> dict:
+    """The decoder constexprs of a target/mode; the gate/up kernel stores h in the down kernel's k order."""
+    ds = _dot_scaled_on(tr, mode)
+    dec = _default_decoder(tr["kind"], ds)
+    return {"DOT_SCALED": ds, "DECODE": dec, "PTX": tr["kind"] == "cuda",
+            "H_BK": t["BK"], "H_DECODE": dec if t["BN"] % t["BK"] == 0 else 0}
+
+
 def _gate_up_variants(target: str) -> list:
     tr = target_traits(target)
     if tr is None:
@@ -559,8 +675,8 @@ def _gate_up_variants(target: str) -> list:
     for name, (E, k) in ROUTERS.items():
         for mode, (t, nw, ns) in _expert_modes(tr).items():
             for hq in (False, True):
-                ce = {"K": HIDDEN, "N": MOE_INTER, "TOPK": k, **t, "DOT_F32": False,
-                      "DOT_SCALED": _dot_scaled_on(tr, mode), "H_QUANT": hq}
+                ce = {"K": HIDDEN, "N": MOE_INTER, "TOPK": k, **t, "DOT_F32": False, "H_QUANT": hq,
+                      **_decoding_on(tr, mode, t)}
                 v = f"{name}_{mode}" + ("_aq" if hq else "")
                 out.append(aot_spec(moe_gate_up_kernel, v, types, ce, nw, ns,
                                     {"router": name, "E": E, "D": HIDDEN, "I": MOE_INTER, "mode": mode, **ce}))
@@ -575,7 +691,9 @@ def _down_variants(target: str) -> list:
              "offsets_ptr": "*i32", "w2_ptr": "*u8", "s2_ptr": "*u8", "out_ptr": "*bf16"}
     out = []
     for mode, (t, nw, ns) in _expert_modes(tr).items():
-        ce = {"K": MOE_INTER, "N": HIDDEN, **t, "DOT_F32": False, "DOT_SCALED": _dot_scaled_on(tr, mode)}
+        dc = _decoding_on(tr, mode, t)
+        ce = {"K": MOE_INTER, "N": HIDDEN, **t, "DOT_F32": False, "DOT_SCALED": dc["DOT_SCALED"],
+              "DECODE": dc["DECODE"], "PTX": dc["PTX"]}
         out.append(aot_spec(moe_down_kernel, mode, types, ce, nw, ns, {"D": HIDDEN, "I": MOE_INTER, "mode": mode, **ce}))
     return out
 
@@ -601,12 +719,13 @@ register(KernelTemplate(
 register(KernelTemplate(
     name="moe_gate_up_fp4", module=__name__,
     summary="grouped MXFP4 w1/w3 GEMM over expert-sorted rows + clamped SwiGLU × routing weight",
-    keys=("router", "E", "D", "I", "K", "N", "TOPK", "mode", "BM", "BN", "BK", "DOT_SCALED", "DOT_F32", "H_QUANT"),
+    keys=("router", "E", "D", "I", "K", "N", "TOPK", "mode", "BM", "BN", "BK", "DOT_SCALED", "DOT_F32", "H_QUANT",
+          "DECODE", "H_BK", "H_DECODE", "PTX"),
     reference=moe_experts_reference, launch=moe_experts, specializations=_gate_up_variants))
 register(KernelTemplate(
     name="moe_down_fp4", module=__name__,
     summary="grouped MXFP4 w2 GEMM over expert-sorted rows, scattered to slots",
-    keys=("D", "I", "K", "N", "mode", "BM", "BN", "BK", "DOT_SCALED", "DOT_F32"),
+    keys=("D", "I", "K", "N", "mode", "BM", "BN", "BK", "DOT_SCALED", "DOT_F32", "DECODE", "PTX"),
     reference=moe_experts_reference, launch=moe_experts, specializations=_down_variants))
 register(KernelTemplate(
     name="moe_combine", module=__name__, summary="Σ of a token's k slot outputs (+ shared expert), fp32",
