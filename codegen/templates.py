@@ -26,6 +26,8 @@ KERNEL_MODULES = (
     "dsv41c.codegen.triton.sparse_attention",
     "dsv41c.codegen.triton.mhc",
     "dsv41c.codegen.triton.moe",
+    "dsv41c.codegen.triton.moe_router",
+    "dsv41c.codegen.triton.moe_decode",
     "dsv41c.codegen.triton.fp8_gemm",
     "dsv41c.codegen.triton.rmsnorm",
     "dsv41c.codegen.triton.engram",

@@ -181,6 +181,20 @@ def test_router_matches_reference():
     assert not torch.equal(i_txt[img], i_img[img]) and torch.equal(i_txt[~img], i_img[~img])
 
 
+@pytest.mark.parametrize("T,E,D", [(20, 24, 128), (3, 20, 96), (8, 24, 1280)])
+def test_router_paths(T, E, D):
+    """The MMA path (T > GEMV_MAX_T) and the decode GEMV path (ragged experts and channels, several k blocks)."""
+    from dsv41c.codegen.triton import moe_router
+
+    g = gen(11)
+    x, gw, bias = _router_inputs(g, T, E, D)
+    assert (T <= moe_router.GEMV_MAX_T) == (T != 20)
+    w, i = moe.router(x, gw, bias, 4)
+    rw, ri = moe.router_reference(x, gw, bias, 4)
+    assert torch.equal(i, ri)
+    torch.testing.assert_close(w, rw, rtol=1e-6, atol=1e-7)
+
+
 def test_router_exact_ties_break_toward_lower_index():
     # integer-valued inputs: every logit is exact in fp32 whatever the summation order
     g = gen(8)

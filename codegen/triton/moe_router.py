@@ -1,0 +1,248 @@
+"""The MoE router in Triton: fp32 gate logits, sqrtsoftplus, biased top-k, normalized weights.
+
+What (spec §3.5, §7.1): logits = x_f32 · W_gateᵀ / temp (fp32), s = sqrt(softplus(logits))
+(torch's softplus: x above 20, log1p(exp(x)) below, so small values survive until exp
+underflows), top-k of s + b (b = `bias`, or `bias_vl` for image-span tokens), ties toward the
+LOWER expert index; weights = s[idx] / (Σ + 1e-20) · route_scale.
+
+Algorithm: logits first, then `router_topk_kernel`, which sums the logit partials in a fixed
+order and selects top-k by k rounds of (max, lowest index attaining it) — exactly a stable
+descending sort's first k. Logits come from one of two kernels:
+- `router_logits_kernel` (prefill, and decode up to GEMV_MAX_T tokens excluded): tiles of
+  tokens × experts × optional K split, fp32 tl.dot with input_precision ieee / tf32x3;
+- `router_logits_gemv_kernel` (decode, <= GEMV_MAX_T tokens): one program per (token, BE
+  experts), fp32 multiply-and-sum, no padded MMA rows. (H200, before the GEMV form: 20 µs under a
+  CUDA graph at one token, against a 0.9 µs bytes floor.)
+
+Specialization keys: router (backbone 384 experts top-6 / DSpark 128 top-3), E, K (5120), TOPK,
+mode (decode_gemv / decode / prefill), BT, BE, BK, K_PER_SPLIT, PREC; top-k: E_PAD, K_PAD,
+HAS_VL, NORM.
+
+Known gaps: logits and top-k are two launches (a fused single-token kernel would save one);
+the GEMV sums in a different order than the fp32 matmul of the reference, so an exact tie in
+s + b between two experts can flip (the benchmark reports the fraction of identical rows).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv41c.codegen.templates import KernelTemplate, register
+from dsv41c.codegen.triton.fp8_gemm import aot_spec, fp32_dot_precision, interpreting, target_traits
+
+HIDDEN = 5120
+ROUTERS = {"backbone": (384, 6), "dspark": (128, 3)}  # (experts, top-k)
+GEMV_MAX_T = 8  # decode: tokens up to which the logits use the GEMV kernel
+GEMV_BE, GEMV_BK = 8, 512  # 384 experts -> 48 programs per token, 80 KB of gate each
+
+
+# ============================================================================ kernels
+
+
+@triton.jit
+def router_logits_kernel(x_ptr, w_ptr, part_ptr, T, E: tl.constexpr, K: tl.constexpr, K_PER_SPLIT: tl.constexpr,
+                         BT: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    """part[split, t, e] = Σ_{k in split} x[t, k]·W[e, k] (fp32 operands; x [T, K] contiguous)."""
+    pid_t = tl.program_id(0)
+    pid_e = tl.program_id(1)
+    split = tl.program_id(2)
+    rt = pid_t * BT + tl.arange(0, BT)
+    re = pid_e * BE + tl.arange(0, BE)
+    t_ok = rt < T
+    e_ok = re < E
+    k_lo = split * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    acc = tl.zeros((BT, BE), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BK):
+        rk = k0 + tl.arange(0, BK)
+        k_ok = rk < k_hi
+        xt = tl.load(x_ptr + rt[:, None].to(tl.int64) * K + rk[None, :], mask=t_ok[:, None] & k_ok[None, :],
+                     other=0.0).to(tl.float32)
+        wt = tl.load(w_ptr + re[:, None].to(tl.int64) * K + rk[None, :], mask=e_ok[:, None] & k_ok[None, :],
+                     other=0.0).to(tl.float32)
+        acc += tl.dot(xt, tl.trans(wt), input_precision=PREC)
+    tl.store(part_ptr + (split * T + rt[:, None]).to(tl.int64) * E + re[None, :], acc,
+             mask=t_ok[:, None] & e_ok[None, :])
+
+
+@triton.jit
+def sqrtsoftplus_f32(x):
+    """sqrt(softplus(x)) with torch's threshold (x > 20 -> x) and an accurate log1p(exp(x))."""
+    y = tl.exp(tl.minimum(x, 20.0))
+    u = 1.0 + y
+    # log1p(y) = log(u)·y/(u-1) (Goldberg): exact where 1 + y rounds, y itself where it rounds to 1
+    one = u == 1.0
+    lp = tl.where(one, y, tl.log(u) * (y / tl.where(one, 1.0, u - 1.0)))
+    return tl.sqrt(tl.where(x > 20.0, x, lp))
+
+
+@triton.jit
+def router_topk_kernel(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, T, n_split,
+                       inv_temp, route_scale, E: tl.constexpr,
+                       BT: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr, K_PAD: tl.constexpr,
+                       HAS_VL: tl.constexpr, NORM: tl.constexpr):
+    rt = tl.program_id(0) * BT + tl.arange(0, BT)
+    re = tl.arange(0, E_PAD)
+    t_ok = rt < T
+    e_ok = re < E
+    m2 = t_ok[:, None] & e_ok[None, :]
+    logits = tl.zeros((BT, E_PAD), dtype=tl.float32)
+    for sp in range(0, n_split):
+        logits += tl.load(part_ptr + (sp * T + rt[:, None]).to(tl.int64) * E + re[None, :], mask=m2, other=0.0)
+    s = sqrtsoftplus_f32(logits * inv_temp)
+    b = tl.load(bias_ptr + re, mask=e_ok, other=0.0)
+    sel = s + b[None, :]
+    if HAS_VL:
+        bvl = tl.load(bias_vl_ptr + re, mask=e_ok, other=0.0)
+        img = tl.load(img_ptr + rt, mask=t_ok, other=0) != 0
+        sel = tl.where(img[:, None], s + bvl[None, :], sel)
+    sel = tl.where(e_ok[None, :], sel + 0.0, float("-inf"))  # +0.0: -0.0 and +0.0 tie
+    rk = tl.arange(0, K_PAD)
+    top_i = tl.zeros((BT, K_PAD), dtype=tl.int32)
+    top_w = tl.zeros((BT, K_PAD), dtype=tl.float32)
+    for j in tl.static_range(TOPK):
+        best = tl.max(sel, axis=1)
+        idx = tl.min(tl.where(sel == best[:, None], re[None, :], E_PAD), axis=1)
+        hit = re[None, :] == idx[:, None]
+        wj = tl.sum(tl.where(hit, s, 0.0), axis=1)
+        top_i = tl.where(rk[None, :] == j, idx[:, None], top_i)
+        top_w = tl.where(rk[None, :] == j, wj[:, None], top_w)
+        sel = tl.where(hit, float("-inf"), sel)
+    if NORM:
+        total = tl.sum(top_w, axis=1)
+        top_w = top_w / (total[:, None] + 1e-20)
+    top_w = top_w * route_scale
+    om = t_ok[:, None] & (rk[None, :] < TOPK)
+    tl.store(i_out_ptr + rt[:, None] * TOPK + rk[None, :], top_i, mask=om)
+    tl.store(w_out_ptr + rt[:, None] * TOPK + rk[None, :], top_w, mask=om)
+
+
+@triton.jit
+def router_logits_gemv_kernel(x_ptr, w_ptr, part_ptr, T, E: tl.constexpr, K: tl.constexpr, BE: tl.constexpr,
+                              BK: tl.constexpr):
+    """Decode: part[0, t, e] = Σ_k x[t, k]·W[e, k] for one token and BE experts, fp32 multiply-and-sum.
+
+    At a few tokens the [16-token, BK]·[BK, BE] fp32 MMAs of router_logits_kernel are 15/16 padding and
+    tf32x3 triples them; a GEMV over [BE, BK] weight tiles streams the 3.9 MB gate at memory speed."""
+    t = tl.program_id(0)
+    re = tl.program_id(1) * BE + tl.arange(0, BE)
+    e_ok = re < E
+    acc = tl.zeros((BE,), dtype=tl.float32)
+    x_row = x_ptr + t.to(tl.int64) * K
+    for k0 in range(0, K, BK):
+        rk = k0 + tl.arange(0, BK)
+        k_ok = rk < K
+        xk = tl.load(x_row + rk, mask=k_ok, other=0.0).to(tl.float32)
+        wt = tl.load(w_ptr + re[:, None].to(tl.int64) * K + rk[None, :], mask=e_ok[:, None] & k_ok[None, :],
+                     other=0.0).to(tl.float32)
+        acc += tl.sum(wt * xk[None, :], axis=1)
+    tl.store(part_ptr + t.to(tl.int64) * E + re, acc, mask=e_ok)
+
+
+# ============================================================================ reference
+
+
+def router_reference(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: float = 1.0,
+                     bias_vl=None, image_mask=None, norm_topk_prob: bool = True):
+    """x [T, D] -> (weights [T, k] fp32, expert ids [T, k] int32)."""
+    s = torch.nn.functional.softplus((x.float() @ gate_w.float().T) / gate_temp).sqrt()
+    b = bias.float()[None, :].expand_as(s)
+    if bias_vl is not None and image_mask is not None:
+        b = torch.where(image_mask.bool()[:, None], bias_vl.float()[None, :], b)
+    order = torch.sort(s + b + 0.0, dim=-1, descending=True, stable=True).indices[:, :top_k]
+    w = s.gather(-1, order)
+    if norm_topk_prob:
+        w = w / (w.sum(-1, keepdim=True) + 1e-20)
+    return w * route_scale, order.to(torch.int32)
+
+
+# ============================================================================ launcher
+
+
+def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: float = 1.0, bias_vl=None,
+           image_mask=None, norm_topk_prob: bool = True):
+    """Triton router: -> (weights [T, k] fp32, expert ids [T, k] int32)."""
+    T, D = x.shape
+    E = gate_w.shape[0]
+    if gate_w.shape[1] != D or bias.shape != (E,):
+        raise ValueError(f"router: gate {tuple(gate_w.shape)} / bias {tuple(bias.shape)} do not fit x {tuple(x.shape)}")
+    if top_k > E:
+        raise ValueError(f"router: top_k={top_k} > {E} experts")
+    wts = torch.empty(T, top_k, dtype=torch.float32, device=x.device)
+    ids = torch.empty(T, top_k, dtype=torch.int32, device=x.device)
+    if T == 0:
+        return wts, ids
+    x = x.contiguous()
+    gw = gate_w.contiguous()
+    if T <= GEMV_MAX_T:
+        split = 1
+        part = torch.empty(split, T, E, dtype=torch.float32, device=x.device)
+        router_logits_gemv_kernel[(T, triton.cdiv(E, GEMV_BE))](x, gw, part, T, E=E, K=D, BE=GEMV_BE,
+                                                                BK=min(GEMV_BK, triton.next_power_of_2(D)),
+                                                                num_warps=4)
+    else:
+        if interpreting():
+            BT, BE, BK = 16, 64, 64
+            split, k_per = _router_split(False, D, BK)
+        elif T <= 64:
+            BT, BE, BK = 16, 64, 128
+            split, k_per = _router_split(True, D, BK)
+        else:
+            BT, BE, BK = 64, 128, 64
+            split, k_per = _router_split(False, D, BK)
+        part = torch.empty(split, T, E, dtype=torch.float32, device=x.device)
+        router_logits_kernel[(triton.cdiv(T, BT), triton.cdiv(E, BE), split)](
+            x, gw, part, T, E=E, K=D, K_PER_SPLIT=k_per, BT=BT, BE=BE, BK=BK, PREC=fp32_dot_precision(x.device),
+            num_warps=4, num_stages=1 if interpreting() else 3)
+    has_vl = bias_vl is not None and image_mask is not None
+    img = image_mask.to(torch.uint8).contiguous() if has_vl else ids
+    BT2 = min(4 if interpreting() else 8, triton.next_power_of_2(T))
+    router_topk_kernel[(triton.cdiv(T, BT2),)](
+        part, bias.float().contiguous(), bias_vl.float().contiguous() if has_vl else bias, img, wts, ids, T, split,
+        1.0 / gate_temp, float(route_scale), E=E, BT=BT2, E_PAD=triton.next_power_of_2(E), TOPK=top_k,
+        K_PAD=triton.next_power_of_2(top_k), HAS_VL=has_vl, NORM=norm_topk_prob, num_warps=4)
+    return wts, ids
+
+
+# ============================================================================ ahead-of-time variants
+
+
+def _router_split(T_small: bool, D: int, BK: int):
+    split = max(1, min(8, D // 1024)) if T_small else 1
+    k_per = triton.cdiv(triton.cdiv(D, split), BK) * BK
+    return triton.cdiv(D, k_per), k_per
+
+
+def _router_variants(target: str) -> list:
+    tr = target_traits(target)
+    if tr is None:
+        return []
+    out = []
+    lt = {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32", "T": "i32"}
+    tt = {"part_ptr": "*fp32", "bias_ptr": "*fp32", "bias_vl_ptr": "*fp32", "img_ptr": "*u8", "w_out_ptr": "*fp32",
+          "i_out_ptr": "*i32", "T": "i32", "n_split": "i32", "inv_temp": "fp32", "route_scale": "fp32"}
+    for name, (E, k) in ROUTERS.items():
+        for mode, (BT, BE, BK) in {"decode": (16, 64, 128), "prefill": (64, 128, 64)}.items():
+            _, k_per = _router_split(mode == "decode", HIDDEN, BK)
+            ce = {"E": E, "K": HIDDEN, "K_PER_SPLIT": k_per, "BT": BT, "BE": BE, "BK": BK, "PREC": tr["fp32_prec"]}
+            out.append(aot_spec(router_logits_kernel, f"logits_{name}_{mode}", lt, ce, 4, 3,
+                                {"router": name, "mode": mode, "TOPK": k, **ce}))
+        ce = {"E": E, "K": HIDDEN, "BE": GEMV_BE, "BK": GEMV_BK}
+        out.append(aot_spec(router_logits_gemv_kernel, f"logits_{name}_decode_gemv",
+                            {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32", "T": "i32"}, ce, 4, 1,
+                            {"router": name, "mode": "decode_gemv", "TOPK": k, **ce}))
+        ce = {"E": E, "BT": 8, "E_PAD": triton.next_power_of_2(E), "TOPK": k, "K_PAD": triton.next_power_of_2(k),
+              "HAS_VL": True, "NORM": True}
+        out.append(aot_spec(router_topk_kernel, f"topk_{name}_e{E}_k{k}", tt, ce, 4, 1,
+                            {"router": name, "TOPK": k, **ce}))
+    return out
+
+
+register(KernelTemplate(
+    name="moe_router", module=__name__,
+    summary="fp32 gate logits, sqrtsoftplus, biased top-k (ties -> lower index), normalized ×scale weights",
+    keys=("router", "E", "K", "TOPK", "mode", "BT", "BE", "BK", "K_PER_SPLIT", "PREC", "E_PAD", "K_PAD", "HAS_VL",
+          "NORM"), reference=router_reference,
+    launch=router,
+    specializations=_router_variants))
