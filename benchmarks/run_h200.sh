@@ -6,7 +6,9 @@
 #   tune_prefill     benchmarks/tune_moe_prefill.py  -> tune_moe_prefill.json (FP4 grouped GEMM decoders x tiles)
 #   tune_decode      benchmarks/tune_moe_decode.py   -> tune_moe_decode.json (small-batch expert GEMV path)
 #   tune_fp8         benchmarks/tune_fp8_decode.py   -> tune_fp8_decode.json (FP8 GEMM decode tiles)
-# STEPS picks the steps (default: tests bench_attention bench_ffn); STEP_TIMEOUT bounds each (s).
+# STEPS picks the steps (default: tests bench_attention bench_ffn); STEP_TIMEOUT bounds each (s);
+# ATTN_ONLY / FFN_ONLY pass --only to the two benchmark scripts. The logs end up in logs.tgz (the
+# device tool brings back at most 8 files).
 # Each step keeps going when an earlier one fails, so one call returns everything.
 set -u
 OUT=${OUT:-out/h200}
@@ -24,8 +26,9 @@ for step in $STEPS; do
     tests) timeout "$T" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_attention.py \
              tests/test_kernels_ffn.py tests/test_kernels_moe_decode.py 2>&1 | tail -40 > "$OUT/gpu_tests.txt" ;;
     bench_attention) timeout "$T" python3 benchmarks/kernels_attention.py --out "$OUT/kernels_attention.json" \
-             > "$OUT/bench_attention.txt" 2>&1 ;;
-    bench_ffn) timeout "$T" python3 benchmarks/kernels_ffn.py --out "$OUT/kernels_ffn.json" > "$OUT/bench_ffn.txt" 2>&1 ;;
+             ${ATTN_ONLY:+--only "$ATTN_ONLY"} > "$OUT/bench_attention.txt" 2>&1 ;;
+    bench_ffn) timeout "$T" python3 benchmarks/kernels_ffn.py --out "$OUT/kernels_ffn.json" \
+             ${FFN_ONLY:+--only "$FFN_ONLY"} > "$OUT/bench_ffn.txt" 2>&1 ;;
     tune_prefill) timeout "$T" python3 benchmarks/tune_moe_prefill.py --out "$OUT/tune_moe_prefill.json" \
              > "$OUT/tune_prefill.txt" 2>&1 ;;
     tune_decode) timeout "$T" python3 benchmarks/tune_moe_decode.py --out "$OUT/tune_moe_decode.json" \
@@ -38,5 +41,6 @@ for step in $STEPS; do
 done
 # The reply carries only the tail: end with each step's last lines.
 for f in "$OUT"/gpu_tests.txt "$OUT"/bench_*.txt "$OUT"/tune_*.txt; do
-  [ -f "$f" ] && { echo "--- $f"; tail -25 "$f"; }
+  [ -f "$f" ] && { echo "--- $f"; tail -${TAIL:-25} "$f"; }
 done
+(cd "$OUT" && tar czf logs.tgz ./*.txt && rm -f ./*.txt)
