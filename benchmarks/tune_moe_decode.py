@@ -1,0 +1,265 @@
+"""Time the decode MoE path (codegen/triton/moe_decode.py) on a GPU: tile sweep, the grouped path, the bytes floor.
+
+For T = 1 and 8 tokens at the published widths (hidden 5120, inter 2304, 384 experts top-6, MXFP4
+weights): the whole routed-expert step (prep + gate/up + down/combine) for a few gate/up tiles (down
+at its default) and a few down tiles and splits (gate/up at its default), plus act_quant at the
+defaults. Each row: the error against `moe_experts_decode_reference` on the same inputs, the median of
+`triton.testing.do_bench` (L2 flushed, host launches included), of `do_bench_cudagraph` (graph replay of
+one step; the step's weights partly stay in the 50 MB L2 between replays) and `rot_ms`: one graph of
+8 steps over 8 disjoint expert sets, per step (nothing reused from L2: what a decode step sees). The
+floor is the unique experts' w1 + w3 + w2 bytes with scales over the copy bandwidth measured here
+(1 GiB device copy); the goal is rot_ms <= 2x floor. The current grouped path (`moe.moe_experts`,
+moe_align + tensor-core tiles + combine) is timed the same way. A short table comes last.
+
+    python benchmarks/tune_moe_decode.py --out tune_moe_decode.json      # H200, ~3 minutes
+    python benchmarks/tune_moe_decode.py --smoke                         # CPU interpreter, tiny, no timing
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+if "--smoke" in sys.argv:  # must precede the first triton import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from benchmarks.common import env_info, measure_ceilings, rel_err, write_json  # noqa: E402
+from dsv41c.codegen.triton import moe  # noqa: E402
+from dsv41c.codegen.triton import moe_decode as md  # noqa: E402
+from dsv41c.codegen.triton.moe_router import ROUTERS  # noqa: E402
+
+LIMIT = 10.0
+ROTATE = 8  # disjoint expert sets in the rotating graph
+# (BN, BKB, num_warps); None = the default
+GATE_UP = [None, (32, 16, 4), (32, 8, 2), (32, 32, 8), (64, 8, 4)]
+# (BN, BKB, num_warps, split); split None = top_k
+DOWN = [(32, 8, 2, None), (64, 8, 4, None), (16, 8, 4, None), (32, 8, 2, 1), (32, 8, 2, 3)]
+
+
+def tiles_with(k, D, I, gate_up=None, down=None):
+    t = md.decode_tiles(D, I, k)
+    if gate_up:
+        t["gate_up"] = {"BN": gate_up[0], "BKB": gate_up[1], "num_warps": gate_up[2]}
+    if down:
+        t["down"] = {"BN": down[0], "BKB": down[1], "num_warps": down[2], "split": down[3] or k}
+    return t
+
+
+def label(t):
+    g, d = t["gate_up"], t["down"]
+    return (f"gu BN{g['BN']} BKB{g['BKB']} w{g['num_warps']} | dn BN{d['BN']} BKB{d['BKB']} w{d['num_warps']} "
+            f"s{d['split']}")
+
+
+def make_weights(E, D, I, used, dev, seed=0):
+    """Random MXFP4 experts (all 256 byte values, scales 2^-11..2^-4) for the experts in `used`, zeros elsewhere."""
+    g = torch.Generator(device=dev).manual_seed(seed)
+    w1 = torch.zeros(E, I, D // 2, dtype=torch.int8, device=dev)
+    w3, w2 = torch.zeros_like(w1), torch.zeros(E, D, I // 2, dtype=torch.int8, device=dev)
+    s1 = torch.full((E, I, D // 32), 120, dtype=torch.uint8, device=dev)
+    s3, s2 = s1.clone(), torch.full((E, D, I // 32), 120, dtype=torch.uint8, device=dev)
+    u = torch.as_tensor(sorted(used), device=dev)
+    for t in (w1, w3, w2):
+        t[u] = torch.randint(-128, 128, (len(u), *t.shape[1:]), generator=g, device=dev, dtype=torch.int8)
+    for t in (s1, s3, s2):
+        t[u] = torch.randint(116, 124, (len(u), *t.shape[1:]), generator=g, device=dev, dtype=torch.uint8)
+    return w1, s1, w3, s3, w2, s2
+
+
+def routings(T, k, E, n, dev, seed=1):
+    """n routings over disjoint expert sets (distinct experts within a token, repeats across tokens allowed)."""
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(E, generator=g)
+    per = E // n
+    out = []
+    for r in range(n):
+        pool = perm[r * per:(r + 1) * per]
+        idx = torch.stack([pool[torch.randperm(per, generator=g)[:k]] for _ in range(T)]).int()
+        w = torch.rand(T, k, generator=g) + 0.1
+        out.append((idx.to(dev), (w / w.sum(-1, keepdim=True) * 1.5).to(dev)))
+    return out
+
+
+def floor_bytes(idx, D, I):
+    per_expert = 3 * (I * D // 2 + I * D // 32)  # w1, w3 [I, D/2] + w2 [D, I/2], one scale byte per 32
+    return len(torch.unique(idx)) * per_expert
+
+
+def time_step(fn_for, routes, smoke):
+    """(do_bench ms, do_bench_cudagraph ms, rotating-graph ms per step) for fn_for(idx, w)."""
+    if smoke:
+        return None, None, None
+    import triton.testing as tt
+    idx, w = routes[0]
+    f = lambda: fn_for(idx, w)  # noqa: E731
+    bench = float(tt.do_bench(f, warmup=10, rep=60, return_mode="median"))
+    try:
+        graph = float(tt.do_bench_cudagraph(f, rep=60, return_mode="median"))
+    except Exception as e:  # noqa: BLE001 - recorded, the rotating graph may still work
+        graph = f"unavailable: {type(e).__name__}: {e}"[:200]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i, wi in routes:
+            fn_for(i, wi)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i, wi in routes:
+            fn_for(i, wi)
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(15):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / len(routes))
+    return bench, graph, sorted(times)[len(times) // 2]
+
+
+def static_info():
+    """Registers, spills and in-loop layout conversions of the default sm90 variants, compiled for this GPU."""
+    import triton
+
+    from dsv41c.codegen import templates
+    from dsv41c.codegen.aot_compat import make_ast_source
+    target = triton.runtime.driver.active.get_current_target()
+    out = {"target": f"{target.backend}:{target.arch}"}
+    for name in ("moe_decode_gate_up_fp4", "moe_decode_down_fp4"):
+        spec = templates._REGISTRY[name].specializations("cuda:sm90")[0]
+        k = triton.compile(make_ast_source(spec.kernel, spec.signature, spec.constexprs), target=target,
+                           options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+        k._init_handles()
+        depth, conv = 0, 0
+        for line in k.asm["ttgir"].splitlines():
+            depth += "scf.for" in line
+            depth -= "scf.yield" in line and depth > 0
+            conv += depth > 0 and "convert_layout" in line
+        out[name] = {"variant": spec.variant, "n_regs": k.n_regs, "n_spills": k.n_spills, "loop_converts": conv,
+                     "ptx_v4_loads": k.asm["ptx"].count(".v4.b32"), "ptx_ftz": k.asm["ptx"].count(".ftz")}
+    return out
+
+
+def run_case(rows, name, fn):
+    t0 = time.time()
+    try:
+        r = fn()
+    except Exception as e:  # noqa: BLE001 - one failing case must not lose the others
+        r = {"error": f"{type(e).__name__}: {e}"[:400], "traceback": traceback.format_exc()[-2000:]}
+    r = {"case": name, **r, "seconds": round(time.time() - t0, 1)}
+    rows.append(r)
+    print(json.dumps({k: v for k, v in r.items() if k != "traceback"}, default=str), flush=True)
+    return r
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", help="JSON results path")
+    ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny widths, correctness only")
+    args = ap.parse_args(argv)
+    smoke = args.smoke
+    if not smoke and not args.out:
+        ap.error("--out is required (or --smoke)")
+    dev = "cpu" if smoke else "cuda"
+    if smoke:
+        E, k, D, I, Ts = 16, 6, 256, 128, (1, 2)
+        gate_ups, downs = [None, (32, 4, 4)], [(32, 4, 4, None), (64, 4, 4, 1)]
+        ceil = {"copy_TBps": float("nan")}
+        doc = {"smoke": True, "rows": []}
+    else:
+        E, k = ROUTERS["backbone"]
+        D, I, Ts = md.HIDDEN, md.MOE_INTER, (1, 8)
+        gate_ups, downs = GATE_UP, DOWN
+        ceil = measure_ceilings()
+        doc = {**env_info(), "ceilings": ceil, "rows": []}
+        try:  # converts in a loop are no-ops when Triton picks equal layouts; the tuning rows tell
+            doc["static"] = static_info()
+        except Exception as e:  # noqa: BLE001 - informational only
+            doc["static"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+        print(json.dumps({"static": doc["static"]}), flush=True)
+    torch.manual_seed(0)
+    rows = doc["rows"]
+    all_routes = {T: routings(T, k, E, 1 if smoke else ROTATE, dev) for T in Ts}
+    used = set()
+    for rs in all_routes.values():
+        for i, _ in rs:
+            used |= set(torch.unique(i).tolist())
+    ex = make_weights(E, D, I, used, dev)
+    for T in Ts:
+        routes = all_routes[T]
+        idx, w = routes[0]
+        x = torch.randn(T, D, device=dev).bfloat16()
+        # per step, averaged over the rotation's expert sets (the rotating graph runs them all)
+        fl_ms = sum(floor_bytes(i, D, I) for i, _ in routes) / len(routes) / (ceil["copy_TBps"] * 1e12) * 1e3
+        refs = {}
+
+        def ref(aq):  # once per (T, act_quant); a failure fails the cases that need it, not the run
+            if aq not in refs:
+                refs[aq] = md.moe_experts_decode_reference(x, idx, w, *ex, LIMIT, act_quant=aq)
+            return refs[aq]
+        configs = [(g, None, False) for g in gate_ups] + [(None, d, False) for d in downs[1:]] + [(None, None, True)]
+        for g, d, aq in configs:
+            t = tiles_with(k, D, I, g, d)
+
+            def case(t=t, aq=aq):
+                step = lambda i, wi: md.moe_experts_decode(x, i, wi, *ex, LIMIT, act_quant=aq, tiles=t)  # noqa: E731
+                err = rel_err(step(idx, w), ref(aq))
+                bench, graph, rot = time_step(step, routes, smoke)
+                return {"T": T, "tiles": t, "act_quant": aq, "rel_err": err, "ok": err < 2 * 2.0 ** -7,
+                        "bench_ms": bench, "cudagraph_ms": graph, "rot_ms": rot, "floor_ms": fl_ms,
+                        "rot_over_floor": rot / fl_ms if rot else None}
+            run_case(rows, f"decode T={T} {label(t)}" + (" act_quant" if aq else ""), case)
+
+        def grouped():
+            step = lambda i, wi: moe.moe_experts(x, i, wi, *ex, LIMIT)  # noqa: E731
+            err = rel_err(step(idx, w), ref(False))
+            bench, graph, rot = time_step(step, routes, smoke)
+            return {"T": T, "path": "moe.moe_experts (grouped)", "rel_err": err, "bench_ms": bench,
+                    "cudagraph_ms": graph, "rot_ms": rot, "floor_ms": fl_ms,
+                    "rot_over_floor": rot / fl_ms if rot else None}
+        run_case(rows, f"grouped T={T}", grouped)
+        if not smoke:
+            write_json(args.out, doc)
+    if args.out:
+        write_json(args.out, doc)
+    print("\n" + ("smoke (interpreter, no timing)" if smoke else
+                  f"routed experts step, median ms (floor = unique experts' bytes / {ceil['copy_TBps']:.2f} TB/s)"))
+    print(f"{'T':>2} {'case':58s} {'rot':>8} {'graph':>8} {'bench':>8} {'x floor':>7} {'rel_err':>9}")
+    for r in rows:
+        if "error" in r:
+            print(f"   {r['case'][:70]}: ERROR {r['error'][:80]}")
+            continue
+        name = r["case"].split(" ", 2)[-1] if r["case"].startswith("decode") else r["path"]
+
+        def f(v):
+            return f"{v:8.4f}" if isinstance(v, float) else f"{'-':>8}"
+        xf = f"{r['rot_over_floor']:7.2f}" if r.get("rot_over_floor") else f"{'-':>7}"
+        print(f"{r['T']:>2} {name[:58]:58s} {f(r['rot_ms'])} {f(r['cudagraph_ms'])} {f(r['bench_ms'])} {xf} "
+              f"{r['rel_err']:9.2e}")
+    for T in Ts:
+        dec = [r for r in rows if r.get("T") == T and "tiles" in r and isinstance(r.get("rot_ms"), float)]
+        grp = next((r for r in rows if r.get("T") == T and "path" in r and isinstance(r.get("rot_ms"), float)), None)
+        if dec:
+            b = min(dec, key=lambda r: r["rot_ms"])
+            print(f"T={T}: floor {b['floor_ms'] * 1e3:.1f} us; best {label(b['tiles'])}"
+                  f"{' act_quant' if b['act_quant'] else ''}: {b['rot_ms'] * 1e3:.1f} us ({b['rot_over_floor']:.2f}x)"
+                  + (f"; grouped path {grp['rot_ms'] * 1e3:.1f} us ({grp['rot_ms'] / b['rot_ms']:.1f}x slower)"
+                     if grp else ""))
+    bad = [r for r in rows if "error" in r or r.get("ok") is False]
+    return 1 if bad and smoke else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,554 @@
+"""Routed MoE experts at decode (T·top_k <= MAX_SLOTS): FP4 GEMVs straight from the router's ids, no dispatch.
+
+What (spec §3.5, §3.13, §7.1; the numbers of `moe.moe_experts` + `moe.moe_combine`): for slot (t, j)
+with expert e = topk_idx[t, j] and weight w = topk_w[t, j]: g = min(x_t·w1[e]ᵀ, L),
+u = clamp(x_t·w3[e]ᵀ, ±L), h = silu(g)·u·w rounded to `inter_dtype` (then the per-32 FP8 fake quant
+when `act_quant`, which also fake-quantizes x before w1/w3), y_{t,j} = h·w2[e]ᵀ rounded to
+`partial_dtype`, y_t = Σ_j y_{t,j} in slot order in fp32 (+ the shared expert's output) -> `out_dtype`.
+Weights are MXFP4: E2M1 codes packed two per byte (low nibble = even k), one UE8M0 byte per 32 k.
+
+Algorithm (three launches; no sort, no host sync, CUDA-graph capturable):
+1. `moe_decode_prep_kernel`, grid (token, blocks/BKB): x -> x' = x·2^c (fp32) and f = 2^(126-c) per
+   32-block, c = clamp(227 - amax exponent field, 0, 227), stored nibble-major (k = 32b + 8q + s at
+   s·K/8 + 4b + q: nibble s of packed word 4b + q meets it); zeroes the down kernel's counters.
+2. `moe_decode_gate_up_kernel`, grid (slot, I/BN): e = topk_idx[slot]; streams BN rows of w1[e] and
+   w3[e] as int32 words against x' (`fp4_gemv`), then the clamped SwiGLU × routing weight, the
+   inter_dtype rounding, the optional h fake quant (BN is a multiple of 32: whole h blocks per
+   program) and the prep's prescale/order, into h' [T·k, I] and its f.
+3. `moe_decode_down_kernel`, grid (token, D/BN, SPLIT): w2[e_j] against h'_j for the program's slots;
+   each slot's row sums are rounded to partial_dtype. SPLIT = 1: the program adds its k slots in
+   order, adds the shared expert, stores. SPLIT > 1 (the default, SPLIT = k: 6× the programs at
+   T = 1): the rounded partials go to a [T·k, D] workspace, and the last of the SPLIT programs of a
+   tile (an acq_rel counter) adds all k in slot order. Deterministic either way: no float atomics.
+`fp4_gemv`: a program's tile is [R, R0, BKB, 4] words — BKB 32-blocks per chunk with one 16-byte
+load per (row, block) and thread, min(BKB, 32) lanes across blocks, the other lanes and warps across
+R0 rows, R = BN/R0 rows per thread in registers (x' reused over them). x' is loaded as [1, R0, BKB, 4]
+(row dim broadcast) so that it gets the weight tile's layout; the lanes take the blocks of a chunk in
+a permuted order so that the scale-byte load is not vectorized into another layout (either would
+cost a shared-memory shuffle per chunk). Weights are prefetched two chunks ahead by hand (Triton does
+not pipeline loads that feed no tl.dot); the lanes are reduced once per GEMV.
+
+FP4 decode, per weight element: nibble s (sign, m3) of word w becomes the fp32 with bits
+(m3 << 22) | (sign << 31), exactly value·2^-126 (the E2M1 0.5 is the fp32 subnormal 2^-127):
+((w << (28 - 4s)) >> 6) & 0x81C00000 with an arithmetic shift (sign to bit 31, then m3 to bits 22..24):
+3 integer instructions (IMAD.SHL or SGXT, SHF.R.S32, LOP3), then one FFMA with x'. The scale is
+not applied per element: per (row, block) the sum S = Σ x'·(value·2^-126) = 2^(c-126)·Σ x·value is
+multiplied by f (back to Σ x·value, exact) and by 2^(e-127) (`e8m0_f32`: e = 0 is the subnormal
+2^-127, 255 NaN) into the accumulator. A per-element ·2^(e-1) would be one more instruction per
+element and is not an fp32 for e >= 129. x' puts every block's amax in [2^100, 2^101), so the
+products of elements down to 2^-100 of it are normal fp32 and the fp32 sums are the only
+roundings; the PTX has no .ftz (the subnormal input must survive; checked by the tests).
+sm90 SASS (AOT variants): 4.6 instructions per weight element in the main loop (2.9 decode, 1.06
+FFMA/FMUL, the rest the per-block scale, the 4-word sum, loads and addresses); 102 / 127
+registers (gate/up / down), no local memory; 16-byte weight and x' loads.
+
+Rounding: every rounding to bf16 is integer round-to-nearest-even (`round_to`), so the interpreter
+(whose casts to bf16 truncate) and the GPU give the same bits; fp16 uses the cast (RNE in both).
+
+Specialization keys: router (E, TOPK: backbone 384/6, DSpark 128/3); K, N (hidden 5120, inter 2304,
+constexpr); BN, R0 (rows per thread layer), BKB, num_warps; SPLIT; ACT_QUANT / H_QUANT; INTER /
+PARTIAL / OUT rounding (0 fp32, 1 bf16, 2 fp16); HAS_SHARED; NCNT (counters zeroed by the prep).
+
+Known gaps: three launches (prep, gate/up, down) and the split path's workspace round trip; the
+per-block scale factoring over/underflows where Σ_block x·value leaves fp32's range (|x| near 2^120)
+while the reference's per-product x·(value·scale) would not (and the reverse: where the reference's
+dequantized weight overflows, e = 254 with |value| >= 2, the kernel's product can still be finite);
+expert ids are not range-checked (that needs a host sync; an id outside [0, E) reads out of bounds);
+two tokens with the same expert read its weights twice (L2 catches most at T <= 8); decode is
+integer-issue bound near HBM speed (~4.6 instructions per 0.5 byte); at T = 1 the gate/up's 432
+programs do not divide evenly over 132 SMs; the tiles are static choices until
+`benchmarks/tune_moe_decode.py` has run on an H200.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
+from dsv41c.codegen.triton.fp8_gemm import HIDDEN, MOE_INTER, fake_quant_e4m3_pow2, interpreting, target_traits
+from dsv41c.codegen.triton.moe_router import ROUTERS
+
+MAX_SLOTS = 64  # T·top_k at or below which moe_experts_decode is the path to take
+SIGN_M3 = tl.constexpr(-2118123520)  # 0x81C00000 as int32: the sign bit and the E2M1 m3 field at bits 22..24
+ROUND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # rounding-mode constexpr per dtype
+
+
+# ============================================================================ jit helpers
+
+
+@triton.jit
+def e8m0_f32(e):
+    """UE8M0 bytes -> 2^(e-127) fp32: e = 0 -> the subnormal 2^-127 (max with its bits), 255 -> NaN."""
+    b = tl.maximum(e.to(tl.int32) << 23, 0x00400000)
+    return tl.where(e == 255, float("nan"), b.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def round_to(v, MODE: tl.constexpr):
+    """fp32 v rounded to fp32 (MODE 0), bf16 (1, integer round-to-nearest-even) or fp16 (2), as fp32."""
+    if MODE == 1:
+        u = v.to(tl.int32, bitcast=True)
+        r = (u + (0x7FFF + ((u >> 16) & 1))) & -65536  # -65536 = 0xFFFF0000
+        return tl.where(v != v, v, r.to(tl.float32, bitcast=True))
+    elif MODE == 2:
+        return v.to(tl.float16).to(tl.float32)
+    else:
+        return v
+
+
+@triton.jit
+def store_prescaled(v, vp_ptr, f_ptr, blk0, NBLK: tl.constexpr, RB: tl.constexpr, QUANT: tl.constexpr):
+    """Blocks blk0..blk0+RB of one activation row, v [RB, 32] fp32 in natural order -> v' and f.
+
+    QUANT: the per-32 FP8 fake quant first. Per block, with a = the exponent field of its amax:
+    v' = v·2^c, c = clamp(227 - a, 0, 227) (amax' in [2^100, 2^101), or c = 0 where amax >= 2^101),
+    f = 2^(126-c), so that Σ v'·(value·2^-126) · f = Σ v·value. v' is stored "nibble-major":
+    k = 32b + 8q + s goes to s·(NBLK·4) + 4b + q, so that nibble s of packed word 4b+q meets it."""
+    if QUANT:
+        v = fake_quant_e4m3_pow2(v, RB, 32)
+    amax = tl.max(tl.abs(v), axis=1)
+    a = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    c = tl.minimum(tl.maximum(227 - a, 0), 227)
+    c1 = c // 2
+    p1 = ((c1 + 127) << 23).to(tl.float32, bitcast=True)  # 2^c in two exact factors (2^c > fp32 max)
+    p2 = ((c - c1 + 127) << 23).to(tl.float32, bitcast=True)
+    blk = blk0 + tl.arange(0, RB)
+    i = tl.arange(0, 32)
+    ok = blk < NBLK
+    dst = (i % 8)[None, :] * (NBLK * 4) + blk[:, None] * 4 + (i // 8)[None, :]
+    tl.store(vp_ptr + dst, v * p1[:, None] * p2[:, None], mask=ok[:, None])
+    tl.store(f_ptr + blk, ((253 - c) << 23).to(tl.float32, bitcast=True), mask=ok)
+
+
+@triton.jit
+def fp4_load_chunk(wa_ptr, sa_ptr, wb_ptr, sb_ptr, w_row, s_row, r_ok, kb, K: tl.constexpr, TWO: tl.constexpr,
+                   MASKED: tl.constexpr):
+    """The packed words [R, R0, B, 4] and scale bytes [R, R0, B] of blocks kb of the tile's rows (both matrices
+    when TWO, else b = a). MASKED: rows or blocks of the tile are out of range."""
+    q = tl.arange(0, 4)
+    woff = w_row[:, :, None, None] + (kb * 4)[None, None, :, None] + q[None, None, None, :]
+    soff = s_row[:, :, None] + kb[None, None, :]
+    if MASKED:
+        m2 = r_ok[:, :, None] & (kb < K // 32)[None, None, :]
+        m3 = m2[:, :, :, None]
+        wo, so = 0, 127
+    else:
+        m2, m3, wo, so = None, None, None, None
+    wa = tl.load(wa_ptr + woff, mask=m3, other=wo)
+    sa = tl.load(sa_ptr + soff, mask=m2, other=so)
+    if TWO:
+        return wa, sa, tl.load(wb_ptr + woff, mask=m3, other=wo), tl.load(sb_ptr + soff, mask=m2, other=so)
+    else:
+        return wa, sa, wa, sa
+
+
+@triton.jit
+def fp4_fma_chunk(acc_a, acc_b, wa, sa, wb, sb, xa_ptr, fa_ptr, xb_ptr, fb_ptr, kb, K: tl.constexpr,
+                  R0: tl.constexpr, B: tl.constexpr, TWO: tl.constexpr, SAME_X: tl.constexpr, MASKED: tl.constexpr):
+    """acc [R, R0, B] += Σ_{k in block kb} x·dequant(W)[row, k] (and the second matrix when TWO).
+
+    x (xa_ptr: x'_a in nibble-major order; fa_ptr: its block factors) is loaded as [1, R0, B, 4], the
+    row dim broadcast, so that Triton gives it the weight tile's own layout (a [B, 4] load gets another
+    layout and a shared-memory shuffle per chunk)."""
+    KW: tl.constexpr = K // 8
+    q = tl.arange(0, 4)
+    xoff = tl.broadcast_to(((kb * 4)[:, None] + q[None, :])[None, None, :, :], (1, R0, B, 4))
+    foff = tl.broadcast_to(kb[None, None, :], (1, R0, B))
+    if MASKED:
+        k_ok = kb < K // 32
+        xm = tl.broadcast_to(k_ok[None, None, :, None], (1, R0, B, 4))
+        fm = tl.broadcast_to(k_ok[None, None, :], (1, R0, B))
+        xo = 0.0
+    else:
+        xm, fm, xo = None, None, None
+    # nibble s of a word -> its E2M1 value × 2^-126 as fp32 bits: shift it to the top (sign on bit 31),
+    # arithmetic-shift m3 down to bits 22..24, mask (3 integer ops); then one FMA with x'
+    x = tl.load(xa_ptr + xoff, mask=xm, other=xo)
+    ta = (((wa << 28) >> 6) & SIGN_M3).to(tl.float32, bitcast=True) * x
+    if TWO:
+        if not SAME_X:
+            x = tl.load(xb_ptr + xoff, mask=xm, other=xo)
+        tb = (((wb << 28) >> 6) & SIGN_M3).to(tl.float32, bitcast=True) * x
+    for s in tl.static_range(1, 8):
+        x = tl.load(xa_ptr + s * KW + xoff, mask=xm, other=xo)
+        ta += (((wa << (28 - 4 * s)) >> 6) & SIGN_M3).to(tl.float32, bitcast=True) * x
+        if TWO:
+            if not SAME_X:
+                x = tl.load(xb_ptr + s * KW + xoff, mask=xm, other=xo)
+            tb += (((wb << (28 - 4 * s)) >> 6) & SIGN_M3).to(tl.float32, bitcast=True) * x
+    # per (row, block): back to true scale (·f, exact), then ·2^(e-127) into the accumulator
+    acc_a += (tl.sum(ta, axis=3) * tl.load(fa_ptr + foff, mask=fm, other=xo)) * e8m0_f32(sa)
+    if TWO:
+        acc_b += (tl.sum(tb, axis=3) * tl.load(fb_ptr + foff, mask=fm, other=xo)) * e8m0_f32(sb)
+    return acc_a, acc_b
+
+
+@triton.jit
+def fp4_gemv(wa_ptr, sa_ptr, wb_ptr, sb_ptr, xa_ptr, fa_ptr, xb_ptr, fb_ptr, row0, K: tl.constexpr, N: tl.constexpr,
+             BN: tl.constexpr, R0: tl.constexpr, BKB: tl.constexpr, TWO: tl.constexpr, SAME_X: tl.constexpr):
+    """Row sums [BN/R0, R0] (row = row0 + r·R0 + r0) of x·dequant(W)ᵀ over all K, for W = a (and b when TWO).
+
+    R0 rows are one layer of threads (the lanes and warps not spread over the BKB blocks of a chunk);
+    each thread holds R = BN/R0 rows and reuses its x over them. The weights are prefetched two chunks
+    ahead by hand (Triton does not pipeline loads that feed no tl.dot)."""
+    R: tl.constexpr = BN // R0
+    KB: tl.constexpr = K // 32
+    NCH: tl.constexpr = (KB + BKB - 1) // BKB
+    MASKED: tl.constexpr = (N % BN != 0) or (KB % BKB != 0)
+    rows = row0 + tl.arange(0, R)[:, None] * R0 + tl.arange(0, R0)[None, :]
+    r_ok = rows < N
+    w_row = rows * (K // 8)
+    s_row = rows * KB
+    acc_a = tl.zeros((R, R0, BKB), dtype=tl.float32)
+    acc_b = tl.zeros((R, R0, BKB), dtype=tl.float32)
+    # The lanes take the blocks of a chunk in the order i -> 5i mod BKB. Any order gives the same sums;
+    # a non-contiguous one keeps Triton from vectorizing the scale-byte load across blocks, so that load
+    # takes the accumulator's layout instead of one that needs a shared-memory shuffle every chunk.
+    lanes = (tl.arange(0, BKB) * 5) % BKB
+    # Two chunk buffers, A (even chunks) and B (odd), each refilled two chunks ahead right after its FMAs:
+    # ptxas sinks loads towards their first use, so a prefetch one chunk ahead would leave the HBM
+    # latency exposed, and a rotating three-buffer loop would cost register moves. Refills past the
+    # end reload the last chunk (cache hits) instead of masking every load.
+    aw, asc, bw, bsc = fp4_load_chunk(wa_ptr, sa_ptr, wb_ptr, sb_ptr, w_row, s_row, r_ok, lanes, K, TWO, MASKED)
+    aw1, asc1, bw1, bsc1 = fp4_load_chunk(wa_ptr, sa_ptr, wb_ptr, sb_ptr, w_row, s_row, r_ok,
+                                          tl.minimum(1, NCH - 1) * BKB + lanes, K, TWO, MASKED)
+    for c in range(0, NCH - 1, 2):
+        acc_a, acc_b = fp4_fma_chunk(acc_a, acc_b, aw, asc, bw, bsc, xa_ptr, fa_ptr, xb_ptr, fb_ptr, c * BKB + lanes, K,
+                                     R0, BKB, TWO, SAME_X, MASKED)
+        aw, asc, bw, bsc = fp4_load_chunk(wa_ptr, sa_ptr, wb_ptr, sb_ptr, w_row, s_row, r_ok,
+                                          tl.minimum(c + 2, NCH - 1) * BKB + lanes, K, TWO, MASKED)
+        acc_a, acc_b = fp4_fma_chunk(acc_a, acc_b, aw1, asc1, bw1, bsc1, xa_ptr, fa_ptr, xb_ptr, fb_ptr,
+                                     (c + 1) * BKB + lanes, K, R0, BKB, TWO, SAME_X, MASKED)
+        aw1, asc1, bw1, bsc1 = fp4_load_chunk(wa_ptr, sa_ptr, wb_ptr, sb_ptr, w_row, s_row, r_ok,
+                                              tl.minimum(c + 3, NCH - 1) * BKB + lanes, K, TWO, MASKED)
+    if NCH % 2 == 1:
+        acc_a, acc_b = fp4_fma_chunk(acc_a, acc_b, aw, asc, bw, bsc, xa_ptr, fa_ptr, xb_ptr, fb_ptr,
+                                     (NCH - 1) * BKB + lanes, K, R0, BKB, TWO, SAME_X, MASKED)
+    return tl.sum(acc_a, axis=2), tl.sum(acc_b, axis=2)
+
+
+# ============================================================================ kernels
+
+
+@triton.jit
+def moe_decode_prep_kernel(x_ptr, xp_ptr, f_ptr, cnt_ptr, K: tl.constexpr, BKB: tl.constexpr,
+                           ACT_QUANT: tl.constexpr, NCNT: tl.constexpr, NCNT_P: tl.constexpr):
+    """x [T, K] -> x' fp32 [T, K] and f [T, K/32] (`store_prescaled`); zeroes the token's NCNT down counters."""
+    t = tl.program_id(0).to(tl.int64)
+    blk0 = tl.program_id(1) * BKB
+    blk = blk0 + tl.arange(0, BKB)
+    v = tl.load(x_ptr + t * K + blk[:, None] * 32 + tl.arange(0, 32)[None, :], mask=(blk < K // 32)[:, None],
+                other=0.0)
+    store_prescaled(v.to(tl.float32), xp_ptr + t * K, f_ptr + t * (K // 32), blk0, K // 32, BKB, ACT_QUANT)
+    if NCNT > 0:
+        if tl.program_id(1) == 0:
+            i = tl.arange(0, NCNT_P)
+            tl.store(cnt_ptr + t * NCNT + i, tl.zeros_like(i), mask=i < NCNT)
+
+
+@triton.jit
+def moe_decode_gate_up_kernel(xp_ptr, xf_ptr, idx_ptr, rw_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, hp_ptr, hf_ptr, limit,
+                              K: tl.constexpr, N: tl.constexpr, TOPK: tl.constexpr, BN: tl.constexpr,
+                              R0: tl.constexpr, BKB: tl.constexpr, INTER: tl.constexpr, H_QUANT: tl.constexpr):
+    """h'[slot, rows] for BN rows of expert topk_idx[slot]: SwiGLU of the w1/w3 GEMVs, stored like x'."""
+    slot = tl.program_id(0).to(tl.int64)
+    pid_n = tl.program_id(1)
+    e = tl.load(idx_ptr + slot).to(tl.int64)
+    tok = slot // TOPK
+    wo = e * N * (K // 8)
+    so = e * N * (K // 32)
+    xa = xp_ptr + tok * K
+    fa = xf_ptr + tok * (K // 32)
+    g, u = fp4_gemv(w1_ptr + wo, s1_ptr + so, w3_ptr + wo, s3_ptr + so, xa, fa, xa, fa, pid_n * BN, K, N, BN, R0,
+                    BKB, True, True)
+    g = tl.minimum(g, limit, propagate_nan=tl.PropagateNan.ALL)
+    u = tl.minimum(tl.maximum(u, -limit, propagate_nan=tl.PropagateNan.ALL), limit,
+                   propagate_nan=tl.PropagateNan.ALL)
+    h = round_to(g / (1.0 + tl.exp(-g)) * u * tl.load(rw_ptr + slot), INTER)
+    store_prescaled(tl.reshape(h, (BN // 32, 32)), hp_ptr + slot * N, hf_ptr + slot * (N // 32), pid_n * (BN // 32),
+                    N // 32, BN // 32, H_QUANT)
+
+
+@triton.jit
+def moe_decode_down_kernel(hp_ptr, hf_ptr, idx_ptr, w2_ptr, s2_ptr, shared_ptr, y_ptr, ws_ptr, cnt_ptr,
+                           K: tl.constexpr, N: tl.constexpr, TOPK: tl.constexpr, BN: tl.constexpr,
+                           R0: tl.constexpr, BKB: tl.constexpr, SPLIT: tl.constexpr,
+                           PARTIAL: tl.constexpr, OUT: tl.constexpr, HAS_SHARED: tl.constexpr):
+    """y[t, rows] = Σ_j round(h'_{t,j}·w2[e_j]ᵀ) in slot order (+ shared[t, rows]), fp32 sums -> y's dtype.
+
+    SPLIT = 1: the program runs the k slots itself. SPLIT > 1: program (t, n, p) runs slots
+    p·k/SPLIT.., writes their rounded partials to ws [T·k, N], and the last of the SPLIT programs of
+    (t, n) to arrive (a counter, zeroed by the prep kernel) adds all k in slot order."""
+    t = tl.program_id(0).to(tl.int64)
+    pid_n = tl.program_id(1)
+    R: tl.constexpr = BN // R0
+    SPP: tl.constexpr = TOPK // SPLIT
+    rows = pid_n * BN + tl.arange(0, R)[:, None] * R0 + tl.arange(0, R0)[None, :]
+    r_ok = rows < N
+    y = tl.zeros((R, R0), dtype=tl.float32)
+    for jj in range(SPP):
+        slot = t * TOPK + tl.program_id(2) * SPP + jj
+        e = tl.load(idx_ptr + slot).to(tl.int64)
+        xa = hp_ptr + slot * K
+        fa = hf_ptr + slot * (K // 32)
+        part, _ = fp4_gemv(w2_ptr + e * N * (K // 8), s2_ptr + e * N * (K // 32), w2_ptr, s2_ptr, xa, fa, xa, fa,
+                           pid_n * BN, K, N, BN, R0, BKB, False, True)
+        if SPLIT == 1:
+            y += round_to(part, PARTIAL)
+        else:
+            tl.store(ws_ptr + slot * N + rows, round_to(part, PARTIAL), mask=r_ok)
+    last = True
+    if SPLIT > 1:
+        tl.debug_barrier()  # every thread's partial is written before the release below
+        last = tl.atomic_add(cnt_ptr + t * tl.num_programs(1) + pid_n, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
+        if last:
+            for j in range(TOPK):
+                y += tl.load(ws_ptr + (t * TOPK + j) * N + rows, mask=r_ok, other=0.0, cache_modifier=".cg")
+    if last:
+        if HAS_SHARED:
+            y += tl.load(shared_ptr + t * N + rows, mask=r_ok, other=0.0).to(tl.float32)
+        tl.store(y_ptr + t * N + rows, round_to(y, OUT).to(y_ptr.dtype.element_ty), mask=r_ok)
+
+
+# ============================================================================ reference
+
+
+def moe_experts_decode_reference(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float, act_quant: bool = False,
+                                 inter_dtype=None, partial_dtype=None, shared=None, out_dtype=torch.float32,
+                                 compute_dtype=torch.float32, tiles=None):
+    """moe_experts_reference per slot (its partial, rounded to partial_dtype), then moe_combine_reference.
+
+    The slot partials are summed in slot order like `moe.moe_combine`; `tiles` is ignored."""
+    # imported here so that moe.py can import this module (its dispatch) without a cycle
+    from dsv41c.codegen.triton.moe import moe_combine_reference, moe_experts_reference
+    k = topk_idx.shape[1]
+    parts = [moe_experts_reference(x, topk_idx[:, j:j + 1], topk_w[:, j:j + 1], w1, s1, w3, s3, w2, s2, limit,
+                                   act_quant, inter_dtype, partial_dtype, compute_dtype) for j in range(k)]
+    part = torch.stack(parts, 1).flatten(0, 1)  # [T·k, D], slot t·k + j
+    return moe_combine_reference(part, k, shared, out_dtype)
+
+
+# ============================================================================ launcher
+
+
+def rows_per_layer(BKB: int, num_warps: int, warp: int = 32) -> int:
+    """R0: the rows one layer of a program's threads covers when min(BKB, warp) lanes (and BKB/warp
+    warps) spread over the blocks of a chunk — the layout Triton's coalescing gives the weight tile."""
+    lk = min(BKB, warp)
+    wk = min(num_warps, max(1, BKB // warp))
+    return (warp // lk) * (num_warps // wk)
+
+
+def _fit(KB: int, BKB: int) -> int:
+    """The largest power of two <= BKB dividing KB (no masked chunk); BKB itself if none above 4 does."""
+    b = BKB
+    while b > 4 and KB % b:
+        b //= 2
+    return b if KB % b == 0 else BKB
+
+
+def decode_tiles(D: int = HIDDEN, I: int = MOE_INTER, top_k: int = 6, interp=None) -> dict:
+    """Launch parameters: prep BKB; gate_up {BN, BKB, num_warps}; down {BN, BKB, num_warps, split}.
+
+    Static choices for sm90 (not yet measured; `benchmarks/tune_moe_decode.py` sweeps them): gate/up
+    BN = 32 (a program owns whole h blocks), 8 lanes across the blocks of a chunk, 4 rows of lanes ×
+    4 warps across rows (2 rows per thread per matrix, 102 registers): 432 programs at T = 1 fit in one
+    wave (5 per SM). down: BN = 32 with 2 warps (4 rows per thread, 127 registers), split = k (one
+    slot per program: 960 programs at T = 1 instead of 160; 8 per SM). The same tiles for 1..MAX_SLOTS
+    slots.
+    interp (default: TRITON_INTERPRET) picks fewer, larger programs for the interpreter."""
+    if interpreting() if interp is None else interp:
+        return {"prep": 8, "gate_up": {"BN": 32, "BKB": _fit(D // 32, 8), "num_warps": 4},
+                "down": {"BN": 32, "BKB": _fit(I // 32, 4), "num_warps": 4, "split": top_k}}
+    return {"prep": 32, "gate_up": {"BN": 32, "BKB": _fit(D // 32, 8), "num_warps": 4},
+            "down": {"BN": 32, "BKB": _fit(I // 32, 8), "num_warps": 2, "split": top_k}}
+
+
+def _warp_size(device) -> int:
+    if device.type == "cuda" and torch.version.hip is not None:
+        return 64 if torch.cuda.get_device_properties(device).gcnArchName.startswith("gfx9") else 32
+    return 32
+
+
+def _check_tiles(what, t, warp, top_k=None):
+    r0 = rows_per_layer(t["BKB"], t["num_warps"], warp)
+    if t["BKB"] & (t["BKB"] - 1) or t["BN"] % r0:
+        raise ValueError(f"moe_experts_decode: {what} tiles {t}: BKB must be a power of two and BN a multiple of "
+                         f"the {r0} rows one thread layer covers")
+    if top_k is not None and top_k % t["split"]:
+        raise ValueError(f"moe_experts_decode: {what} split {t['split']} does not divide top_k {top_k}")
+    return r0
+
+
+def _check_mxfp4(w, s, E, N, K, name):
+    if w.dim() != 3 or tuple(w.shape) != (E, N, K // 2) or tuple(s.shape) != (E, N, K // 32):
+        raise ValueError(f"moe_experts_decode: {name} weight {tuple(w.shape)} / scale {tuple(s.shape)} are not "
+                         f"[{E}, {N}, {K // 2}] / [{E}, {N}, {K // 32}] packed MXFP4")
+    if w.element_size() != 1 or s.element_size() != 1:
+        raise ValueError(f"moe_experts_decode: {name} weight {w.dtype} / scale {s.dtype} are not bytes")
+
+
+def _as_words(w, name):
+    """Packed FP4 bytes [E, N, K/2] -> int32 words [E, N, K/8], same memory (little endian: nibble i of
+    word q is element 8q + i of the row)."""
+    w = w.contiguous().view(torch.uint8)
+    if w.data_ptr() % 16:
+        raise ValueError(f"moe_experts_decode: {name} is not 16-byte aligned")
+    return w.view(torch.int32)
+
+
+def _u8(s):
+    s = s.contiguous()
+    return s if s.dtype == torch.uint8 else s.view(torch.uint8)
+
+
+def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float, act_quant: bool = False,
+                       inter_dtype=None, partial_dtype=None, shared=None, out_dtype=torch.float32,
+                       compute_dtype=torch.float32, tiles=None):
+    """Routed experts and the combine for a few tokens: -> y [T, D] in out_dtype.
+
+    A drop-in for `moe.moe_experts` (same arguments; out_dtype fp32, shared None) and for
+    `moe_combine(moe_down(moe_gate_up(...)), k, shared, x.dtype)` in `moe.moe_forward` (shared [T, D],
+    out_dtype=x.dtype). Correct for any T·k; the fast path for T·k <= MAX_SLOTS. No host sync.
+    `tiles`: a `decode_tiles` dict (tuning)."""
+    if compute_dtype != torch.float32:
+        raise ValueError("moe_experts_decode: the kernels accumulate in float32 only")
+    if x.dim() != 2:
+        raise ValueError(f"moe_experts_decode: x must be [T, D], got {tuple(x.shape)}")
+    T, D = x.shape
+    if topk_idx.dim() != 2 or topk_idx.shape[0] != T or tuple(topk_w.shape) != tuple(topk_idx.shape):
+        raise ValueError(f"moe_experts_decode: topk_idx {tuple(topk_idx.shape)} / topk_w {tuple(topk_w.shape)} "
+                         f"are not [{T}, k]")
+    if topk_idx.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"moe_experts_decode: topk_idx must be int32/int64, got {topk_idx.dtype}")
+    if w1.dim() != 3:
+        raise ValueError(f"moe_experts_decode: w1 must be [E, I, D/2], got {tuple(w1.shape)}")
+    E, I = w1.shape[0], w1.shape[1]
+    if D % 32 or I % 32:
+        raise ValueError(f"moe_experts_decode: hidden {D} and inter {I} must be multiples of 32 (MXFP4 blocks)")
+    _check_mxfp4(w1, s1, E, I, D, "w1")
+    _check_mxfp4(w3, s3, E, I, D, "w3")
+    _check_mxfp4(w2, s2, E, D, I, "w2")
+    inter_dtype = inter_dtype or x.dtype
+    partial_dtype = partial_dtype or x.dtype
+    for what, dt in (("inter_dtype", inter_dtype), ("partial_dtype", partial_dtype), ("out_dtype", out_dtype)):
+        if dt not in ROUND:
+            raise ValueError(f"moe_experts_decode: {what} {dt} is not float32/bfloat16/float16")
+    if shared is not None and tuple(shared.shape) != (T, D):
+        raise ValueError(f"moe_experts_decode: shared {tuple(shared.shape)} is not [{T}, {D}]")
+    k = topk_idx.shape[1]
+    y = torch.empty(T, D, dtype=out_dtype, device=x.device)
+    if T == 0:
+        return y
+    tt = tiles or decode_tiles(D, I, k)
+    gu, dn = tt["gate_up"], tt["down"]
+    r0g = _check_tiles("gate/up", gu, _warp_size(x.device))
+    r0d = _check_tiles("down", dn, _warp_size(x.device), k)
+    if gu["BN"] % 32:
+        raise ValueError(f"moe_experts_decode: gate/up BN={gu['BN']} is not a multiple of 32 (whole h blocks)")
+    dev = x.device
+    idx = topk_idx.to(torch.int32).contiguous()
+    rw = topk_w.to(torch.float32).contiguous()
+    n_tiles = triton.cdiv(D, dn["BN"])
+    split = dn["split"]
+    ncnt = n_tiles if split > 1 else 0
+    xp = torch.empty(T, D, dtype=torch.float32, device=dev)
+    xf = torch.empty(T, D // 32, dtype=torch.float32, device=dev)
+    cnt = torch.empty(T * max(ncnt, 1), dtype=torch.int32, device=dev)
+    moe_decode_prep_kernel[(T, triton.cdiv(D // 32, tt["prep"]))](
+        x.contiguous(), xp, xf, cnt, K=D, BKB=tt["prep"], ACT_QUANT=act_quant, NCNT=ncnt,
+        NCNT_P=triton.next_power_of_2(max(ncnt, 1)), num_warps=4)
+    hp = torch.empty(T * k, I, dtype=torch.float32, device=dev)
+    hf = torch.empty(T * k, I // 32, dtype=torch.float32, device=dev)
+    moe_decode_gate_up_kernel[(T * k, triton.cdiv(I, gu["BN"]))](
+        xp, xf, idx, rw, _as_words(w1, "w1"), _u8(s1), _as_words(w3, "w3"), _u8(s3), hp, hf, float(limit),
+        K=D, N=I, TOPK=k, BN=gu["BN"], R0=r0g, BKB=gu["BKB"], INTER=ROUND[inter_dtype],
+        H_QUANT=act_quant, num_warps=gu["num_warps"], num_stages=1)
+    sh = shared.contiguous() if shared is not None else y
+    ws = torch.empty(T * k, D, dtype=torch.float32, device=dev) if split > 1 else y
+    moe_decode_down_kernel[(T, n_tiles, split)](
+        hp, hf, idx, _as_words(w2, "w2"), _u8(s2), sh, y, ws, cnt, K=I, N=D, TOPK=k, BN=dn["BN"], R0=r0d,
+        BKB=dn["BKB"], SPLIT=split, PARTIAL=ROUND[partial_dtype], OUT=ROUND[out_dtype],
+        HAS_SHARED=shared is not None, num_warps=dn["num_warps"], num_stages=1)
+    return y
+
+
+# ============================================================================ ahead-of-time variants
+
+
+def _aot_tiles(tr) -> dict:
+    t = decode_tiles(interp=False)
+    for k in ("gate_up", "down"):
+        t[k] = dict(t[k], R0=rows_per_layer(t[k]["BKB"], t[k]["num_warps"], tr["warp"]))
+        if t[k]["BN"] % t[k]["R0"]:  # 64-lane waves cover more rows than BN: one row of lanes per program
+            t[k]["BN"] = t[k]["R0"]
+    return t
+
+
+def _prep_variants(target: str) -> list:
+    tr = target_traits(target)
+    if tr is None:
+        return []
+    t = _aot_tiles(tr)
+    ncnt = triton.cdiv(HIDDEN, t["down"]["BN"])
+    out = []
+    for aq in (False, True):
+        ce = {"K": HIDDEN, "BKB": t["prep"], "ACT_QUANT": aq, "NCNT": ncnt, "NCNT_P": triton.next_power_of_2(ncnt)}
+        out.append(aot_spec(moe_decode_prep_kernel, "aq" if aq else "plain",
+                            {"x_ptr": "*bf16", "xp_ptr": "*fp32", "f_ptr": "*fp32", "cnt_ptr": "*i32"}, ce, 4, 1,
+                            {"act": "bf16", **ce}))
+    return out
+
+
+def _gate_up_variants(target: str) -> list:
+    tr = target_traits(target)
+    if tr is None:
+        return []
+    g = _aot_tiles(tr)["gate_up"]
+    types = {"xp_ptr": "*fp32", "xf_ptr": "*fp32", "idx_ptr": "*i32", "rw_ptr": "*fp32", "w1_ptr": "*i32",
+             "s1_ptr": "*u8", "w3_ptr": "*i32", "s3_ptr": "*u8", "hp_ptr": "*fp32", "hf_ptr": "*fp32", "limit": "fp32"}
+    out = []
+    for name, (E, k) in ROUTERS.items():
+        for hq in (False, True):
+            ce = {"K": HIDDEN, "N": MOE_INTER, "TOPK": k, "BN": g["BN"], "R0": g["R0"], "BKB": g["BKB"],
+                  "INTER": ROUND[torch.bfloat16], "H_QUANT": hq}
+            out.append(aot_spec(moe_decode_gate_up_kernel, f"{name}_k{k}" + ("_aq" if hq else ""), types, ce,
+                                g["num_warps"], 1, {"router": name, "E": E, **ce}))
+    return out
+
+
+def _down_variants(target: str) -> list:
+    tr = target_traits(target)
+    if tr is None:
+        return []
+    d = _aot_tiles(tr)["down"]
+    out = []
+    for name, (E, k) in ROUTERS.items():
+        # "experts": moe_experts' fp32 sum; "forward": moe_forward's bf16 output with the shared expert
+        for mode, out_t, has_sh in (("experts", "*fp32", False), ("forward", "*bf16", True)):
+            types = {"hp_ptr": "*fp32", "hf_ptr": "*fp32", "idx_ptr": "*i32", "w2_ptr": "*i32", "s2_ptr": "*u8",
+                     "shared_ptr": "*bf16", "y_ptr": out_t, "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
+            ce = {"K": MOE_INTER, "N": HIDDEN, "TOPK": k, "BN": d["BN"], "R0": d["R0"], "BKB": d["BKB"],
+                  "SPLIT": k, "PARTIAL": ROUND[torch.bfloat16], "OUT": ROUND[torch.float32 if out_t == "*fp32" else
+                                                                             torch.bfloat16], "HAS_SHARED": has_sh}
+            out.append(aot_spec(moe_decode_down_kernel, f"{name}_k{k}_{mode}", types, ce, d["num_warps"], 1,
+                                {"router": name, "E": E, "mode": mode, **ce}))
+    return out
+
+
+register(KernelTemplate(
+    name="moe_decode_prep", module=__name__,
+    summary="decode MoE: x (optionally FP8 fake-quantized) -> per-32 prescaled fp32 in nibble-major order",
+    keys=("act", "K", "BKB", "ACT_QUANT", "NCNT", "NCNT_P"), reference=moe_experts_decode_reference,
+    launch=moe_experts_decode, specializations=_prep_variants))
+register(KernelTemplate(
+    name="moe_decode_gate_up_fp4", module=__name__,
+    summary="decode MoE: per-slot MXFP4 w1/w3 GEMVs (no dispatch) + clamped SwiGLU × routing weight",
+    keys=("router", "E", "K", "N", "TOPK", "BN", "R0", "BKB", "INTER", "H_QUANT"),
+    reference=moe_experts_decode_reference, launch=moe_experts_decode, specializations=_gate_up_variants))
+register(KernelTemplate(
+    name="moe_decode_down_fp4", module=__name__,
+    summary="decode MoE: per-token MXFP4 w2 GEMVs over the k slots, rounded partials summed in slot order",
+    keys=("router", "E", "mode", "K", "N", "TOPK", "BN", "R0", "BKB", "SPLIT", "PARTIAL", "OUT", "HAS_SHARED"),
+    reference=moe_experts_decode_reference, launch=moe_experts_decode, specializations=_down_variants))

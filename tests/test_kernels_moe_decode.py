@@ -1,0 +1,429 @@
+"""The decode MoE path (codegen/triton/moe_decode.py) against `moe.moe_experts_reference` + `moe_combine_reference`.
+
+On a machine without CUDA the kernels run in Triton's interpreter (conftest sets TRITON_INTERPRET)
+on small widths (hidden 256, inter 128, 16 experts, top-6; T = 1 and 8 so experts repeat across
+tokens), plus ragged tiles (rows and blocks past the end, both kernels) and the split down path
+(per-slot partials and the last-arriving program's combine). The FP4 decode is checked exactly:
+every code of every UE8M0 scale 0..255 through the kernels' own GEMV, against formats' dequant.
+`gpu`-marked tests repeat the checks at the published widths on CUDA (hidden 5120, inter 2304,
+384 experts top-6 and 128 top-3), including CUDA-graph capture.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from dsv41c import formats as nx
+from dsv41c.codegen import templates
+from dsv41c.codegen.triton import fp8_gemm as fg
+from dsv41c.codegen.triton import moe
+from dsv41c.codegen.triton import moe_decode as md
+from dsv41c.codegen.triton.moe_router import ROUTERS
+from dsv41c.codegen.triton.moe_decode import fp4_gemv
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+BF16_ULP = 2.0 ** -7
+E_T, D_T, I_T, K_T = 16, 256, 128, 6
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def rel_err(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def fp4_experts(g, E, N, K, scale=0.1):
+    ws = [nx.quant_fp4_weight(torch.randn(N, K, generator=g) * scale) for _ in range(E)]
+    return torch.stack([w for w, _ in ws]).to(DEV), torch.stack([s for _, s in ws]).to(DEV)
+
+
+def experts_for(seed, E, D, I):
+    g = gen(seed)
+    return (*fp4_experts(g, E, I, D), *fp4_experts(g, E, I, D), *fp4_experts(g, E, D, I))
+
+
+@pytest.fixture(scope="module")
+def experts():
+    return experts_for(20, E_T, D_T, I_T)
+
+
+def routing(g, T, k=K_T, E=E_T):
+    """Distinct experts per token (a token's k slots never repeat), weights normalized × 1.5."""
+    idx = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]).int()
+    w = torch.rand(T, k, generator=g) + 0.1
+    return idx.to(DEV), (w / w.sum(-1, keepdim=True) * 1.5).to(DEV)
+
+
+# Few, large programs: the interpreter's cost is per program.
+FAST = {"prep": 8, "gate_up": {"BN": 128, "BKB": 8, "num_warps": 4},
+        "down": {"BN": 256, "BKB": 4, "num_warps": 4, "split": 1}}
+# Four chunks of blocks per GEMV (the two-buffer prefetch loop runs twice), 64-row tiles, split down.
+MULTI = {"prep": 4, "gate_up": {"BN": 64, "BKB": 2, "num_warps": 4},
+         "down": {"BN": 64, "BKB": 1, "num_warps": 2, "split": 2}}
+
+
+def check(y, ref, exact_fp32: bool):
+    assert y.shape == ref.shape and y.dtype == ref.dtype
+    assert torch.isfinite(y).all()
+    if exact_fp32:  # fp32 h and partials: only the fp32 summation order differs from the reference
+        assert rel_err(y, ref) < 2e-6
+    else:  # h / partials rounded to bf16: a different fp32 sum order can move a rounding by one ulp
+        assert rel_err(y, ref) < BF16_ULP
+        torch.testing.assert_close(y.float(), ref.float(), rtol=0, atol=2 * BF16_ULP * ref.abs().max().item())
+
+
+# ============================================================================ against the reference
+
+
+# T = 1: every combination; T = 8 (experts repeat across tokens): each option once, to bound interpreter time.
+CASES = [(1, aq, dt) for aq in (False, True) for dt in (torch.bfloat16, torch.float32)] + \
+    [(8, True, torch.bfloat16), (8, False, torch.float32)]
+
+
+@pytest.mark.parametrize("T,act_quant,dt", CASES)
+def test_decode_matches_reference(experts, T, act_quant, dt):
+    g = gen(21 + T)
+    x = (torch.randn(T, D_T, generator=g)).to(dt).to(DEV)
+    idx, w = routing(g, T)
+    if T == 8:
+        assert len(torch.unique(idx)) < idx.numel()  # some expert serves several tokens
+    kw = dict(limit=10.0, act_quant=act_quant, inter_dtype=dt, partial_dtype=dt)
+    y = md.moe_experts_decode(x, idx, w, *experts, tiles=FAST if T == 8 else MULTI, **kw)
+    ref = md.moe_experts_decode_reference(x, idx, w, *experts, **kw)
+    check(y, ref, dt == torch.float32)
+    # the grouped path's reference (expert-order sums) agrees to fp32 rounding
+    assert rel_err(y, moe.moe_experts_reference(x, idx, w, *experts, **kw)) < (2e-6 if dt == torch.float32 else 1e-3)
+    if act_quant:  # the fake quant really ran: without it the numbers differ
+        plain = md.moe_experts_decode_reference(x, idx, w, *experts, limit=10.0, inter_dtype=dt, partial_dtype=dt)
+        assert rel_err(plain, ref) > 10 * rel_err(y, ref)
+
+
+def test_bf16_path_is_bit_identical_to_the_reference_here(experts):
+    """Interpreter: numpy sums in fp32 like torch's CPU matmul up to order; with bf16 h and partials the
+    roundings absorb the order — this seed gives identical bits (a regression canary, not a GPU property)."""
+    g = gen(30)
+    x = torch.randn(1, D_T, generator=g).bfloat16().to(DEV)
+    idx, w = routing(g, 1)
+    y = md.moe_experts_decode(x, idx, w, *experts, limit=10.0)
+    ref = md.moe_experts_decode_reference(x, idx, w, *experts, limit=10.0)
+    if DEV == "cpu":
+        assert torch.equal(y, ref)
+    else:
+        check(y, ref, False)
+
+
+def test_swiglu_clamp_and_shared_expert_forward_semantics(experts):
+    """moe_forward's use: bf16 output, the shared expert added after the slot sum; limit clamps g and u."""
+    g = gen(31)
+    T = 3
+    x = (torch.randn(T, D_T, generator=g) * 30).bfloat16().to(DEV)  # g, u far beyond ±limit
+    idx, w = routing(g, T)
+    shared = torch.randn(T, D_T, generator=g).bfloat16().to(DEV)
+    kw = dict(limit=1.0, shared=shared, out_dtype=torch.bfloat16)
+    y = md.moe_experts_decode(x, idx, w, *experts, **kw)
+    ref = md.moe_experts_decode_reference(x, idx, w, *experts, **kw)
+    assert y.dtype == torch.bfloat16
+    check(y, ref, False)
+    unclamped = md.moe_experts_decode_reference(x, idx, w, *experts, limit=1e9, shared=shared, out_dtype=torch.bfloat16)
+    assert rel_err(unclamped, ref) > 0.1
+
+
+@pytest.mark.parametrize("split", [1, 3])
+def test_ragged_tiles_and_split_down(split):
+    """hidden 160 / inter 96: gate/up BN 64 leaves 32 rows of its second tile past the end, BKB 2 leaves a
+    half chunk of blocks; down BN 64 over 160 rows, 3 blocks in chunks of 2; split 3: two slots per program
+    and the counter-ordered combine."""
+    E, D, I = 8, 160, 96
+    ex = experts_for(32, E, D, I)
+    g = gen(33)
+    T = 2
+    x = torch.randn(T, D, generator=g).to(DEV)
+    idx, w = routing(g, T, E=E)
+    tiles = {"prep": 2, "gate_up": {"BN": 64, "BKB": 2, "num_warps": 4},
+             "down": {"BN": 64, "BKB": 2, "num_warps": 2, "split": split}}
+    kw = dict(limit=10.0, inter_dtype=torch.float32, partial_dtype=torch.float32)
+    y = md.moe_experts_decode(x, idx, w, *ex, tiles=tiles, **kw)
+    check(y, md.moe_experts_decode_reference(x, idx, w, *ex, **kw), True)
+    y2 = md.moe_experts_decode(x, idx, w, *ex, tiles=tiles, **kw)  # counters re-zeroed per call
+    assert torch.equal(y, y2)
+
+
+def test_topk3_and_int64_ids_and_fp16(experts):
+    g = gen(34)
+    x = torch.randn(2, D_T, generator=g).half().to(DEV)
+    idx, w = routing(g, 2, k=3)
+    kw = dict(limit=10.0, inter_dtype=torch.float16, partial_dtype=torch.float16, out_dtype=torch.float16)
+    y = md.moe_experts_decode(x, idx.long(), w, *experts, **kw)
+    ref = md.moe_experts_decode_reference(x, idx, w, *experts, **kw)
+    assert y.dtype == torch.float16
+    assert rel_err(y, ref) < 2.0 ** -10
+
+
+# ============================================================================ the FP4 decode, exactly
+
+
+@triton.jit
+def _gemv_probe(w_ptr, s_ptr, xp_ptr, f_ptr, y_ptr, K: tl.constexpr, N: tl.constexpr, BN: tl.constexpr,
+                R0: tl.constexpr, BKB: tl.constexpr):
+    """y[t, n] = x_t · dequant(W)[n, :] through the kernels' GEMV (x' / f from the prep kernel)."""
+    t = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    xa = xp_ptr + t * K
+    fa = f_ptr + t * (K // 32)
+    y, _ = fp4_gemv(w_ptr, s_ptr, w_ptr, s_ptr, xa, fa, xa, fa, pid_n * BN, K, N, BN, R0, BKB, False, True)
+    rows = pid_n * BN + tl.arange(0, BN // R0)[:, None] * R0 + tl.arange(0, R0)[None, :]
+    tl.store(y_ptr + t * N + rows, y, mask=rows < N)
+
+
+def probe_columns(w, s, x):
+    """x [T, K] fp32 -> [T, N] via prep + the GEMV (one program per token and 256 rows)."""
+    T, K = x.shape
+    N = w.shape[0]
+    xp = torch.empty(T, K, device=DEV)
+    xf = torch.empty(T, K // 32, device=DEV)
+    md.moe_decode_prep_kernel[(T, 1)](x, xp, xf, xp, K=K, BKB=K // 32, ACT_QUANT=False, NCNT=0, NCNT_P=1)
+    y = torch.empty(T, N, device=DEV)
+    BKB, nw = 1, 1
+    r0 = md.rows_per_layer(BKB, nw)
+    _gemv_probe[(T, triton.cdiv(N, 256))](md._as_words(w[None], "w")[0], s.contiguous(), xp, xf, y, K=K, N=N, BN=256,
+                                          R0=r0, BKB=BKB, num_warps=nw)
+    return y
+
+
+def test_fp4_decode_is_exact_for_every_code_and_scale():
+    """One 32-column block per row, row r with UE8M0 scale r (0..255), the 16 codes twice in each row;
+    one-hot activations of several magnitudes pick single columns, so y = x·value·2^(e-127) has one
+    rounding at most. It must equal that product taken exactly (float64) and rounded once to fp32 —
+    subnormal, inf where it overflows, NaN only for e = 255 — and so equal formats' fp32 dequant × x
+    wherever that dequantized weight is finite (e = 254, |value| >= 2 is inf there, not in the kernel)."""
+    N, K = 256, 32
+    codes = torch.stack([(torch.arange(32) + r) % 16 for r in range(N)]).to(torch.uint8)
+    for e in (0, 1, 127, 128, 254):  # the named extremes, with all 16 codes present
+        assert sorted(set(codes[e].tolist())) == list(range(16))
+    w = nx.pack_fp4(codes).view(torch.int8).to(DEV)
+    s = torch.arange(N, dtype=torch.int32).to(torch.uint8)[:, None].to(DEV)
+    value = nx.e2m1_decode(codes).double()
+    scale = torch.where(torch.arange(N) == 255, float("nan"), torch.ldexp(torch.ones(N).double(),
+                                                                         torch.arange(N) - 127))
+    deq = nx.dequant_fp4_weight(w, s).cpu()  # [N, K] fp32
+    for mag in (1.0, 2.0 ** -120, 2.0 ** 100, -3.0):
+        x = torch.eye(K, device=DEV) * mag
+        y = probe_columns(w, s, x).cpu()  # [K, N]: column k of the dequantized weight × mag
+        want = (value * scale[:, None] * mag).float().T
+        nan = want.isnan()
+        assert nan[:, 255].all() and not nan[:, :255].any()
+        assert torch.equal(y[~nan], want[~nan]), f"magnitude {mag}: {int((y[~nan] != want[~nan]).sum())} differ"
+        assert torch.isnan(y[nan]).all()  # e = 255 decodes to NaN, like e8m0_to_float
+        ref = (deq * mag).T
+        fin = torch.isfinite(deq.T)
+        assert torch.equal(y[fin], ref[fin])
+        assert torch.isinf(want).any() == (abs(mag) >= 1)  # overflow of the product is exercised
+        assert (want[~nan] != 0).float().mean() > 0.5  # and most values are neither ±0 codes nor underflow
+
+
+def test_prescale_is_exact_and_in_range():
+    """x' = x·2^c and f = 2^(126-c) per block, so x'·f·2^-126 == x exactly over fp32's whole range (the
+    GEMV's x'·(value·2^-126) sums times f are Σ x·value); a normal block's amax lands in [2^100, 2^101)
+    unless it is at least 2^101 already (c = 0), a subnormal block's below 2^101."""
+    g = gen(35)
+    K = 256
+    mags = torch.tensor([2.0 ** -149, 2.0 ** -130, 1e-30, 1e-3, 1.0, 3e5, 1e30, 2.0 ** 126]).repeat_interleave(32)
+    x = (torch.rand(K, generator=g) + 0.5) * mags * torch.where(torch.rand(K, generator=g) < 0.5, -1.0, 1.0)
+    x[0:32] = 2.0 ** -149  # a block of the smallest subnormal
+    x[40:48] = 0.0
+    x = x[None].to(DEV)
+    xp = torch.empty(1, K, device=DEV)
+    xf = torch.empty(1, K // 32, device=DEV)
+    md.moe_decode_prep_kernel[(1, 2)](x, xp, xf, xp, K=K, BKB=4, ACT_QUANT=False, NCNT=0, NCNT_P=1)
+    # back to natural order: stored index s·(K/8) + 4b + q holds k = 32b + 8q + s
+    k = torch.arange(K)
+    nat = xp[0, ((k % 8) * (K // 8) + (k // 32) * 4 + (k % 32) // 8).to(DEV)].cpu()
+    f = xf[0].cpu().repeat_interleave(32)
+    assert torch.equal(nat.double() * f.double() * 2.0 ** -126, x[0].cpu().double())
+    amax = nat.abs().view(-1, 32).amax(1)
+    xmax = x[0].cpu().abs().view(-1, 32).amax(1)
+    big = xmax >= 2.0 ** 101
+    assert torch.equal(amax[big], xmax[big]) and (amax[~big] < 2.0 ** 101).all()
+    normal = ~big & (xmax >= 2.0 ** -126)
+    assert (amax[normal] >= 2.0 ** 100).all() and big.any() and (xmax < 2.0 ** -126).any()
+
+
+# ============================================================================ launcher checks
+
+
+def test_input_errors_are_clear(experts):
+    w1, s1, w3, s3, w2, s2 = experts
+    x = torch.randn(1, D_T, device=DEV)
+    idx, w = routing(gen(36), 1)
+    with pytest.raises(ValueError, match="w2 weight"):
+        md.moe_experts_decode(x, idx, w, w1, s1, w3, s3, w2[:, :, :-1], s2, 10.0)
+    with pytest.raises(ValueError, match="are not \\[1, k\\]"):
+        md.moe_experts_decode(x, idx, w[:, :3], *experts, 10.0)
+    with pytest.raises(ValueError, match="float32 only"):
+        md.moe_experts_decode(x, idx, w, *experts, 10.0, compute_dtype=torch.float64)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        md.moe_experts_decode(x, idx, w, *experts, 10.0, tiles={**FAST, "gate_up": {"BN": 16, "BKB": 8,
+                                                                                    "num_warps": 1}})
+    with pytest.raises(ValueError, match="does not divide top_k"):
+        md.moe_experts_decode(x, idx, w, *experts, 10.0, tiles={**FAST, "down": {**FAST["down"], "split": 4}})
+    assert md.moe_experts_decode(x[:0], idx[:0], w[:0], *experts, 10.0).shape == (0, D_T)
+
+
+MY_TEMPLATES = ("moe_decode_prep", "moe_decode_gate_up_fp4", "moe_decode_down_fp4")
+
+
+def test_templates_registered_with_variants_for_every_target():
+    reg = templates._REGISTRY
+    for name in MY_TEMPLATES:
+        t = reg[name]
+        assert t.reference is md.moe_experts_decode_reference and t.launch is md.moe_experts_decode
+        for target in fg.TARGETS:
+            specs = t.specializations(target)
+            assert specs, f"{name}: no variant for {target}"
+            for s in specs:
+                assert list(s.signature) == list(s.kernel.arg_names)
+                assert set(s.keys) >= set(s.constexprs) and set(s.keys) <= set(t.keys)
+                if "BN" in s.constexprs:
+                    assert s.constexprs["BN"] % s.constexprs["R0"] == 0
+        variants = [s.variant for s in t.specializations("cuda:sm90")]
+        assert len(variants) == len(set(variants))
+        assert t.specializations("cpu") == [] and t.specializations("ascend:a3") == []
+    gu = {s.variant: s for s in reg["moe_decode_gate_up_fp4"].specializations("cuda:sm90")}
+    assert gu["backbone_k6"].constexprs["TOPK"] == 6 and gu["dspark_k3"].constexprs["TOPK"] == 3
+    assert gu["backbone_k6"].constexprs["K"] == 5120 and gu["backbone_k6"].constexprs["N"] == 2304
+
+
+def test_templates_are_in_the_kernel_matrix():
+    from dsv41c.codegen.matrix import KernelMatrix
+    m = KernelMatrix.build()
+    rows = {r.name: r for r in m.rows}
+    for name in MY_TEMPLATES:
+        assert rows[name].cells["cuda:sm90"].status == "native"
+        assert rows[name].cells["rocm:gfx942"].status == "native"
+
+
+def _have_ptxas():
+    return os.path.isfile(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")) \
+        or shutil.which("ptxas") is not None
+
+
+# Compiled in a child process: under TRITON_INTERPRET the kernels are interpreter objects.
+_AOT_SCRIPT = """
+import json, os, re, subprocess, sys, tempfile
+from dsv41c.codegen.aot_compat import compile_spec
+from dsv41c.codegen.matrix import TARGETS
+from dsv41c.codegen import templates
+from dsv41c.codegen.triton import moe_decode
+out = {}
+cuobjdump = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "cuobjdump")
+for name in ("moe_decode_gate_up_fp4", "moe_decode_down_fp4"):
+    spec = templates._REGISTRY[name].specializations("cuda:sm90")[0]
+    asm = compile_spec(spec, TARGETS["cuda:sm90"])["asm"]
+    ptx = asm["ptx"]
+    r = {"v4": len(re.findall(r"ld\\.global(?:\\.\\w+)*\\.v4\\.b32", ptx)), "ftz": ptx.count(".ftz"),
+         "fma": ptx.count("fma.rn.f32")}
+    if os.path.isfile(cuobjdump):
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(asm["cubin"]); f.flush()
+            res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
+        r["local"] = int(re.search(r"LOCAL:(\\d+)", res).group(1))
+    out[name] = r
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not _have_ptxas(), reason="Triton's ptxas is not installed")
+def test_aot_sm90_streams_16_byte_words_without_ftz_or_spills():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                         env.get("PYTHONPATH", "")])
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    r = subprocess.run([sys.executable, "-c", _AOT_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    for name, v in out.items():
+        assert v["v4"] >= 4, f"{name}: weights not loaded as 16-byte vectors"
+        assert v["ftz"] == 0, f"{name}: flush-to-zero would lose the E2M1 0.5 (an fp32 subnormal)"
+        assert v["fma"] > 0
+        assert v.get("local", 0) == 0, f"{name}: register spills"
+
+
+# ============================================================================ GPU tier: published widths
+
+
+def _real_experts(E, used, gk):
+    D, I = md.HIDDEN, md.MOE_INTER
+    w1 = torch.zeros(E, I, D // 2, dtype=torch.int8, device=DEV)
+    w3, w2 = torch.zeros_like(w1), torch.zeros(E, D, I // 2, dtype=torch.int8, device=DEV)
+    s1 = torch.full((E, I, D // 32), 120, dtype=torch.uint8, device=DEV)
+    s3, s2 = s1.clone(), torch.full((E, D, I // 32), 120, dtype=torch.uint8, device=DEV)
+    for t_ in (w1, w3, w2):
+        t_[used] = torch.randint(-128, 128, t_[used].shape, generator=gk, device=DEV, dtype=torch.int8)
+    for t_ in (s1, s3, s2):
+        t_[used] = torch.randint(116, 124, t_[used].shape, generator=gk, device=DEV, dtype=torch.uint8)
+    return w1, s1, w3, s3, w2, s2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 8])
+@pytest.mark.parametrize("router", ["backbone", "dspark"])
+def test_gpu_decode_real_widths(T, router):
+    E, k = ROUTERS[router]
+    g = gen(40)
+    gk = torch.Generator(device=DEV).manual_seed(41)
+    x = torch.randn(T, md.HIDDEN, generator=g).bfloat16().to(DEV)
+    idx, w = routing(g, T, k=k, E=E)
+    ex = _real_experts(E, torch.unique(idx).long(), gk)
+    for aq in (False, True):
+        y = md.moe_experts_decode(x, idx, w, *ex, 10.0, act_quant=aq)
+        ref = md.moe_experts_decode_reference(x, idx, w, *ex, 10.0, act_quant=aq)
+        assert rel_err(y, ref) < 2 * BF16_ULP
+        grouped = moe.moe_experts(x, idx, w, *ex, 10.0, act_quant=aq)
+        assert rel_err(y, grouped) < 4 * BF16_ULP
+    shared = torch.randn(T, md.HIDDEN, generator=g).bfloat16().to(DEV)
+    y = md.moe_experts_decode(x, idx, w, *ex, 10.0, shared=shared, out_dtype=torch.bfloat16)
+    ref = md.moe_experts_decode_reference(x, idx, w, *ex, 10.0, shared=shared, out_dtype=torch.bfloat16)
+    assert y.dtype == torch.bfloat16 and rel_err(y, ref) < 2 * BF16_ULP
+    # both down variants: the same per-slot partials summed in the same order, so the same bits
+    y0 = md.moe_experts_decode(x, idx, w, *ex, 10.0)
+    for split in (1, k):
+        tiles = md.decode_tiles(top_k=k)
+        tiles["down"]["split"] = split
+        assert torch.equal(md.moe_experts_decode(x, idx, w, *ex, 10.0, tiles=tiles), y0)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_cuda_graph_replay():
+    E, k = ROUTERS["backbone"]
+    g = gen(42)
+    gk = torch.Generator(device=DEV).manual_seed(43)
+    x = torch.randn(1, md.HIDDEN, generator=g).bfloat16().to(DEV)
+    idx, w = routing(g, 1, k=k, E=E)
+    ex = _real_experts(E, torch.arange(E, device=DEV), gk)
+    eager = md.moe_experts_decode(x, idx, w, *ex, 10.0)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        md.moe_experts_decode(x, idx, w, *ex, 10.0)  # warm-up (compiles) outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = md.moe_experts_decode(x, idx, w, *ex, 10.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    idx.copy_(routing(g, 1, k=k, E=E)[0])  # new routing, same graph
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, md.moe_experts_decode(x, idx, w, *ex, 10.0))
