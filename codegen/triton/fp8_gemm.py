@@ -35,9 +35,11 @@ Specialization keys: N, K (constexpr: the real linears of the published config, 
 ahead-of-time build knows every stride and vectorizes), M class (prefill / decode), BM, BN, BK,
 GROUP_M, SPLIT_K, NATIVE_FP8 (sm90/sm100/gfx950 have an FP8 cvt), GATED.
 
-Measured (H200, triton 3.6, before split-K): prefill 24–31% of the bf16 matmul rate (the
-E4M3 decode + scale multiply per weight element runs on the same SM as the MMA), decode far
-from its bytes floor (20 programs for wq_a) — split-K was added for the latter.
+Measured (H200, triton 3.6): prefill 53–57% of the bf16 matmul rate (the E4M3 decode + scale
+multiply per weight element runs on the same SM as the MMA). Decode under CUDA-graph replay, with
+split-K and BK 128 (`benchmarks/tune_fp8_decode.py`, 2026-11-29): wo_b 20.5 µs (2.06× its bytes
+floor), engram wkv 73.5 µs (1.96×), wq_a 7.3 µs (4.7×: a 1.5 µs floor under two launches),
+shared w2 8.6 µs (3.0×).
 
 Known gaps: no FP8×FP8 tensor-core path (wgmma e4m3 / MFMA fp8) — activations that are
 dynamically quantized still multiply in bf16 (same products, 2× the tensor-core time of FP8
@@ -350,6 +352,7 @@ def fp8_gemm_swiglu_reference(x, w1, s1, w3, s3, limit: float, act_quant: bool =
 
 
 N_SMS_HINT = 132  # split-K aims for >= 2 programs per SM of an H100/H200-class GPU
+DECODE_BK = 128  # decode (M <= 16) k tile
 
 
 def _split_k(M: int, N: int, K: int, BN: int, BK: int) -> int:
@@ -365,9 +368,8 @@ def _tiles(M: int, N: int, K: int):
     """(BM, BN, BK, GROUP_M, SPLIT_K, num_warps, num_stages) for a shape on the running device."""
     if interpreting():
         return 16, 32, 64, 4, (2 if K % 128 == 0 and M <= 16 else 1), 4, 1
-    if M <= 16:
-        BK = 256 if K % 256 == 0 else 128
-        return 16, 64, BK, 1, _split_k(M, N, K, 64, BK), 4, 4
+    if M <= 16:  # H200 sweep (benchmarks/tune_fp8_decode.py): BK 128 beat 256 on every decode linear
+        return 16, 64, DECODE_BK, 1, _split_k(M, N, K, 64, DECODE_BK), 4, 4
     if M <= 64:
         return 64, 128, 128, 8, 1, 4, 3
     return 128, 128, 64, 8, 1, 8, 3
@@ -450,7 +452,7 @@ def _gemm_variants(target: str, gated: bool) -> list:
     for name, (N, K) in shapes.items():
         for mode in ("decode", "prefill"):
             if mode == "decode":
-                BM, BN, BK, GM, nw, ns = 16, 64, (256 if K % 256 == 0 else 128), 1, 4, (4 if tr["big_tiles"] else 2)
+                BM, BN, BK, GM, nw, ns = 16, 64, DECODE_BK, 1, 4, (4 if tr["big_tiles"] else 2)
                 SK = _split_k(1, N, K, BN, BK)
             elif tr["big_tiles"]:
                 BM, BN, BK, GM, SK, nw, ns = 128, 128, 64, 8, 1, 8, 3

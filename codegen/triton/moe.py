@@ -69,6 +69,7 @@ from dsv41c.codegen.triton.fp8_gemm import (
     act_quant_fp8, act_quant_fp8_reference, aot_spec, as_u8, dot_f32_for, fake_quant_e4m3_pow2, fp8_gemm,
     fp8_gemm_reference, fp8_gemm_swiglu, fp8_gemm_swiglu_reference, interpreting, target_traits)
 from dsv41c.codegen.triton.fp4_unpack import DECODERS, fp4_tile, permute_cols_tile, permute_k, unpermute_k
+from dsv41c.codegen.triton import moe_decode as md
 from dsv41c.codegen.triton.moe_router import ROUTERS, router, router_reference  # noqa: F401 (re-exported)
 from dsv41c import formats as nx
 
@@ -291,17 +292,20 @@ def moe_align(topk_idx: torch.Tensor, n_experts: int, block_m: int) -> dict:
             "tile_row": torch.where(valid, row, 0).to(torch.int32), "block_m": block_m, "top_k": k, "T": T}
 
 
-def _expert_tiles(R: int, K: int):
-    """(BM, BN, BK, num_warps, num_stages) for a grouped GEMM with R routed rows, reduction K.
+def _expert_tiles(R: int, K: int, N: int = 0):
+    """(BM, BN, BK, num_warps, num_stages) for a grouped GEMM with R routed rows, reduction K, N outputs.
 
-    From the H200 sweep (`benchmarks/kernels_ffn.py --tune`, triton 3.6, decoder 0): decode is best
-    with tl.dot_scaled and 128-row weight tiles, prefill with the bit-arithmetic upcast and 128×128
-    (to be re-swept per decoder: `benchmarks/tune_moe_prefill.py`). The interpreter's BN = BK lets
-    the gate/up kernel store h in the down kernel's k order."""
+    From the H200 sweeps (triton 3.6): decode (grouped path, now only for > moe_decode.MAX_SLOTS
+    slots or when asked) with tl.dot_scaled and 128-row weight tiles; prefill with decoder 2 at
+    128×128×128 for gate/up and 128×256×128 for down (`benchmarks/tune_moe_prefill.py`, 2026-11-29:
+    down 3.34 ms vs 4.18 ms at 128×128). The interpreter's BN = BK lets the gate/up kernel store h
+    in the down kernel's k order."""
     if interpreting():
         return 16, 64, 64, 4, 1
     if R <= 128:
         return 16, 128, 128, 4, 4
+    if N >= 4096:  # the down GEMM (N = hidden 5120): wider weight tiles win (H200 sweep, decoder 2)
+        return 128, 256, 128, 8, 3
     return 128, 128, 128, 8, 3
 
 
@@ -395,7 +399,7 @@ def moe_down(h, plan, w2, s2, partial_dtype=None, dot_scaled=None, tiles=None, d
     """Partial outputs [T·k, D] indexed by slot t·k+j; h_order: the k order h's columns are in (moe_gate_up's)."""
     R, I = h.shape
     D = w2.shape[1]
-    BM, BN, BK, nw, ns = tiles or _expert_tiles(R, I)
+    BM, BN, BK, nw, ns = tiles or _expert_tiles(R, I, D)
     ds = _dot_scaled_default(R) if dot_scaled is None else dot_scaled
     dec = _decode(decode, ds, h.device, BK)
     _check_experts(w2, s2, D, I, "moe_down w2", dec)
@@ -418,7 +422,7 @@ def _routed_partials(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit, act_qua
                      dot_scaled, decode):
     """Dispatch + gate/up + down: slot outputs [T·k, D]; h is written in the down kernel's k order."""
     R, D, I = topk_idx.numel(), x.shape[1], w1.shape[1]
-    t_gu, t_dn = _expert_tiles(R, D), _expert_tiles(R, I)
+    t_gu, t_dn = _expert_tiles(R, D), _expert_tiles(R, I, D)
     plan = moe_align(topk_idx, w1.shape[0], t_gu[0])
     ds = _dot_scaled_default(R) if dot_scaled is None else dot_scaled
     h_order = _order(_decode(decode, ds, x.device, t_dn[2]), t_dn[2])
@@ -449,25 +453,44 @@ def moe_combine_reference(partials, top_k: int, shared=None, out_dtype=torch.flo
     return y.to(out_dtype)
 
 
+def _small_batch(topk_idx, small_batch, dot_scaled, decode) -> bool:
+    """THE dispatch between the decode path (moe_decode.py) and the grouped GEMMs: auto (None) takes the
+    decode path for at most moe_decode.MAX_SLOTS slots unless a grouped-GEMM decoder was asked for."""
+    if small_batch is not None:
+        return bool(small_batch)
+    return dot_scaled is None and decode is None and topk_idx.numel() <= md.MAX_SLOTS
+
+
 def moe_experts(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float, act_quant: bool = False,
-                inter_dtype=None, partial_dtype=None, compute_dtype=torch.float32, dot_scaled=None, decode=None):
-    """Routed experts only (Triton): -> Σ_j expert(x)·w, fp32 [T, D] (compute_dtype must be fp32)."""
+                inter_dtype=None, partial_dtype=None, compute_dtype=torch.float32, dot_scaled=None, decode=None,
+                small_batch=None):
+    """Routed experts only (Triton): -> Σ_j expert(x)·w, fp32 [T, D] (compute_dtype must be fp32).
+
+    small_batch: None = auto (few slots -> moe_decode's GEMV path), True / False forces a path."""
     if compute_dtype != torch.float32:
         raise ValueError("moe_experts: the kernels accumulate in float32 only")
+    if _small_batch(topk_idx, small_batch, dot_scaled, decode):
+        return md.moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit, act_quant, inter_dtype,
+                                     partial_dtype or x.dtype)
     part = _routed_partials(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit, act_quant, inter_dtype,
                             partial_dtype or x.dtype, dot_scaled, decode)
     return moe_combine(part, topk_idx.shape[1])
 
 
 def moe_forward(x, gate_w, bias, w1, s1, w3, s3, w2, s2, shared, *, top_k: int, route_scale: float,
-                limit: float, gate_temp: float = 1.0, bias_vl=None, image_mask=None, act_quant: bool = False):
-    """The whole FFN in Triton kernels: router, dispatch, gate/up, down, shared expert, combine."""
+                limit: float, gate_temp: float = 1.0, bias_vl=None, image_mask=None, act_quant: bool = False,
+                small_batch=None):
+    """The whole FFN in Triton kernels: router, dispatch, gate/up, down, shared expert, combine
+    (small_batch as in moe_experts: few tokens take moe_decode's path)."""
     tw, ti = router(x, gate_w, bias, top_k, route_scale, gate_temp, bias_vl, image_mask)
-    part = _routed_partials(x, ti, tw, w1, s1, w3, s3, w2, s2, limit, act_quant, None, x.dtype, None, None)
     sh = None
     if shared is not None:
         sw1, ss1, sw3, ss3, sw2, ss2 = shared
         sh = fp8_gemm(fp8_gemm_swiglu(x, sw1, ss1, sw3, ss3, limit, act_quant), sw2, ss2, act_quant)
+    if _small_batch(ti, small_batch, None, None):
+        return md.moe_experts_decode(x, ti, tw, w1, s1, w3, s3, w2, s2, limit, act_quant, None, x.dtype, shared=sh,
+                                     out_dtype=x.dtype)
+    part = _routed_partials(x, ti, tw, w1, s1, w3, s3, w2, s2, limit, act_quant, None, x.dtype, None, None)
     return moe_combine(part, top_k, sh, x.dtype)
 
 
@@ -525,6 +548,8 @@ def _down_variants(target: str) -> list:
     out = []
     for mode, (t, nw, ns) in _expert_modes(tr).items():
         dc = _decoding_on(tr, mode, t)
+        if tr["big_tiles"] and mode == "prefill":
+            t = {**t, "BN": 256}  # as _expert_tiles for the down GEMM
         ce = {"K": MOE_INTER, "N": HIDDEN, **t, "DOT_F32": False, "DOT_SCALED": dc["DOT_SCALED"],
               "DECODE": dc["DECODE"], "PTX": dc["PTX"]}
         out.append(aot_spec(moe_down_kernel, mode, types, ce, nw, ns, {"D": HIDDEN, "I": MOE_INTER, "mode": mode, **ce}))
