@@ -199,10 +199,7 @@ def _bf16_bmm_ms(E_, M):
     w13 = rnd(E_, D, 2 * I, scale=0.02)
     h = rnd(E_, M, I)
     w2 = rnd(E_, I, D, scale=0.02)
-    t = ms(lambda: (torch.bmm(x, w13), torch.bmm(h, w2)))
-    del x, w13, h, w2
-    torch.cuda.empty_cache()
-    return t
+    return ms(lambda: (torch.bmm(x, w13), torch.bmm(h, w2)))
 
 
 def case_moe_experts(ceil, quick):
