@@ -175,14 +175,14 @@ def test_topk3_and_int64_ids_and_fp16(experts):
 
 @triton.jit
 def _gemv_probe(w_ptr, s_ptr, xp_ptr, f_ptr, y_ptr, K: tl.constexpr, N: tl.constexpr, BN: tl.constexpr,
-                R0: tl.constexpr, BKB: tl.constexpr):
+                BKB: tl.constexpr):
     """y[t, n] = x_t · dequant(W)[n, :] through the kernels' GEMV (x' / f from the prep kernel)."""
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
     xa = xp_ptr + t * K
     fa = f_ptr + t * (K // 32)
-    y, _ = fp4_gemv(w_ptr, s_ptr, w_ptr, s_ptr, xa, fa, xa, fa, pid_n * BN, K, N, BN, R0, BKB, False, True)
-    rows = pid_n * BN + tl.arange(0, BN // R0)[:, None] * R0 + tl.arange(0, R0)[None, :]
+    y, _ = fp4_gemv(w_ptr, s_ptr, w_ptr, s_ptr, xa, fa, xa, fa, pid_n * BN, K, N, BN, BKB, False, True)
+    rows = pid_n * BN + tl.arange(0, BN)
     tl.store(y_ptr + t * N + rows, y, mask=rows < N)
 
 
@@ -195,9 +195,8 @@ def probe_columns(w, s, x):
     md.moe_decode_prep_kernel[(T, 1)](x, xp, xf, xp, K=K, BKB=K // 32, ACT_QUANT=False, NCNT=0, NCNT_P=1)
     y = torch.empty(T, N, device=DEV)
     BKB, nw = 1, 1
-    r0 = md.rows_per_layer(BKB, nw)
     _gemv_probe[(T, triton.cdiv(N, 256))](md._as_words(w[None], "w")[0], s.contiguous(), xp, xf, y, K=K, N=N, BN=256,
-                                          R0=r0, BKB=BKB, num_warps=nw)
+                                          BKB=BKB, num_warps=nw)
     return y
 
 
@@ -275,6 +274,8 @@ def test_input_errors_are_clear(experts):
     with pytest.raises(ValueError, match="multiple of 32"):
         md.moe_experts_decode(x, idx, w, *experts, 10.0, tiles={**FAST, "gate_up": {"BN": 16, "BKB": 8,
                                                                                     "num_warps": 1}})
+    with pytest.raises(ValueError, match="powers of two"):
+        md.moe_experts_decode(x, idx, w, *experts, 10.0, tiles={**FAST, "down": {**FAST["down"], "BN": 48}})
     with pytest.raises(ValueError, match="does not divide top_k"):
         md.moe_experts_decode(x, idx, w, *experts, 10.0, tiles={**FAST, "down": {**FAST["down"], "split": 4}})
     assert md.moe_experts_decode(x[:0], idx[:0], w[:0], *experts, 10.0).shape == (0, D_T)
@@ -294,8 +295,9 @@ def test_templates_registered_with_variants_for_every_target():
             for s in specs:
                 assert list(s.signature) == list(s.kernel.arg_names)
                 assert set(s.keys) >= set(s.constexprs) and set(s.keys) <= set(t.keys)
-                if "BN" in s.constexprs:
-                    assert s.constexprs["BN"] % s.constexprs["R0"] == 0
+                if "BN" in s.constexprs:  # powers of two (the [BN·BKB, 4] tile's aranges)
+                    assert s.constexprs["BN"] & (s.constexprs["BN"] - 1) == 0
+                    assert s.constexprs["BKB"] & (s.constexprs["BKB"] - 1) == 0
         variants = [s.variant for s in t.specializations("cuda:sm90")]
         assert len(variants) == len(set(variants))
         assert t.specializations("cpu") == [] and t.specializations("ascend:a3") == []

@@ -20,13 +20,19 @@ Algorithm (three launches; no sort, no host sync, CUDA-graph capturable):
    order, adds the shared expert, stores. SPLIT > 1 (the default, SPLIT = k: 6× the programs at
    T = 1): the rounded partials go to a [T·k, D] workspace, and the last of the SPLIT programs of a
    tile (an acq_rel counter) adds all k in slot order. Deterministic either way: no float atomics.
-`fp4_gemv`: a program's tile is [R, R0, BKB, 4] words — BKB 32-blocks per chunk with one 16-byte
-load per (row, block) and thread, min(BKB, 32) lanes across blocks, the other lanes and warps across
-R0 rows, R = BN/R0 rows per thread in registers (x' reused over them). x' is loaded as [1, R0, BKB, 4]
-(row dim broadcast) so that it gets the weight tile's layout; the lanes take the blocks of a chunk in
-a permuted order so that the scale-byte load is not vectorized into another layout (either would
-cost a shared-memory shuffle per chunk). Weights are prefetched two chunks ahead by hand (Triton does
-not pipeline loads that feed no tl.dot); the lanes are reduced once per GEMV.
+`fp4_gemv`: a chunk of a program's tile is P = BN·BKB (row, block) pairs, p = BKB·row + (5·block mod
+BKB), each a 16-byte vector of 4 packed words: every tensor in the loop is [P, 4] (weights, x', the
+decoded products) or [P] (scale bytes, f, the accumulator), and the reduction over the 4 words is along
+the fastest dim. Triton's coalescing then gives all of them one blocked layout (4 words per thread,
+consecutive p on consecutive lanes, then warps, then registers: BKB lanes across the blocks of a row,
+P/threads rows per thread) whatever its tie-break between dims of equal contiguity — that tie-break
+differs between Triton 3.6 (lowest dim first) and 3.9 (highest first), and the first version of this
+file ([R, R0, BKB, 4] tiles, x' as [1, R0, BKB, 4]) got a layout conversion through shared memory for
+every x' load under 3.6 (22 per loop, 36 barriers). x' is loaded per p like the weights; the p of one
+thread all have the same block (threads % BKB == 0), so its loads for its several rows are one address
+and LLVM keeps one load. The permuted block order keeps the scale-byte load from being vectorized
+across blocks (another layout). Weights are prefetched two chunks ahead by hand (Triton does not
+pipeline loads that feed no tl.dot); the lanes are reduced once per GEMV ([P] -> [BN, BKB] -> [BN]).
 
 FP4 decode, per weight element: nibble s (sign, m3) of word w becomes the fp32 with bits
 (m3 << 22) | (sign << 31), exactly value·2^-126 (the E2M1 0.5 is the fp32 subnormal 2^-127):
@@ -38,15 +44,22 @@ multiplied by f (back to Σ x·value, exact) and by 2^(e-127) (`e8m0_f32`: e = 0
 element and is not an fp32 for e >= 129. x' puts every block's amax in [2^100, 2^101), so the
 products of elements down to 2^-100 of it are normal fp32 and the fp32 sums are the only
 roundings; the PTX has no .ftz (the subnormal input must survive; checked by the tests).
-sm90 SASS (AOT variants): 4.6 instructions per weight element in the main loop (2.9 decode, 1.06
-FFMA/FMUL, the rest the per-block scale, the 4-word sum, loads and addresses); 102 / 127
-registers (gate/up / down), no local memory; 16-byte weight and x' loads.
+sm90 SASS of the default AOT variants, the same under Triton 3.6 and 3.9: main loop 4.61 instructions
+per weight element (2.9 decode, 1.06 FFMA/FMUL, the rest the per-block scale, the 4-word sum, loads
+and addresses), no shared memory (no STS / LDS / BAR) in it, 104 / 126 registers (gate/up / down), no
+local memory; 16-byte weight and x' loads (8 x' loads per thread per chunk for all its rows). The
+TTGIR loop still shows 6 / 4 `convert_layout`s: the [P] accumulator between the 1D blocked layout and
+the slice of the [P, 4] layout, the same thread mapping, which lower to no code. (Before the rework,
+under 3.6: 4.93 / 5.07 instructions per element, 132 / 197 registers, 18 STS, 36-68 LDS and 36 BAR
+per loop iteration.) 4.61 instructions per element is an issue bound close to the bytes bound: at
+1 instruction / clock / scheduler (132 SMs × 4 × 1.98 GHz) it is ~29 us for T = 1's 212 M weight
+elements against the bytes floor of ~27 us.
 
 Rounding: every rounding to bf16 is integer round-to-nearest-even (`round_to`), so the interpreter
 (whose casts to bf16 truncate) and the GPU give the same bits; fp16 uses the cast (RNE in both).
 
 Specialization keys: router (E, TOPK: backbone 384/6, DSpark 128/3); K, N (hidden 5120, inter 2304,
-constexpr); BN, R0 (rows per thread layer), BKB, num_warps; SPLIT; ACT_QUANT / H_QUANT; INTER /
+constexpr); BN, BKB (powers of two), num_warps; SPLIT; ACT_QUANT / H_QUANT; INTER /
 PARTIAL / OUT rounding (0 fp32, 1 bf16, 2 fp16); HAS_SHARED; NCNT (counters zeroed by the prep).
 
 Known gaps: three launches (prep, gate/up, down) and the split path's workspace round trip; the
@@ -54,10 +67,22 @@ per-block scale factoring over/underflows where Σ_block x·value leaves fp32's 
 while the reference's per-product x·(value·scale) would not (and the reverse: where the reference's
 dequantized weight overflows, e = 254 with |value| >= 2, the kernel's product can still be finite);
 expert ids are not range-checked (that needs a host sync; an id outside [0, E) reads out of bounds);
-two tokens with the same expert read its weights twice (L2 catches most at T <= 8); decode is
-integer-issue bound near HBM speed (~4.6 instructions per 0.5 byte); at T = 1 the gate/up's 432
-programs do not divide evenly over 132 SMs; the tiles are static choices until
-`benchmarks/tune_moe_decode.py` has run on an H200.
+two tokens with the same expert read its weights twice (L2 catches most at T <= 8) and decode them
+twice: the decode is integer-issue bound near HBM speed (~4.6 instructions per 0.5 byte), so at
+T = 8 (48 slots, ~32 unique experts) the issue time (~234 us at 4.61 per element) exceeds the bytes
+floor (~140 us) by 1.7x whatever the tiles; sharing one decode between the tokens of an expert needs
+the expert -> slots map (a dispatch) this path avoids. At T = 1 the gate/up's 432 programs do not
+divide evenly over 132 SMs (4 on some, 3.27 on average: ~24 us issue-bound on the busiest SMs; BN
+cannot go below 32, a program owns whole h blocks).
+
+Measured (H200, torch 2.11 / Triton 3.6, one graph of 8 steps over disjoint expert sets, so nothing
+is reused from L2; floor = unique experts' w1 + w3 + w2 bytes / 4.22 TB/s), BEFORE the layout
+rework above (22 / 20 shared-memory conversions per loop): T = 1: 0.127 ms (4.75x floor; gate/up BN 32
+BKB 8 2 warps, down BN 32 BKB 8 2 warps split 6), 0.182 ms with 4 gate/up warps, 0.130 ms gate/up BN
+64, 0.260 ms down split 1; T = 8: 0.778 ms (5.5x; down BN 16 4 warps). Not yet measured after it;
+expected from the static numbers above: T = 1 ~40-50 us (gate/up ~24, down ~11, prep and launch
+gaps), T = 8 ~0.25-0.3 ms (issue-bound). `benchmarks/tune_moe_decode.py` re-measures the defaults
+with the old best as a control.
 """
 from __future__ import annotations
 
@@ -124,44 +149,41 @@ def store_prescaled(v, vp_ptr, f_ptr, blk0, NBLK: tl.constexpr, RB: tl.constexpr
 @triton.jit
 def fp4_load_chunk(wa_ptr, sa_ptr, wb_ptr, sb_ptr, w_row, s_row, r_ok, kb, K: tl.constexpr, TWO: tl.constexpr,
                    MASKED: tl.constexpr):
-    """The packed words [R, R0, B, 4] and scale bytes [R, R0, B] of blocks kb of the tile's rows (both matrices
-    when TWO, else b = a). MASKED: rows or blocks of the tile are out of range."""
-    q = tl.arange(0, 4)
-    woff = w_row[:, :, None, None] + (kb * 4)[None, None, :, None] + q[None, None, None, :]
-    soff = s_row[:, :, None] + kb[None, None, :]
+    """The packed words [P, 4] and scale bytes [P] of the tile's (row, block) pairs p (row offsets w_row / s_row,
+    blocks kb; both matrices when TWO, else b = a). MASKED: rows or blocks of the tile are out of range."""
+    woff = (w_row + kb * 4)[:, None] + tl.arange(0, 4)[None, :]
+    soff = s_row + kb
     if MASKED:
-        m2 = r_ok[:, :, None] & (kb < K // 32)[None, None, :]
-        m3 = m2[:, :, :, None]
+        m1 = r_ok & (kb < K // 32)
+        m2 = m1[:, None]
         wo, so = 0, 127
     else:
-        m2, m3, wo, so = None, None, None, None
-    wa = tl.load(wa_ptr + woff, mask=m3, other=wo)
-    sa = tl.load(sa_ptr + soff, mask=m2, other=so)
+        m1, m2, wo, so = None, None, None, None
+    wa = tl.load(wa_ptr + woff, mask=m2, other=wo)
+    sa = tl.load(sa_ptr + soff, mask=m1, other=so)
     if TWO:
-        return wa, sa, tl.load(wb_ptr + woff, mask=m3, other=wo), tl.load(sb_ptr + soff, mask=m2, other=so)
+        return wa, sa, tl.load(wb_ptr + woff, mask=m2, other=wo), tl.load(sb_ptr + soff, mask=m1, other=so)
     else:
         return wa, sa, wa, sa
 
 
 @triton.jit
 def fp4_fma_chunk(acc_a, acc_b, wa, sa, wb, sb, xa_ptr, fa_ptr, xb_ptr, fb_ptr, kb, K: tl.constexpr,
-                  R0: tl.constexpr, B: tl.constexpr, TWO: tl.constexpr, SAME_X: tl.constexpr, MASKED: tl.constexpr):
-    """acc [R, R0, B] += Σ_{k in block kb} x·dequant(W)[row, k] (and the second matrix when TWO).
+                  TWO: tl.constexpr, SAME_X: tl.constexpr, MASKED: tl.constexpr):
+    """acc [P] += Σ_{k in block kb[p]} x·dequant(W)[row p, k] (and the second matrix when TWO).
 
-    x (xa_ptr: x'_a in nibble-major order; fa_ptr: its block factors) is loaded as [1, R0, B, 4], the
-    row dim broadcast, so that Triton gives it the weight tile's own layout (a [B, 4] load gets another
-    layout and a shared-memory shuffle per chunk)."""
+    x (xa_ptr: x'_a in nibble-major order; fa_ptr: its block factors) is loaded as [P, 4], the weight
+    tile's own shape and contiguity, so that Triton gives it the weight tile's layout (a [B, 4] load, or
+    any other shape, gets another layout and a shared-memory shuffle per chunk); the p of one thread
+    all have the same block, so its loads of x for its several rows are the same address (one load)."""
     KW: tl.constexpr = K // 8
-    q = tl.arange(0, 4)
-    xoff = tl.broadcast_to(((kb * 4)[:, None] + q[None, :])[None, None, :, :], (1, R0, B, 4))
-    foff = tl.broadcast_to(kb[None, None, :], (1, R0, B))
+    xoff = (kb * 4)[:, None] + tl.arange(0, 4)[None, :]
     if MASKED:
         k_ok = kb < K // 32
-        xm = tl.broadcast_to(k_ok[None, None, :, None], (1, R0, B, 4))
-        fm = tl.broadcast_to(k_ok[None, None, :], (1, R0, B))
+        xm = k_ok[:, None]
         xo = 0.0
     else:
-        xm, fm, xo = None, None, None
+        k_ok, xm, xo = None, None, None
     # nibble s of a word -> its E2M1 value × 2^-126 as fp32 bits: shift it to the top (sign on bit 31),
     # arithmetic-shift m3 down to bits 22..24, mask (3 integer ops); then one FMA with x'
     x = tl.load(xa_ptr + xoff, mask=xm, other=xo)
@@ -178,34 +200,38 @@ def fp4_fma_chunk(acc_a, acc_b, wa, sa, wb, sb, xa_ptr, fa_ptr, xb_ptr, fb_ptr, 
                 x = tl.load(xb_ptr + s * KW + xoff, mask=xm, other=xo)
             tb += (((wb << (28 - 4 * s)) >> 6) & SIGN_M3).to(tl.float32, bitcast=True) * x
     # per (row, block): back to true scale (·f, exact), then ·2^(e-127) into the accumulator
-    acc_a += (tl.sum(ta, axis=3) * tl.load(fa_ptr + foff, mask=fm, other=xo)) * e8m0_f32(sa)
+    acc_a += (tl.sum(ta, axis=1) * tl.load(fa_ptr + kb, mask=k_ok, other=xo)) * e8m0_f32(sa)
     if TWO:
-        acc_b += (tl.sum(tb, axis=3) * tl.load(fb_ptr + foff, mask=fm, other=xo)) * e8m0_f32(sb)
+        acc_b += (tl.sum(tb, axis=1) * tl.load(fb_ptr + kb, mask=k_ok, other=xo)) * e8m0_f32(sb)
     return acc_a, acc_b
 
 
 @triton.jit
 def fp4_gemv(wa_ptr, sa_ptr, wb_ptr, sb_ptr, xa_ptr, fa_ptr, xb_ptr, fb_ptr, row0, K: tl.constexpr, N: tl.constexpr,
-             BN: tl.constexpr, R0: tl.constexpr, BKB: tl.constexpr, TWO: tl.constexpr, SAME_X: tl.constexpr):
-    """Row sums [BN/R0, R0] (row = row0 + r·R0 + r0) of x·dequant(W)ᵀ over all K, for W = a (and b when TWO).
+             BN: tl.constexpr, BKB: tl.constexpr, TWO: tl.constexpr, SAME_X: tl.constexpr):
+    """Row sums [BN] (row = row0 + i) of x·dequant(W)ᵀ over all K, for W = a (and b when TWO).
 
-    R0 rows are one layer of threads (the lanes and warps not spread over the BKB blocks of a chunk);
-    each thread holds R = BN/R0 rows and reuses its x over them. The weights are prefetched two chunks
-    ahead by hand (Triton does not pipeline loads that feed no tl.dot)."""
-    R: tl.constexpr = BN // R0
+    The tile is P = BN·BKB (row, block) pairs, p = BKB·row + lane-order(block), each a [4]-word vector
+    (16 bytes, one 32-block): every tensor in the loop is [P, 4] or [P], so Triton's coalescing gives
+    them all one blocked layout (4 words per thread, consecutive p on consecutive lanes, then warps, then
+    registers) whatever its tie-breaking between dims (it differs between Triton 3.6 and 3.9), and the
+    loop has no layout conversion. The weights are prefetched two chunks ahead by hand (Triton does not
+    pipeline loads that feed no tl.dot)."""
+    P: tl.constexpr = BN * BKB
     KB: tl.constexpr = K // 32
     NCH: tl.constexpr = (KB + BKB - 1) // BKB
     MASKED: tl.constexpr = (N % BN != 0) or (KB % BKB != 0)
-    rows = row0 + tl.arange(0, R)[:, None] * R0 + tl.arange(0, R0)[None, :]
+    p = tl.arange(0, P)
+    rows = row0 + p // BKB
     r_ok = rows < N
     w_row = rows * (K // 8)
     s_row = rows * KB
-    acc_a = tl.zeros((R, R0, BKB), dtype=tl.float32)
-    acc_b = tl.zeros((R, R0, BKB), dtype=tl.float32)
+    acc_a = tl.zeros((P,), dtype=tl.float32)
+    acc_b = tl.zeros((P,), dtype=tl.float32)
     # The lanes take the blocks of a chunk in the order i -> 5i mod BKB. Any order gives the same sums;
     # a non-contiguous one keeps Triton from vectorizing the scale-byte load across blocks, so that load
     # takes the accumulator's layout instead of one that needs a shared-memory shuffle every chunk.
-    lanes = (tl.arange(0, BKB) * 5) % BKB
+    lanes = ((p % BKB) * 5) % BKB
     # Two chunk buffers, A (even chunks) and B (odd), each refilled two chunks ahead right after its FMAs:
     # ptxas sinks loads towards their first use, so a prefetch one chunk ahead would leave the HBM
     # latency exposed, and a rotating three-buffer loop would cost register moves. Refills past the
@@ -215,17 +241,17 @@ def fp4_gemv(wa_ptr, sa_ptr, wb_ptr, sb_ptr, xa_ptr, fa_ptr, xb_ptr, fb_ptr, row
                                           tl.minimum(1, NCH - 1) * BKB + lanes, K, TWO, MASKED)
     for c in range(0, NCH - 1, 2):
         acc_a, acc_b = fp4_fma_chunk(acc_a, acc_b, aw, asc, bw, bsc, xa_ptr, fa_ptr, xb_ptr, fb_ptr, c * BKB + lanes, K,
-                                     R0, BKB, TWO, SAME_X, MASKED)
+                                     TWO, SAME_X, MASKED)
         aw, asc, bw, bsc = fp4_load_chunk(wa_ptr, sa_ptr, wb_ptr, sb_ptr, w_row, s_row, r_ok,
                                           tl.minimum(c + 2, NCH - 1) * BKB + lanes, K, TWO, MASKED)
         acc_a, acc_b = fp4_fma_chunk(acc_a, acc_b, aw1, asc1, bw1, bsc1, xa_ptr, fa_ptr, xb_ptr, fb_ptr,
-                                     (c + 1) * BKB + lanes, K, R0, BKB, TWO, SAME_X, MASKED)
+                                     (c + 1) * BKB + lanes, K, TWO, SAME_X, MASKED)
         aw1, asc1, bw1, bsc1 = fp4_load_chunk(wa_ptr, sa_ptr, wb_ptr, sb_ptr, w_row, s_row, r_ok,
                                               tl.minimum(c + 3, NCH - 1) * BKB + lanes, K, TWO, MASKED)
     if NCH % 2 == 1:
         acc_a, acc_b = fp4_fma_chunk(acc_a, acc_b, aw, asc, bw, bsc, xa_ptr, fa_ptr, xb_ptr, fb_ptr,
-                                     (NCH - 1) * BKB + lanes, K, R0, BKB, TWO, SAME_X, MASKED)
-    return tl.sum(acc_a, axis=2), tl.sum(acc_b, axis=2)
+                                     (NCH - 1) * BKB + lanes, K, TWO, SAME_X, MASKED)
+    return tl.sum(tl.reshape(acc_a, (BN, BKB)), axis=1), tl.sum(tl.reshape(acc_b, (BN, BKB)), axis=1)
 
 
 # ============================================================================ kernels
@@ -250,7 +276,7 @@ def moe_decode_prep_kernel(x_ptr, xp_ptr, f_ptr, cnt_ptr, K: tl.constexpr, BKB: 
 @triton.jit
 def moe_decode_gate_up_kernel(xp_ptr, xf_ptr, idx_ptr, rw_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, hp_ptr, hf_ptr, limit,
                               K: tl.constexpr, N: tl.constexpr, TOPK: tl.constexpr, BN: tl.constexpr,
-                              R0: tl.constexpr, BKB: tl.constexpr, INTER: tl.constexpr, H_QUANT: tl.constexpr):
+                              BKB: tl.constexpr, INTER: tl.constexpr, H_QUANT: tl.constexpr):
     """h'[slot, rows] for BN rows of expert topk_idx[slot]: SwiGLU of the w1/w3 GEMVs, stored like x'."""
     slot = tl.program_id(0).to(tl.int64)
     pid_n = tl.program_id(1)
@@ -260,8 +286,8 @@ def moe_decode_gate_up_kernel(xp_ptr, xf_ptr, idx_ptr, rw_ptr, w1_ptr, s1_ptr, w
     so = e * N * (K // 32)
     xa = xp_ptr + tok * K
     fa = xf_ptr + tok * (K // 32)
-    g, u = fp4_gemv(w1_ptr + wo, s1_ptr + so, w3_ptr + wo, s3_ptr + so, xa, fa, xa, fa, pid_n * BN, K, N, BN, R0,
-                    BKB, True, True)
+    g, u = fp4_gemv(w1_ptr + wo, s1_ptr + so, w3_ptr + wo, s3_ptr + so, xa, fa, xa, fa, pid_n * BN, K, N, BN, BKB,
+                    True, True)
     g = tl.minimum(g, limit, propagate_nan=tl.PropagateNan.ALL)
     u = tl.minimum(tl.maximum(u, -limit, propagate_nan=tl.PropagateNan.ALL), limit,
                    propagate_nan=tl.PropagateNan.ALL)
@@ -273,7 +299,7 @@ def moe_decode_gate_up_kernel(xp_ptr, xf_ptr, idx_ptr, rw_ptr, w1_ptr, s1_ptr, w
 @triton.jit
 def moe_decode_down_kernel(hp_ptr, hf_ptr, idx_ptr, w2_ptr, s2_ptr, shared_ptr, y_ptr, ws_ptr, cnt_ptr,
                            K: tl.constexpr, N: tl.constexpr, TOPK: tl.constexpr, BN: tl.constexpr,
-                           R0: tl.constexpr, BKB: tl.constexpr, SPLIT: tl.constexpr,
+                           BKB: tl.constexpr, SPLIT: tl.constexpr,
                            PARTIAL: tl.constexpr, OUT: tl.constexpr, HAS_SHARED: tl.constexpr):
     """y[t, rows] = Σ_j round(h'_{t,j}·w2[e_j]ᵀ) in slot order (+ shared[t, rows]), fp32 sums -> y's dtype.
 
@@ -282,18 +308,17 @@ def moe_decode_down_kernel(hp_ptr, hf_ptr, idx_ptr, w2_ptr, s2_ptr, shared_ptr, 
     (t, n) to arrive (a counter, zeroed by the prep kernel) adds all k in slot order."""
     t = tl.program_id(0).to(tl.int64)
     pid_n = tl.program_id(1)
-    R: tl.constexpr = BN // R0
     SPP: tl.constexpr = TOPK // SPLIT
-    rows = pid_n * BN + tl.arange(0, R)[:, None] * R0 + tl.arange(0, R0)[None, :]
+    rows = pid_n * BN + tl.arange(0, BN)
     r_ok = rows < N
-    y = tl.zeros((R, R0), dtype=tl.float32)
+    y = tl.zeros((BN,), dtype=tl.float32)
     for jj in range(SPP):
         slot = t * TOPK + tl.program_id(2) * SPP + jj
         e = tl.load(idx_ptr + slot).to(tl.int64)
         xa = hp_ptr + slot * K
         fa = hf_ptr + slot * (K // 32)
         part, _ = fp4_gemv(w2_ptr + e * N * (K // 8), s2_ptr + e * N * (K // 32), w2_ptr, s2_ptr, xa, fa, xa, fa,
-                           pid_n * BN, K, N, BN, R0, BKB, False, True)
+                           pid_n * BN, K, N, BN, BKB, False, True)
         if SPLIT == 1:
             y += round_to(part, PARTIAL)
         else:
@@ -332,14 +357,6 @@ def moe_experts_decode_reference(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, li
 # ============================================================================ launcher
 
 
-def rows_per_layer(BKB: int, num_warps: int, warp: int = 32) -> int:
-    """R0: the rows one layer of a program's threads covers when min(BKB, warp) lanes (and BKB/warp
-    warps) spread over the blocks of a chunk — the layout Triton's coalescing gives the weight tile."""
-    lk = min(BKB, warp)
-    wk = min(num_warps, max(1, BKB // warp))
-    return (warp // lk) * (num_warps // wk)
-
-
 def _fit(KB: int, BKB: int) -> int:
     """The largest power of two <= BKB dividing KB (no masked chunk); BKB itself if none above 4 does."""
     b = BKB
@@ -351,12 +368,15 @@ def _fit(KB: int, BKB: int) -> int:
 def decode_tiles(D: int = HIDDEN, I: int = MOE_INTER, top_k: int = 6, interp=None) -> dict:
     """Launch parameters: prep BKB; gate_up {BN, BKB, num_warps}; down {BN, BKB, num_warps, split}.
 
-    Static choices for sm90 (not yet measured; `benchmarks/tune_moe_decode.py` sweeps them): gate/up
-    BN = 32 (a program owns whole h blocks), 8 lanes across the blocks of a chunk, 4 rows of lanes ×
-    4 warps across rows (2 rows per thread per matrix, 102 registers): 432 programs at T = 1 fit in one
-    wave (5 per SM). down: BN = 32 with 2 warps (4 rows per thread, 127 registers), split = k (one
-    slot per program: 960 programs at T = 1 instead of 160; 8 per SM). The same tiles for 1..MAX_SLOTS
-    slots.
+    sm90: gate/up BN = 32 (a program owns whole h blocks), BKB = 8 (8 lanes across the blocks of a
+    row), 4 warps: 2 rows per thread per matrix, 104 registers, 4 programs per SM fit, so T = 1's 432
+    programs are one wave with ~13 warps per SM. The first H200 run (before the layout rework) had
+    2 warps ahead (0.127 vs 0.182 ms): there every chunk synchronized the warps through shared memory;
+    without that, 2 warps means 4 rows per thread, 168 registers and ~6.5 warps per SM at T = 1 (under
+    two per scheduler) for 2% fewer instructions, so 4 stays the default and the sweep keeps 2 as the
+    control. down: BN = 32, BKB = 8, 2 warps (4 rows per thread, 126 registers), split = k (one slot
+    per program: 960 programs at T = 1 instead of 160, 8 per SM) — the measured best. The same tiles
+    for 1..MAX_SLOTS slots.
     interp (default: TRITON_INTERPRET) picks fewer, larger programs for the interpreter."""
     if interpreting() if interp is None else interp:
         return {"prep": 8, "gate_up": {"BN": 32, "BKB": _fit(D // 32, 8), "num_warps": 4},
@@ -365,20 +385,11 @@ def decode_tiles(D: int = HIDDEN, I: int = MOE_INTER, top_k: int = 6, interp=Non
             "down": {"BN": 32, "BKB": _fit(I // 32, 8), "num_warps": 2, "split": top_k}}
 
 
-def _warp_size(device) -> int:
-    if device.type == "cuda" and torch.version.hip is not None:
-        return 64 if torch.cuda.get_device_properties(device).gcnArchName.startswith("gfx9") else 32
-    return 32
-
-
-def _check_tiles(what, t, warp, top_k=None):
-    r0 = rows_per_layer(t["BKB"], t["num_warps"], warp)
-    if t["BKB"] & (t["BKB"] - 1) or t["BN"] % r0:
-        raise ValueError(f"moe_experts_decode: {what} tiles {t}: BKB must be a power of two and BN a multiple of "
-                         f"the {r0} rows one thread layer covers")
+def _check_tiles(what, t, top_k=None):
+    if t["BKB"] & (t["BKB"] - 1) or t["BN"] & (t["BN"] - 1):
+        raise ValueError(f"moe_experts_decode: {what} tiles {t}: BN and BKB must be powers of two")
     if top_k is not None and top_k % t["split"]:
         raise ValueError(f"moe_experts_decode: {what} split {t['split']} does not divide top_k {top_k}")
-    return r0
 
 
 def _check_mxfp4(w, s, E, N, K, name):
@@ -443,8 +454,8 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
         return y
     tt = tiles or decode_tiles(D, I, k)
     gu, dn = tt["gate_up"], tt["down"]
-    r0g = _check_tiles("gate/up", gu, _warp_size(x.device))
-    r0d = _check_tiles("down", dn, _warp_size(x.device), k)
+    _check_tiles("gate/up", gu)
+    _check_tiles("down", dn, k)
     if gu["BN"] % 32:
         raise ValueError(f"moe_experts_decode: gate/up BN={gu['BN']} is not a multiple of 32 (whole h blocks)")
     dev = x.device
@@ -463,12 +474,12 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     hf = torch.empty(T * k, I // 32, dtype=torch.float32, device=dev)
     moe_decode_gate_up_kernel[(T * k, triton.cdiv(I, gu["BN"]))](
         xp, xf, idx, rw, _as_words(w1, "w1"), _u8(s1), _as_words(w3, "w3"), _u8(s3), hp, hf, float(limit),
-        K=D, N=I, TOPK=k, BN=gu["BN"], R0=r0g, BKB=gu["BKB"], INTER=ROUND[inter_dtype],
+        K=D, N=I, TOPK=k, BN=gu["BN"], BKB=gu["BKB"], INTER=ROUND[inter_dtype],
         H_QUANT=act_quant, num_warps=gu["num_warps"], num_stages=1)
     sh = shared.contiguous() if shared is not None else y
     ws = torch.empty(T * k, D, dtype=torch.float32, device=dev) if split > 1 else y
     moe_decode_down_kernel[(T, n_tiles, split)](
-        hp, hf, idx, _as_words(w2, "w2"), _u8(s2), sh, y, ws, cnt, K=I, N=D, TOPK=k, BN=dn["BN"], R0=r0d,
+        hp, hf, idx, _as_words(w2, "w2"), _u8(s2), sh, y, ws, cnt, K=I, N=D, TOPK=k, BN=dn["BN"],
         BKB=dn["BKB"], SPLIT=split, PARTIAL=ROUND[partial_dtype], OUT=ROUND[out_dtype],
         HAS_SHARED=shared is not None, num_warps=dn["num_warps"], num_stages=1)
     return y
@@ -478,12 +489,7 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
 
 
 def _aot_tiles(tr) -> dict:
-    t = decode_tiles(interp=False)
-    for k in ("gate_up", "down"):
-        t[k] = dict(t[k], R0=rows_per_layer(t[k]["BKB"], t[k]["num_warps"], tr["warp"]))
-        if t[k]["BN"] % t[k]["R0"]:  # 64-lane waves cover more rows than BN: one row of lanes per program
-            t[k]["BN"] = t[k]["R0"]
-    return t
+    return decode_tiles(interp=False)
 
 
 def _prep_variants(target: str) -> list:
@@ -511,7 +517,7 @@ def _gate_up_variants(target: str) -> list:
     out = []
     for name, (E, k) in ROUTERS.items():
         for hq in (False, True):
-            ce = {"K": HIDDEN, "N": MOE_INTER, "TOPK": k, "BN": g["BN"], "R0": g["R0"], "BKB": g["BKB"],
+            ce = {"K": HIDDEN, "N": MOE_INTER, "TOPK": k, "BN": g["BN"], "BKB": g["BKB"],
                   "INTER": ROUND[torch.bfloat16], "H_QUANT": hq}
             out.append(aot_spec(moe_decode_gate_up_kernel, f"{name}_k{k}" + ("_aq" if hq else ""), types, ce,
                                 g["num_warps"], 1, {"router": name, "E": E, **ce}))
@@ -529,7 +535,7 @@ def _down_variants(target: str) -> list:
         for mode, out_t, has_sh in (("experts", "*fp32", False), ("forward", "*bf16", True)):
             types = {"hp_ptr": "*fp32", "hf_ptr": "*fp32", "idx_ptr": "*i32", "w2_ptr": "*i32", "s2_ptr": "*u8",
                      "shared_ptr": "*bf16", "y_ptr": out_t, "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
-            ce = {"K": MOE_INTER, "N": HIDDEN, "TOPK": k, "BN": d["BN"], "R0": d["R0"], "BKB": d["BKB"],
+            ce = {"K": MOE_INTER, "N": HIDDEN, "TOPK": k, "BN": d["BN"], "BKB": d["BKB"],
                   "SPLIT": k, "PARTIAL": ROUND[torch.bfloat16], "OUT": ROUND[torch.float32 if out_t == "*fp32" else
                                                                              torch.bfloat16], "HAS_SHARED": has_sh}
             out.append(aot_spec(moe_decode_down_kernel, f"{name}_k{k}_{mode}", types, ce, d["num_warps"], 1,
@@ -545,10 +551,10 @@ register(KernelTemplate(
 register(KernelTemplate(
     name="moe_decode_gate_up_fp4", module=__name__,
     summary="decode MoE: per-slot MXFP4 w1/w3 GEMVs (no dispatch) + clamped SwiGLU × routing weight",
-    keys=("router", "E", "K", "N", "TOPK", "BN", "R0", "BKB", "INTER", "H_QUANT"),
+    keys=("router", "E", "K", "N", "TOPK", "BN", "BKB", "INTER", "H_QUANT"),
     reference=moe_experts_decode_reference, launch=moe_experts_decode, specializations=_gate_up_variants))
 register(KernelTemplate(
     name="moe_decode_down_fp4", module=__name__,
     summary="decode MoE: per-token MXFP4 w2 GEMVs over the k slots, rounded partials summed in slot order",
-    keys=("router", "E", "mode", "K", "N", "TOPK", "BN", "R0", "BKB", "SPLIT", "PARTIAL", "OUT", "HAS_SHARED"),
+    keys=("router", "E", "mode", "K", "N", "TOPK", "BN", "BKB", "SPLIT", "PARTIAL", "OUT", "HAS_SHARED"),
     reference=moe_experts_decode_reference, launch=moe_experts_decode, specializations=_down_variants))
