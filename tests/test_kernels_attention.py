@@ -10,6 +10,8 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from dsv41c.codegen.triton import compressor as cm
 from dsv41c.codegen.triton import indexer as ix
@@ -201,8 +203,18 @@ def _indexer_inputs(S, H, T, seed, spread_q=(), spread_k=(), dup=(), zero_keys=(
     return qp, qe, w, kp, ke
 
 
-def _check_indexer(args, qpos, **kw):
-    a = ix.indexer_topk(*args, qpos, **kw)
+def _check_indexer(args, qpos, programs=None, **kw):
+    if programs is None:
+        a = ix.indexer_topk(*args, qpos, **kw)
+    else:  # the heads kernel with a given number of programs per query (tiles strided over them)
+        q_codes, q_exps, w, k_codes, k_exps = args
+        nvis = ix.visible_counts(qpos, kw["ratio"], k_codes.shape[0])
+        cnt = torch.zeros(2, dtype=torch.int32, device=DEV)
+        sc, _ = ix.index_scores(q_codes, q_exps, w.float() * 128 ** -0.5, k_codes, k_exps, nvis, block_q=1,
+                                block_t=kw.get("block_t", 128), programs=programs, counters=cnt)
+        a = ix.IndexerOut(ix.topk_select(sc, kw["topk"], chunk=kw.get("chunk", 4096)), None, sc, None,
+                          {"fallback_heads": int((~ix.int8_rows_ok(q_codes, q_exps)).sum()),
+                           "fallback_head_tiles": int(cnt[0]), "fallback_tiles": int(cnt[1])})
     b = ix.indexer_topk_ref(*args, qpos, **kw)
     assert torch.equal(a.scores.view(torch.int32), b.scores.view(torch.int32)), "scores not bit-identical"
     assert torch.equal(a.topk, b.topk), "top-k differs"
@@ -213,42 +225,50 @@ def _check_indexer(args, qpos, **kw):
     return a
 
 
-def test_indexer_exact_realistic_ratio2_with_candidates():
+# block_q 1: the heads kernel (decode; one query's heads are the MMA columns), 16: queries as MMA rows
+@pytest.mark.parametrize("block_q", [1, 16])
+def test_indexer_exact_realistic_ratio2_with_candidates(block_q):
     S, H, T = 5, 4, 150
     args = _indexer_inputs(S, H, T, seed=3)
     qpos = torch.tensor([299, 0, 41, 150, 1000], dtype=torch.int32, device=DEV)  # ratio 2: 150, 0, 21, 75, all
-    a = _check_indexer(args, qpos, ratio=2, topk=16, candidate_blocks=4, block_t=64, chunk=64)
+    a = _check_indexer(args, qpos, ratio=2, topk=16, candidate_blocks=4, block_t=64, chunk=64, block_q=block_q)
     assert a.stats["fallback_tiles"] == 0 and a.stats["fallback_heads"] == 0
     assert (a.topk[1] == -1).all()  # position 0 at ratio 2 sees no compressed entry yet
 
 
-def test_indexer_adversarial_fallbacks_and_ties():
+@pytest.mark.parametrize("block_q,programs", [(1, None), (1, 1), (1, 3), (16, None)])
+def test_indexer_adversarial_fallbacks_and_ties(block_q, programs):
     S, H, T = 3, 4, 200
     args = _indexer_inputs(S, H, T, seed=4, spread_q=[(0, 1), (2, 3)], spread_k=[70],
                            dup=[(10, 150), (10, 11), (20, 190)], zero_keys=range(100, 130))
     qpos = torch.tensor([199, 120, 60], dtype=torch.int32, device=DEV)
-    a = _check_indexer(args, qpos, ratio=1, topk=64, block_t=64, chunk=128)
+    a = _check_indexer(args, qpos, ratio=1, topk=64, block_t=64, chunk=128, block_q=block_q, programs=programs)
     st = a.stats
-    assert st["fallback_heads"] == 2 and st["fallback_head_tiles"] > 0 and st["fallback_tiles"] == 1, st
+    # key 70's tile (64..127) is visible to queries 0 and 1: one whole-tile fallback per query block
+    tiles = 2 if block_q == 1 else 1
+    assert st["fallback_heads"] == 2 and st["fallback_head_tiles"] > 0 and st["fallback_tiles"] == tiles, st
     # the zero-score keys tie: of them, the lowest indices are taken, in ascending order
     zero_picks = [int(i) for i in a.topk[0] if i >= 0 and a.scores[0, i] == 0]
     assert zero_picks == sorted(zero_picks)
 
 
-def test_indexer_reindex_candidate_mask_and_single_query():
+@pytest.mark.parametrize("block_q", [1, 16])
+def test_indexer_reindex_candidate_mask_and_single_query(block_q):
     S, H, T = 1, 4, 90
     args = _indexer_inputs(S, H, T, seed=5, spread_k=[33])
     qpos = torch.tensor([77], dtype=torch.int32, device=DEV)
     nblk = -(-T // 8)
     blocks = torch.tensor([[9, 0, 3, -1]], dtype=torch.int32, device=DEV)
     mask = ix.candidate_mask(blocks, nblk)
-    a = _check_indexer(args, qpos, ratio=1, topk=40, cand_mask=mask, block_t=64, chunk=64)
+    a = _check_indexer(args, qpos, ratio=1, topk=40, cand_mask=mask, block_t=64, chunk=64, block_q=block_q)
     sel = a.topk[0][a.topk[0] >= 0]
     assert set((sel // 8).tolist()) <= {9, 0, 3} and a.stats["fallback_tiles"] == 1
 
 
-@pytest.mark.parametrize("S,N,k,chunk", [(2, 300, 16, 64), (2, 700, 20, 128), (2, 40, 64, 64)])
-def test_topk_select_stable_ties(S, N, k, chunk):
+# merge 32 / 64: two or four lists per merge program, so the merge runs several levels
+@pytest.mark.parametrize("S,N,k,chunk,merge", [(2, 300, 16, 64, 32), (2, 700, 20, 128, 64), (2, 700, 20, 128, 16384),
+                                               (2, 40, 64, 64, 16384)])
+def test_topk_select_stable_ties(S, N, k, chunk, merge):
     g = torch.Generator().manual_seed(N)
     s = torch.randn(S, N, generator=g).round(decimals=1).to(DEV)  # many exact ties
     s[:, ::5] = 0.0
@@ -257,11 +277,11 @@ def test_topk_select_stable_ties(S, N, k, chunk):
     s[-1] = 1.0  # a row of one value: the first k indices
     pin = torch.tensor([N - 1] + [-1] * (S - 1), dtype=torch.int32, device=DEV)
     for p in (None, pin):
-        a = ix.topk_select(s, k, p, chunk=chunk)
+        a = ix.topk_select(s, k, p, chunk=chunk, merge=merge)
         b = ix.topk_select_ref(s, k, p)
         assert torch.equal(a, b)
-    assert torch.equal(ix.topk_select(s, k, chunk=chunk)[-1][:min(k, N)], torch.arange(min(k, N), dtype=torch.int32,
-                                                                                       device=DEV))
+    assert torch.equal(ix.topk_select(s, k, chunk=chunk, merge=merge)[-1][:min(k, N)],
+                       torch.arange(min(k, N), dtype=torch.int32, device=DEV))
 
 
 # ============================================================================ sparse attention
@@ -287,13 +307,47 @@ def _attn_inputs(S, H, D, W, KC, N, quant, seed, R=None):
     return q, qpos.to(DEV), wkv, ckv, idx.to(DEV), sink.to(DEV)
 
 
-@pytest.mark.parametrize("S,quant,n_split", [(3, True, None), (1, True, None), (4, False, 1), (2, True, 1), (1, False, 3)])
-def test_sparse_attention(S, quant, n_split):
+@triton.jit
+def _kv_tile_probe(kv_ptr, sc_ptr, o_ptr, n_rows, BN: tl.constexpr, D: tl.constexpr, WIN: tl.constexpr):
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    v = sa._kv_tile(kv_ptr, sc_ptr, rows, rows < n_rows, 0, BN, D, D, WIN, True, True) * 256.0  # units of 2^-8
+    tl.store(o_ptr + rows[:, None] * D + tl.arange(0, D)[None, :], v, mask=(rows < n_rows)[:, None])
+
+
+@pytest.mark.parametrize("win", [True, False])
+def test_kv_tile_dequant_exact_every_code(win):
+    """The attention kernel's in-register dequant (fp16 bit patterns + group scale) equals the
+    format's reference for every E4M3 / packed-E2M1 code, with extreme and subnormal scales."""
+    D, n = 64, 24
+    g = torch.Generator().manual_seed(1)
+    if win:
+        codes = torch.arange(256, dtype=torch.int32).repeat(n * D // 256 + 1)[:n * D].view(n, D)
+        codes[(codes & 0x7F) == 0x7F] = 0  # E4M3 NaN is not produced by the quantizer
+        codes = codes.to(torch.uint8)
+        sc = torch.randint(100, 150, (n, D // 32), generator=g).to(torch.uint8)
+        sc[0] = torch.tensor([1, 254], dtype=torch.uint8)  # 2^-126 and 2^127
+        ref = nx.dequant_fp8_ue8m0(codes.view(torch.float8_e4m3fn), sc, 32)
+    else:
+        codes = torch.randint(0, 256, (n, D // 2), generator=g).to(torch.uint8)
+        codes[0, :] = torch.arange(D // 2, dtype=torch.uint8) * 8  # every nibble value twice
+        sc = torch.randint(0, 127, (n, D // 16), generator=g).to(torch.uint8)
+        sc[1] = torch.tensor([1, 7, 8, 0x7E], dtype=torch.uint8)  # E4M3 subnormals, smallest normal, 448
+        ref = nx.dequant_fp4_e4m3(codes, sc.view(torch.float8_e4m3fn), 16)
+    out = torch.full((n, D), float("nan"), device=DEV)
+    _kv_tile_probe[(triton.cdiv(n, 16),)](codes.to(DEV), sc.to(DEV), out, n, BN=16, D=D, WIN=win)
+    assert torch.equal(out.cpu().view(torch.int32), ref.float().view(torch.int32))
+
+
+@pytest.mark.parametrize("S,quant,n_split,dv", [(3, True, None, None), (1, True, None, None), (4, False, 1, None),
+                                               (2, True, 1, 64), (1, False, 3, 64), (1, True, 2, 32)])
+def test_sparse_attention(S, quant, n_split, dv):
+    """Key splits (+ combine) and channel slices (dv < D: QK per slice, slice cv is V); KC = 21 is not a
+    multiple of the key block (the kernel masks the tail)."""
     H, D, W, KC, N = 16, 128, 16, 21, 40
     cos, sin = rope_table(512, 16)
     q, qpos, wkv, ckv, idx, sink = _attn_inputs(S, H, D, W, KC, N, quant, seed=S + 10 * bool(quant))
-    kw = dict(window=W, block_n=16, dc=32)
-    o = sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin, n_split=n_split, **kw)
+    kw = dict(window=W, block_n=16)
+    o = sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin, n_split=n_split, dv=dv, **kw)
     r = sa.sparse_attention_ref(q, qpos, wkv, ckv, idx, sink, cos, sin, **kw)
     assert_bf16_close(o, r, ulps=2, floor=1e-3)
 
@@ -306,7 +360,7 @@ def test_sparse_attention_batched_bases():
     wb = torch.tensor([0, W], dtype=torch.int32, device=DEV)
     cb = torch.tensor([0, N], dtype=torch.int32, device=DEV)
     idx = idx % N
-    kw = dict(window=W, ring=W, block_n=16, dc=32, win_base=wb, cmp_base=cb)
+    kw = dict(window=W, ring=W, block_n=16, win_base=wb, cmp_base=cb)
     wkv = (wkv[0][:2 * W], wkv[1][:2 * W])
     o = sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin, **kw)
     r = sa.sparse_attention_ref(q, qpos, wkv, ckv, idx, sink, cos, sin, **kw)
@@ -351,6 +405,22 @@ def test_gpu_indexer_exact_real_widths():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("S", [1, 3])
+def test_gpu_indexer_decode_heads_kernel(S):
+    """The decode scoring kernel (one query's heads as the MMA columns, key tiles strided over the
+    programs) at real widths: bit-identical scores, the same fallback counts, identical selections."""
+    H, T = 32, 20000
+    args = _indexer_inputs(S, H, T, seed=12, spread_q=[(0, 7)], spread_k=[777, 15000], dup=[(10, 19000)],
+                           zero_keys=range(100, 200))
+    qpos = torch.arange(T - S, T, dtype=torch.int32, device=DEV)
+    a = _check_indexer(args, qpos, ratio=1, topk=512, candidate_blocks=2048, block_q=1)
+    assert a.stats["fallback_tiles"] == 2 * S and a.stats["fallback_head_tiles"] > 0
+    mask = ix.candidate_mask(a.candidates, -(-T // 8))
+    _check_indexer(args, qpos, ratio=2, topk=512, cand_mask=mask, block_q=1)
+    _check_indexer(args, qpos, ratio=1, topk=512, block_q=1, block_t=64, programs=7)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("ratio,T", [(1, 130), (2, 130), (1, 1), (2, 2)])
 def test_gpu_compressor_real_widths(ratio, T):
     t, cos, sin, pos, rows, N = _compressor_inputs(ratio, T, 5120, 512, 128, 64, grid=False, seed=ratio)
@@ -367,12 +437,14 @@ def test_gpu_compressor_real_widths(ratio, T):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("S,quant", [(1, True), (1, False), (48, True)])
-def test_gpu_sparse_attention_real_widths(S, quant):
+@pytest.mark.parametrize("S,quant,cfg", [(1, True, {}), (1, False, {}), (48, True, {}), (1, True, {"dv": 128}),
+                                         (1, True, {"block_n": 32}), (64, True, {"n_split": 1}),
+                                         (3, False, {"dv": 256})])
+def test_gpu_sparse_attention_real_widths(S, quant, cfg):
     H, D, W, KC, N = 64, 512, 128, 512, 3000
     cos, sin = rope_table(4096, 32)
     q, qpos, wkv, ckv, idx, sink = _attn_inputs(S, H, D, W, KC, N, quant, seed=S, R=W + S + 1)
-    o = sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin)
+    o = sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin, **cfg)
     r = sa.sparse_attention_ref(q, qpos, wkv, ckv, idx, sink, cos, sin)
     # P is rounded to bf16 for the P·V MMA: the error scales with the values (|v| ~ 2), not with
     # the (cancelling) output, so the floor is two bf16 ulps of the value scale

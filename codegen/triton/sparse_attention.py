@@ -11,30 +11,37 @@ last rope_dim channels are rotated by -θ(p) (V carried key-position RoPE).
 KV formats: "quant" = FP8 E4M3 + UE8M0/32 window ring and FP4 E2M1 + E4M3/16 compressed cache
 (the model's native formats, dequantized in-kernel, exactly, to bf16 operands) or "bf16" both.
 
-Algorithm (flash-decoding style): a program owns one query, all H heads (the MMA rows: the
-heads share every key, MQA), a range of DV output channels and a range of key blocks (BN keys).
-Window blocks and compressed blocks run in two separate loops (no format branch inside a loop).
-Per key block it gathers the key rows with contiguous loads in natural channel order (FP4 bytes
-are split into nibbles and re-interleaved in registers), computes q·k over the 512 channels in
-chunks of DC (q is re-read from L1/L2 per chunk; 64×512 does not fit registers), keeps the
-online-softmax state (m, l) in fp32, and accumulates P·V for its own DV channels only. With one
-split the program applies the sink, normalizes and inverse-rotates (pairs taken apart with
-tl.split, put back with tl.join); with several splits (decode: the keys are spread over ~32
-programs) partial (m, l, acc) go to a scratch buffer and `_combine_kernel` (splits unrolled)
-merges them, adds the sink and inverse-rotates.
+Algorithm (flash-decoding): a program owns one query, all H heads (the MMA rows: the heads share
+every key, MQA), DV output channels and a range of key blocks of BN keys. q [64, 512] is loaded
+once (the compiler stages it in shared memory for the whole key loop). Window blocks and compressed
+blocks run in two loops (no format branch inside a loop). Per key block the program gathers the key
+rows once and dequantizes them once into a bf16 tile [BN, 512] (`_kv_tile`: loads shaped
+[rows, scale groups, group bytes] so a group's scale broadcasts; E4M3/E2M1 codes become fp16 bit
+patterns, ~6 ops a value; quantized tiles carry K in units of 2^-8, folded into the logit scale and
+the output). Because K = V, that one tile is both MMA operands: q·K^T over all 512 channels, then,
+after the online-softmax update (m, l in fp32), P·V into the [64, DV] fp32 accumulator (P rounded
+to bf16 for the MMA). With DV < D the QK product runs per DV-channel slice and the program's own
+slice is V (still one load and dequant per key element). Two pipeline stages prefetch the next
+block's rows into shared memory (CUDA). With one split the program applies the sink, normalizes
+and inverse-rotates (pairs taken apart with tl.split, put back with tl.join); with several,
+partial (m, l, acc) go to scratch and `_combine_kernel` (grid query x 64-channel x 16-head tiles,
+a runtime loop over the splits) merges them, adds the sink and inverse-rotates.
+Decode splits: a batch of S queries runs SMs // S key splits (at least 1), so about one program per
+SM is in flight: one query = 10 programs of one 64-key block, 64 queries = 128 programs of 5 blocks.
 
-Specialization keys: H (64), D (512), ROPE (64), W (128), BN (key block), DC (q·k channel
-chunk), DV (output channels per program), QUANT (fp8/fp4 vs bf16), SPLIT; combine: NSPLIT.
-Variants (from an H200 sweep): decode = split over 10 programs, DV 256, BN 64, + combine
-(NSPLIT 10; a batch of >= 32 decode queries runs the same tile unsplit); prefill (>= 256 queries)
-= one program per query, DV 512, BN 32; each for both KV formats (bf16 with DC 64 and one
-pipeline stage: shared memory). ROCm: one stage (LDS: 64 KB gfx942/gfx1100, 160 KB gfx950);
-gfx1100 also BN 32, DC 64 and DV 256 for prefill.
+Specialization keys: H (64), D (512), ROPE (64), W (128), BN (key block), DV (output channels
+per program), QUANT (fp8/fp4 vs bf16), SPLIT; combine: HB, CP (head x channel tile).
+Variants: decode (SPLIT) and prefill, each for both KV formats: CUDA DV 512, BN 64 (FP8/FP4) or
+32 (bf16: its 2-stage buffers need twice the shared memory), 8 warps, 2 stages; gfx950 the same with
+one stage; gfx942/gfx1100 (64 KB LDS: q alone would fill it) DV 128, BN 32, one stage.
+With H = 64 rows and 8 warps the compiler gives the QK product all 8 warps on M (it feeds the P·V
+product), so both warpgroups compute the same [64, BN] scores: QK costs twice its MMA time.
 
 Known gaps: entries selected by the indexer that also lie in the window are attended twice
 (as the reference does, spec §3.4 note). Window rows are trusted to hold the right positions
 (the ring must be at least W + S - 1 rows for a prefill chunk of S queries). Probabilities are
 rounded to bf16 for the P·V MMA on GPUs (fp32 in the interpreter). No paging (base rows only).
+UE8M0 byte 0 / 255 and E4M3 NaN are not decoded specially (the quantizers never produce them).
 """
 from __future__ import annotations
 
@@ -44,60 +51,91 @@ import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, register
 from dsv41c.codegen.triton.kv_quant import (
-    aot_spec, e2m1_decode, e4m3_decode, interpreting, is_rocm, round_bf16, ue8m0_to_float)
+    aot_spec, e4m3_decode, interpreting, is_rocm, pow2_float, round_bf16)
 from dsv41c import formats as nx
 
 
 @triton.jit
-def _load_rows(kv_ptr, sc_ptr, rows, valid, c0, N: tl.constexpr, D: tl.constexpr, WIN: tl.constexpr,
-               QUANT: tl.constexpr):
-    """Key/value rows [BN] x channels c0..c0+N (natural order, contiguous loads) -> fp32 [BN, N]."""
-    r64 = rows.to(tl.int64)[:, None]
-    pm = valid[:, None]
-    cols = c0 + tl.arange(0, N)
+def _f16_bits_to_f32(h):
+    """The low 16 bits of int32 h read as an fp16 bit pattern -> float32 (exact, subnormals included)."""
+    return h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _kv_tile(kv_ptr, sc_ptr, rows, valid, c0, BN: tl.constexpr, N: tl.constexpr, D: tl.constexpr,
+             WIN: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr):
+    """Rows [BN] x channels c0..c0+N of a KV cache -> the MMA operand [BN, N] (bf16; fp32 if UPCAST),
+    natural channel order, exact; quantized caches come out in units of 2^-8.
+
+    Quantized rows load as [rows, scale groups, bytes of a group], so a group's scale broadcasts
+    along the last axis (one scale load and decode per group, not per channel). A code's exponent and
+    mantissa fields are moved into an fp16 bit pattern (E4M3 -> value * 2^-8, E2M1 -> value * 2^-14,
+    subnormals included): a value costs ~3 integer ops, one convert and one multiply by its group
+    scale. The E4M3 bias step 2^-8 stays in the tile (the kernel folds 2^8 into the logit scale and
+    the output), so every UE8M0 byte 1..254 scales without overflow; E2M1 tiles match it."""
+    r = rows.to(tl.int64)
     if QUANT:
-        if WIN:  # FP8 E4M3 codes [R, D] + UE8M0 [R, D/32]
-            c = tl.load(kv_ptr + r64 * D + cols[None, :], mask=pm, other=0)
-            sc = ue8m0_to_float(tl.load(sc_ptr + r64 * (D // 32) + (cols // 32)[None, :], mask=pm, other=127))
-            v = e4m3_decode(c) * sc
-        else:  # packed FP4 [N, D/2] (low nibble = even channel) + E4M3 per 16 channels [N, D/16]
-            b = tl.load(kv_ptr + r64 * (D // 2) + (c0 // 2 + tl.arange(0, N // 2))[None, :], mask=pm,
+        r3 = r[:, None, None]
+        m3 = valid[:, None, None]
+        if WIN:  # E4M3 codes [R, D] + one UE8M0 byte per 32 channels
+            g = c0 // 32 + tl.arange(0, N // 32)[None, :, None]
+            c = tl.load(kv_ptr + r3 * D + g * 32 + tl.arange(0, 32)[None, None, :], mask=m3, other=0).to(tl.int32)
+            e = tl.load(sc_ptr + r3 * (D // 32) + g, mask=m3, other=127).to(tl.int32)
+            v = _f16_bits_to_f32(((c & 0x80) << 8) | ((c & 0x7F) << 7)) * pow2_float(e - 127)
+        else:  # packed E2M1 [R, D/2] (low nibble = even channel) + one E4M3 scale per 16 channels
+            g = c0 // 16 + tl.arange(0, N // 16)[None, :, None]
+            b = tl.load(kv_ptr + r3 * (D // 2) + g * 8 + tl.arange(0, 8)[None, None, :], mask=m3,
                         other=0).to(tl.int32)
-            v = tl.reshape(tl.join(e2m1_decode(b & 15), e2m1_decode(b >> 4)), (rows.shape[0], N))
-            sc = e4m3_decode(tl.load(sc_ptr + r64 * (D // 16) + (cols // 16)[None, :], mask=pm, other=0))
-            v = v * sc
+            sc = e4m3_decode(tl.load(sc_ptr + r3 * (D // 16) + g, mask=m3, other=0)) * 64.0  # 2^14 (fp16 bias step) x 2^-8 (tile unit)
+            lo = _f16_bits_to_f32(((b & 7) << 9) | ((b & 8) << 12)) * sc
+            hi = _f16_bits_to_f32(((b & 0x70) << 5) | ((b & 0x80) << 8)) * sc
+            v = tl.join(lo, hi)  # [BN, N/16, 8, 2]: channel 16g + 2i + nibble
+        v = tl.reshape(v, (BN, N))
     else:
-        v = tl.load(kv_ptr + r64 * D + cols[None, :], mask=pm, other=0.0).to(tl.float32)
+        v = tl.load(kv_ptr + r[:, None] * D + (c0 + tl.arange(0, N))[None, :], mask=valid[:, None], other=0.0)
+    if UPCAST:
+        v = v.to(tl.float32)
+    else:
+        v = v.to(tl.bfloat16)
     return v
 
 
 @triton.jit
-def _qk_block(q_rows, kv_ptr, sc_ptr, rows, valid, H: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
-              DC: tl.constexpr, WIN: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr):
-    """q [H, D] (rows of pointers) · K[rows]^T over D in chunks of DC -> fp32 [H, BN]."""
-    qk = tl.zeros((H, BN), tl.float32)
-    for dc in tl.static_range(D // DC):
-        qc = tl.load(q_rows + dc * DC + tl.arange(0, DC)[None, :])
-        kc = _load_rows(kv_ptr, sc_ptr, rows, valid, dc * DC, DC, D, WIN, QUANT)
-        if UPCAST:
-            qk = tl.dot(qc.to(tl.float32), tl.trans(kc), qk)
-        else:
-            qk = tl.dot(qc, tl.trans(kc.to(tl.bfloat16)), qk)
-    return qk
+def _load_q(q_rows, c0, N: tl.constexpr, UPCAST: tl.constexpr):
+    q = tl.load(q_rows + c0 + tl.arange(0, N)[None, :])
+    if UPCAST:
+        q = q.to(tl.float32)
+    return q
 
 
 @triton.jit
-def _online_update(qk, valid, scale, m_i, l_i, acc, v, UPCAST: tl.constexpr):
+def _attend_block(q, q_rows, kv_ptr, sc_ptr, rows, valid, cv, scale, m_i, l_i, acc, H: tl.constexpr,
+                  BN: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, WIN: tl.constexpr, QUANT: tl.constexpr,
+                  UPCAST: tl.constexpr):
+    """One key block: q·K^T over all D channels, online softmax, P·V for this program's DV channels.
+    K = V (the shared latent), so each key element is loaded and dequantized once: with DV = D the
+    tile is both MMA operands; with DV < D the QK product runs per DV-channel slice and slice cv is V."""
+    if DV == D:
+        kt = _kv_tile(kv_ptr, sc_ptr, rows, valid, 0, BN, D, D, WIN, QUANT, UPCAST)
+        qk = tl.dot(q, tl.trans(kt))
+        v = kt
+    else:
+        qk = tl.zeros((H, BN), tl.float32)
+        if UPCAST:
+            v = tl.zeros((BN, DV), tl.float32)
+        else:
+            v = tl.zeros((BN, DV), tl.bfloat16)
+        for j in tl.static_range(D // DV):
+            kj = _kv_tile(kv_ptr, sc_ptr, rows, valid, j * DV, BN, DV, D, WIN, QUANT, UPCAST)
+            qk = tl.dot(_load_q(q_rows, j * DV, DV, UPCAST), tl.trans(kj), qk)
+            v = tl.where(cv == j, kj, v)
     logits = tl.where(valid[None, :], qk * scale, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(logits, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp(m_i - m_safe)
     pr = tl.exp(logits - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(pr, axis=1)
-    if UPCAST:
-        acc = tl.dot(pr, v, acc * alpha[:, None])
-    else:
-        acc = tl.dot(pr.to(tl.bfloat16), v.to(tl.bfloat16), acc * alpha[:, None])
+    acc = tl.dot(pr.to(v.dtype), v, acc * alpha[:, None])
     return m_new, l_i, acc
 
 
@@ -122,10 +160,9 @@ def _inv_rope_store(acc, o_ptrs, c0, pos, cos_ptr, sin_ptr, H: tl.constexpr, N: 
 @triton.jit
 def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, wbase_ptr, cbase_ptr,
                         sink_ptr, cos_ptr, sin_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr,
-                        R, KC, blocks_per_split, n_split, scale,
+                        R, KC, has_base, blocks_per_split, n_split, scale,
                         H: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr, W: tl.constexpr, BN: tl.constexpr,
-                        DC: tl.constexpr, DV: tl.constexpr, QUANT: tl.constexpr, SPLIT: tl.constexpr,
-                        UPCAST: tl.constexpr):
+                        DV: tl.constexpr, QUANT: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr):
     NWB: tl.constexpr = W // BN
     s = tl.program_id(0)
     cv = tl.program_id(1)
@@ -133,13 +170,17 @@ def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx
     s64 = s.to(tl.int64)
     hh = tl.arange(0, H)
     p = tl.load(qpos_ptr + s)
-    wbase = tl.load(wbase_ptr + s)
-    cbase = tl.load(cbase_ptr + s)
-    n_blocks = NWB + KC // BN
+    # has_base = 0: the base pointers alias qpos (no zero tensors to fill at decode)
+    wbase = tl.load(wbase_ptr + s) * has_base
+    cbase = tl.load(cbase_ptr + s) * has_base
     b0 = sp * blocks_per_split
-    b1 = tl.minimum(b0 + blocks_per_split, n_blocks)
+    b1 = tl.minimum(b0 + blocks_per_split, NWB + tl.cdiv(KC, BN))
     q_rows = q_ptr + (s64 * H + hh)[:, None] * D
-    c0 = cv * DV
+    q = q_rows  # placeholder when DV < D (the QK slices load their own q columns)
+    if DV == D:
+        q = _load_q(q_rows, 0, D, UPCAST)  # loop-invariant: loaded once, not per key block
+    if QUANT:
+        scale = scale * 256.0  # quantized tiles hold K = V in units of 2^-8 (exact: a power of two)
     m_i = tl.full((H,), float("-inf"), tl.float32)
     l_i = tl.zeros((H,), tl.float32)
     acc = tl.zeros((H, DV), tl.float32)
@@ -148,18 +189,19 @@ def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx
         j = p - W + 1 + blk * BN + tl.arange(0, BN)
         valid = j >= 0
         rows = wbase + tl.where(valid, j, 0) % R
-        qk = _qk_block(q_rows, wkv_ptr, wsc_ptr, rows, valid, H, BN, D, DC, True, QUANT, UPCAST)
-        v = _load_rows(wkv_ptr, wsc_ptr, rows, valid, c0, DV, D, True, QUANT)
-        m_i, l_i, acc = _online_update(qk, valid, scale, m_i, l_i, acc, v, UPCAST)
-    # selected compressed entries (-1 = padding)
+        m_i, l_i, acc = _attend_block(q, q_rows, wkv_ptr, wsc_ptr, rows, valid, cv, scale, m_i, l_i, acc,
+                                      H, BN, D, DV, True, QUANT, UPCAST)
+    # selected compressed entries (-1 = padding; columns past KC are padding too)
     for blk in range(tl.maximum(b0, NWB), b1):
-        e = tl.load(idx_ptr + s64 * KC + (blk - NWB) * BN + tl.arange(0, BN))
+        jj = (blk - NWB) * BN + tl.arange(0, BN)
+        e = tl.load(idx_ptr + s64 * KC + jj, mask=jj < KC, other=-1)
         valid = e >= 0
         rows = cbase + tl.where(valid, e, 0)
-        qk = _qk_block(q_rows, ckv_ptr, csc_ptr, rows, valid, H, BN, D, DC, False, QUANT, UPCAST)
-        v = _load_rows(ckv_ptr, csc_ptr, rows, valid, c0, DV, D, False, QUANT)
-        m_i, l_i, acc = _online_update(qk, valid, scale, m_i, l_i, acc, v, UPCAST)
-    cols = c0 + tl.arange(0, DV)
+        m_i, l_i, acc = _attend_block(q, q_rows, ckv_ptr, csc_ptr, rows, valid, cv, scale, m_i, l_i, acc,
+                                      H, BN, D, DV, False, QUANT, UPCAST)
+    if QUANT:
+        acc = acc * 256.0
+    cols = cv * DV + tl.arange(0, DV)
     if SPLIT:
         st = (s64 * n_split + sp) * H + hh
         tl.store(pm_ptr + st, m_i)
@@ -170,32 +212,32 @@ def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx
         M = tl.maximum(m_i, sink)
         wgt = tl.exp(m_i - M)
         f = wgt / (l_i * wgt + tl.exp(sink - M))
-        _inv_rope_store(acc * f[:, None], o_ptr + (s64 * H + hh)[:, None] * D + cols[None, :], c0, p,
+        _inv_rope_store(acc * f[:, None], o_ptr + (s64 * H + hh)[:, None] * D + cols[None, :], cv * DV, p,
                         cos_ptr, sin_ptr, H, DV, D, ROPE)
 
 
 @triton.jit
-def _combine_kernel(pm_ptr, pl_ptr, pacc_ptr, qpos_ptr, sink_ptr, cos_ptr, sin_ptr, o_ptr,
-                    H: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr, CP: tl.constexpr, NSPLIT: tl.constexpr):
+def _combine_kernel(pm_ptr, pl_ptr, pacc_ptr, qpos_ptr, sink_ptr, cos_ptr, sin_ptr, o_ptr, n_split,
+                    H: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr, HB: tl.constexpr, CP: tl.constexpr):
     s = tl.program_id(0)
     cb = tl.program_id(1)
     s64 = s.to(tl.int64)
-    hh = tl.arange(0, H)
+    hh = tl.program_id(2) * HB + tl.arange(0, HB)
     cols = cb * CP + tl.arange(0, CP)
     sink = tl.load(sink_ptr + hh)
     M = sink
-    for i in tl.static_range(NSPLIT):
-        M = tl.maximum(M, tl.load(pm_ptr + (s64 * NSPLIT + i) * H + hh))
+    for i in range(n_split):
+        M = tl.maximum(M, tl.load(pm_ptr + (s64 * n_split + i) * H + hh))
     den = tl.exp(sink - M)
-    acc = tl.zeros((H, CP), tl.float32)
-    for i in tl.static_range(NSPLIT):  # unrolled: the split loads are independent
-        st = (s64 * NSPLIT + i) * H + hh
+    acc = tl.zeros((HB, CP), tl.float32)
+    for i in range(n_split):
+        st = (s64 * n_split + i) * H + hh
         w = tl.exp(tl.load(pm_ptr + st) - M)
         den += tl.load(pl_ptr + st) * w
         acc += tl.load(pacc_ptr + st[:, None] * D + cols[None, :]) * w[:, None]
     p = tl.load(qpos_ptr + s)
     _inv_rope_store(acc / den[:, None], o_ptr + (s64 * H + hh)[:, None] * D + cols[None, :], cb * CP, p,
-                    cos_ptr, sin_ptr, H, CP, D, ROPE)
+                    cos_ptr, sin_ptr, HB, CP, D, ROPE)
 
 
 # ============================================================================ host side
@@ -212,43 +254,40 @@ def _kv_parts(kv, what):
 
 def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: int = 128, ring: int | None = None,
                      win_base=None, cmp_base=None, scale: float | None = None, n_split: int | None = None, dv: int | None = None,
-                     block_n: int | None = None, dc: int | None = None, num_warps: int | None = None,
-                     num_stages: int | None = None):
+                     block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None):
     """q [S, H, D] bf16 post-RoPE; qpos [S] int32; win_kv: (E4M3 codes [R, D] u8, UE8M0 [R, D/32] u8)
     or bf16 [R, D] (ring, slot = pos % R); cmp_kv: (packed FP4 [N, D/2] u8, E4M3 [N, D/16] u8) or
     bf16 [N, D]; idx [S, KC] int32 compressed rows (-1 = padding); sink [H] fp32; cos/sin [P, rope/2].
-    ring: rows per ring (default: all rows of win_kv); win_base/cmp_base [S]: per-query base rows.
+    ring: rows per ring (default: all rows of win_kv); win_base/cmp_base [S]: per-query base rows
+    (both or neither). n_split: key splits per query (default: enough programs for every SM).
     Returns o [S, H, D] bf16 (inverse-rotated)."""
     S, H, D = q.shape
     wkv, wsc, wq = _kv_parts(win_kv, "win_kv")
     ckv, csc, cq = _kv_parts(cmp_kv, "cmp_kv")
     if wq != cq:
         raise ValueError("sparse_attention: window and compressed KV must both be quantized or both bf16")
+    if (win_base is None) != (cmp_base is None):
+        raise ValueError("sparse_attention: pass both win_base and cmp_base, or neither")
     R = ring or wkv.shape[0]
     dev = q.device
     out = torch.empty((S, H, D), dtype=torch.bfloat16, device=dev)
     if S == 0:
         return out
-    # H200 sweep (benchmarks/kernels_attention.py): long prefill chunks run best with one program per
-    # query owning all 512 channels (DV 512, BN 32); decode and small batches with DV 256, BN 64
-    many = S >= 256
-    BN = min(block_n or (32 if many else 64), window)
+    BN = min(block_n or DEFAULT_BN[wq], window)
     if window % BN:
         raise ValueError(f"sparse_attention: window {window} is not a multiple of the key block {BN}")
     KC = idx.shape[1]
-    if KC % BN:
-        idx = torch.cat([idx, torch.full((S, BN - KC % BN), -1, dtype=idx.dtype, device=dev)], 1)
-        KC = idx.shape[1]
-    idx = idx.to(torch.int32).contiguous()
-    zeros = torch.zeros(S, dtype=torch.int32, device=dev)
-    wb = zeros if win_base is None else win_base.to(torch.int32).contiguous()
-    cb = zeros if cmp_base is None else cmp_base.to(torch.int32).contiguous()
-    DV = dv or (D if many or D < 256 else D // 2)
+    idx = idx if idx.dtype == torch.int32 and idx.is_contiguous() else idx.to(torch.int32).contiguous()
+    qpos = qpos if qpos.dtype == torch.int32 and qpos.is_contiguous() else qpos.to(torch.int32).contiguous()
+    has_base = win_base is not None
+    wb = win_base.to(torch.int32).contiguous() if has_base else qpos
+    cb = cmp_base.to(torch.int32).contiguous() if has_base else qpos
+    DV = dv or D
     if D % DV or DV % 32:
         raise ValueError(f"sparse_attention: dv {DV} must divide D {D} and be a multiple of 32")
     ncv = D // DV
-    n_blocks = (window + KC) // BN
-    bps, n_split = _key_splits(n_blocks, S * ncv, n_split)
+    n_blocks = window // BN + triton.cdiv(KC, BN)
+    bps, n_split = _key_splits(n_blocks, S * ncv, sm_count(dev), n_split)
     split = n_split > 1
     scale = D ** -0.5 if scale is None else scale
     rope = cos.shape[1] * 2
@@ -258,25 +297,48 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
         pacc = torch.empty((S, n_split, H, D), dtype=torch.float32, device=dev)
     else:
         pm = pl = pacc = out
-    qpos = qpos.to(torch.int32).contiguous()
-    nw = num_warps or (8 if DV >= 256 else 4)
+    sink = sink if sink.dtype == torch.float32 and sink.is_contiguous() else sink.float().contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
     _sparse_attn_kernel[(S, ncv, n_split)](
-        q.contiguous(), qpos, wkv, wsc, ckv, csc, idx, wb, cb, sink.float().contiguous(), cos.contiguous(),
-        sin.contiguous(), out, pm, pl, pacc, R, KC, bps, n_split, scale,
-        H=H, D=D, ROPE=rope, W=window, BN=BN, DC=min(dc or (128 if wq else 64), D), DV=DV, QUANT=wq, SPLIT=split,
-        UPCAST=interpreting(), num_warps=nw, num_stages=num_stages or (3 if wq else 1))
+        q.contiguous(), qpos, wkv, wsc, ckv, csc, idx, wb, cb, sink, cos, sin, out, pm, pl, pacc,
+        R, KC, int(has_base), bps, n_split, scale,
+        H=H, D=D, ROPE=rope, W=window, BN=BN, DV=DV, QUANT=wq, SPLIT=split, UPCAST=interpreting(),
+        num_warps=num_warps or 8, num_stages=num_stages or _default_stages())
     if split:
-        CP = min(64, D)
-        _combine_kernel[(S, D // CP)](pm, pl, pacc, qpos, sink.float().contiguous(), cos.contiguous(),
-                                      sin.contiguous(), out, H=H, D=D, ROPE=rope, CP=CP, NSPLIT=n_split, num_warps=4)
+        HB, CP = min(16, H), min(64, D)
+        _combine_kernel[(S, D // CP, H // HB)](pm, pl, pacc, qpos, sink, cos, sin, out, n_split,
+                                              H=H, D=D, ROPE=rope, HB=HB, CP=CP, num_warps=4)
     return out
 
 
-def _key_splits(n_blocks: int, programs: int, n_split: int | None = None):
-    """(blocks per split, splits): few query programs (decode) split the keys so ~32 programs run."""
+# Defaults (module docstring): 64-key blocks for FP8/FP4 KV, 32 for bf16 (its 2-stage buffers are
+# twice the bytes: 197 KB of shared memory at 64 keys, over sm100's 227 KB limit with its extras);
+# two pipeline stages prefetch the next block's rows into shared memory on CUDA (ROCm: one stage).
+DEFAULT_BN = {True: 64, False: 32}
+_SM_COUNT: dict = {}
+
+
+def _default_stages() -> int:
+    return 1 if torch.version.hip else 2
+
+
+def sm_count(dev) -> int:
+    """Streaming multiprocessors of the device (132 on an H200; the interpreter plans as for one).
+    Shared with indexer_score.py (its decode grid)."""
+    if dev.type != "cuda":
+        return 132
+    i = dev.index if dev.index is not None else torch.cuda.current_device()
+    if i not in _SM_COUNT:
+        _SM_COUNT[i] = torch.cuda.get_device_properties(i).multi_processor_count
+    return _SM_COUNT[i]
+
+
+def _key_splits(n_blocks: int, programs: int, sms: int, n_split: int | None = None):
+    """(blocks per split, splits): fewer query programs than SMs (decode) split the keys so that about
+    one program per SM runs (flash-decoding); the splits' partial states are merged by the combine."""
     if n_split is None:
-        n_split = max(1, min(n_blocks, 16, triton.cdiv(32, programs))) if programs < 64 else 1
-    bps = triton.cdiv(n_blocks, n_split)
+        n_split = max(1, min(n_blocks, sms // programs))
+    bps = triton.cdiv(n_blocks, max(1, min(n_split, n_blocks)))
     return bps, triton.cdiv(n_blocks, bps)
 
 
@@ -293,7 +355,7 @@ def _dequant_kv(kv, fmt_win: bool):
 
 def sparse_attention_ref(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: int = 128, ring: int | None = None,
                          win_base=None, cmp_base=None, scale: float | None = None, n_split=None, dv=None, block_n=None,
-                         dc=None, num_warps=None, num_stages=None):
+                         num_warps=None, num_stages=None):
     """Eager PyTorch: gather window ∪ selected rows, one softmax with the sink column, inverse RoPE."""
     from dsv41c.codegen.triton.compressor import rope_ref
 
@@ -324,41 +386,45 @@ def sparse_attention_ref(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window
 # ============================================================================ registration
 
 
+_ATTN_TYPES = {"q_ptr": "*bf16", "qpos_ptr": "*i32", "idx_ptr": "*i32", "wbase_ptr": "*i32", "cbase_ptr": "*i32",
+               "sink_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "o_ptr": "*bf16", "pm_ptr": "*fp32",
+               "pl_ptr": "*fp32", "pacc_ptr": "*fp32", "R": "i32", "KC": "i32", "has_base": "i32",
+               "blocks_per_split": "i32", "n_split": "i32", "scale": "fp32"}
+
+
+def _attn_spec(c, quant: bool, split: bool, bn: int, dv: int, num_warps: int, num_stages: int, phase: str):
+    kvt = "*u8" if quant else "*bf16"
+    types = dict(_ATTN_TYPES, wkv_ptr=kvt, wsc_ptr=kvt, ckv_ptr=kvt, csc_ptr=kvt)
+    const = {"H": c.num_attention_heads, "D": c.head_dim, "ROPE": c.qk_rope_head_dim, "W": c.sliding_window,
+             "BN": bn, "DV": dv, "QUANT": quant, "SPLIT": split, "UPCAST": False}
+    return aot_spec(_sparse_attn_kernel, f"{phase}_{'fp8fp4' if quant else 'bf16'}_dv{dv}_bn{bn}", types, const,
+                    num_warps=num_warps, num_stages=num_stages)
+
+
 def _specs(target):
     from dsv41c.frontend.config import preset
 
     c = preset("full")
-    small = target == "rocm:gfx1100"  # 64 KB LDS
+    # gfx942/gfx1100 have 64 KB of LDS, which the hoisted q [64, 512] bf16 alone fills: there QK runs
+    # per 128-channel slice (DV 128) on 32-key blocks; ROCm pipelines in registers (one stage)
+    lds64 = target in ("rocm:gfx942", "rocm:gfx1100")
+    stages = 1 if is_rocm(target) else 2
     out = []
     for quant in (True, False):
-        kvt = "*u8" if quant else "*bf16"
-        types = {"q_ptr": "*bf16", "qpos_ptr": "*i32", "wkv_ptr": kvt, "wsc_ptr": kvt, "ckv_ptr": kvt, "csc_ptr": kvt,
-                 "idx_ptr": "*i32", "wbase_ptr": "*i32", "cbase_ptr": "*i32", "sink_ptr": "*fp32", "cos_ptr": "*fp32",
-                 "sin_ptr": "*fp32", "o_ptr": "*bf16", "pm_ptr": "*fp32", "pl_ptr": "*fp32", "pacc_ptr": "*fp32",
-                 "R": "i32", "KC": "i32", "blocks_per_split": "i32", "n_split": "i32", "scale": "fp32"}
-        # measured on H200 (benchmarks/kernels_attention.py sweep): decode DV 256 / BN 64 (keys split
-        # over 10 programs + combine), prefill DV 512 / BN 32 (one program per query)
-        for phase, split, dv, bn in (("decode", True, c.head_dim // 2, 64), ("prefill", False, c.head_dim, 32)):
-            if small:
-                bn, dv = 32, c.head_dim // 2
-            dc = 64 if (small or not quant) else 128
-            const = {"H": c.num_attention_heads, "D": c.head_dim, "ROPE": c.qk_rope_head_dim, "W": c.sliding_window,
-                     "BN": bn, "DC": dc, "DV": dv, "QUANT": quant, "SPLIT": split, "UPCAST": False}
-            out.append(aot_spec(_sparse_attn_kernel, f"{phase}_{'fp8fp4' if quant else 'bf16'}_dv{dv}_bn{bn}", types,
-                                const, num_warps=8, num_stages=3 if (quant and not is_rocm(target)) else 1))
-    # decode: 128 window + 512 selected keys, one query, two channel halves (as the launcher splits)
-    bn = 32 if small else 64
-    nsplit = _key_splits((c.sliding_window + c.index_topk) // bn, 2)[1]
-    out.append(aot_spec(_combine_kernel, f"combine_nsplit{nsplit}",
+        dv, bn = (128, 32) if lds64 else (c.head_dim, DEFAULT_BN[quant])
+        out.append(_attn_spec(c, quant, True, bn, dv, 8, stages, "decode"))
+        out.append(_attn_spec(c, quant, False, bn, dv, 8, stages, "prefill"))
+    out.append(aot_spec(_combine_kernel, "combine_hb16_cp64",
                         {"pm_ptr": "*fp32", "pl_ptr": "*fp32", "pacc_ptr": "*fp32", "qpos_ptr": "*i32",
-                         "sink_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "o_ptr": "*bf16"},
-                        {"H": c.num_attention_heads, "D": c.head_dim, "ROPE": c.qk_rope_head_dim, "CP": 64,
-                         "NSPLIT": nsplit}, num_warps=4))
+                         "sink_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "o_ptr": "*bf16",
+                         "n_split": "i32"},
+                        {"H": c.num_attention_heads, "D": c.head_dim, "ROPE": c.qk_rope_head_dim, "HB": 16, "CP": 64},
+                        num_warps=4))
     return out
 
 
 register(KernelTemplate(
     name="sparse_attention", module=__name__,
     summary="one softmax over SWA window ∪ selected compressed entries + sink, FP8/FP4 KV dequantized in-kernel, inverse RoPE",
-    keys=("H", "D", "ROPE", "W", "BN", "DC", "DV", "QUANT", "SPLIT"),
+    keys=("H", "D", "ROPE", "W", "BN", "DV", "QUANT", "SPLIT"),
     reference=sparse_attention_ref, launch=sparse_attention, specializations=_specs))
