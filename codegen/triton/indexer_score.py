@@ -52,6 +52,11 @@ kernel, BT 128, 8 warps), each as Reindex (USE_CAND), candidate source (WRITE_BM
 `index_scores` takes the heads kernel up to HEADS_KERNEL_MAX_S queries (it decodes the keys once
 per query, so it is a decode kernel).
 
+Measured (H200, torch 2.11 / triton 3.6, benchmarks/results/kernels_attention.json, 2026-11-29):
+32 queries × 131,072 keys 0.256 ms (59.6× the eager reference; was 0.435 ms), one query 28 µs under
+graph replay (the heads kernel; was ~200 µs), 0 score bits different from the float32 reference
+in every configuration swept, with both fallbacks exercised.
+
 Known gaps: exactness needs exponents with eq_min+ek_min >= 107 (no fp32 underflow of the
 products) -- the quantizer's scale floor keeps realistic data far inside; UE8M0 byte 0 is not
 decoded. A query-head row that fails the INT8 check sends the heads kernel down the block path (4x

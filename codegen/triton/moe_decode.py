@@ -76,13 +76,13 @@ divide evenly over 132 SMs (4 on some, 3.27 on average: ~24 us issue-bound on th
 cannot go below 32, a program owns whole h blocks).
 
 Measured (H200, torch 2.11 / Triton 3.6, one graph of 8 steps over disjoint expert sets, so nothing
-is reused from L2; floor = unique experts' w1 + w3 + w2 bytes / 4.22 TB/s), BEFORE the layout
-rework above (22 / 20 shared-memory conversions per loop): T = 1: 0.127 ms (4.75x floor; gate/up BN 32
-BKB 8 2 warps, down BN 32 BKB 8 2 warps split 6), 0.182 ms with 4 gate/up warps, 0.130 ms gate/up BN
-64, 0.260 ms down split 1; T = 8: 0.778 ms (5.5x; down BN 16 4 warps). Not yet measured after it;
-expected from the static numbers above: T = 1 ~40-50 us (gate/up ~24, down ~11, prep and launch
-gaps), T = 8 ~0.25-0.3 ms (issue-bound). `benchmarks/tune_moe_decode.py` re-measures the defaults
-with the old best as a control.
+is reused from L2; floor = unique experts' w1 + w3 + w2 bytes / 4.22 TB/s;
+benchmarks/results/tune_moe_decode.json, 2026-11-29): after the layout rework T = 1 takes 63 us
+(2.36x the 26.7 us floor; the static estimate was 40-50 us) and T = 8 takes 0.337 ms (2.39x);
+the tile variants swept stay within 6% of the defaults, split 1 for the down GEMV is 1.5x slower
+at T = 1. Before the rework (22 / 20 shared-memory conversions per loop under Triton 3.6): 0.127 ms
+at T = 1, 0.778 ms at T = 8. With the real router's routing (benchmarks/kernels_ffn.py), T = 8
+is 1.70x its floor (more unique experts) and T = 1 2.32x.
 """
 from __future__ import annotations
 

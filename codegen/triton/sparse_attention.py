@@ -37,6 +37,11 @@ one stage; gfx942/gfx1100 (64 KB LDS: q alone would fill it) DV 128, BN 32, one 
 With H = 64 rows and 8 warps the compiler gives the QK product all 8 warps on M (it feeds the P·V
 product), so both warpgroups compute the same [64, BN] scores: QK costs twice its MMA time.
 
+Measured (H200, torch 2.11 / triton 3.6, benchmarks/results/kernels_attention.json, 2026-11-29;
+graph replay): 64 decode queries FP8/FP4 70 µs (was 247 µs; 9× a 7.7 µs floor), one query 25.8 µs
+(was 48 µs; the sweep's dv 128 gives 20.5 µs, not yet the default), bf16 one query 19 µs; prefill
+1024 queries 0.81 ms (6.6× its floor; eager 4.8 ms). The kernel spills (792 B under triton 3.6).
+
 Known gaps: entries selected by the indexer that also lie in the window are attended twice
 (as the reference does, spec §3.4 note). Window rows are trusted to hold the right positions
 (the ring must be at least W + S - 1 rows for a prefill chunk of S queries). Probabilities are
