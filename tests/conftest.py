@@ -48,3 +48,23 @@ def mini_off(tmp_path_factory):
 @pytest.fixture(scope="session")
 def mini_on(tmp_path_factory):
     return _artifact(tmp_path_factory, "mini", True)
+
+
+@pytest.fixture
+def sparse_fp4_experts():
+    """Factory for MXFP4 routed experts at real widths where only the `used` experts hold random codes
+    (the rest zero), so 384 experts cost little to build: -> (w1, s1, w3, s3, w2, s2)."""
+    import torch
+
+    def make(E, D, I, used, gen, device, random_scales=True):
+        w1 = torch.zeros(E, I, D // 2, dtype=torch.int8, device=device)
+        w3, w2 = torch.zeros_like(w1), torch.zeros(E, D, I // 2, dtype=torch.int8, device=device)
+        s1 = torch.full((E, I, D // 32), 120, dtype=torch.uint8, device=device)
+        s3, s2 = s1.clone(), torch.full((E, D, I // 32), 120, dtype=torch.uint8, device=device)
+        for t_ in (w1, w3, w2):
+            t_[used] = torch.randint(-128, 128, t_[used].shape, generator=gen, device=device, dtype=torch.int8)
+        if random_scales:
+            for t_ in (s1, s3, s2):
+                t_[used] = torch.randint(116, 124, t_[used].shape, generator=gen, device=device, dtype=torch.uint8)
+        return w1, s1, w3, s3, w2, s2
+    return make

@@ -605,7 +605,7 @@ def test_gpu_fp8_gemm_real_widths(M):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 8, 300])
-def test_gpu_moe_real_widths(T):
+def test_gpu_moe_real_widths(T, sparse_fp4_experts):
     g = gen(31)
     E, k, D, I = 384, 6, 5120, 2304
     x = randn(g, T, D, dtype=torch.bfloat16)
@@ -622,12 +622,7 @@ def test_gpu_moe_real_widths(T):
     torch.testing.assert_close(w[~diff], rw[~diff], rtol=1e-5, atol=1e-6)
     gk = torch.Generator(device=DEV).manual_seed(5)
     used = torch.unique(ri).tolist()
-    w1 = torch.zeros(E, I, D // 2, dtype=torch.int8, device=DEV)
-    w3, w2 = torch.zeros_like(w1), torch.zeros(E, D, I // 2, dtype=torch.int8, device=DEV)
-    s1 = torch.full((E, I, D // 32), 120, dtype=torch.uint8, device=DEV)
-    s3, s2 = s1.clone(), torch.full((E, D, I // 32), 120, dtype=torch.uint8, device=DEV)
-    for t_ in (w1, w3, w2):
-        t_[used] = torch.randint(-128, 128, t_[used].shape, generator=gk, device=DEV, dtype=torch.int8)
+    w1, s1, w3, s3, w2, s2 = sparse_fp4_experts(E, D, I, used, gk, DEV, random_scales=False)
     ref = moe.moe_experts_reference(x, ri, rw, w1, s1, w3, s3, w2, s2, 10.0)
     for ds, dec in ((False, 0), (False, 1), (False, 2), (True, 0)):
         y = moe.moe_experts(x, ri, rw, w1, s1, w3, s3, w2, s2, 10.0, dot_scaled=ds, decode=dec)

@@ -364,29 +364,16 @@ def test_aot_sm90_streams_16_byte_words_without_ftz_or_spills():
 # ============================================================================ GPU tier: published widths
 
 
-def _real_experts(E, used, gk):
-    D, I = md.HIDDEN, md.MOE_INTER
-    w1 = torch.zeros(E, I, D // 2, dtype=torch.int8, device=DEV)
-    w3, w2 = torch.zeros_like(w1), torch.zeros(E, D, I // 2, dtype=torch.int8, device=DEV)
-    s1 = torch.full((E, I, D // 32), 120, dtype=torch.uint8, device=DEV)
-    s3, s2 = s1.clone(), torch.full((E, D, I // 32), 120, dtype=torch.uint8, device=DEV)
-    for t_ in (w1, w3, w2):
-        t_[used] = torch.randint(-128, 128, t_[used].shape, generator=gk, device=DEV, dtype=torch.int8)
-    for t_ in (s1, s3, s2):
-        t_[used] = torch.randint(116, 124, t_[used].shape, generator=gk, device=DEV, dtype=torch.uint8)
-    return w1, s1, w3, s3, w2, s2
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 8])
 @pytest.mark.parametrize("router", ["backbone", "dspark"])
-def test_gpu_decode_real_widths(T, router):
+def test_gpu_decode_real_widths(T, router, sparse_fp4_experts):
     E, k = ROUTERS[router]
     g = gen(40)
     gk = torch.Generator(device=DEV).manual_seed(41)
     x = torch.randn(T, md.HIDDEN, generator=g).bfloat16().to(DEV)
     idx, w = routing(g, T, k=k, E=E)
-    ex = _real_experts(E, torch.unique(idx).long(), gk)
+    ex = sparse_fp4_experts(E, md.HIDDEN, md.MOE_INTER, torch.unique(idx).long(), gk, DEV)
     for aq in (False, True):
         y = md.moe_experts_decode(x, idx, w, *ex, 10.0, act_quant=aq)
         ref = md.moe_experts_decode_reference(x, idx, w, *ex, 10.0, act_quant=aq)
@@ -406,13 +393,13 @@ def test_gpu_decode_real_widths(T, router):
 
 
 @pytest.mark.gpu
-def test_gpu_decode_cuda_graph_replay():
+def test_gpu_decode_cuda_graph_replay(sparse_fp4_experts):
     E, k = ROUTERS["backbone"]
     g = gen(42)
     gk = torch.Generator(device=DEV).manual_seed(43)
     x = torch.randn(1, md.HIDDEN, generator=g).bfloat16().to(DEV)
     idx, w = routing(g, 1, k=k, E=E)
-    ex = _real_experts(E, torch.arange(E, device=DEV), gk)
+    ex = sparse_fp4_experts(E, md.HIDDEN, md.MOE_INTER, torch.arange(E, device=DEV), gk, DEV)
     eager = md.moe_experts_decode(x, idx, w, *ex, 10.0)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

@@ -39,7 +39,7 @@ product), so both warpgroups compute the same [64, BN] scores: QK costs twice it
 
 Measured (H200, torch 2.11 / triton 3.6, benchmarks/results/kernels_attention.json, 2026-11-29;
 graph replay): 64 decode queries FP8/FP4 70 µs (was 247 µs; 9× a 7.7 µs floor), one query 25.8 µs
-(was 48 µs; the sweep's dv 128 gives 20.5 µs, not yet the default), bf16 one query 19 µs; prefill
+at DV 512 (was 48 µs) and 20.5 µs at DV 128 (now the one-query default), bf16 one query 19 µs; prefill
 1024 queries 0.81 ms (6.6× its floor; eager 4.8 ms). The kernel spills (792 B under triton 3.6).
 
 Known gaps: entries selected by the indexer that also lie in the window are attended twice
@@ -287,7 +287,9 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     has_base = win_base is not None
     wb = win_base.to(torch.int32).contiguous() if has_base else qpos
     cb = cmp_base.to(torch.int32).contiguous() if has_base else qpos
-    DV = dv or D
+    # One FP8/FP4 query: 128-channel output slices give 4x the programs (H200 sweep: 20.5 µs vs
+    # 25.8 µs at DV 512); batches keep whole rows (more DV slices only repeat the q·k work).
+    DV = dv or (ONE_QUERY_DV if S == 1 and wq and not interpreting() and D % ONE_QUERY_DV == 0 else D)
     if D % DV or DV % 32:
         raise ValueError(f"sparse_attention: dv {DV} must divide D {D} and be a multiple of 32")
     ncv = D // DV
@@ -320,6 +322,7 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
 # twice the bytes: 197 KB of shared memory at 64 keys, over sm100's 227 KB limit with its extras);
 # two pipeline stages prefetch the next block's rows into shared memory on CUDA (ROCm: one stage).
 DEFAULT_BN = {True: 64, False: 32}
+ONE_QUERY_DV = 128  # output channels per program for a single quantized decode query
 _SM_COUNT: dict = {}
 
 
@@ -418,6 +421,8 @@ def _specs(target):
     for quant in (True, False):
         dv, bn = (128, 32) if lds64 else (c.head_dim, DEFAULT_BN[quant])
         out.append(_attn_spec(c, quant, True, bn, dv, 8, stages, "decode"))
+        if quant and dv != ONE_QUERY_DV:  # the single-query default (sparse_attention's DV rule)
+            out.append(_attn_spec(c, quant, True, bn, ONE_QUERY_DV, 8, stages, "decode"))
         out.append(_attn_spec(c, quant, False, bn, dv, 8, stages, "prefill"))
     out.append(aot_spec(_combine_kernel, "combine_hb16_cp64",
                         {"pm_ptr": "*fp32", "pl_ptr": "*fp32", "pacc_ptr": "*fp32", "qpos_ptr": "*i32",
