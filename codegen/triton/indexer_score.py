@@ -53,7 +53,7 @@ kernel, BT 128, 8 warps), each as Reindex (USE_CAND), candidate source (WRITE_BM
 per query, so it is a decode kernel).
 
 Measured (H200, torch 2.11 / triton 3.6, benchmarks/results/kernels_attention.json, 2026-11-29):
-32 queries × 131,072 keys 0.256 ms (59.6× the eager reference; was 0.435 ms), one query 28 µs under
+32 queries × 131,072 keys 0.257 ms (59× the eager reference; was 0.435 ms), one query 28 µs under
 graph replay (the heads kernel; was ~200 µs), 0 score bits different from the float32 reference
 in every configuration swept, with both fallbacks exercised.
 

@@ -39,7 +39,7 @@ product), so both warpgroups compute the same [64, BN] scores: QK costs twice it
 
 Measured (H200, torch 2.11 / triton 3.6, benchmarks/results/kernels_attention.json, 2026-11-29;
 graph replay): 64 decode queries FP8/FP4 70 µs (was 247 µs; 9× a 7.7 µs floor), one query 25.8 µs
-at DV 512 (was 48 µs) and 20.5 µs at DV 128 (now the one-query default), bf16 one query 19 µs; prefill
+at DV 512 (was 48 µs) and 20.6 µs at DV 128 (now the one-query default), bf16 one query 19 µs; prefill
 1024 queries 0.81 ms (6.6× its floor; eager 4.8 ms). The kernel spills (792 B under triton 3.6).
 
 Known gaps: entries selected by the indexer that also lie in the window are attended twice
