@@ -259,7 +259,7 @@ def main(argv=None):
             run_case(rows, f"decode T={T} {label(t)}" + (" act_quant" if aq else ""), case)
 
         def grouped():
-            step = lambda i, wi: moe.moe_experts(x, i, wi, *ex, LIMIT)  # noqa: E731
+            step = lambda i, wi: moe.moe_experts(x, i, wi, *ex, LIMIT, small_batch=False)  # noqa: E731
             err = rel_err(step(idx, w), ref(False))
             bench, graph, rot = time_step(step, routes, smoke)
             return {"T": T, "path": "moe.moe_experts (grouped)", "rel_err": err, "bench_ms": bench,

@@ -70,8 +70,7 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import aot_spec
-from dsv41c.codegen.triton.kv_quant import _bcast_groups, pow2_float
-from dsv41c.codegen.triton.sparse_attention import sm_count
+from dsv41c.codegen.triton.kv_quant import _bcast_groups, pow2_float, sm_count
 from dsv41c import formats as nx
 
 

@@ -49,6 +49,20 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+_SM_COUNT: dict = {}
+
+
+def sm_count(dev) -> int:
+    """Streaming multiprocessors of the device (132 on an H200; the interpreter plans as for one): the
+    decode grids of sparse_attention.py and indexer_score.py size their key splits by it."""
+    if dev.type != "cuda":
+        return 132
+    i = dev.index if dev.index is not None else torch.cuda.current_device()
+    if i not in _SM_COUNT:
+        _SM_COUNT[i] = torch.cuda.get_device_properties(i).multi_processor_count
+    return _SM_COUNT[i]
+
+
 def is_rocm(target: str) -> bool:
     return target.startswith("rocm:")
 

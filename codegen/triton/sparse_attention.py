@@ -56,7 +56,7 @@ import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, register
 from dsv41c.codegen.triton.kv_quant import (
-    aot_spec, e4m3_decode, interpreting, is_rocm, pow2_float, round_bf16)
+    aot_spec, e4m3_decode, interpreting, is_rocm, pow2_float, round_bf16, sm_count)
 from dsv41c import formats as nx
 
 
@@ -323,22 +323,10 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
 # two pipeline stages prefetch the next block's rows into shared memory on CUDA (ROCm: one stage).
 DEFAULT_BN = {True: 64, False: 32}
 ONE_QUERY_DV = 128  # output channels per program for a single quantized decode query
-_SM_COUNT: dict = {}
 
 
 def _default_stages() -> int:
     return 1 if torch.version.hip else 2
-
-
-def sm_count(dev) -> int:
-    """Streaming multiprocessors of the device (132 on an H200; the interpreter plans as for one).
-    Shared with indexer_score.py (its decode grid)."""
-    if dev.type != "cuda":
-        return 132
-    i = dev.index if dev.index is not None else torch.cuda.current_device()
-    if i not in _SM_COUNT:
-        _SM_COUNT[i] = torch.cuda.get_device_properties(i).multi_processor_count
-    return _SM_COUNT[i]
 
 
 def _key_splits(n_blocks: int, programs: int, sms: int, n_split: int | None = None):
