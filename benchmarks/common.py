@@ -156,8 +156,11 @@ def env_info() -> dict:
             "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
-def write_json(path: str, doc: dict) -> None:
-    """Write doc atomically (a crash mid-write leaves the previous file)."""
+def write_json(path: str | None, doc: dict) -> None:
+    """Write doc atomically (a crash mid-write leaves the previous file); no path: nothing to write."""
+    if not path:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=1, default=str)

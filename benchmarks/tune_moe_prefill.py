@@ -45,6 +45,8 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+from benchmarks.common import rel_err, write_json  # noqa: E402
+
 T_TOK, E, TOPK, D, I = 8192, 384, 6, 5120, 2304
 BF16_ULP = 2.0 ** -7
 N_CHK = 64  # tokens checked against the eager reference (it dequantizes every expert it meets)
@@ -76,11 +78,6 @@ def _experts(torch, E_, N, K, dev, seed):
     w = torch.randint(-128, 128, (E_, N, K // 2), generator=g, device=dev, dtype=torch.int8)
     s = torch.randint(118, 122, (E_, N, K // 32), generator=g, device=dev, dtype=torch.uint8)
     return w, s
-
-
-def _rel_err(a, b):
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
 def run(args):
@@ -180,7 +177,7 @@ def run(args):
                 kw = dict(dot_scaled=False, decode=dec, h_order=h_order)
                 h = moe.moe_gate_up(x, plan, tw, w1, s1, w3, s3, 10.0, tiles=gt, **kw)
                 y = moe.moe_combine(moe.moe_down(h, plan, w2, s2, torch.bfloat16, tiles=dt, **kw), k)
-                err = _rel_err(y[:n_chk], ref)
+                err = rel_err(y[:n_chk], ref)
                 return {"rel_err": err, "ok": err < 2 * BF16_ULP}
 
             guarded({"case": "check", "routing": rname, "decoder": dec, "gate_up_tiles": list(gu_tiles[0]),
@@ -211,14 +208,6 @@ def run(args):
             print(f"-- {rname} decoder {dec} done at {time.time() - t_start:.0f} s", flush=True)
     doc["wall_s"] = time.time() - t_start
     return doc
-
-
-def write_json(path, doc):
-    if path:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path + ".tmp", "w") as f:
-            json.dump(doc, f, indent=1, default=str)
-        os.replace(path + ".tmp", path)
 
 
 def print_table(doc):
