@@ -154,6 +154,39 @@ def test_fp8_gemm_act_quant_and_swiglu():
         fg.fp8_gemm(x, w1, s1[:1])
 
 
+@pytest.mark.parametrize("gated", [False, True])
+def test_fp8_decode_paths_agree(gated):
+    """One token: the CUDA-core gemv path, the tensor-core path with the split-K epilogue folded into
+    the launch (last arriver) and with a separate reduce kernel all match the reference; the two
+    tensor-core epilogues add the partials in the same order (same bits); the arrival counters are
+    left at zero (CUDA-graph replays start clean)."""
+    from dsv41c.codegen.triton import arrival
+
+    g = gen(7)
+    N, K = 70, 256  # ragged N (partial 32-row scale group), K = 2 splits of the interpreter's 64/128 tiles
+    x = randn(g, 1, K)
+    w1, s1 = fp8_weight(g, N, K)
+    w3, s3 = (fp8_weight(g, N, K) if gated else (None, None))
+    lim = 0.5
+    ref = (fg.fp8_gemm_swiglu_reference(x, w1, s1, w3, s3, lim) if gated else fg.fp8_gemm_reference(x, w1, s1))
+    run = lambda **kw: fg._gemm(x, w1, s1, w3, s3, lim, False, None, "t", **kw)  # noqa: E731
+    gemv = run(path="gemv")
+    folded = run(path="mma", fold=True)
+    separate = run(path="mma", fold=False)
+    for y in (gemv, folded, separate):
+        torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
+    assert torch.equal(folded, separate)
+    assert torch.equal(run(path="gemv"), gemv)  # a second launch reuses the (reset) counters
+    assert int(arrival.counters(x.device, 1).abs().sum()) == 0
+    with pytest.raises(ValueError, match="gemv"):
+        fg._gemm(randn(g, 2, K), w1, s1, None, None, 0.0, False, None, "t", path="gemv")
+
+
+def test_fp8_gemm_picks_gemv_for_one_token():
+    assert fg._gemv_tiles(5120, 8192) is not None and fg.GEMV_MAX_M == 1
+    assert fg._gemv_tiles(70, 160) is None  # K does not tile: the tensor-core path runs
+
+
 # ============================================================================ MoE router
 
 
@@ -601,6 +634,33 @@ def test_gpu_fp8_gemm_real_widths(M):
     w3, s3 = fp8_weight(g, 2304, 5120)
     h = fg.fp8_gemm_swiglu(x, w1, s1, w3, s3, 10.0)
     assert rel_err(h, fg.fp8_gemm_swiglu_reference(x, w1, s1, w3, s3, 10.0)) < 2 * BF16_ULP
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 8])
+def test_gpu_fp8_decode_paths_under_graph_replay(M):
+    """wo_b at decode: every path matches float64; the folded split-K epilogue gives the separate reduce
+    kernel's bits; a CUDA graph replayed three times gives the same bits each time (counters reset)."""
+    g = gen(31)
+    x = randn(g, M, 8192, dtype=torch.bfloat16)
+    w, s = fp8_weight(g, 5120, 8192)
+    exact = x.double() @ nx.dequant_fp8_weight(w, s).double().T
+    run = lambda **kw: fg._gemm(x, w, s, None, None, 0.0, False, None, "wo_b", **kw)  # noqa: E731
+    folded, separate = run(path="mma", fold=True), run(path="mma", fold=False)
+    assert torch.equal(folded, separate)
+    assert rel_err(folded, exact) < BF16_ULP
+    if M == 1:
+        assert rel_err(run(path="gemv"), exact) < BF16_ULP
+    y = run()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = run()
+    outs = []
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        outs.append(yg.clone())
+    assert all(torch.equal(o, y) for o in outs)
 
 
 @pytest.mark.gpu

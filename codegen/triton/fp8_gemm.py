@@ -28,22 +28,30 @@ in-register fake-quant `fake_quant_e4m3_pow2`. Interpreter notes: its float cast
 truncate and its bf16 tl.dot multiplies raw bits, so under TRITON_INTERPRET the launchers set
 DOT_F32 (operands upcast to fp32 before tl.dot) and every rounding step is integer arithmetic.
 
-Decode shapes (M <= 16) split K across programs (SPLIT_K, ~2 programs per SM) and reduce the fp32
-partials in split order in `splitk_reduce_kernel` (deterministic, the SwiGLU epilogue there).
+Decode shapes: one token (M = 1) runs `fp8_gemv_kernel` on the CUDA cores (no tensor-core
+padding to 16 rows; the block scale multiplies the activation, not each weight element: 3.5 SASS
+instructions per weight element vs 6.3 in the MMA loop). M <= 16 otherwise runs the tensor-core
+kernel. Both split K across programs (~2 programs per SM); the last program of each tile to arrive
+(`arrival.py`) adds the fp32 partials in split order and runs the epilogue, inside the same launch
+(`FOLD`; the separate `splitk_reduce_kernel` remains and gives the same bits).
 
 Specialization keys: N, K (constexpr: the real linears of the published config, so the
-ahead-of-time build knows every stride and vectorizes), M class (prefill / decode), BM, BN, BK,
-GROUP_M, SPLIT_K, NATIVE_FP8 (sm90/sm100/gfx950 have an FP8 cvt), GATED.
+ahead-of-time build knows every stride and vectorizes), mode (prefill / decode / gemv), BM, BN, BK,
+GROUP_M, SPLIT_K, FOLD, NATIVE_FP8 (sm90/sm100/gfx950 have an FP8 cvt), GATED.
 
-Measured (H200, triton 3.6): prefill 53–57% of the bf16 matmul rate (the E4M3 decode + scale
-multiply per weight element runs on the same SM as the MMA). Decode under CUDA-graph replay, with
-split-K and BK 128 (`benchmarks/tune_fp8_decode.py`, 2026-11-29): wo_b 20.5 µs (2.06× its bytes
-floor), engram wkv 73.5 µs (1.96×), wq_a 7.3 µs (4.7×: a 1.5 µs floor under two launches),
-shared w2 8.6 µs (3.0×).
+Measured (H200, triton 3.6, `benchmarks/tune_fp8_decode.py`, CUDA-graph replay): prefill 53–57%
+of the bf16 matmul rate (the E4M3 decode + scale multiply per weight element runs on the same SM as
+the MMA). One token, gemv path vs the earlier MMA + reduce launch: wo_b 13.8 vs 20.2 µs (1.40× its
+bytes floor), wq_a 4.0 vs 7.3 µs (2.56×), shared w2 4.9 vs 8.1 µs (1.75×), shared w1/w3 + SwiGLU
+9.3 vs 15.6 µs (1.68×). Eight tokens (MMA, folded): wo_b 21 µs (2.1×), wq_a 7.2 µs (4.6×), shared w2
+8.4 µs (3.0×), shared w13 15.6 µs (2.8×), engram wkv 73.5 µs (1.97×).
 
 Known gaps: no FP8×FP8 tensor-core path (wgmma e4m3 / MFMA fp8) — activations that are
 dynamically quantized still multiply in bf16 (same products, 2× the tensor-core time of FP8
-on Hopper); UE8M0 byte 0 (2^-127) decodes to 2^-127 only through the subnormal constant.
+on Hopper); UE8M0 byte 0 (2^-127) decodes to 2^-127 only through the subnormal constant. At 2–16
+tokens the MMA loop decodes each weight element to bf16 through fp32 (6.3 instructions per element;
+a bf16x2 bit-assembly decode like fp4_unpack.py's is the next step), so those shapes sit at 2–4.6×
+their bytes floor. The split-K arrival counters are shared module state (see arrival.py).
 """
 from __future__ import annotations
 
@@ -54,6 +62,7 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, aot_spec, register  # noqa: F401 (aot_spec re-exported)
+from dsv41c.codegen.triton.arrival import arrive_last, counters, reset_counter
 from dsv41c import formats as nx
 
 TARGETS = ("cuda:sm80", "cuda:sm90", "cuda:sm100", "rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")
@@ -216,15 +225,16 @@ def fake_quant_e4m3_pow2(x, R: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, M, limit,
+def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_ptr, M, limit,
                     N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, GATED: tl.constexpr, NATIVE_FP8: tl.constexpr,
-                    DOT_F32: tl.constexpr):
+                    DOT_F32: tl.constexpr, FOLD: tl.constexpr):
     """y = x·Wᵀ (GATED: y = silu(min(x·W1ᵀ, limit))·clamp(x·W3ᵀ, ±limit)); W E4M3 with UE8M0/32×32.
 
     x [M, K] and y [M, N] are contiguous. SPLIT_K > 1: program_id(1) takes K/SPLIT_K of the
-    reduction and writes fp32 partials y[split, M, N] (GATED: [split, M, 2N], g then u); the
-    epilogue then runs in `splitk_reduce_kernel`."""
+    reduction and writes fp32 partials part[split, M, N] (GATED: [split, M, 2N], g then u); with
+    FOLD the last of the SPLIT_K programs of a tile (arrival counter cnt[pid]) sums them in split
+    order and runs the epilogue, otherwise `splitk_reduce_kernel` does in a second launch."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
     num_m = tl.cdiv(M, BM)
@@ -278,17 +288,103 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, M, limit,
     omask = m_ok[:, None] & n_ok[None, :]
     if SPLIT_K > 1:
         W2 = N * (1 + GATED)
-        base = y_ptr + (split * M + rm.to(tl.int64))[:, None] * W2 + rn[None, :]
+        base = part_ptr + (split * M + rm.to(tl.int64))[:, None] * W2 + rn[None, :]
         tl.store(base, tl.trans(acc), mask=omask)
         if GATED:
             tl.store(base + N, tl.trans(acc3), mask=omask)
+        if FOLD:
+            if arrive_last(cnt_ptr + pid, SPLIT_K):
+                _fold_splits(part_ptr, y_ptr, rm, rn, M, limit, N, SPLIT_K, GATED)
+                reset_counter(cnt_ptr + pid)
     else:
         if GATED:
-            g = tl.minimum(acc, limit)
-            u = tl.minimum(tl.maximum(acc3, -limit), limit)
-            acc = g / (1.0 + tl.exp(-g)) * u
+            acc = _swiglu(acc, acc3, limit)
         tl.store(y_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], tl.trans(acc).to(y_ptr.dtype.element_ty),
                  mask=omask)
+
+
+@triton.jit
+def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_ptr, limit,
+                    N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
+                    GATED: tl.constexpr, NATIVE_FP8: tl.constexpr):
+    """One token (M = 1): y = x·Wᵀ on the CUDA cores, no tensor-core padding to 16 rows.
+
+    The weight tile is read as [BN/32 row groups, 32, BK] so that one UE8M0 scale per (row group,
+    32 columns) multiplies the ACTIVATION (BN/32 · BK products per step) instead of every weight
+    element: w·(x·s) equals (w·s)·x exactly in fp32 (s is a power of two). Per weight element that
+    leaves the E4M3 -> fp32 cvt and one FMA; the fp32 partial products stay elementwise in
+    registers ([BN, BK] accumulator) and are reduced along K once, after the loop. K is split over
+    program_id(1); the last arriving split (cnt[pid_n]) sums the partials in split order and runs
+    the epilogue (`_fold_splits`), so one launch does the whole linear. Needs K % BK == 0 and
+    BN % 32 == 0 (checked by the launcher)."""
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    RG: tl.constexpr = BN // 32
+    KS: tl.constexpr = K // 32
+    K_SPLIT: tl.constexpr = K // SPLIT_K
+    g = pid_n * RG + tl.arange(0, RG)  # 32-row groups (= scale rows)
+    r = tl.arange(0, 32)
+    rn3 = g[:, None, None] * 32 + r[None, :, None]  # [RG, 32, 1]
+    n_ok3 = rn3 < N
+    kk = tl.arange(0, BK)
+    sk = tl.arange(0, BK // 32)
+    w_rows = rn3.to(tl.int64) * K
+    acc = tl.zeros((RG, 32, BK), dtype=tl.float32)
+    acc3 = tl.zeros((RG, 32, BK), dtype=tl.float32)
+    for k0 in range(split * K_SPLIT, split * K_SPLIT + K_SPLIT, BK):
+        x = tl.load(x_ptr + k0 + kk).to(tl.float32)
+        s_off = g[:, None] * KS + k0 // 32 + sk[None, :]  # [RG, BK/32]
+        g_ok = g[:, None] < (N + 31) // 32
+        xs = tl.reshape(tl.broadcast_to(tl.reshape(x, (1, BK // 32, 32)), (RG, BK // 32, 32)) *
+                        e8m0_to_f32(tl.load(ws_ptr + s_off, mask=g_ok, other=127))[:, :, None], (RG, 1, BK))
+        w = e4m3_to_f32(tl.load(w_ptr + w_rows + k0 + kk[None, None, :], mask=n_ok3, other=0), NATIVE_FP8)
+        acc += w * xs
+        if GATED:
+            xs3 = tl.reshape(tl.broadcast_to(tl.reshape(x, (1, BK // 32, 32)), (RG, BK // 32, 32)) *
+                             e8m0_to_f32(tl.load(ws3_ptr + s_off, mask=g_ok, other=127))[:, :, None], (RG, 1, BK))
+            w3 = e4m3_to_f32(tl.load(w3_ptr + w_rows + k0 + kk[None, None, :], mask=n_ok3, other=0), NATIVE_FP8)
+            acc3 += w3 * xs3
+    rn = pid_n * BN + tl.arange(0, BN)
+    n_ok = rn < N
+    y1 = tl.reshape(tl.sum(acc, axis=2), (BN,))
+    if SPLIT_K == 1:
+        if GATED:
+            y1 = _swiglu(y1, tl.reshape(tl.sum(acc3, axis=2), (BN,)), limit)
+        tl.store(y_ptr + rn, y1.to(y_ptr.dtype.element_ty), mask=n_ok)
+    else:
+        W2 = N * (1 + GATED)
+        tl.store(part_ptr + split * W2 + rn, y1, mask=n_ok)
+        if GATED:
+            tl.store(part_ptr + split * W2 + N + rn, tl.reshape(tl.sum(acc3, axis=2), (BN,)), mask=n_ok)
+        if arrive_last(cnt_ptr + pid_n, SPLIT_K):
+            _fold_splits(part_ptr, y_ptr, tl.arange(0, 1), rn, 1, limit, N, SPLIT_K, GATED)
+            reset_counter(cnt_ptr + pid_n)
+
+
+@triton.jit
+def _swiglu(g, u, limit):
+    g = tl.minimum(g, limit)
+    u = tl.minimum(tl.maximum(u, -limit), limit)
+    return g / (1.0 + tl.exp(-g)) * u
+
+
+@triton.jit
+def _fold_splits(part_ptr, y_ptr, rm, rn, M, limit, N: tl.constexpr, SPLIT_K: tl.constexpr, GATED: tl.constexpr):
+    """Last arriver of a split-K tile: y[rm, rn] = epilogue(Σ_split part[split, rm, rn]) in split order
+    (the order `splitk_reduce_kernel` uses, so both paths give the same bits). `.cg` loads read L2,
+    where the other programs' partials are, not this SM's L1."""
+    W2 = N * (1 + GATED)
+    omask = (rm < M)[:, None] & (rn < N)[None, :]
+    acc = tl.zeros((rm.shape[0], rn.shape[0]), dtype=tl.float32)
+    acc3 = tl.zeros((rm.shape[0], rn.shape[0]), dtype=tl.float32)
+    for sp in tl.static_range(SPLIT_K):
+        row = part_ptr + (sp * M + rm.to(tl.int64))[:, None] * W2 + rn[None, :]
+        acc += tl.load(row, mask=omask, other=0.0, cache_modifier=".cg")
+        if GATED:
+            acc3 += tl.load(row + N, mask=omask, other=0.0, cache_modifier=".cg")
+    if GATED:
+        acc = _swiglu(acc, acc3, limit)
+    tl.store(y_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=omask)
 
 
 @triton.jit
@@ -307,9 +403,7 @@ def splitk_reduce_kernel(part_ptr, y_ptr, M, limit, N: tl.constexpr, SPLIT_K: tl
         if GATED:
             acc3 += tl.load(row + N + rn, mask=ok, other=0.0)
     if GATED:
-        g = tl.minimum(acc, limit)
-        u = tl.minimum(tl.maximum(acc3, -limit), limit)
-        acc = g / (1.0 + tl.exp(-g)) * u
+        acc = _swiglu(acc, acc3, limit)
     tl.store(y_ptr + m * N + rn, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
@@ -353,6 +447,9 @@ def fp8_gemm_swiglu_reference(x, w1, s1, w3, s3, limit: float, act_quant: bool =
 
 N_SMS_HINT = 132  # split-K aims for >= 2 programs per SM of an H100/H200-class GPU
 DECODE_BK = 128  # decode (M <= 16) k tile
+GEMV_MAX_M = 1  # tokens that take the CUDA-core path (fp8_gemv_kernel)
+GEMV_BK = 128  # its k tile
+FOLD_SPLIT_K = True  # split-K epilogue by the last-arriving program (one launch) rather than a reduce kernel
 
 
 def _split_k(M: int, N: int, K: int, BN: int, BK: int) -> int:
@@ -395,7 +492,22 @@ def act_quant_fp8(x: torch.Tensor) -> torch.Tensor:
     return y.reshape(x.shape)
 
 
-def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None):
+def _gemv_tiles(N: int, K: int, gated: bool = False):
+    """(BN, BK, SPLIT_K, num_warps, num_stages) of the one-token CUDA-core path, or None if K does not tile.
+    The [BN, BK] fp32 accumulator(s) live in registers: 64×128 (one) or 32×128 (gated: two) keep a
+    thread at ~125 registers without spills under triton 3.6 (sm90 SASS)."""
+    BN, BK = (32, 64) if interpreting() else ((32 if gated else 64), GEMV_BK)
+    if K % BK:
+        return None
+    return BN, BK, (2 if interpreting() and K % (2 * BK) == 0 else _split_k(1, N, K, BN, BK)), 4, 3
+
+
+def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=None, fold=None):
+    """Shared launcher. path: "gemv" (one token on the CUDA cores), "mma" (tensor cores), or None
+    (gemv for M <= GEMV_MAX_M when K tiles). fold: split-K epilogue inside the GEMM launch
+    (last-arriver) instead of a second launch; default on. tiles overrides the path's tile tuple
+    (sweeps): mma (BM, BN, BK, GROUP_M, SPLIT_K, num_warps, num_stages), gemv (BN, BK, SPLIT_K,
+    num_warps, num_stages)."""
     K = x.shape[-1]
     _check_w(w, s, K, name)
     if w3 is not None:
@@ -409,18 +521,34 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None):
     y = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
     if M == 0:
         return y.reshape(*x.shape[:-1], N)
-    BM, BN, BK, GM, SK, nw, ns = tiles or _tiles(M, N, K)
     gated = w3 is not None
+    fold = FOLD_SPLIT_K if fold is None else fold
     wu, su = as_u8(w), as_u8(s)
     w3u, s3u = (as_u8(w3), as_u8(s3)) if gated else (wu, su)
-    out = y if SK == 1 else torch.empty((SK, M, (2 if gated else 1) * N), dtype=torch.float32, device=x.device)
+    if path is None:
+        path = "gemv" if M <= GEMV_MAX_M and _gemv_tiles(N, K, gated) is not None else "mma"
+    if path == "gemv":
+        if M != 1:
+            raise ValueError(f"{name}: the gemv path takes one token, got M={M}")
+        BN, BK, SK, nw, ns = tiles or _gemv_tiles(N, K, gated) or (0, 0, 0, 0, 0)
+        if not BK or K % (BK * SK) or BN % 32:
+            raise ValueError(f"{name}: gemv path needs K={K} divisible by BK·SPLIT_K and BN % 32 == 0")
+        part = torch.empty((SK, 1, (2 if gated else 1) * N), dtype=torch.float32, device=x.device) if SK > 1 else y
+        grid = (triton.cdiv(N, BN), SK)
+        fp8_gemv_kernel[grid](x2, wu, su, w3u, s3u, y, part, counters(x.device, grid[0]), float(limit),
+                              N=N, K=K, BN=BN, BK=BK, SPLIT_K=SK, GATED=gated,
+                              NATIVE_FP8=native_fp8_for(x.device), num_warps=nw, num_stages=ns)
+        return y.reshape(*x.shape[:-1], N)
+    BM, BN, BK, GM, SK, nw, ns = tiles or _tiles(M, N, K)
+    part = y if SK == 1 else torch.empty((SK, M, (2 if gated else 1) * N), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN), SK)
-    fp8_gemm_kernel[grid](x2, wu, su, w3u, s3u, out, M, float(limit), N=N, K=K, BM=BM, BN=BN, BK=BK, GROUP_M=GM,
+    fp8_gemm_kernel[grid](x2, wu, su, w3u, s3u, y, part, counters(x.device, grid[0]), M,
+                          float(limit), N=N, K=K, BM=BM, BN=BN, BK=BK, GROUP_M=GM,
                           SPLIT_K=SK, GATED=gated, NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2),
-                          num_warps=nw, num_stages=ns)
-    if SK > 1:
+                          FOLD=fold and SK > 1, num_warps=nw, num_stages=ns)
+    if SK > 1 and not fold:
         RB = 256 if interpreting() else 1024
-        splitk_reduce_kernel[(M, triton.cdiv(N, RB))](out, y, M, float(limit), N=N, SPLIT_K=SK, GATED=gated,
+        splitk_reduce_kernel[(M, triton.cdiv(N, RB))](part, y, M, float(limit), N=N, SPLIT_K=SK, GATED=gated,
                                                       BLOCK=RB, num_warps=4)
     return y.reshape(*x.shape[:-1], N)
 
@@ -440,10 +568,12 @@ def fp8_gemm_swiglu(x, w1, s1, w3, s3, limit: float, act_quant: bool = False, ou
 
 def _gemm_types(act: str):
     return {"x_ptr": act, "w_ptr": "*u8", "ws_ptr": "*u8", "w3_ptr": "*u8", "ws3_ptr": "*u8", "y_ptr": act,
-            "M": "i32", "limit": "fp32"}
+            "part_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "limit": "fp32"}
 
 
 def _gemm_variants(target: str, gated: bool) -> list:
+    """Per linear: `decode` (M <= 16, tensor cores, split-K folded into the launch), `gemv` (one
+    token, CUDA cores, split-K folded) and `prefill` variants."""
     tr = target_traits(target)
     if tr is None:
         return []
@@ -461,17 +591,17 @@ def _gemm_variants(target: str, gated: bool) -> list:
             if gated and mode == "prefill":
                 BN = 64  # two accumulators
             ce = {"N": N, "K": K, "BM": BM, "BN": BN, "BK": BK, "GROUP_M": GM, "SPLIT_K": SK, "GATED": gated,
-                  "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False}
+                  "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "FOLD": SK > 1}
             keys = {"linear": name, "mode": mode, "act": "bf16", **ce}
-            types = _gemm_types("*bf16")
-            if SK > 1:
-                types["y_ptr"] = "*fp32"
-            out.append(aot_spec(fp8_gemm_kernel, f"{name}_{mode}", types, ce, nw, ns, keys))
-            if SK > 1:
-                rce = {"N": N, "SPLIT_K": SK, "GATED": gated, "BLOCK": 1024}
-                out.append(aot_spec(splitk_reduce_kernel, f"{name}_{mode}_reduce",
-                                    {"part_ptr": "*fp32", "y_ptr": "*bf16", "M": "i32", "limit": "fp32"}, rce, 4, 1,
-                                    {"linear": name, "mode": mode, **rce}))
+            out.append(aot_spec(fp8_gemm_kernel, f"{name}_{mode}", _gemm_types("*bf16"), ce, nw, ns, keys))
+        if K % GEMV_BK == 0:
+            BN = 32 if gated else 64
+            SK = _split_k(1, N, K, BN, GEMV_BK)
+            ce = {"N": N, "K": K, "BN": BN, "BK": GEMV_BK, "SPLIT_K": SK, "GATED": gated,
+                  "NATIVE_FP8": tr["native_fp8"]}
+            types = {k: v for k, v in _gemm_types("*bf16").items() if k != "M"}
+            out.append(aot_spec(fp8_gemv_kernel, f"{name}_gemv", types, ce, 4, 3,
+                                {"linear": name, "mode": "gemv", "act": "bf16", **ce}))
     return out
 
 
