@@ -41,12 +41,40 @@ def ms(fn, rep: int = 100) -> float:
     return float(do_bench(fn, warmup=25, rep=rep, return_mode="median"))
 
 
-def ms_graph(fn, rep: int = 100):
-    """Median milliseconds of one fn() replayed from a CUDA graph; a string saying why when it cannot be captured."""
+class GraphTime(float):
+    """A graph-replay median (ms, L2 warm: the same inputs every replay) carrying `.cold`: the same
+    call with L2 flushed before each replay (see `ms_graph`), or None where it was not measured."""
+    cold = None
+
+
+_FLUSH: list = []
+
+
+def _flush_buffer() -> torch.Tensor:
+    """Twice the L2 of int32, zeroed before each cold replay so the kernel's inputs come from HBM."""
+    if not _FLUSH:
+        l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 50 * 2**20
+        _FLUSH.append(torch.empty(2 * l2 // 4, dtype=torch.int32, device=DEV))
+    return _FLUSH[0]
+
+
+def ms_graph(fn, rep: int = 100, cold: bool = True):
+    """Median milliseconds of one fn() replayed from a CUDA graph; a string saying why when it cannot be captured.
+
+    Replaying the same call keeps inputs smaller than the L2 (50 MB on an H200) in the L2, which a real
+    decode step (40 layers of weights) does not; so `.cold` of the result is also measured: the graph
+    of (flush, fn) minus the graph of (flush) alone, where flush writes twice the L2. The difference
+    of two medians carries ~0.5 µs of noise."""
     try:
         from triton.testing import do_bench_cudagraph
 
-        return float(do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+        t = GraphTime(do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+        if cold:
+            buf = _flush_buffer()
+            both = do_bench_cudagraph(lambda: (buf.zero_(), fn()), rep=rep, return_mode="median")
+            alone = do_bench_cudagraph(lambda: buf.zero_(), rep=rep, return_mode="median")
+            t.cold = max(float(both) - float(alone), 0.0)
+        return t
     except Exception as e:  # noqa: BLE001 - recorded in the JSON, not fatal
         return f"unavailable: {type(e).__name__}: {e}"[:300]
 
@@ -75,6 +103,38 @@ def launch_floor_ms() -> float:
     y = torch.empty(1, device=DEV)
     t = ms_graph(lambda: _one_element_copy_kernel[(1,)](x, y))
     return t if isinstance(t, float) else float("nan")
+
+
+@triton.jit
+def _stream_read_kernel(x_ptr, out_ptr, n_words, WORDS_PER_PROG: tl.constexpr, BLOCK: tl.constexpr):
+    """Read WORDS_PER_PROG int32 words (16-byte vectors per thread) and write one word: pure streaming."""
+    base = tl.program_id(0).to(tl.int64) * WORDS_PER_PROG
+    acc = tl.zeros((BLOCK,), dtype=tl.int32)
+    for i in range(0, WORDS_PER_PROG, BLOCK):
+        offs = base + i + tl.arange(0, BLOCK)
+        acc ^= tl.load(x_ptr + offs, mask=offs < n_words, other=0)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
+
+
+_READ_CACHE: dict = {}
+
+
+def read_floor_ms(nbytes: float):
+    """Graph-replay time of a kernel that only streams `nbytes` from HBM (~2 programs per SM, no
+    math): what reading that many bytes costs at this size, launch and ramp included. Context for
+    the decode rows; the goal itself stays 2x the bandwidth floor."""
+    n_words = max(int(nbytes) // 4, 1)
+    if n_words in _READ_CACHE:
+        return _READ_CACHE[n_words]
+    x = torch.zeros(n_words, dtype=torch.int32, device=DEV)
+    progs = 2 * torch.cuda.get_device_properties(0).multi_processor_count
+    BLOCK = 1024
+    wpp = triton.cdiv(triton.cdiv(n_words, progs), BLOCK) * BLOCK
+    out = torch.empty(triton.cdiv(n_words, wpp), dtype=torch.int32, device=DEV)
+    t = ms_graph(lambda: _stream_read_kernel[(out.numel(),)](x, out, n_words, WORDS_PER_PROG=wpp, BLOCK=BLOCK,
+                                                              num_warps=4))
+    _READ_CACHE[n_words] = t if isinstance(t, float) else None  # a GraphTime: warm, with .cold
+    return _READ_CACHE[n_words]
 
 
 def measure_ceilings(int8: bool = False, fp32: bool = False) -> dict:
@@ -114,16 +174,28 @@ def floor_ms(ceil: dict, bytes_: float, flops: float = 0.0, kind: str = "bf16"):
 
 
 def decode_goal(e: dict, ceil: dict, t_graph) -> dict:
-    """Fill the 'decode within 2x of the bytes floor' verdict of entry e from its graph-replay time."""
-    best = min(x for x in (e.get("triton_ms"), t_graph) if isinstance(x, float))
+    """Fill the 'decode within 2x of the bytes floor' verdict of entry e from its graph-replay time.
+
+    The verdict uses the L2-cold replay time where it was measured (the floor assumes HBM reads; a
+    warm replay of a kernel whose inputs fit the L2 can beat it), else the warm one."""
+    cold = getattr(t_graph, "cold", None)
+    best = min(x for x in (e.get("triton_ms"), cold if cold is not None else t_graph) if isinstance(x, float))
     lf = ceil.get("launch_floor_ms") or 0.0
     e["graph_ms"] = t_graph
+    e["graph_cold_ms"] = getattr(t_graph, "cold", None)
     e["goal"] = "decode <= 2x bytes floor"
     e["best_over_floor"] = best / e["floor_ms"] if e["floor_ms"] else None
     e["goal_met"] = best <= 2 * e["floor_ms"]
     # Below one launch no kernel can go: say so rather than hide it.
     e["launch_bound"] = e["floor_ms"] < lf
     e["goal_met_vs_launch_floor"] = best <= 2 * max(e["floor_ms"], lf)
+    if e.get("bytes"):
+        try:
+            r = read_floor_ms(e["bytes"])
+            e["read_ms"], e["read_cold_ms"] = r, getattr(r, "cold", None)
+            e["over_read"] = best / r if r else None
+        except Exception as ex:  # noqa: BLE001 - context only
+            e["read_error"] = f"{type(ex).__name__}: {ex}"[:200]
     return e
 
 
