@@ -5,7 +5,10 @@
 #   bench_ffn        benchmarks/kernels_ffn.py       -> kernels_ffn.json
 #   tune_prefill     benchmarks/tune_moe_prefill.py  -> tune_moe_prefill.json (FP4 grouped GEMM decoders x tiles)
 #   tune_decode      benchmarks/tune_moe_decode.py   -> tune_moe_decode.json (small-batch expert GEMV path)
-#   tune_fp8         benchmarks/tune_fp8_decode.py   -> tune_fp8_decode.json (FP8 GEMM decode tiles)
+#   tune_fp8         benchmarks/tune_fp8_decode.py   -> tune_fp8_decode.json (FP8 GEMM decode paths and tiles)
+#   tune_compressor  benchmarks/tune_compressor_decode.py -> tune_compressor_decode.json (one-launch decode compressor)
+#   tune_attention   benchmarks/tune_sparse_attention.py  -> tune_sparse_attention.json (batched decode attention)
+#   tune_topk        benchmarks/tune_indexer_topk.py      -> tune_indexer_topk.json (few-query selection)
 # STEPS picks the steps (default: tests bench_attention bench_ffn); STEP_TIMEOUT bounds each (s);
 # ATTN_ONLY / FFN_ONLY pass --only to the two benchmark scripts. The logs end up in logs.tgz (the
 # device tool brings back at most 8 files).
@@ -23,8 +26,8 @@ T=${STEP_TIMEOUT:-300}
 for step in $STEPS; do
   t0=$(date +%s)
   case $step in
-    tests) timeout "$T" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_attention.py \
-             tests/test_kernels_ffn.py tests/test_kernels_moe_decode.py 2>&1 | tail -40 > "$OUT/gpu_tests.txt" ;;
+    tests) timeout "$T" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_*.py 2>&1 \
+             | tail -40 > "$OUT/gpu_tests.txt" ;;
     bench_attention) timeout "$T" python3 benchmarks/kernels_attention.py --out "$OUT/kernels_attention.json" \
              ${ATTN_ONLY:+--only "$ATTN_ONLY"} > "$OUT/bench_attention.txt" 2>&1 ;;
     bench_ffn) timeout "$T" python3 benchmarks/kernels_ffn.py --out "$OUT/kernels_ffn.json" \
@@ -35,6 +38,12 @@ for step in $STEPS; do
              > "$OUT/tune_decode.txt" 2>&1 ;;
     tune_fp8) timeout "$T" python3 benchmarks/tune_fp8_decode.py --out "$OUT/tune_fp8_decode.json" \
              > "$OUT/tune_fp8.txt" 2>&1 ;;
+    tune_compressor) timeout "$T" python3 benchmarks/tune_compressor_decode.py \
+             --out "$OUT/tune_compressor_decode.json" > "$OUT/tune_compressor.txt" 2>&1 ;;
+    tune_attention) timeout "$T" python3 benchmarks/tune_sparse_attention.py --out "$OUT/tune_sparse_attention.json" \
+             > "$OUT/tune_attention.txt" 2>&1 ;;
+    tune_topk) timeout "$T" python3 benchmarks/tune_indexer_topk.py --out "$OUT/tune_indexer_topk.json" \
+             > "$OUT/tune_topk.txt" 2>&1 ;;
     *) echo "unknown step $step" ;;
   esac
   echo "== step $step: rc=$? in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt"
