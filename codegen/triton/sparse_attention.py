@@ -20,33 +20,52 @@ rows once and dequantizes them once into a bf16 tile [BN, 512] (`_kv_tile`: load
 patterns, ~6 ops a value; quantized tiles carry K in units of 2^-8, folded into the logit scale and
 the output). Because K = V, that one tile is both MMA operands: q·K^T over all 512 channels, then,
 after the online-softmax update (m, l in fp32), P·V into the [64, DV] fp32 accumulator (P rounded
-to bf16 for the MMA). With DV < D the QK product runs per DV-channel slice and the program's own
-slice is V (still one load and dequant per key element). Two pipeline stages prefetch the next
-block's rows into shared memory (CUDA). With one split the program applies the sink, normalizes
-and inverse-rotates (pairs taken apart with tl.split, put back with tl.join); with several,
-partial (m, l, acc) go to scratch and `_combine_kernel` (grid query x 64-channel x 16-head tiles,
-a runtime loop over the splits) merges them, adds the sink and inverse-rotates.
+to bf16 for the P·V MMA). With DV < D the QK product runs per DV-channel slice and the program's own
+slice is V (still one load and dequant per key element). Pipeline stages prefetch the next blocks'
+rows into shared memory (CUDA). With one split the program applies the sink, normalizes and
+inverse-rotates (pairs taken apart with tl.split, put back with tl.join); with several, partial
+(m, l, acc) go to scratch and are merged (split order, sink, inverse rotation: `_combine_tile`) either
+by the last-arriving split of the query in the same launch (fuse_combine, default: a per-(query,
+channel slice) counter from codegen/triton/arrival.py, left at zero for the next launch / graph
+replay) or by `_combine_kernel` (grid query x 64-channel x 16-head tiles); both give the same bits.
 Decode splits: a batch of S queries runs SMs // S key splits (at least 1), so about one program per
-SM is in flight: one query = 10 programs of one 64-key block, 64 queries = 128 programs of 5 blocks.
+SM is in flight: one query = 10 programs of one 64-key block, 64 queries = 128 programs.
+
+q·K^T once (qk_once, default where DV = D): Triton gives a dot whose result feeds another dot all
+warps on M (warpsPerTileV3), and with H = 64 rows = one warpgroup's wgmma M, 8 warps made both
+warpgroups compute the same [64, BN] scores (QK at twice its MMA work). `_qk_part` puts the product in
+a runtime branch (taken when the block has a valid key; an all-padding block skips the MMA), which
+hides the chain: the warpgroups split the keys. Static sm90 SASS under triton 3.6 (per warpgroup per
+key block, `benchmarks/tune_sparse_attention.py --sass`): BN 64 before 64 HGMMA.64x32x16 + 4
+HGMMA.64x256x16 (QK twice the minimum), stack 792 B, 45 / 164 local-memory ops in the window /
+compressed loop; after 32 + 4 (the minimum), stack 328 B. The [64, 512] fp32 accumulator alone is half
+the register file (128 regs/thread at 8 warps), so a decode batch also uses 32-key blocks with 3
+stages (BATCH_BN, BATCH_STAGES): stack 56 B, 0 / 12 local-memory ops (BN 16: no spills at all, but
+64x8x16 wgmmas: a sweep option). For DV < D the per-slice products in branches spill more (440
+local-memory ops in the window loop at DV 128), so qk_once defaults off there.
 
 Specialization keys: H (64), D (512), ROPE (64), W (128), BN (key block), DV (output channels
-per program), QUANT (fp8/fp4 vs bf16), SPLIT; combine: HB, CP (head x channel tile).
+per program), QUANT (fp8/fp4 vs bf16), SPLIT, QK_ONCE, FUSE; combine: HB, CP (head x channel tile).
 Variants: decode (SPLIT) and prefill, each for both KV formats: CUDA DV 512, BN 64 (FP8/FP4) or
-32 (bf16: its 2-stage buffers need twice the shared memory), 8 warps, 2 stages; gfx950 the same with
-one stage; gfx942/gfx1100 (64 KB LDS: q alone would fill it) DV 128, BN 32, one stage.
-With H = 64 rows and 8 warps the compiler gives the QK product all 8 warps on M (it feeds the P·V
-product), so both warpgroups compute the same [64, BN] scores: QK costs twice its MMA time.
+32 (bf16: its 2-stage buffers need twice the shared memory), 8 warps, 2 stages; a quantized decode
+batch (2 <= S <= SMs / 2) BN 32, 3 stages; gfx950 the same with one stage; gfx942/gfx1100 (64 KB LDS:
+q alone would fill it) DV 128, BN 32, one stage. AOT specs keep FUSE off (the runtime launches the
+combine; it has no counter buffer yet).
 
-Measured (H200, torch 2.11 / triton 3.6, benchmarks/results/kernels_attention.json, 2026-11-29;
-graph replay): 64 decode queries FP8/FP4 70 µs (was 247 µs; 9× a 7.7 µs floor), one query 25.8 µs
-at DV 512 (was 48 µs) and 20.6 µs at DV 128 (now the one-query default), bf16 one query 19 µs; prefill
-1024 queries 0.81 ms (6.6× its floor; eager 4.8 ms). The kernel spills (792 B under triton 3.6).
+Measured before the qk_once / fused-combine / batch-tile change (H200, torch 2.11 / triton 3.6,
+benchmarks/results/kernels_attention.json, 2026-11-29; graph replay): 64 decode queries FP8/FP4 70 µs
+(was 247 µs; 9× a 7.7 µs floor), one query 25.8 µs at DV 512 (was 48 µs) and 20.6 µs at DV 128 (the
+one-query default), bf16 one query 19 µs; prefill 1024 queries 0.81 ms (6.6× its floor; eager
+4.8 ms). The new defaults are not measured yet: `python benchmarks/tune_sparse_attention.py --out F`.
 
 Known gaps: entries selected by the indexer that also lie in the window are attended twice
 (as the reference does, spec §3.4 note). Window rows are trusted to hold the right positions
 (the ring must be at least W + S - 1 rows for a prefill chunk of S queries). Probabilities are
 rounded to bf16 for the P·V MMA on GPUs (fp32 in the interpreter). No paging (base rows only).
 UE8M0 byte 0 / 255 and E4M3 NaN are not decoded specially (the quantizers never produce them).
+The fused combine's counters (arrival.counters) are per device: two fused launches must not run
+concurrently on different streams. BN 32 decode batches still spill a little (56 B stack, 12
+local loads per compressed block under triton 3.6).
 """
 from __future__ import annotations
 
@@ -55,6 +74,7 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, register
+from dsv41c.codegen.triton.arrival import arrive_last, counters, reset_counter
 from dsv41c.codegen.triton.kv_quant import (
     aot_spec, e4m3_decode, interpreting, is_rocm, pow2_float, round_bf16, sm_count)
 from dsv41c import formats as nx
@@ -114,16 +134,35 @@ def _load_q(q_rows, c0, N: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _qk_part(q, kt, has_key, H: tl.constexpr, BN: tl.constexpr, QK_ONCE: tl.constexpr):
+    """q·kt^T [H, BN] (fp32). QK_ONCE: the product sits in a runtime branch (taken when the block has
+    a valid key; an all-padding block's logits are masked anyway), so its result reaches the P·V dot
+    only through the branch's result: Triton's MMA layout choice (warpsPerTileV3: a dot whose result
+    feeds another dot gets all warps on M) then no longer sees a chained dot, and with H = 64 rows and
+    8 warps the two warpgroups split the BN keys instead of both computing all of them."""
+    if QK_ONCE:
+        if has_key:
+            qk = tl.dot(q, tl.trans(kt))
+        else:
+            qk = tl.zeros((H, BN), tl.float32)
+    else:
+        qk = tl.dot(q, tl.trans(kt))
+    return qk
+
+
+@triton.jit
 def _attend_block(q, q_rows, kv_ptr, sc_ptr, rows, valid, cv, scale, m_i, l_i, acc, H: tl.constexpr,
                   BN: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, WIN: tl.constexpr, QUANT: tl.constexpr,
-                  UPCAST: tl.constexpr):
+                  UPCAST: tl.constexpr, QK_ONCE: tl.constexpr):
     """One key block: q·K^T over all D channels, online softmax, P·V for this program's DV channels.
     K = V (the shared latent), so each key element is loaded and dequantized once: with DV = D the
-    tile is both MMA operands; with DV < D the QK product runs per DV-channel slice and slice cv is V."""
+    tile is both MMA operands; with DV < D the QK product runs per DV-channel slice (each slice's
+    product added separately: a product accumulating into the next would be a chained dot again) and
+    slice cv is V."""
+    has_key = tl.max(valid.to(tl.int32), axis=0) > 0
     if DV == D:
-        kt = _kv_tile(kv_ptr, sc_ptr, rows, valid, 0, BN, D, D, WIN, QUANT, UPCAST)
-        qk = tl.dot(q, tl.trans(kt))
-        v = kt
+        v = _kv_tile(kv_ptr, sc_ptr, rows, valid, 0, BN, D, D, WIN, QUANT, UPCAST)
+        qk = _qk_part(q, v, has_key, H, BN, QK_ONCE)
     else:
         qk = tl.zeros((H, BN), tl.float32)
         if UPCAST:
@@ -132,7 +171,10 @@ def _attend_block(q, q_rows, kv_ptr, sc_ptr, rows, valid, cv, scale, m_i, l_i, a
             v = tl.zeros((BN, DV), tl.bfloat16)
         for j in tl.static_range(D // DV):
             kj = _kv_tile(kv_ptr, sc_ptr, rows, valid, j * DV, BN, DV, D, WIN, QUANT, UPCAST)
-            qk = tl.dot(_load_q(q_rows, j * DV, DV, UPCAST), tl.trans(kj), qk)
+            if QK_ONCE:
+                qk += _qk_part(_load_q(q_rows, j * DV, DV, UPCAST), kj, has_key, H, BN, QK_ONCE)
+            else:
+                qk = tl.dot(_load_q(q_rows, j * DV, DV, UPCAST), tl.trans(kj), qk)
             v = tl.where(cv == j, kj, v)
     logits = tl.where(valid[None, :], qk * scale, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(logits, axis=1))
@@ -164,10 +206,11 @@ def _inv_rope_store(acc, o_ptrs, c0, pos, cos_ptr, sin_ptr, H: tl.constexpr, N: 
 
 @triton.jit
 def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, wbase_ptr, cbase_ptr,
-                        sink_ptr, cos_ptr, sin_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr,
+                        sink_ptr, cos_ptr, sin_ptr, o_ptr, pm_ptr, pl_ptr, pacc_ptr, cnt_ptr,
                         R, KC, has_base, blocks_per_split, n_split, scale,
                         H: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr, W: tl.constexpr, BN: tl.constexpr,
-                        DV: tl.constexpr, QUANT: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr):
+                        DV: tl.constexpr, QUANT: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr,
+                        QK_ONCE: tl.constexpr = False, FUSE: tl.constexpr = False, CP: tl.constexpr = 64):
     NWB: tl.constexpr = W // BN
     s = tl.program_id(0)
     cv = tl.program_id(1)
@@ -195,7 +238,7 @@ def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx
         valid = j >= 0
         rows = wbase + tl.where(valid, j, 0) % R
         m_i, l_i, acc = _attend_block(q, q_rows, wkv_ptr, wsc_ptr, rows, valid, cv, scale, m_i, l_i, acc,
-                                      H, BN, D, DV, True, QUANT, UPCAST)
+                                      H, BN, D, DV, True, QUANT, UPCAST, QK_ONCE)
     # selected compressed entries (-1 = padding; columns past KC are padding too)
     for blk in range(tl.maximum(b0, NWB), b1):
         jj = (blk - NWB) * BN + tl.arange(0, BN)
@@ -203,7 +246,7 @@ def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx
         valid = e >= 0
         rows = cbase + tl.where(valid, e, 0)
         m_i, l_i, acc = _attend_block(q, q_rows, ckv_ptr, csc_ptr, rows, valid, cv, scale, m_i, l_i, acc,
-                                      H, BN, D, DV, False, QUANT, UPCAST)
+                                      H, BN, D, DV, False, QUANT, UPCAST, QK_ONCE)
     if QUANT:
         acc = acc * 256.0
     cols = cv * DV + tl.arange(0, DV)
@@ -212,6 +255,15 @@ def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx
         tl.store(pm_ptr + st, m_i)
         tl.store(pl_ptr + st, l_i)
         tl.store(pacc_ptr + st[:, None] * D + cols[None, :], acc)
+        if FUSE:
+            # the last of the query's splits (per channel slice) to arrive merges them (the same tiles,
+            # split order and arithmetic as _combine_kernel: bit-identical), then zeroes the counter
+            cnt = cnt_ptr + s * (D // DV) + cv
+            if arrive_last(cnt, n_split):
+                for cc in range(0, DV // CP):
+                    _combine_tile(pm_ptr, pl_ptr, pacc_ptr, sink_ptr, cos_ptr, sin_ptr, o_ptr, s64, n_split, p,
+                                  hh, cv * DV + cc * CP, H, D, ROPE, H, CP)
+                reset_counter(cnt)
     else:
         sink = tl.load(sink_ptr + hh)
         M = tl.maximum(m_i, sink)
@@ -222,27 +274,34 @@ def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx
 
 
 @triton.jit
-def _combine_kernel(pm_ptr, pl_ptr, pacc_ptr, qpos_ptr, sink_ptr, cos_ptr, sin_ptr, o_ptr, n_split,
-                    H: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr, HB: tl.constexpr, CP: tl.constexpr):
-    s = tl.program_id(0)
-    cb = tl.program_id(1)
-    s64 = s.to(tl.int64)
-    hh = tl.program_id(2) * HB + tl.arange(0, HB)
-    cols = cb * CP + tl.arange(0, CP)
+def _combine_tile(pm_ptr, pl_ptr, pacc_ptr, sink_ptr, cos_ptr, sin_ptr, o_ptr, s64, n_split, p, hh, c0,
+                  H: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr, HB: tl.constexpr, CP: tl.constexpr):
+    """Merge the splits' (m, l, acc) of heads hh [HB] x channels c0..c0+CP in split order, add the sink,
+    normalize, inverse-rotate, store. Partials are read with .cg (L2): in the fused epilogue they were
+    written by other programs of the same launch."""
+    cols = c0 + tl.arange(0, CP)
     sink = tl.load(sink_ptr + hh)
     M = sink
     for i in range(n_split):
-        M = tl.maximum(M, tl.load(pm_ptr + (s64 * n_split + i) * H + hh))
+        M = tl.maximum(M, tl.load(pm_ptr + (s64 * n_split + i) * H + hh, cache_modifier=".cg"))
     den = tl.exp(sink - M)
     acc = tl.zeros((HB, CP), tl.float32)
     for i in range(n_split):
         st = (s64 * n_split + i) * H + hh
-        w = tl.exp(tl.load(pm_ptr + st) - M)
-        den += tl.load(pl_ptr + st) * w
-        acc += tl.load(pacc_ptr + st[:, None] * D + cols[None, :]) * w[:, None]
-    p = tl.load(qpos_ptr + s)
-    _inv_rope_store(acc / den[:, None], o_ptr + (s64 * H + hh)[:, None] * D + cols[None, :], cb * CP, p,
+        w = tl.exp(tl.load(pm_ptr + st, cache_modifier=".cg") - M)
+        den += tl.load(pl_ptr + st, cache_modifier=".cg") * w
+        acc += tl.load(pacc_ptr + st[:, None] * D + cols[None, :], cache_modifier=".cg") * w[:, None]
+    _inv_rope_store(acc / den[:, None], o_ptr + (s64 * H + hh)[:, None] * D + cols[None, :], c0, p,
                     cos_ptr, sin_ptr, HB, CP, D, ROPE)
+
+
+@triton.jit
+def _combine_kernel(pm_ptr, pl_ptr, pacc_ptr, qpos_ptr, sink_ptr, cos_ptr, sin_ptr, o_ptr, n_split,
+                    H: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr, HB: tl.constexpr, CP: tl.constexpr):
+    s = tl.program_id(0)
+    hh = tl.program_id(2) * HB + tl.arange(0, HB)
+    _combine_tile(pm_ptr, pl_ptr, pacc_ptr, sink_ptr, cos_ptr, sin_ptr, o_ptr, s.to(tl.int64), n_split,
+                  tl.load(qpos_ptr + s), hh, tl.program_id(1) * CP, H, D, ROPE, HB, CP)
 
 
 # ============================================================================ host side
@@ -259,12 +318,16 @@ def _kv_parts(kv, what):
 
 def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: int = 128, ring: int | None = None,
                      win_base=None, cmp_base=None, scale: float | None = None, n_split: int | None = None, dv: int | None = None,
-                     block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None):
+                     block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+                     qk_once: bool | None = None, fuse_combine: bool | None = None):
     """q [S, H, D] bf16 post-RoPE; qpos [S] int32; win_kv: (E4M3 codes [R, D] u8, UE8M0 [R, D/32] u8)
     or bf16 [R, D] (ring, slot = pos % R); cmp_kv: (packed FP4 [N, D/2] u8, E4M3 [N, D/16] u8) or
     bf16 [N, D]; idx [S, KC] int32 compressed rows (-1 = padding); sink [H] fp32; cos/sin [P, rope/2].
     ring: rows per ring (default: all rows of win_kv); win_base/cmp_base [S]: per-query base rows
     (both or neither). n_split: key splits per query (default: enough programs for every SM).
+    Tuning knobs (None = the defaults in DEFAULTS / the module docstring): dv, block_n, num_warps,
+    num_stages; qk_once: q·K^T split over the warpgroups (not repeated in each); fuse_combine: the
+    last-arriving split merges the partials in the same launch (no _combine_kernel launch).
     Returns o [S, H, D] bf16 (inverse-rotated)."""
     S, H, D = q.shape
     wkv, wsc, wq = _kv_parts(win_kv, "win_kv")
@@ -278,7 +341,9 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     out = torch.empty((S, H, D), dtype=torch.bfloat16, device=dev)
     if S == 0:
         return out
-    BN = min(block_n or DEFAULT_BN[wq], window)
+    # a decode batch (2 <= S <= SMs / 2 quantized queries: key splits) has its own key block and stages
+    batch = wq and 1 < S and 2 * S <= sm_count(dev) and not interpreting()
+    BN = min(block_n or (BATCH_BN if batch else DEFAULT_BN[wq]), window)
     if window % BN:
         raise ValueError(f"sparse_attention: window {window} is not a multiple of the key block {BN}")
     KC = idx.shape[1]
@@ -298,20 +363,27 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     split = n_split > 1
     scale = D ** -0.5 if scale is None else scale
     rope = cos.shape[1] * 2
+    # per-slice products (DV < D) in branches spill more than they save (module docstring): off there
+    qk_once = (QK_ONCE and DV == D) if qk_once is None else bool(qk_once)
+    fuse = split and (FUSE_COMBINE if fuse_combine is None else bool(fuse_combine))
+    CP = min(64, DV)
     if split:
         pm = torch.empty((S, n_split, H), dtype=torch.float32, device=dev)
         pl = torch.empty_like(pm)
         pacc = torch.empty((S, n_split, H, D), dtype=torch.float32, device=dev)
     else:
         pm = pl = pacc = out
+    # fused combine: one arrival counter per (query, channel slice), left at zero by the last arriver
+    cnt = counters(dev, S * ncv) if fuse else qpos
     sink = sink if sink.dtype == torch.float32 and sink.is_contiguous() else sink.float().contiguous()
     cos, sin = cos.contiguous(), sin.contiguous()
     _sparse_attn_kernel[(S, ncv, n_split)](
-        q.contiguous(), qpos, wkv, wsc, ckv, csc, idx, wb, cb, sink, cos, sin, out, pm, pl, pacc,
+        q.contiguous(), qpos, wkv, wsc, ckv, csc, idx, wb, cb, sink, cos, sin, out, pm, pl, pacc, cnt,
         R, KC, int(has_base), bps, n_split, scale,
         H=H, D=D, ROPE=rope, W=window, BN=BN, DV=DV, QUANT=wq, SPLIT=split, UPCAST=interpreting(),
-        num_warps=num_warps or 8, num_stages=num_stages or _default_stages())
-    if split:
+        QK_ONCE=qk_once, FUSE=fuse, CP=CP,
+        num_warps=num_warps or 8, num_stages=num_stages or (BATCH_STAGES if batch else _default_stages()))
+    if split and not fuse:
         HB, CP = min(16, H), min(64, D)
         _combine_kernel[(S, D // CP, H // HB)](pm, pl, pacc, qpos, sink, cos, sin, out, n_split,
                                               H=H, D=D, ROPE=rope, HB=HB, CP=CP, num_warps=4)
@@ -322,6 +394,9 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
 # twice the bytes: 197 KB of shared memory at 64 keys, over sm100's 227 KB limit with its extras);
 # two pipeline stages prefetch the next block's rows into shared memory on CUDA (ROCm: one stage).
 DEFAULT_BN = {True: 64, False: 32}
+QK_ONCE = True  # q·K^T once per key block, its keys split over the warpgroups (_attend_block)
+FUSE_COMBINE = True  # key splits merged by the last arriver in the same launch
+BATCH_BN, BATCH_STAGES = 32, 3  # several FP8/FP4 queries (batched decode, prefill): see the module docstring
 ONE_QUERY_DV = 128  # output channels per program for a single quantized decode query
 
 
@@ -384,15 +459,18 @@ def sparse_attention_ref(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window
 
 _ATTN_TYPES = {"q_ptr": "*bf16", "qpos_ptr": "*i32", "idx_ptr": "*i32", "wbase_ptr": "*i32", "cbase_ptr": "*i32",
                "sink_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "o_ptr": "*bf16", "pm_ptr": "*fp32",
-               "pl_ptr": "*fp32", "pacc_ptr": "*fp32", "R": "i32", "KC": "i32", "has_base": "i32",
+               "pl_ptr": "*fp32", "pacc_ptr": "*fp32", "cnt_ptr": "*i32", "R": "i32", "KC": "i32", "has_base": "i32",
                "blocks_per_split": "i32", "n_split": "i32", "scale": "fp32"}
 
 
-def _attn_spec(c, quant: bool, split: bool, bn: int, dv: int, num_warps: int, num_stages: int, phase: str):
+def _attn_spec(c, quant: bool, split: bool, bn: int, dv: int, num_warps: int, num_stages: int, phase: str,
+               qk_once: bool | None = None, fuse: bool = False):
     kvt = "*u8" if quant else "*bf16"
     types = dict(_ATTN_TYPES, wkv_ptr=kvt, wsc_ptr=kvt, ckv_ptr=kvt, csc_ptr=kvt)
     const = {"H": c.num_attention_heads, "D": c.head_dim, "ROPE": c.qk_rope_head_dim, "W": c.sliding_window,
-             "BN": bn, "DV": dv, "QUANT": quant, "SPLIT": split, "UPCAST": False}
+             "BN": bn, "DV": dv, "QUANT": quant, "SPLIT": split, "UPCAST": False,
+             "QK_ONCE": (QK_ONCE and dv == c.head_dim) if qk_once is None else qk_once, "FUSE": fuse,
+             "CP": min(64, dv)}
     return aot_spec(_sparse_attn_kernel, f"{phase}_{'fp8fp4' if quant else 'bf16'}_dv{dv}_bn{bn}", types, const,
                     num_warps=num_warps, num_stages=num_stages)
 
@@ -409,6 +487,8 @@ def _specs(target):
     for quant in (True, False):
         dv, bn = (128, 32) if lds64 else (c.head_dim, DEFAULT_BN[quant])
         out.append(_attn_spec(c, quant, True, bn, dv, 8, stages, "decode"))
+        if quant and not is_rocm(target):  # the batched-decode default (BATCH_BN, BATCH_STAGES)
+            out.append(_attn_spec(c, quant, True, BATCH_BN, dv, 8, BATCH_STAGES, "decode_batch"))
         if quant and dv != ONE_QUERY_DV:  # the single-query default (sparse_attention's DV rule)
             out.append(_attn_spec(c, quant, True, bn, ONE_QUERY_DV, 8, stages, "decode"))
         out.append(_attn_spec(c, quant, False, bn, dv, 8, stages, "prefill"))

@@ -1,0 +1,189 @@
+"""Sweep sparse attention's decode variants on a GPU under CUDA-graph replay (codegen/triton/sparse_attention.py).
+
+Cases (real widths: 64 heads x 512, window 128, top-512 FP4 compressed entries, FP8 window ring):
+- `decode_batch_S64`: 64 decode queries, each over its own ring and its own compressed region (the
+  benchmarks/kernels_attention.py case `sparse_attention_decode_batch_S64_fp8fp4`),
+- `decode_S1`: one decode query.
+For each variant (kwargs of `sparse_attention`; "old" = the defaults before the branch-QK / fused
+combine change: qk_once False, fuse_combine False, block_n 64, 2 stages) it records the graph-replay
+median, max abs / rel error against `sparse_attention_ref`, the bytes floor (copy bandwidth measured
+here) and the time over it. One failing variant is recorded and the rest still run; about 2 minutes.
+
+    python benchmarks/tune_sparse_attention.py --out tune_sparse_attention.json
+    python benchmarks/tune_sparse_attention.py --sass [--out sass.json]   # no GPU: sm90 regs/spills/HGMMA
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+OLD = {"qk_once": False, "fuse_combine": False, "block_n": 64, "num_stages": 2}
+# (case, S, variants): {} is the launcher's current default
+VARIANTS = {
+    "decode_batch_S64": (64, [
+        ("old", OLD),
+        ("default", {}),
+        ("qk_once_bn64", {"qk_once": True, "fuse_combine": False, "block_n": 64, "num_stages": 2}),
+        ("qk_once_fuse_bn64", {"qk_once": True, "fuse_combine": True, "block_n": 64, "num_stages": 2}),
+        ("bn32_ns2", {"block_n": 32, "num_stages": 2}),
+        ("bn16_ns3", {"block_n": 16, "num_stages": 3}),
+        ("no_fuse", {"fuse_combine": False}),
+        ("split4", {"n_split": 4}),
+    ]),
+    "decode_S1": (1, [
+        ("old", {"qk_once": False, "fuse_combine": False}),
+        ("default", {}),
+        ("no_fuse", {"fuse_combine": False}),
+        ("dv128_qk_once", {"dv": 128, "qk_once": True}),
+    ]),
+}
+
+
+def _bytes(S, H=64, D=512, W=128, KC=512):
+    return S * (W * (D + D // 32) + KC * (D // 2 + D // 16) + KC * 4 + 2 * H * D * 2)
+
+
+def run(args):
+    import torch
+
+    from benchmarks.common import env_info, max_rel, measure_ceilings, ms_graph
+    from benchmarks.kernels_attention import _attn_data, rope_table
+    from dsv41c.codegen.triton import sparse_attention as sa
+
+    ceil = measure_ceilings()
+    doc = {"kind": "tune_sparse_attention", "env": env_info(), "ceilings": ceil, "cases": []}
+    cos, sin = rope_table(1 << 16)
+    for case, (S, variants) in VARIANTS.items():
+        if args.case and case not in args.case:
+            continue
+        q, qpos, wkv, ckv, idx, sink, kw = _attn_data(S, True, batched=S > 1)
+        ref = sa.sparse_attention_ref(q, qpos, wkv, ckv, idx, sink, cos, sin, **kw)
+        floor = _bytes(S) / (ceil["copy_TBps"] * 1e12) * 1e3
+        rows = []
+        for name, cfg in variants:
+            t0 = time.time()
+            rec = {"variant": name, "cfg": cfg}
+            try:
+                f = lambda cfg=cfg: sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin, **cfg, **kw)  # noqa: E731
+                o = f()
+                rec.update(max_rel(o, ref))
+                rec["repeat_identical"] = bool(torch.equal(o, f()))  # fused counters left at zero
+                t = ms_graph(f, rep=args.rep)
+                rec["graph_ms"] = t
+                if isinstance(t, float):
+                    rec["over_floor"] = t / floor
+            except Exception as ex:  # noqa: BLE001 - one failing variant keeps the rest
+                rec["error"] = f"{type(ex).__name__}: {ex}"[:400]
+            rec["wall_s"] = round(time.time() - t0, 1)
+            rows.append(rec)
+            print(f"{case:18s} {name:18s} graph {rec.get('graph_ms', '-')!s:.8} ms  x{rec.get('over_floor', 0):.2f} "
+                  f"floor  max_abs {rec.get('max_abs', '-')!s:.8}  {rec.get('error', '')}", flush=True)
+        ok = [r for r in rows if isinstance(r.get("graph_ms"), float)]
+        best = min(ok, key=lambda r: r["graph_ms"])["variant"] if ok else None
+        doc["cases"].append({"case": case, "S": S, "floor_ms": floor, "best": best, "rows": rows})
+        print(f"{case}: floor {floor * 1e3:.1f} us, best {best}", flush=True)
+        q = wkv = ckv = ref = None  # free the case before the next
+        torch.cuda.empty_cache()
+    return doc
+
+
+# ============================================================================ static SASS counts (no GPU)
+
+
+def _loops(sass: str) -> list:
+    """Per backward branch whose body holds HGMMAs: its length, HGMMA count and local-memory ops."""
+    ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    out = []
+    for j, (a, t) in enumerate(ins):
+        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", t)
+        if not m or int(m.group(1), 16) >= a:
+            continue
+        st = next((i for i, (x, _) in enumerate(ins) if x == int(m.group(1), 16)), None)
+        if st is None:
+            continue
+        ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t2).split()[0] for _, t2 in ins[st:j + 1])
+        hg = {k: v for k, v in ops.items() if k.startswith("HGMMA")}
+        if hg:
+            out.append({"instructions": j + 1 - st, "hgmma": hg,
+                        "local_memory": sum(v for k, v in ops.items() if k.startswith(("LDL", "STL")))})
+    return out
+
+
+SASS_CFGS = [  # (label, split, BN, DV, warps, stages, qk_once, fuse)
+    ("old_decode_bn64", True, 64, 512, 8, 2, False, False),
+    ("qk_once_bn64", True, 64, 512, 8, 2, True, False),
+    ("qk_once_fuse_bn64", True, 64, 512, 8, 2, True, True),
+    ("default_batch_bn32_ns3", True, 32, 512, 8, 3, True, True),
+    ("bn32_ns2", True, 32, 512, 8, 2, True, True),
+    ("bn16_ns3", True, 16, 512, 8, 3, True, True),
+    ("old_one_query_dv128", True, 64, 128, 8, 2, False, False),
+    ("one_query_dv128_qk_once", True, 64, 128, 8, 2, True, True),
+    ("old_prefill_bn64", False, 64, 512, 8, 2, False, False),
+    ("prefill_bn64_qk_once", False, 64, 512, 8, 2, True, False),
+]
+
+
+def sass(args):
+    os.environ.pop("TRITON_INTERPRET", None)
+    import triton
+
+    from dsv41c.codegen.aot_compat import compile_spec
+    from dsv41c.codegen.matrix import TARGETS
+    from dsv41c.codegen.triton import sparse_attention as sa
+    from dsv41c.frontend.config import preset
+
+    tg = TARGETS["cuda:sm90"]
+    c = preset("full")
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    doc = {"kind": "tune_sparse_attention_sass", "triton": triton.__version__, "target": tg.name, "rows": []}
+    for label, split, bn, dv, nw, ns, qk, fuse in SASS_CFGS:
+        rec = {"label": label, "split": split, "BN": bn, "DV": dv, "warps": nw, "stages": ns, "qk_once": qk,
+               "fuse": fuse}
+        try:
+            spec = sa._attn_spec(c, True, split, bn, dv, nw, ns, "sass", qk, fuse)
+            res = compile_spec(spec, tg)
+            with tempfile.TemporaryDirectory() as tmp:
+                cubin = os.path.join(tmp, "k.cubin")
+                with open(cubin, "wb") as f:
+                    f.write(res["asm"]["cubin"])
+                text = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True).stdout
+                usage = subprocess.run([cuobjdump, "-res-usage", cubin], capture_output=True, text=True).stdout
+            m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+            if m:
+                rec.update(registers=int(m.group(1)), stack_bytes=int(m.group(2)))
+            rec["loops"] = _loops(text)
+        except Exception as ex:  # noqa: BLE001
+            rec["error"] = f"{type(ex).__name__}: {ex}"[:400]
+        doc["rows"].append(rec)
+        lp = "; ".join(f"{lo['instructions']} instr, HGMMA {lo['hgmma']}, LDL/STL {lo['local_memory']}"
+                       for lo in rec.get("loops", [])[:2])
+        print(f"{label:26s} regs {rec.get('registers')} stack {rec.get('stack_bytes')}: {lp} {rec.get('error', '')}",
+              flush=True)
+    return doc
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None, help="JSON output path")
+    ap.add_argument("--case", action="append", help="only these cases (decode_batch_S64, decode_S1)")
+    ap.add_argument("--rep", type=int, default=30, help="graph-replay budget per variant (ms)")
+    ap.add_argument("--sass", action="store_true", help="static sm90 SASS counts (no GPU)")
+    args = ap.parse_args(argv)
+    doc = sass(args) if args.sass else run(args)
+    from benchmarks.common import write_json
+
+    write_json(args.out, doc)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""Batched-decode sparse attention variants vs the PyTorch reference (codegen/triton/sparse_attention.py).
+
+Covers the decode paths added for a batch of queries: q·K^T in a runtime branch (qk_once: the
+warpgroups split the keys instead of repeating the product), the last-arriver combine in the same
+launch (fuse_combine) against the separate combine kernel, per-query base rows, ragged key counts
+(KC not a multiple of the key block, windows cut by the sequence start), invalid (-1) selections and
+all-padding key blocks (the branch's skip side). The interpreter runs small widths; the `gpu` test
+runs the real widths (64 heads x 512, W 128, top-512) of the benchmarked S64 batch.
+"""
+import pytest
+import torch
+
+from dsv41c.codegen.triton import arrival
+from dsv41c.codegen.triton import sparse_attention as sa
+from dsv41c import formats as nx
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def rope_table(P, n_freq, theta=160000.0):
+    inv = 1.0 / (theta ** (torch.arange(n_freq, dtype=torch.float64) / n_freq))
+    ang = torch.arange(P, dtype=torch.float64)[:, None] * inv[None]
+    return torch.cos(ang).float().to(DEV), torch.sin(ang).float().to(DEV)
+
+
+def assert_bf16_close(out, ref, ulps, floor):
+    o, r = out.float(), ref.float()
+    tol = ulps * torch.clamp(r.abs(), min=floor) * 2.0 ** -8
+    bad = (o - r).abs() > tol
+    assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} values off by more than {ulps} ulps; " \
+                          f"max abs err {float((o - r).abs().max()):.3g}"
+
+
+def batch_inputs(S, H, D, W, KC, N, quant, seed, pad_rows=()):
+    """S queries, each with its own ring of W rows and its own region of N compressed rows (bases),
+    ragged positions (one query near the sequence start) and -1 selections; rows in pad_rows select
+    nothing (all their compressed blocks are padding)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(S, H, D, generator=g).to(torch.bfloat16)
+    qpos = torch.randint(W, 4 * W, (S,), generator=g).to(torch.int32)
+    qpos[0] = 3  # most of its window precedes the sequence start
+    win = torch.randn(S * W, D, generator=g) * 2
+    cmp = torch.randn(S * N, D, generator=g) * 2
+    idx = torch.randint(-1, N, (S, KC), generator=g).to(torch.int32)
+    idx[:, -5:] = -1
+    for r in pad_rows:
+        idx[r] = -1
+    sink = torch.randn(H, generator=g)
+    if quant:
+        wq, we = nx.quant_fp8_ue8m0(win, 32)
+        cp, cs = nx.quant_fp4_e4m3(cmp, 16)
+        wkv = (wq.contiguous().view(torch.uint8).to(DEV), we.to(DEV))
+        ckv = (cp.to(DEV), cs.contiguous().view(torch.uint8).to(DEV))
+    else:
+        wkv, ckv = win.to(torch.bfloat16).to(DEV), cmp.to(torch.bfloat16).to(DEV)
+    kw = dict(window=W, ring=W, win_base=(torch.arange(S, dtype=torch.int32) * W).to(DEV),
+              cmp_base=(torch.arange(S, dtype=torch.int32) * N).to(DEV))
+    return (q.to(DEV), qpos.to(DEV), wkv, ckv, idx.to(DEV), sink.to(DEV)), kw
+
+
+@pytest.mark.parametrize("quant", [True, False])
+@pytest.mark.parametrize("qk_once,fuse,n_split,dv,block_n", [
+    (True, True, 3, None, 16),    # new default shape: branch QK, fused combine, ragged last split
+    (True, False, 3, None, 16),   # branch QK + separate combine kernel
+    (False, True, 2, None, 16),   # old QK + fused combine
+    (True, True, 1, None, 16),    # one split: no combine at all
+    (True, True, 2, 32, 16),      # channel slices: per-slice products in branches, counters per slice
+    (True, True, 4, None, 8),     # more splits than some queries' non-empty blocks
+])
+def test_decode_batch_variants(quant, qk_once, fuse, n_split, dv, block_n):
+    S, H, D, W, KC, N = 4, 16, 64, 16, 21, 24
+    cos, sin = rope_table(512, 8)
+    args, kw = batch_inputs(S, H, D, W, KC, N, quant, seed=7 + n_split, pad_rows=(2,))
+    o = sa.sparse_attention(*args, cos, sin, n_split=n_split, dv=dv, block_n=block_n, qk_once=qk_once,
+                            fuse_combine=fuse, **kw)
+    r = sa.sparse_attention_ref(*args, cos, sin, **kw)
+    assert_bf16_close(o, r, ulps=2, floor=1e-3)
+
+
+def test_fused_combine_matches_separate_and_leaves_counters_zero():
+    """The last arriver merges the same tiles in the same split order as _combine_kernel: identical
+    outputs; every counter is back at zero, so a second launch (a graph replay) is correct too."""
+    S, H, D, W, KC, N = 3, 16, 64, 16, 40, 30
+    cos, sin = rope_table(512, 8)
+    args, kw = batch_inputs(S, H, D, W, KC, N, True, seed=3)
+    a = sa.sparse_attention(*args, cos, sin, n_split=3, block_n=16, fuse_combine=False, **kw)
+    b = sa.sparse_attention(*args, cos, sin, n_split=3, block_n=16, fuse_combine=True, **kw)
+    c = sa.sparse_attention(*args, cos, sin, n_split=3, block_n=16, fuse_combine=True, **kw)
+    assert torch.equal(a, b) and torch.equal(b, c)
+    assert int(arrival.counters(torch.device(DEV), S).abs().sum()) == 0
+
+
+def test_all_padding_blocks_and_empty_window():
+    """A query at position 0 (a window of one key) whose selections are all -1: every compressed
+    block takes the branch's skip side; its output is that one key's value (plus the sink)."""
+    S, H, D, W, KC, N = 2, 16, 64, 16, 32, 16
+    cos, sin = rope_table(512, 8)
+    args, kw = batch_inputs(S, H, D, W, KC, N, True, seed=5, pad_rows=(0, 1))
+    args[1][0] = 0
+    for fuse in (True, False):
+        o = sa.sparse_attention(*args, cos, sin, n_split=3, block_n=16, fuse_combine=fuse, **kw)
+        r = sa.sparse_attention_ref(*args, cos, sin, **kw)
+        assert_bf16_close(o, r, ulps=2, floor=1e-3)
+
+
+def test_bad_dv_is_rejected():
+    S, H, D, W, KC, N = 2, 16, 64, 16, 8, 8
+    cos, sin = rope_table(64, 8)
+    args, kw = batch_inputs(S, H, D, W, KC, N, True, seed=1)
+    with pytest.raises(ValueError, match="dv"):
+        sa.sparse_attention(*args, cos, sin, dv=48, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [{}, {"qk_once": False, "fuse_combine": False, "block_n": 64, "num_stages": 2},
+                                 {"block_n": 64, "num_stages": 2}, {"block_n": 16}, {"n_split": 4},
+                                 {"fuse_combine": False}])
+def test_gpu_decode_batch_real_widths(cfg):
+    """The benchmarked S64 batch at real widths (each query its own ring and compressed region)."""
+    S, H, D, W, KC, N = 64, 64, 512, 128, 512, 1024
+    cos, sin = rope_table(4096, 32)
+    args, kw = batch_inputs(S, H, D, W, KC, N, True, seed=64, pad_rows=(5,))
+    o = sa.sparse_attention(*args, cos, sin, **cfg, **kw)
+    r = sa.sparse_attention_ref(*args, cos, sin, **kw)
+    # P is rounded to bf16 for the P·V MMA: the floor is two bf16 ulps of the value scale (|v| ~ 2)
+    assert_bf16_close(o, r, ulps=4, floor=2.0)
+    o2 = sa.sparse_attention(*args, cos, sin, **cfg, **kw)  # counters left at zero: a replay agrees
+    assert torch.equal(o, o2)
