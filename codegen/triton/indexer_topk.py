@@ -4,23 +4,49 @@ What (spec §3.4, §7.1): the k best of each row of scores [S, N] (fp32), descen
 toward the LOWER index, -1 where the score is -inf or fewer than k entries exist; `pin` forces one
 entry per row to +inf first (the newest visible candidate block).
 
-Algorithm: each float score maps to an order-preserving int32 (sign-magnitude flip, -0 -> +0).
-A chunk of CHUNK scores finds its k-th largest key by a 32-step bitwise threshold search (count
-keys >= candidate; invalid keys count as 0, below every candidate), keeps every key above it and,
-of the keys equal to it, the lowest indices (a prefix count in index order), and stores them
-compactly as unique int64 keys (score key << 32 | 2^31-1-index), whose descending order is
-(descending score, ascending index). One merge program takes up to MERGE / K lists of a row (all
-32 chunk lists of a 131,072-score row at K = 512) and selects by the same search on the score half,
-then (only when the threshold score is tied past k) on the index half. The last pass sorts its K
-unique keys (bitonic tl.sort) and writes every output position (-1 past the valid ones), so the
-host allocates without filling. A decode row of 131,072 scores is two launches: 32 chunk programs,
-then one merge program.
+Keys: each float score maps to an order-preserving int32 (sign-magnitude flip, -0 -> +0); with the
+index, a unique int64 key (score key << 32 | 2^31-1-index) whose descending order is (descending
+score, ascending index). Two paths, dispatched by `topk_select`:
 
-Specialization keys: K (512 / 2048), CHUNK (4096 per chunk program; MERGE = 16384 per merge
-program, 16 warps), USE_PIN, FINAL.
+Chunked (many rows, or short rows): a chunk of CHUNK scores finds its k-th largest key by a
+32-step bitwise threshold search (count keys >= candidate; invalid keys count as 0, below every
+candidate), keeps every key above it and, of the keys equal to it, the lowest indices (a prefix
+count in index order), and stores them compactly as unique int64 keys. One merge program takes up
+to MERGE / K lists of a row (all 32 chunk lists of a 131,072-score row at K = 512) and selects by
+the same search on the score half, then (only when the threshold score is tied past k) on the index
+half. The last pass sorts its K unique keys (bitonic tl.sort) and writes every output position (-1
+past the valid ones). A row of 131,072 scores is two launches: 32 chunk programs, then one merge
+program, which alone walks 16,384 keys: at one row that serial program dominates.
 
-Known gaps: at one row the chunk stage fills 32 of the 132 SMs and the merge one; both stages are
-bounded by their 32 sequential counting steps (a block reduction each), not by bytes.
+Split (S <= SPLIT_MAX_S rows of N >= SPLIT_MIN_N): each row over P = N / CHUNK programs (about one
+per SM, `split_chunk`), five launches, every one over all P programs of every row:
+1-3. radix levels on the unsigned key (digits of bits 31..21, 20..10, 9..0): each program's local
+   tl.histogram (2048 bins) of the keys inside the current threshold bucket, added to a per-row
+   global histogram by atomics (at most min(CHUNK, 2048) a program, so exact ties do not pile up on
+   one address); the last program to arrive (arrival.py) exchanges the histogram for zeros and
+   picks the digit holding the kk-th key (kk = min(k, valid)): the threshold bucket (h keys),
+   `above` keys in higher buckets. Levels 2 and 3 run only while h > cap (SPLIT_CAP); otherwise
+   their programs read the row state and exit.
+4. gather: keys above the bucket -> a sure list (fewer than kk), the bucket's keys -> a bucket list
+   (h <= cap), slots from per-row atomic counters (unordered); after level 3 the bucket is one
+   exact score: only each program's count of it is stored.
+5. rank: a sure key's output position is the number of larger sure keys, a bucket key's is above +
+   the number of larger bucket keys (kept when < kk), pairwise over unique keys (so equal scores
+   order by index); exact ties go in index order: above + ties in earlier programs + the rank in
+   the chunk. Positions kk..k get -1. Every position is written once: no fill, no sort.
+Workspace: the per-row histogram and slot counters are zeroed once and left zeroed by the kernels
+(no memset in a CUDA graph); allocate them (a first call) before capture.
+
+Specialization keys: chunked K (512 / 2048), CHUNK (4096 per chunk program; MERGE = 16384 per merge
+program, 16 warps), USE_PIN, FINAL; split CHUNK (128..4096 by N and S), NB = 2048, LEVEL, K, CAP,
+USE_PIN.
+
+Known gaps: the chunked path at one row fills 32 of the 132 SMs and the merge one, both bounded by
+their 32 sequential counting steps. The split path pays five launches even when level 1 suffices
+(levels 2-3 are empty launches then); the pairwise rank costs h^2 comparisons for a bucket of h <=
+cap keys; its workspace and the arrival counters are shared per device, so two split selections
+must not run concurrently on different streams. NaN scores are not handled specially by either
+path. No H200 timing of the split path yet (benchmarks/tune_indexer_topk.py).
 """
 from __future__ import annotations
 
@@ -29,6 +55,7 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import aot_spec
+from dsv41c.codegen.triton.arrival import arrive_last, reset_counter
 
 
 @triton.jit
@@ -117,7 +144,188 @@ def _topk_merge_kernel(src_ptr, dst_ptr, idx_ptr, n_in, n_out, k, k_out,
     _compact_emit(x, sel, kk, dst_ptr, idx_ptr, row, row * n_out + g, k_out, K, FINAL)
 
 
+# ----------------------------------------------------------------------------- split path (few rows)
+
+
+@triton.jit
+def _row_keys(s_ptr, pin_ptr, row, i, N, stride_s, USE_PIN: tl.constexpr):
+    """Scores row[i] as (signed order key int32, unsigned order key uint32, valid): -0 -> +0, the
+    pinned index -> +inf, valid = inside the row and not -inf (the same keys as the chunk kernel)."""
+    m = i < N
+    x = tl.load(s_ptr + row.to(tl.int64) * stride_s + i, mask=m, other=float("-inf"))
+    if USE_PIN:
+        pin = tl.load(pin_ptr + row)
+        x = tl.where(i == pin, float("inf"), x)
+    valid = m & (x != float("-inf"))
+    x = tl.where(x == 0.0, 0.0, x)
+    u = x.to(tl.int32, bitcast=True)
+    key = u ^ ((u >> 31) & 0x7FFFFFFF)
+    ku = key.to(tl.uint32, bitcast=True) ^ 0x80000000
+    return key, ku, valid
+
+
+@triton.jit
+def _split_hist_kernel(s_ptr, pin_ptr, hist_ptr, state_ptr, cnt_ptr, N, stride_s, k, cap, n_prog,
+                       CHUNK: tl.constexpr, NB: tl.constexpr, LEVEL: tl.constexpr, USE_PIN: tl.constexpr):
+    """One radix level of a row's kk-th largest key: the histogram of the next digit (bits 31..21,
+    20..10, 9..0 at LEVEL 1, 2, 3) over the keys whose known prefix equals the threshold bucket's,
+    summed over the row's programs by atomics; the last arriver picks the digit holding the kk-th key.
+    state[row] = (prefix, shift, above, h, kk, done): the threshold bucket is the keys with
+    key >> shift == prefix (h of them), `above` keys lie in higher buckets; done once h <= cap, at
+    LEVEL 3 (the bucket is one score: exact ties) or with no valid score."""
+    p = tl.program_id(0)
+    row = tl.program_id(1)
+    st = state_ptr + row * 8
+    if LEVEL == 1:
+        go = True
+    else:
+        go = tl.load(st + 5) == 0
+    if go:
+        i = p * CHUNK + tl.arange(0, CHUNK)
+        key, ku, valid = _row_keys(s_ptr, pin_ptr, row, i, N, stride_s, USE_PIN)
+        if LEVEL == 1:
+            m = valid
+            dig = ku >> 21
+        elif LEVEL == 2:
+            prefix = tl.load(st).to(tl.uint32, bitcast=True)
+            m = valid & ((ku >> 21) == prefix)
+            dig = (ku >> 10) & 0x7FF
+        else:
+            prefix = tl.load(st).to(tl.uint32, bitcast=True)
+            m = valid & ((ku >> 10) == prefix)
+            dig = ku & 0x3FF
+        hl = tl.histogram(dig.to(tl.int32), NB, mask=m)
+        b = tl.arange(0, NB)
+        hrow = hist_ptr + row.to(tl.int64) * NB + b
+        tl.atomic_add(hrow, hl, mask=hl > 0, sem="relaxed")  # at most min(CHUNK, NB) atomics a program
+        if arrive_last(cnt_ptr + row, n_prog):
+            h = tl.atomic_xchg(hrow, tl.zeros([NB], tl.int32), sem="relaxed")  # read, and zero for the next launch
+            if LEVEL == 1:
+                kk = tl.minimum(tl.sum(h, axis=0), k)
+                above = kk * 0
+                prefix = tl.zeros((), tl.uint32)
+            else:
+                kk = tl.load(st + 4)
+                above = tl.load(st + 2)
+            need = kk - above  # >= 1 unless the row has no valid score
+            suf = tl.cumsum(h, axis=0, reverse=True)  # keys in this digit or above
+            d = tl.max(tl.where(suf >= need, b, -1), axis=0)
+            hd = tl.sum(tl.where(b == d, h, 0), axis=0)
+            above = above + tl.sum(tl.where(b == d, suf, 0), axis=0) - hd
+            if LEVEL == 1:
+                prefix = d.to(tl.uint32)
+                shift = 21
+            elif LEVEL == 2:
+                prefix = (prefix << 11) | d.to(tl.uint32)
+                shift = 10
+            else:
+                prefix = (prefix << 10) | d.to(tl.uint32)
+                shift = 0
+            done = ((hd <= cap) | (LEVEL == 3) | (kk == 0)).to(tl.int32)
+            tl.store(st, prefix.to(tl.int32, bitcast=True))
+            tl.store(st + 1, shift)
+            tl.store(st + 2, above)
+            tl.store(st + 3, hd)
+            tl.store(st + 4, kk)
+            tl.store(st + 5, done)
+            reset_counter(cnt_ptr + row)
+
+
+@triton.jit
+def _split_gather_kernel(s_ptr, pin_ptr, state_ptr, slot_ptr, sure_ptr, bkt_ptr, ties_ptr, N, stride_s, n_prog,
+                         K: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr, USE_PIN: tl.constexpr):
+    """Keys above the threshold bucket -> sure[row] (fewer than kk <= K), as unique int64 keys
+    (score key << 32 | 2^31-1-index); the bucket's keys -> bkt[row] (h <= CAP of them) or, when the
+    bucket is one exact score, only this program's count of them -> ties[row, p]. Slots come from a
+    per-row atomic counter: the order in the lists is arbitrary (the rank pass sorts by unique key)."""
+    p = tl.program_id(0)
+    row = tl.program_id(1)
+    st = state_ptr + row * 8
+    prefix = tl.load(st).to(tl.uint32, bitcast=True)
+    shift = tl.load(st + 1).to(tl.uint32)
+    i = p * CHUNK + tl.arange(0, CHUNK)
+    key, ku, valid = _row_keys(s_ptr, pin_ptr, row, i, N, stride_s, USE_PIN)
+    hi = ku >> shift
+    comp = (key.to(tl.int64) << 32) | (2147483647 - i).to(tl.int64)
+    sure = valid & (hi > prefix)
+    ns = tl.sum(sure.to(tl.int32), axis=0)
+    if ns > 0:
+        base = tl.atomic_add(slot_ptr + row * 2, ns, sem="relaxed")
+        pos = base + tl.cumsum(sure.to(tl.int32), axis=0) - 1
+        tl.store(sure_ptr + row.to(tl.int64) * K + pos, comp, mask=sure)
+    eq = valid & (hi == prefix)
+    ne = tl.sum(eq.to(tl.int32), axis=0)
+    if shift == 0:
+        tl.store(ties_ptr + row.to(tl.int64) * n_prog + p, ne)
+    elif ne > 0:
+        base = tl.atomic_add(slot_ptr + row * 2 + 1, ne, sem="relaxed")
+        pos = base + tl.cumsum(eq.to(tl.int32), axis=0) - 1
+        tl.store(bkt_ptr + row.to(tl.int64) * CAP + pos, comp, mask=eq)
+
+
+@triton.jit
+def _rank_list(lst_ptr, n, j0, R: tl.constexpr, TB: tl.constexpr):
+    """Entries j0 .. j0+R of the n unique int64 keys at lst_ptr and, for each, how many of the n keys
+    are larger (its rank in descending order): R x TB pairwise comparisons per step."""
+    j = j0 + tl.arange(0, R)
+    a = tl.load(lst_ptr + j, mask=j < n, other=-9223372036854775808)
+    r = tl.zeros((R,), tl.int32)
+    for t in range(0, n, TB):
+        tt = t + tl.arange(0, TB)
+        bb = tl.load(lst_ptr + tt, mask=tt < n, other=-9223372036854775808)
+        r += tl.sum((bb[None, :] > a[:, None]).to(tl.int32), axis=1)
+    idx = 2147483647 - (a & 0xFFFFFFFF).to(tl.int32)
+    return j < n, r, idx
+
+
+@triton.jit
+def _split_rank_kernel(idx_ptr, s_ptr, pin_ptr, state_ptr, slot_ptr, sure_ptr, bkt_ptr, ties_ptr, N, stride_s, k,
+                       n_prog, K: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr,
+                       TB: tl.constexpr, USE_PIN: tl.constexpr):
+    """Every output position of the row: a sure key's position is its rank among the sure keys; a
+    bucket key's is above + its rank in the bucket (kept when < kk); an exact tie's is above + the
+    ties in earlier programs + its rank in this chunk (index order); -1 from kk to k. Each program
+    takes R-entry slices of the lists, strided over the row's programs."""
+    p = tl.program_id(0)
+    row = tl.program_id(1)
+    st = state_ptr + row * 8
+    prefix = tl.load(st).to(tl.uint32, bitcast=True)
+    shift = tl.load(st + 1)
+    above = tl.load(st + 2)
+    h = tl.load(st + 3)
+    kk = tl.load(st + 4)
+    out = idx_ptr + row.to(tl.int64) * k
+    for j0 in range(p * R, k, n_prog * R):
+        j = j0 + tl.arange(0, R)
+        tl.store(out + j, tl.full((R,), -1, tl.int32), mask=(j >= kk) & (j < k))
+    for j0 in range(p * R, above, n_prog * R):
+        m, r, idx = _rank_list(sure_ptr + row.to(tl.int64) * K, above, j0, R, TB)
+        tl.store(out + r, idx, mask=m)
+    if shift != 0:
+        for j0 in range(p * R, h, n_prog * R):
+            m, r, idx = _rank_list(bkt_ptr + row.to(tl.int64) * CAP, h, j0, R, TB)
+            r = above + r
+            tl.store(out + r, idx, mask=m & (r < kk))
+    else:
+        before = above
+        for t in range(0, p, 128):
+            tt = t + tl.arange(0, 128)
+            before += tl.sum(tl.load(ties_ptr + row.to(tl.int64) * n_prog + tt, mask=tt < p, other=0), axis=0)
+        if before < kk:  # some of this chunk's ties are taken (the lowest indices overall)
+            i = p * CHUNK + tl.arange(0, CHUNK)
+            key, ku, valid = _row_keys(s_ptr, pin_ptr, row, i, N, stride_s, USE_PIN)
+            eq = valid & (ku == prefix)
+            pos = before + tl.cumsum(eq.to(tl.int32), axis=0) - 1
+            tl.store(out + pos, i, mask=eq & (pos < kk))
+    if p == 0:  # the gather's slot counters, zero for the next launch (nothing else reads them here)
+        tl.store(slot_ptr + row * 2 + tl.arange(0, 2), tl.zeros((2,), tl.int32))
+
+
 MERGE = 16384  # keys one merge program selects from (MERGE / K lists)
+SPLIT_MAX_S = 8  # rows up to which topk_select splits each row over many programs (radix select)
+SPLIT_MIN_N = 8192  # shorter rows: the one-program-per-chunk path is already one or two short launches
+SPLIT_CAP = 4096  # largest threshold bucket ranked pairwise; a fuller one is refined one more level
+_NB = 2048  # histogram bins of one radix level (digits of 11, 11, 10 bits)
 
 
 def topk_select(scores: torch.Tensor, k: int, pin: torch.Tensor | None = None, chunk: int = 4096,
@@ -126,9 +334,20 @@ def topk_select(scores: torch.Tensor, k: int, pin: torch.Tensor | None = None, c
     index; `pin` [S] (int32, -1 = none) is forced to +inf first; -1 where the score is -inf or
     fewer than k entries exist. Returns int32 [S, k].
 
-    Chunks of `chunk` scores each keep their k best (threshold search on the order-preserving score
-    key, threshold ties by lowest index); groups of merge/K lists are merged the same way on the
-    unique int64 (score, index) keys; the last pass orders its K keys and writes every position."""
+    Few long rows (S <= SPLIT_MAX_S, N >= SPLIT_MIN_N): `topk_select_split` (each row over ~all SMs).
+    Otherwise chunks of `chunk` scores each keep their k best (threshold search on the
+    order-preserving score key, threshold ties by lowest index); groups of merge/K lists are merged
+    the same way on the unique int64 (score, index) keys; the last pass orders its K keys and writes
+    every position."""
+    S, N = scores.shape
+    if 0 < S <= SPLIT_MAX_S and N >= SPLIT_MIN_N and k > 0:
+        return topk_select_split(scores, k, pin)
+    return topk_select_chunked(scores, k, pin, chunk=chunk, merge=merge)
+
+
+def topk_select_chunked(scores: torch.Tensor, k: int, pin: torch.Tensor | None = None, chunk: int = 4096,
+                        merge: int = MERGE) -> torch.Tensor:
+    """The one-program-per-chunk path of `topk_select` (chunk lists, then merges); same contract."""
     S, N = scores.shape
     dev = scores.device
     if S == 0 or N == 0 or k == 0:
@@ -140,8 +359,7 @@ def topk_select(scores: torch.Tensor, k: int, pin: torch.Tensor | None = None, c
     CHUNK = max(triton.next_power_of_2(chunk), 2 * K)
     n = triton.cdiv(N, CHUNK)
     use_pin = pin is not None
-    pin_t = (pin if pin.dtype == torch.int32 and pin.is_contiguous() else pin.to(torch.int32).contiguous()) \
-        if use_pin else out
+    pin_t = _pin_i32(pin) if use_pin else out
     if n == 1:
         CHUNK = max(triton.next_power_of_2(N), K)
     buf = torch.empty((S, n, K), dtype=torch.int64, device=dev)
@@ -155,6 +373,87 @@ def topk_select(scores: torch.Tensor, k: int, pin: torch.Tensor | None = None, c
         _topk_merge_kernel[(n_next, S)](buf, nxt, out, n, n_next, k, k, K=K, CHUNK=MCHUNK, FINAL=n_next == 1,
                                         num_warps=16 if MCHUNK >= 16384 else (8 if MCHUNK >= 4096 else 4))
         buf, n = nxt, n_next
+    return out
+
+
+def _pin_i32(pin):
+    return pin if pin.dtype == torch.int32 and pin.is_contiguous() else pin.to(torch.int32).contiguous()
+
+
+_SPLIT_WS: dict = {}
+
+
+def _split_workspace(dev, S: int):
+    """(hist [S, _NB], slots [S, 2]) int32, zeroed once and left zeroed by the kernels (the last arriver
+    of a radix level exchanges the histogram for zeros; the rank pass zeroes the slot counters), so a
+    CUDA-graph replay needs no memset. Grown, never shrunk; allocate (first call) before capture."""
+    key = (dev.type, dev.index)
+    ws = _SPLIT_WS.get(key)
+    if ws is None or ws[0].shape[0] < S:
+        n = max(S, 8)
+        ws = (torch.zeros((n, _NB), dtype=torch.int32, device=dev), torch.zeros((n, 2), dtype=torch.int32, device=dev))
+        _SPLIT_WS[key] = ws
+    return ws
+
+
+def split_chunk(N: int, S: int, dev) -> int:
+    """Scores per program of the split path: about one program per SM over all rows, 128..4096 (the
+    2048-bin histogram spills at 8192 on sm90)."""
+    from dsv41c.codegen.triton.kv_quant import sm_count
+
+    per_row = max(1, sm_count(dev) // max(S, 1))
+    return min(4096, max(128, triton.next_power_of_2(triton.cdiv(N, per_row))))
+
+
+def topk_select_split(scores: torch.Tensor, k: int, pin: torch.Tensor | None = None, chunk: int | None = None,
+                      cap: int = SPLIT_CAP, state: torch.Tensor | None = None) -> torch.Tensor:
+    """`topk_select` for few long rows: each row split over P = ceil(N / chunk) programs (module
+    docstring: three radix-histogram levels, a gather, a pairwise-rank pass; five launches).
+    `state` (int32 [S, 8], optional): where the per-row threshold state is left (prefix, shift,
+    above, h, kk, done), for tests that check which path a row took."""
+    from dsv41c.codegen.triton.arrival import counters
+
+    if scores.dim() != 2:
+        raise ValueError(f"topk_select_split: scores must be [S, N], got shape {tuple(scores.shape)}")
+    S, N = scores.shape
+    dev = scores.device
+    if S == 0 or N == 0 or k == 0:
+        return torch.full((S, k), -1, dtype=torch.int32, device=dev)
+    if N >= 2 ** 31 - 1:
+        raise ValueError(f"topk_select_split: row length {N} does not fit the 31-bit index half of the key")
+    if scores.dtype != torch.float32:
+        raise ValueError(f"topk_select_split: scores must be float32, got {scores.dtype}")
+    if pin is not None and tuple(pin.shape) != (S,):
+        raise ValueError(f"topk_select_split: pin must be [S] = [{S}], got shape {tuple(pin.shape)}")
+    if scores.stride(1) != 1:
+        scores = scores.contiguous()
+    CHUNK = triton.next_power_of_2(chunk if chunk is not None else split_chunk(N, S, dev))
+    if cap < 0:
+        raise ValueError(f"topk_select_split: cap must be >= 0, got {cap}")
+    CAP = triton.next_power_of_2(max(cap, 2))  # bucket list size; cap itself is the refinement bound
+    P = triton.cdiv(N, CHUNK)
+    K = triton.next_power_of_2(k)
+    out = torch.empty((S, k), dtype=torch.int32, device=dev)
+    use_pin = pin is not None
+    pin_t = _pin_i32(pin) if use_pin else out
+    hist, slots = _split_workspace(dev, S)
+    cnt = counters(dev, S)
+    if state is None:
+        state = torch.empty((S, 8), dtype=torch.int32, device=dev)
+    elif state.shape != (S, 8) or state.dtype != torch.int32 or not state.is_contiguous():
+        raise ValueError(f"topk_select_split: state must be contiguous int32 [{S}, 8]")
+    sure = torch.empty((S, K), dtype=torch.int64, device=dev)
+    bkt = torch.empty((S, CAP), dtype=torch.int64, device=dev)
+    ties = torch.empty((S, P), dtype=torch.int32, device=dev)
+    nw = 8 if CHUNK >= 4096 else 4
+    grid = (P, S)
+    for level in (1, 2, 3):
+        _split_hist_kernel[grid](scores, pin_t, hist, state, cnt, N, scores.stride(0), k, cap, P,
+                                 CHUNK=CHUNK, NB=_NB, LEVEL=level, USE_PIN=use_pin, num_warps=nw)
+    _split_gather_kernel[grid](scores, pin_t, state, slots, sure, bkt, ties, N, scores.stride(0), P,
+                               K=K, CAP=CAP, CHUNK=CHUNK, USE_PIN=use_pin, num_warps=nw)
+    _split_rank_kernel[grid](out, scores, pin_t, state, slots, sure, bkt, ties, N, scores.stride(0), k, P,
+                             K=K, CAP=CAP, CHUNK=CHUNK, R=32, TB=256, USE_PIN=use_pin, num_warps=nw)
     return out
 
 
@@ -191,4 +490,17 @@ def topk_specs(target):
                                 {"src_ptr": "*i64", "dst_ptr": "*i64", "idx_ptr": "*i32", "n_in": "i32", "n_out": "i32",
                                  "k": "i32", "k_out": "i32"},
                                 {"K": K, "CHUNK": MERGE, "FINAL": final}, num_warps=16))
+        # the split path at one decode row: 131,072 scores / 16,384 blocks over ~128 programs (split_chunk)
+        pin = k == c.candidate_topk_blocks
+        schunk = 128 if pin else 1024
+        row = {"s_ptr": "*fp32", "pin_ptr": "*i32", "N": "i32", "stride_s": "i32", "state_ptr": "*i32"}
+        for level in (1, 2, 3):
+            out.append(aot_spec(_split_hist_kernel, f"split_hist{level}_k{K}_c{schunk}",
+                                {**row, "hist_ptr": "*i32", "cnt_ptr": "*i32", "k": "i32", "cap": "i32", "n_prog": "i32"},
+                                {"CHUNK": schunk, "NB": _NB, "LEVEL": level, "USE_PIN": pin}, num_warps=4))
+        lists = {"slot_ptr": "*i32", "sure_ptr": "*i64", "bkt_ptr": "*i64", "ties_ptr": "*i32", "n_prog": "i32"}
+        out.append(aot_spec(_split_gather_kernel, f"split_gather_k{K}_c{schunk}", {**row, **lists},
+                            {"K": K, "CAP": SPLIT_CAP, "CHUNK": schunk, "USE_PIN": pin}, num_warps=4))
+        out.append(aot_spec(_split_rank_kernel, f"split_rank_k{K}_c{schunk}", {**row, **lists, "idx_ptr": "*i32", "k": "i32"},
+                            {"K": K, "CAP": SPLIT_CAP, "CHUNK": schunk, "R": 32, "TB": 256, "USE_PIN": pin}, num_warps=4))
     return out

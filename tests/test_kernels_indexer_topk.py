@@ -1,0 +1,157 @@
+"""The split (few rows, many programs per row) top-k path of indexer_topk.py against the float32 reference.
+
+Interpreter tier: small rows (N <= 4096) with small chunks, so every row runs over many programs
+and each path of the radix select is taken: the threshold bucket ranked pairwise after level 1, 2
+or 3, exact score ties resolved in index order, rows without valid scores, k >= N. Each case
+asserts the same indices in the same order as `topk_select_ref` (torch's stable descending sort)
+and, where it matters, which path the row took (the kernel's state: shift 21 / 10 = refined to
+level 1 / 2, shift 0 = one exact score). GPU tier: the decode shapes (top-512 of 131,072 scores,
+top-2048 of 16,384 pinned block maxima) at S = 1 and 4, also replayed from a CUDA graph.
+"""
+import pytest
+import torch
+
+from dsv41c.codegen.triton import indexer_topk as tk
+from dsv41c.codegen.triton.arrival import counters
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _split(s, k, pin=None, **kw):
+    state = torch.empty((s.shape[0], 8), dtype=torch.int32, device=s.device)
+    a = tk.topk_select_split(s, k, pin, state=state, **kw)
+    b = tk.topk_select_ref(s, k, pin)
+    assert a.dtype == torch.int32 and a.shape == b.shape
+    if not torch.equal(a, b):
+        bad = (a != b).nonzero()[:8].tolist()
+        raise AssertionError(f"split top-{k} differs from the reference at {bad}; state {state.tolist()}")
+    # the kernels leave their workspace zeroed for the next launch / graph replay
+    hist, slots = tk._split_workspace(s.device, s.shape[0])
+    assert int(hist.abs().sum()) == 0 and int(slots.abs().sum()) == 0
+    assert int(counters(s.device, s.shape[0]).abs().sum()) == 0
+    return a, state
+
+
+def _ties(S, N, seed):
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randn(S, N, generator=g).round(decimals=1)  # many exact ties
+    s[:, ::5] = 0.0
+    s[:, 2::7] = -0.0
+    return s
+
+
+@pytest.mark.parametrize("S,N,k,chunk", [(1, 4096, 64, 256), (2, 4096, 512, 512), (3, 3000, 100, 128)])
+def test_split_random_rows_level1(S, N, k, chunk):
+    s = torch.randn(S, N, generator=torch.Generator().manual_seed(N + k)).to(DEV)
+    _, st = _split(s, k, chunk=chunk)
+    assert (st[:, 1] == 21).all() and (st[:, 5] == 1).all()  # the first level's bucket was small enough
+
+
+@pytest.mark.parametrize("cap", [64, 0])
+def test_split_refines_full_buckets(cap):
+    # scores inside [1, 1.25): one first-level bucket holds the whole row, so it is refined
+    g = torch.Generator().manual_seed(cap)
+    s = (1.0 + 0.25 * torch.rand(2, 4096, generator=g)).to(DEV)
+    s[1, 100:3000] = 1.24  # row 1: a long run of one score at the threshold
+    _, st = _split(s, 300, chunk=256, cap=cap)
+    assert int(st[0, 1]) == (10 if cap else 0), st.tolist()  # level 2 suffices / cap 0: down to one score
+    assert int(st[1, 1]) == 0, st.tolist()  # the tied run: exact ties in index order
+
+
+def test_split_ties_masked_rows_and_pin():
+    S, N, k = 3, 4096, 256
+    s = _ties(S, N, seed=7)
+    s[0, N // 2:] = float("-inf")  # masked half row
+    s[1] = 1.0  # one value: the first k indices
+    s[2, :] = float("-inf")
+    s[2, 4000:] = 3.0  # fewer valid than k
+    s = s.to(DEV)
+    pin = torch.tensor([N - 1, 17, -1], dtype=torch.int32, device=DEV)
+    for p in (None, pin):
+        a, st = _split(s, k, p, chunk=256, cap=1024)
+        assert int(st[1, 1]) == 0  # the all-equal row (> cap ties): exact ties in index order
+        a, st = _split(s, k, p, chunk=256)
+        assert int(st[1, 1]) == 21  # <= cap ties: ranked pairwise on the unique (score, index) keys
+    a, _ = _split(s, k, chunk=256)
+    assert torch.equal(a[1], torch.arange(k, dtype=torch.int32, device=DEV))
+    assert (a[2, 96:] == -1).all()
+
+
+def test_split_pin_over_existing_inf_and_duplicates():
+    N, k = 2048, 64
+    s = _ties(2, N, seed=9)
+    s[:, 500] = float("inf")
+    s[:, 1500] = float("inf")
+    s = s.to(DEV)
+    for pin_at in (1000, 500, 2047):  # between, on and after the +inf scores
+        _split(s, k, torch.tensor([pin_at, -1], dtype=torch.int32, device=DEV), chunk=128)
+
+
+@pytest.mark.parametrize("N,k", [(300, 512), (1000, 1000), (1000, 1), (130, 2048)])
+def test_split_k_edges(N, k):
+    s = _ties(2, N, seed=N)
+    s[1, ::3] = float("-inf")
+    a, _ = _split(s.to(DEV), k, chunk=128)
+    if k >= N:
+        assert (a[:, N:] == -1).all()
+
+
+def test_split_no_valid_scores_and_strided_rows():
+    big = _ties(2, 5000, seed=3)
+    big[0] = float("-inf")
+    s = big[:, :4096].to(DEV)  # rows with stride 5000
+    a, st = _split(s, 64, chunk=512)
+    assert (a[0] == -1).all() and int(st[0, 4]) == 0
+
+
+def test_split_repeated_calls_leave_workspace_clean():
+    # the same buffers serve later calls: histogram, slots and arrival counters must come back zeroed
+    s = _ties(1, 4096, seed=1).to(DEV)
+    for k in (16, 512, 64):
+        _split(s, k, chunk=256, cap=8 if k > 16 else 0)
+
+
+def test_dispatch_uses_split_for_few_long_rows():
+    s = torch.randn(1, tk.SPLIT_MIN_N, generator=torch.Generator().manual_seed(2)).to(DEV)
+    assert torch.equal(tk.topk_select(s, 128), tk.topk_select_ref(s, 128))
+    assert torch.equal(tk.topk_select(s, 128), tk.topk_select_chunked(s, 128))
+
+
+def test_split_rejects_bad_input():
+    s = torch.randn(1, 64, device=DEV)
+    with pytest.raises(ValueError, match="float32"):
+        tk.topk_select_split(s.double(), 8)
+    with pytest.raises(ValueError, match="pin"):
+        tk.topk_select_split(s, 8, torch.zeros(2, dtype=torch.int32, device=DEV))
+
+
+# ============================================================================ GPU tier (real sizes)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("S", [1, 4])
+def test_gpu_split_decode_sizes(S):
+    g = torch.Generator(device="cuda").manual_seed(S)
+    T, NB = 131072, 16384
+    sc = torch.randn(S, T, device="cuda", generator=g)
+    sc[:, T - 1000:] = float("-inf")  # not yet visible
+    sc[:, 5000:5100] = sc[:, 4000:4001]  # a run of exact ties
+    bm = sc.view(S, NB, 8).amax(-1)
+    pin = torch.full((S,), NB - 126, dtype=torch.int32, device="cuda")
+    cases = ((sc, 512, None), (bm, 2048, pin), (sc.round(decimals=1), 512, None), (bm.round(decimals=1), 2048, pin))
+    for x, k, p in cases:
+        a = tk.topk_select_split(x, k, p)
+        assert torch.equal(a, tk.topk_select_ref(x, k, p))
+        assert torch.equal(tk.topk_select(x, k, p), a)
+    # replayed from a CUDA graph: the workspace comes back zeroed, so every replay is exact
+    x = sc.clone()
+    tk.topk_select(x, 512)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tk.topk_select(x, 512)
+    for seed in range(3):
+        x.copy_(torch.randn(S, T, device="cuda", generator=g).round(decimals=seed))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, tk.topk_select_ref(x, 512))
