@@ -41,6 +41,12 @@ Specialization keys: chunked K (512 / 2048), CHUNK (4096 per chunk program; MERG
 program, 16 warps), USE_PIN, FINAL; split CHUNK (128..4096 by N and S), NB = 2048, LEVEL, K, CAP,
 USE_PIN.
 
+Measured (H200, torch 2.11 / triton 3.6, graph replay, `benchmarks/results/tune_indexer_topk.json`):
+top-512 of 131,072 at one row 48.6 -> 24.2 µs (chunked -> split), candidate-2048 of 16,384 blocks
+63.4 -> 29.0 µs; four rows 48.9 -> 36.1 and 63.6 -> 38.6 µs; at eight rows the split path is slower
+(61.8 vs 52.4 µs), hence SPLIT_MAX_S = 4. Ties and all-equal rows: 23.5-39 µs (chunked 66-81 µs).
+Five launches are most of the one-row time (each ~2-4 µs with its dependent atomics).
+
 Known gaps: the chunked path at one row fills 32 of the 132 SMs and the merge one, both bounded by
 their 32 sequential counting steps. The split path pays five launches even when level 1 suffices
 (levels 2-3 are empty launches then); the pairwise rank costs h^2 comparisons for a bucket of h <=
@@ -322,7 +328,7 @@ def _split_rank_kernel(idx_ptr, s_ptr, pin_ptr, state_ptr, slot_ptr, sure_ptr, b
 
 
 MERGE = 16384  # keys one merge program selects from (MERGE / K lists)
-SPLIT_MAX_S = 8  # rows up to which topk_select splits each row over many programs (radix select)
+SPLIT_MAX_S = 4  # rows up to which topk_select splits each row over many programs (H200: faster at S <= 4, slower at 8)
 SPLIT_MIN_N = 8192  # shorter rows: the one-program-per-chunk path is already one or two short launches
 SPLIT_CAP = 4096  # largest threshold bucket ranked pairwise; a fuller one is refined one more level
 _NB = 2048  # histogram bins of one radix level (digits of 11, 11, 10 bits)

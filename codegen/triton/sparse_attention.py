@@ -25,9 +25,10 @@ slice is V (still one load and dequant per key element). Pipeline stages prefetc
 rows into shared memory (CUDA). With one split the program applies the sink, normalizes and
 inverse-rotates (pairs taken apart with tl.split, put back with tl.join); with several, partial
 (m, l, acc) go to scratch and are merged (split order, sink, inverse rotation: `_combine_tile`) either
-by the last-arriving split of the query in the same launch (fuse_combine, default: a per-(query,
-channel slice) counter from codegen/triton/arrival.py, left at zero for the next launch / graph
-replay) or by `_combine_kernel` (grid query x 64-channel x 16-head tiles); both give the same bits.
+by the last-arriving split of the query in the same launch (fuse_combine: a per-(query, channel
+slice) counter from codegen/triton/arrival.py, left at zero for the next launch / graph replay) or,
+the default (measured faster on the H200), by `_combine_kernel` (grid query x 64-channel x 16-head
+tiles); both give the same bits.
 Decode splits: a batch of S queries runs SMs // S key splits (at least 1), so about one program per
 SM is in flight: one query = 10 programs of one 64-key block, 64 queries = 128 programs.
 
@@ -39,16 +40,17 @@ hides the chain: the warpgroups split the keys. Static sm90 SASS under triton 3.
 key block, `benchmarks/tune_sparse_attention.py --sass`): BN 64 before 64 HGMMA.64x32x16 + 4
 HGMMA.64x256x16 (QK twice the minimum), stack 792 B, 45 / 164 local-memory ops in the window /
 compressed loop; after 32 + 4 (the minimum), stack 328 B. The [64, 512] fp32 accumulator alone is half
-the register file (128 regs/thread at 8 warps), so a decode batch also uses 32-key blocks with 3
-stages (BATCH_BN, BATCH_STAGES): stack 56 B, 0 / 12 local-memory ops (BN 16: no spills at all, but
-64x8x16 wgmmas: a sweep option). For DV < D the per-slice products in branches spill more (440
+the register file (128 regs/thread at 8 warps); 32-key blocks with 3 stages cut the stack to 56 B
+(BN 16: no spills, but 64x8x16 wgmmas), yet the H200 sweep (`tune_sparse_attention.json`) timed them
+slower than 64-key blocks with 2 stages, which stay the batch default (BATCH_BN, BATCH_STAGES).
+For DV < D the per-slice products in branches spill more (440
 local-memory ops in the window loop at DV 128), so qk_once defaults off there.
 
 Specialization keys: H (64), D (512), ROPE (64), W (128), BN (key block), DV (output channels
 per program), QUANT (fp8/fp4 vs bf16), SPLIT, QK_ONCE, FUSE; combine: HB, CP (head x channel tile).
 Variants: decode (SPLIT) and prefill, each for both KV formats: CUDA DV 512, BN 64 (FP8/FP4) or
 32 (bf16: its 2-stage buffers need twice the shared memory), 8 warps, 2 stages; a quantized decode
-batch (2 <= S <= SMs / 2) BN 32, 3 stages; gfx950 the same with one stage; gfx942/gfx1100 (64 KB LDS:
+batch (2 <= S <= SMs / 2) BATCH_BN / BATCH_STAGES; gfx950 the same with one stage; gfx942/gfx1100 (64 KB LDS:
 q alone would fill it) DV 128, BN 32, one stage. AOT specs keep FUSE off (the runtime launches the
 combine; it has no counter buffer yet).
 
@@ -56,7 +58,9 @@ Measured before the qk_once / fused-combine / batch-tile change (H200, torch 2.1
 benchmarks/results/kernels_attention.json, 2026-11-29; graph replay): 64 decode queries FP8/FP4 70 µs
 (was 247 µs; 9× a 7.7 µs floor), one query 25.8 µs at DV 512 (was 48 µs) and 20.6 µs at DV 128 (the
 one-query default), bf16 one query 19 µs; prefill 1024 queries 0.81 ms (6.6× its floor; eager
-4.8 ms). The new defaults are not measured yet: `python benchmarks/tune_sparse_attention.py --out F`.
+4.8 ms). After it (same GPU, `benchmarks/results/tune_sparse_attention.json`, graph replay): 64 decode
+queries 70.8 -> 57.9 µs with qk_once at BN 64 / 2 stages (the default); the fused combine 66 µs, BN 32 /
+3 stages 75-77 µs, BN 16 89 µs; one query unchanged at 21 µs (fused combine 25.7 µs).
 
 Known gaps: entries selected by the indexer that also lie in the window are attended twice
 (as the reference does, spec §3.4 note). Window rows are trusted to hold the right positions
@@ -64,7 +68,7 @@ Known gaps: entries selected by the indexer that also lie in the window are atte
 rounded to bf16 for the P·V MMA on GPUs (fp32 in the interpreter). No paging (base rows only).
 UE8M0 byte 0 / 255 and E4M3 NaN are not decoded specially (the quantizers never produce them).
 The fused combine's counters (arrival.counters) are per device: two fused launches must not run
-concurrently on different streams. BN 32 decode batches still spill a little (56 B stack, 12
+concurrently on different streams. BN 64 decode batches spill (328 B stack; BN 32 56 B, 12
 local loads per compressed block under triton 3.6).
 """
 from __future__ import annotations
@@ -395,8 +399,10 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
 # two pipeline stages prefetch the next block's rows into shared memory on CUDA (ROCm: one stage).
 DEFAULT_BN = {True: 64, False: 32}
 QK_ONCE = True  # q·K^T once per key block, its keys split over the warpgroups (_attend_block)
-FUSE_COMBINE = True  # key splits merged by the last arriver in the same launch
-BATCH_BN, BATCH_STAGES = 32, 3  # several FP8/FP4 queries (batched decode, prefill): see the module docstring
+# Key splits merged by the last arriver in the same launch: off, the H200 sweep found the separate
+# combine kernel faster (64 queries 58 vs 66 µs, one query 21 vs 26 µs: the last program merges alone).
+FUSE_COMBINE = False
+BATCH_BN, BATCH_STAGES = 64, 2  # several FP8/FP4 queries: the H200 sweep's best with qk_once (58 µs vs 75 µs at 32/3)
 ONE_QUERY_DV = 128  # output channels per program for a single quantized decode query
 
 
