@@ -22,15 +22,36 @@ are reproduced with an explicit round-to-nearest-even on the fp32 bit pattern (`
 rsqrt is `1 / sqrt_rn` with `div_rn`, so on inputs whose GEMM and sum of squares are exact the
 kernel is bit-identical to the reference (tested); elsewhere it differs by accumulation order.
 
-Specialization keys: C (512), ROPE (64), RATIO (1|2), BM (rows per program), BK (K step),
-FUSE_IDX (indexer key fused), CI/IROPE (128/64), UPCAST (fp32 dots: interpreter only).
-Variants per target: ratio-1 prefill (BM 32) and ratio-2 prefill (BM 16 pairs), each with the
-indexer key fused; decode (<= 32 tokens): `_compress_gemv_kernel` spreads the 512x5120 (x2 with
-the gate) weight read over 8 channel blocks x 8 K-splits, and the tail kernel (FROM_PART) adds the
-partials in split order; gfx1100 (RDNA3, 64 KB LDS, wave32) uses BK 32 and one pipeline stage.
+Decode, one launch (`_compress_decode_kernel`, the default for 1, 2 or 4 tokens and <= 2 output
+rows): the weight read is spread over (C/BN) x NSPLIT programs (512x5120 at BN 8, KPS 1024: 64 x 5
+= 320, ~2.4 per H200 SM) as a pure-FMA GEMV: each program loads its whole [BN, KPS] slice of wkv
+(+ wgate) in one go (all 16-byte loads in flight; MMA would pad 1-2 tokens to 16 rows), x tiles
+broadcast in the same register layout, one reduction along K at the end, an fp32 partial per
+(split, token, channel). Every program then takes a ticket (arrival.py: release/acquire atomic);
+the last one adds the partials in split order (`.cg` loads) and runs the same tail as the other
+paths (`_tail`), with the indexer key's wk GEMV as FMA over [CI, IBK] chunks (`_idx_linear_fma`),
+and resets the counter. Results equal the two-launch path up to fp32 summation order.
+Decode, two launches (`fused_tail=False`, and every other T <= 32): `_compress_gemv_kernel`
+(8 channel blocks x 8 K-splits, tl.dot with the tokens padded to 16 rows), then the tail kernel
+(FROM_PART) adds the partials in split order. Measured on an H200 under CUDA-graph replay before
+the one-launch path existed: 28.5 us (ratio 1, 1 token), 36.5 us (ratio 2, 2 tokens); the one-launch
+path's numbers come from benchmarks/tune_compressor_decode.py.
 
-Known gaps: the ratio-2 partial group (odd token at a chunk's end) is buffered by the caller
-(HF `buffer_kv`): this kernel takes complete aligned pairs only. The compressed cache is a flat
+Specialization keys: C (512), ROPE (64), RATIO (1|2), BM (rows per program), BK (K step),
+FUSE_IDX (indexer key fused), CI/IROPE (128/64), UPCAST (fp32 dots: interpreter only); the
+one-launch decode kernel: NT (tokens), K (hidden size, a constexpr so AOT compiles prove the
+16-byte alignment of weight rows), BN, KPS, BK, NSPLIT, IBK (`DECODE_CFG`).
+Variants per target: ratio-1 prefill (BM 32) and ratio-2 prefill (BM 16 pairs), each with the
+indexer key fused; two-launch decode (GEMV + FROM_PART tail); one-launch decode for 1 token
+(ratio 1) and one pair (ratio 2); gfx1100 (RDNA3, 64 KB LDS, wave32) uses BK 32 and one pipeline
+stage.
+
+Known gaps: the one-launch decode path's tail is serial work in one program (the 128 KB wk read,
+~4 dependent L2 round trips at IBK 128); its arrival counter is the shared buffer of arrival.py
+(launches that use it must not run concurrently on two streams); its register count is set by the
+tail as much as by the GEMV, so the grid may not fit one wave at every (BN, num_warps) (see
+benchmarks/tune_compressor_decode.py). The ratio-2 partial group (odd token at a chunk's end) is
+buffered by the caller (HF `buffer_kv`): this kernel takes complete aligned pairs only. The compressed cache is a flat
 row array (a paged layout only changes `rows`). With fp fusion on (Triton's default on GPUs)
 RoPE's mul/sub may contract to FMA: GPU results can differ from the reference in the last bit
 of a few values (and so in a rare FP4 code); launches here pass enable_fp_fusion=False.
@@ -42,6 +63,7 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, register
+from dsv41c.codegen.triton.arrival import arrive_last, counters, reset_counter
 from dsv41c.codegen.triton.kv_quant import (
     aot_spec, interpreting, quant_fp4_e4m3_pairs, quant_fp4_ue8m0_pairs, round_bf16)
 from dsv41c import formats as nx
@@ -87,88 +109,69 @@ def _rmsnorm_pairs(E, O, w_ptr, eps, HALF: tl.constexpr, BF16: tl.constexpr):
 
 
 @triton.jit
-def _compressor_kernel(x_ptr, wkv_ptr, wg_ptr, nw_ptr, cos_ptr, sin_ptr, pos_ptr, rows_ptr,
-                       kvc_ptr, kvs_ptr, lat_ptr, wk_ptr, knw_ptr, ic_ptr, is_ptr, part_ptr, gpart_ptr,
-                       n_out, K, stride_x, eps, n_tok, ksplit,
-                       C: tl.constexpr, ROPE: tl.constexpr, RATIO: tl.constexpr, BM: tl.constexpr,
-                       BK: tl.constexpr, WRITE_LAT: tl.constexpr, LAT_BF16: tl.constexpr,
-                       FUSE_IDX: tl.constexpr, CI: tl.constexpr, IROPE: tl.constexpr, UPCAST: tl.constexpr,
-                       FROM_PART: tl.constexpr):
-    HALF: tl.constexpr = C // 2
-    pid = tl.program_id(0)
-    r = pid * BM + tl.arange(0, BM)
-    rmask = r < n_out
-    r64 = r.to(tl.int64)
-    h = tl.arange(0, HALF)
-    kk = tl.arange(0, BK)
-    # x rows: token RATIO*r (+1 for the second token of a pair)
-    if FROM_PART:
-        # decode: the linear outputs were computed by _compress_gemv_kernel as ksplit partial sums
-        # [ksplit, n_tok, C] (fp32), added here in split order (deterministic)
-        pa = part_ptr + (RATIO * r64)[:, None] * C + 2 * h[None, :]
-        accE = tl.zeros((BM, HALF), tl.float32)
-        accO = tl.zeros((BM, HALF), tl.float32)
-        if RATIO == 2:
-            ga = gpart_ptr + (RATIO * r64)[:, None] * C + 2 * h[None, :]
-            bE = tl.zeros((BM, HALF), tl.float32)
-            bO = tl.zeros((BM, HALF), tl.float32)
-            gaE = tl.zeros((BM, HALF), tl.float32)
-            gaO = tl.zeros((BM, HALF), tl.float32)
-            gbE = tl.zeros((BM, HALF), tl.float32)
-            gbO = tl.zeros((BM, HALF), tl.float32)
-        off = tl.zeros((), tl.int64)
-        for ks in range(ksplit):
-            accE += tl.load(pa + off, mask=rmask[:, None], other=0.0)
-            accO += tl.load(pa + off + 1, mask=rmask[:, None], other=0.0)
-            if RATIO == 2:
-                bE += tl.load(pa + off + C, mask=rmask[:, None], other=0.0)
-                bO += tl.load(pa + off + C + 1, mask=rmask[:, None], other=0.0)
-                gaE += tl.load(ga + off, mask=rmask[:, None], other=0.0)
-                gaO += tl.load(ga + off + 1, mask=rmask[:, None], other=0.0)
-                gbE += tl.load(ga + off + C, mask=rmask[:, None], other=0.0)
-                gbO += tl.load(ga + off + C + 1, mask=rmask[:, None], other=0.0)
-            off += n_tok * C
-    else:
-        # x rows: token RATIO*r (+1 for the second token of a pair)
-        xa_ptrs = x_ptr + (RATIO * r64)[:, None] * stride_x + kk[None, :]
-        # W tiles [BK, HALF]: even output channels are W rows 2h, odd ones 2h+1
-        wE_ptrs = wkv_ptr + (2 * h).to(tl.int64)[None, :] * K + kk[:, None]
-        accE = tl.zeros((BM, HALF), tl.float32)
-        accO = tl.zeros((BM, HALF), tl.float32)
-        if RATIO == 2:
-            gE_ptrs = wg_ptr + (2 * h).to(tl.int64)[None, :] * K + kk[:, None]
-            bE = tl.zeros((BM, HALF), tl.float32)
-            bO = tl.zeros((BM, HALF), tl.float32)
-            gaE = tl.zeros((BM, HALF), tl.float32)
-            gaO = tl.zeros((BM, HALF), tl.float32)
-            gbE = tl.zeros((BM, HALF), tl.float32)
-            gbO = tl.zeros((BM, HALF), tl.float32)
-        for k0 in range(0, K, BK):
-            kmask = (k0 + kk) < K
-            xa = tl.load(xa_ptrs + k0, mask=rmask[:, None] & kmask[None, :], other=0.0)
-            wE = tl.load(wE_ptrs + k0, mask=kmask[:, None], other=0.0)
-            wO = tl.load(wE_ptrs + K + k0, mask=kmask[:, None], other=0.0)
-            if UPCAST:
-                xa = xa.to(tl.float32)
-                wE = wE.to(tl.float32)
-                wO = wO.to(tl.float32)
-            accE = tl.dot(xa, wE, accE)
-            accO = tl.dot(xa, wO, accO)
-            if RATIO == 2:
-                xb = tl.load(xa_ptrs + stride_x + k0, mask=rmask[:, None] & kmask[None, :], other=0.0)
-                vE = tl.load(gE_ptrs + k0, mask=kmask[:, None], other=0.0)
-                vO = tl.load(gE_ptrs + K + k0, mask=kmask[:, None], other=0.0)
-                if UPCAST:
-                    xb = xb.to(tl.float32)
-                    vE = vE.to(tl.float32)
-                    vO = vO.to(tl.float32)
-                bE = tl.dot(xb, wE, bE)
-                bO = tl.dot(xb, wO, bO)
-                gaE = tl.dot(xa, vE, gaE)
-                gaO = tl.dot(xa, vO, gaO)
-                gbE = tl.dot(xb, vE, gbE)
-                gbO = tl.dot(xb, vO, gbO)
+def _pairs(A, BM: tl.constexpr, HALF: tl.constexpr):
+    """[BM, 2·HALF] in channel order -> (even channels, odd channels), each [BM, HALF]: rows are
+    loaded contiguously (wide loads) and split in registers, not loaded with stride 2."""
+    return tl.split(tl.reshape(A, (BM, HALF, 2)))
 
+
+@triton.jit
+def _add_partial(a, b, ga, gb, pa, pg, off, m, C: tl.constexpr, RATIO: tl.constexpr, CACHE: tl.constexpr):
+    """Add one K-split's fp32 partial rows (part/gpart at element offset off) to the running sums:
+    a (token 2r or r), b (token 2r+1) and the gate's ga / gb (ratio 2)."""
+    a += tl.load(pa + off, mask=m, other=0.0, cache_modifier=CACHE)
+    if RATIO == 2:
+        b += tl.load(pa + off + C, mask=m, other=0.0, cache_modifier=CACHE)
+        ga += tl.load(pg + off, mask=m, other=0.0, cache_modifier=CACHE)
+        gb += tl.load(pg + off + C, mask=m, other=0.0, cache_modifier=CACHE)
+    return a, b, ga, gb
+
+
+@triton.jit
+def _idx_linear_fma(LE, LO, r, rmask, wk_ptr, lsc_ptr, C: tl.constexpr, CI: tl.constexpr, BM: tl.constexpr,
+                    IBK: tl.constexpr):
+    """Indexer key linear k = L·wk^T for BM <= 2 latent rows (bf16 values in fp32 halves LE/LO) in
+    fp32, no MMA padding to 16 rows. The latent goes through a scratch row lsc (so every K chunk is
+    loaded straight in the layout of the wk tile it multiplies); wk is read as [CI, IBK] chunks
+    (contiguous, wide loads), each one load of 8+ 16-byte vectors per thread so they are in flight
+    together (this runs in one program: latency, not issue, bounds it), reduced per chunk.
+    Returns (even, odd) output channels [BM, CI/2]."""
+    HALF: tl.constexpr = C // 2
+    h = tl.arange(0, HALF)
+    lp = lsc_ptr + r[:, None] * C + 2 * h[None, :]
+    tl.store(lp, LE, mask=rmask[:, None])
+    tl.store(lp + 1, LO, mask=rmask[:, None])
+    tl.debug_barrier()  # the scratch row is written by other threads of this program
+    j = tl.arange(0, CI)
+    kk = tl.arange(0, IBK)
+    wp = wk_ptr + j[:, None] * C + kk[None, :]
+    k0 = tl.zeros((CI,), tl.float32)
+    if BM == 2:
+        k1 = tl.zeros((CI,), tl.float32)
+    for cb in tl.static_range(C // IBK):
+        w = tl.load(wp + cb * IBK).to(tl.float32)
+        k0 += tl.sum(w * tl.load(lsc_ptr + cb * IBK + kk)[None, :], axis=1)
+        if BM == 2:
+            k1 += tl.sum(w * tl.load(lsc_ptr + C + cb * IBK + kk)[None, :], axis=1)
+    k = tl.where(r[:, None] == 0, k0[None, :], 0.0)
+    if BM == 2:
+        k = tl.where(r[:, None] == 1, k1[None, :], k)
+    return _pairs(k, BM, CI // 2)
+
+
+@triton.jit
+def _tail(accE, accO, bE, bO, gaE, gaO, gbE, gbO, r, rmask, nw_ptr, cos_ptr, sin_ptr, pos_ptr, rows_ptr,
+          kvc_ptr, kvs_ptr, lat_ptr, wk_ptr, knw_ptr, ic_ptr, is_ptr, lsc_ptr, eps,
+          C: tl.constexpr, ROPE: tl.constexpr, RATIO: tl.constexpr, BM: tl.constexpr, WRITE_LAT: tl.constexpr,
+          LAT_BF16: tl.constexpr, FUSE_IDX: tl.constexpr, CI: tl.constexpr, IROPE: tl.constexpr,
+          UPCAST: tl.constexpr, IBK: tl.constexpr):
+    """Everything after the linear, for BM rows r (mask rmask): ratio-2 gated pooling, RMSNorm,
+    latent out, fused indexer key, RoPE, FP4 pack, cache append. acc*/b*/ga*/gb* are the (even, odd)
+    halves of the linear outputs [BM, C/2] (b, ga, gb: ratio 2 only). IBK > 0: the indexer key's
+    linear runs as FMA (BM <= 2, `_idx_linear_fma`, scratch lsc), else as tl.dot (BM >= 16)."""
+    HALF: tl.constexpr = C // 2
+    h = tl.arange(0, HALF)
+    r64 = r.to(tl.int64)
     if RATIO == 2:
         # per-channel softmax over the pair, fp32 (reference order: exp(g - max) / sum)
         mE = tl.maximum(gaE, gbE)
@@ -205,21 +208,24 @@ def _compressor_kernel(x_ptr, wkv_ptr, wg_ptr, nw_ptr, cos_ptr, sin_ptr, pos_ptr
         ci = tl.arange(0, IH)
         LE = round_bf16(E)
         LO = round_bf16(O)
-        wkb = wk_ptr + (2 * ci)[None, :] * C + (2 * h)[:, None]  # [HALF, IH]: wk[2ci, 2h]
-        wEE = tl.load(wkb)
-        wEO = tl.load(wkb + 1)
-        wOE = tl.load(wkb + C)
-        wOO = tl.load(wkb + C + 1)
-        if UPCAST:
-            wEE = wEE.to(tl.float32)
-            wEO = wEO.to(tl.float32)
-            wOE = wOE.to(tl.float32)
-            wOO = wOO.to(tl.float32)
+        if IBK > 0:
+            kE, kO = _idx_linear_fma(LE, LO, r, rmask, wk_ptr, lsc_ptr, C, CI, BM, IBK)
         else:
-            LE = LE.to(tl.bfloat16)
-            LO = LO.to(tl.bfloat16)
-        kE = tl.dot(LE, wEE) + tl.dot(LO, wEO)
-        kO = tl.dot(LE, wOE) + tl.dot(LO, wOO)
+            wkb = wk_ptr + (2 * ci)[None, :] * C + (2 * h)[:, None]  # [HALF, IH]: wk[2ci, 2h]
+            wEE = tl.load(wkb)
+            wEO = tl.load(wkb + 1)
+            wOE = tl.load(wkb + C)
+            wOO = tl.load(wkb + C + 1)
+            if UPCAST:
+                wEE = wEE.to(tl.float32)
+                wEO = wEO.to(tl.float32)
+                wOE = wOE.to(tl.float32)
+                wOO = wOO.to(tl.float32)
+            else:
+                LE = LE.to(tl.bfloat16)
+                LO = LO.to(tl.bfloat16)
+            kE = tl.dot(LE, wEE) + tl.dot(LO, wEO)
+            kO = tl.dot(LE, wOE) + tl.dot(LO, wOO)
         kE, kO = _rmsnorm_pairs(round_bf16(kE), round_bf16(kO), knw_ptr, eps, IH, True)
         kE, kO = _rope_pairs(kE, kO, pos, cos_ptr, sin_ptr, BM, IH, IROPE, False)
         kp, ke = quant_fp4_ue8m0_pairs(round_bf16(kE), round_bf16(kO), BM, IH)
@@ -238,12 +244,90 @@ def _compressor_kernel(x_ptr, wkv_ptr, wg_ptr, nw_ptr, cos_ptr, sin_ptr, pos_ptr
 
 
 @triton.jit
+def _compressor_kernel(x_ptr, wkv_ptr, wg_ptr, nw_ptr, cos_ptr, sin_ptr, pos_ptr, rows_ptr,
+                       kvc_ptr, kvs_ptr, lat_ptr, wk_ptr, knw_ptr, ic_ptr, is_ptr, part_ptr, gpart_ptr,
+                       n_out, K, stride_x, eps, n_tok, ksplit,
+                       C: tl.constexpr, ROPE: tl.constexpr, RATIO: tl.constexpr, BM: tl.constexpr,
+                       BK: tl.constexpr, WRITE_LAT: tl.constexpr, LAT_BF16: tl.constexpr,
+                       FUSE_IDX: tl.constexpr, CI: tl.constexpr, IROPE: tl.constexpr, UPCAST: tl.constexpr,
+                       FROM_PART: tl.constexpr):
+    HALF: tl.constexpr = C // 2
+    pid = tl.program_id(0)
+    r = pid * BM + tl.arange(0, BM)
+    rmask = r < n_out
+    r64 = r.to(tl.int64)
+    h = tl.arange(0, HALF)
+    kk = tl.arange(0, BK)
+    if FROM_PART:
+        # decode (two-launch path): the linear outputs were computed by _compress_gemv_kernel as
+        # ksplit partial sums [ksplit, n_tok, C] (fp32), added here in split order (deterministic)
+        cc = tl.arange(0, C)
+        pa = part_ptr + (RATIO * r64)[:, None] * C + cc[None, :]
+        pg = gpart_ptr + (RATIO * r64)[:, None] * C + cc[None, :]
+        a = tl.zeros((BM, C), tl.float32)
+        b = a
+        ga = a
+        gb = a
+        off = tl.zeros((), tl.int64)
+        for ks in range(ksplit):
+            a, b, ga, gb = _add_partial(a, b, ga, gb, pa, pg, off, rmask[:, None], C, RATIO, "")
+            off += n_tok * C
+        accE, accO = _pairs(a, BM, HALF)
+        bE, bO = _pairs(b, BM, HALF)
+        gaE, gaO = _pairs(ga, BM, HALF)
+        gbE, gbO = _pairs(gb, BM, HALF)
+    else:
+        # x rows: token RATIO*r (+1 for the second token of a pair)
+        xa_ptrs = x_ptr + (RATIO * r64)[:, None] * stride_x + kk[None, :]
+        # W tiles [BK, HALF]: even output channels are W rows 2h, odd ones 2h+1
+        wE_ptrs = wkv_ptr + (2 * h).to(tl.int64)[None, :] * K + kk[:, None]
+        accE = tl.zeros((BM, HALF), tl.float32)
+        accO = tl.zeros((BM, HALF), tl.float32)
+        bE = accE
+        bO = accO
+        gaE = accE
+        gaO = accO
+        gbE = accE
+        gbO = accO
+        if RATIO == 2:
+            gE_ptrs = wg_ptr + (2 * h).to(tl.int64)[None, :] * K + kk[:, None]
+        for k0 in range(0, K, BK):
+            kmask = (k0 + kk) < K
+            xa = tl.load(xa_ptrs + k0, mask=rmask[:, None] & kmask[None, :], other=0.0)
+            wE = tl.load(wE_ptrs + k0, mask=kmask[:, None], other=0.0)
+            wO = tl.load(wE_ptrs + K + k0, mask=kmask[:, None], other=0.0)
+            if UPCAST:
+                xa = xa.to(tl.float32)
+                wE = wE.to(tl.float32)
+                wO = wO.to(tl.float32)
+            accE = tl.dot(xa, wE, accE)
+            accO = tl.dot(xa, wO, accO)
+            if RATIO == 2:
+                xb = tl.load(xa_ptrs + stride_x + k0, mask=rmask[:, None] & kmask[None, :], other=0.0)
+                vE = tl.load(gE_ptrs + k0, mask=kmask[:, None], other=0.0)
+                vO = tl.load(gE_ptrs + K + k0, mask=kmask[:, None], other=0.0)
+                if UPCAST:
+                    xb = xb.to(tl.float32)
+                    vE = vE.to(tl.float32)
+                    vO = vO.to(tl.float32)
+                bE = tl.dot(xb, wE, bE)
+                bO = tl.dot(xb, wO, bO)
+                gaE = tl.dot(xa, vE, gaE)
+                gaO = tl.dot(xa, vO, gaO)
+                gbE = tl.dot(xb, vE, gbE)
+                gbO = tl.dot(xb, vO, gbO)
+    _tail(accE, accO, bE, bO, gaE, gaO, gbE, gbO, r, rmask, nw_ptr, cos_ptr, sin_ptr, pos_ptr, rows_ptr,
+          kvc_ptr, kvs_ptr, lat_ptr, wk_ptr, knw_ptr, ic_ptr, is_ptr, part_ptr, eps,
+          C, ROPE, RATIO, BM, WRITE_LAT, LAT_BF16, FUSE_IDX, CI, IROPE, UPCAST, 0)
+
+
+@triton.jit
 def _compress_gemv_kernel(x_ptr, w_ptr, wg_ptr, part_ptr, gpart_ptr, T, K, stride_x, k_per_split,
                           C: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                           GATE: tl.constexpr, UPCAST: tl.constexpr):
-    """Decode-size linear: a [BN output channels] x [K range] slice for all T (<= BT) tokens, fp32
-    partial sums to part[k-split, T, C] (and the gate's to gpart). Many programs share the 5 MB of
-    weights, which one program per 16 tokens cannot stream fast enough."""
+    """Decode-size linear (two-launch path): a [BN output channels] x [K range] slice for all T (<= BT)
+    tokens, fp32 partial sums to part[k-split, T, C] (and the gate's to gpart). Many programs share the
+    5 MB of weights, which one program per 16 tokens cannot stream fast enough."""
     pn = tl.program_id(0)
     ks = tl.program_id(1)
     t = tl.arange(0, BT)
@@ -274,6 +358,107 @@ def _compress_gemv_kernel(x_ptr, w_ptr, wg_ptr, part_ptr, gpart_ptr, T, K, strid
         tl.store(gpart_ptr + off, gacc, mask=tm[:, None])
 
 
+@triton.jit
+def _fma_token(acc, w, xp, k, km):
+    """acc [BN, BK] += w [BN, BK] * x[k] (one token's K chunk, k and km [BN, BK] broadcast along the
+    channels so the x tile gets w's register layout: no layout conversion through shared memory; the
+    repeated addresses hit L1). An explicit fma: the launch turns fp fusion off (for the tail's
+    RoPE), which would split it into a multiply and an add."""
+    return tl.fma(w, tl.load(xp + k, mask=km, other=0.0).to(tl.float32), acc)
+
+
+@triton.jit
+def _compress_decode_kernel(x_ptr, wkv_ptr, wg_ptr, nw_ptr, cos_ptr, sin_ptr, pos_ptr, rows_ptr,
+                            kvc_ptr, kvs_ptr, lat_ptr, wk_ptr, knw_ptr, ic_ptr, is_ptr, ws_ptr, cnt_ptr,
+                            stride_x8, eps, K: tl.constexpr,
+                            C: tl.constexpr, ROPE: tl.constexpr, RATIO: tl.constexpr, NT: tl.constexpr,
+                            BN: tl.constexpr, KPS: tl.constexpr, BK: tl.constexpr, NSPLIT: tl.constexpr,
+                            WRITE_LAT: tl.constexpr, LAT_BF16: tl.constexpr, FUSE_IDX: tl.constexpr,
+                            CI: tl.constexpr, IROPE: tl.constexpr, IBK: tl.constexpr):
+    """Decode (NT = 1, 2 or 4 tokens, NT/RATIO <= 2 output rows) in one launch. Program (pn, ks):
+    output channels [pn·BN, +BN) over K range [ks·KPS, +KPS) for every token as a pure-FMA GEMV
+    (w [BN, BK] chunks, unrolled so all loads are in flight, x broadcast, one K reduction at the end),
+    fp32 partial to ws; the last program to arrive (arrival.py) adds the NSPLIT partials in split
+    order and runs the tail (`_tail`), then resets the counter.
+    ws layout (fp32): part [NSPLIT, NT, C], gate part [NSPLIT, NT, C], latent scratch [NT/RATIO, C].
+    K (the hidden size) is a constexpr and x's row stride is passed in units of 8 elements (stride_x8):
+    otherwise an AOT compile cannot prove 16-byte alignment of the weight rows / x rows and falls back
+    to narrow loads."""
+    HALF: tl.constexpr = C // 2
+    BM: tl.constexpr = NT // RATIO
+    WS_PART: tl.constexpr = NSPLIT * NT * C
+    pn = tl.program_id(0)
+    ks = tl.program_id(1)
+    n = pn * BN + tl.arange(0, BN)
+    kk = tl.arange(0, BK)
+    wrow = n.to(tl.int64)[:, None] * K
+    stride_x = stride_x8 * 8
+    a0 = tl.zeros((BN, BK), tl.float32)
+    if NT >= 2:
+        a1 = tl.zeros((BN, BK), tl.float32)
+    if NT >= 4:
+        a2 = tl.zeros((BN, BK), tl.float32)
+        a3 = tl.zeros((BN, BK), tl.float32)
+    if RATIO == 2:
+        g0 = tl.zeros((BN, BK), tl.float32)
+        g1 = tl.zeros((BN, BK), tl.float32)
+        if NT >= 4:
+            g2 = tl.zeros((BN, BK), tl.float32)
+            g3 = tl.zeros((BN, BK), tl.float32)
+    for c in tl.static_range(KPS // BK):
+        k = tl.broadcast_to((ks * KPS + c * BK + kk)[None, :], (BN, BK))
+        km = k < K
+        w = tl.load(wkv_ptr + wrow + k, mask=km, other=0.0).to(tl.float32)
+        a0 = _fma_token(a0, w, x_ptr, k, km)
+        if NT >= 2:
+            a1 = _fma_token(a1, w, x_ptr + stride_x, k, km)
+        if NT >= 4:
+            a2 = _fma_token(a2, w, x_ptr + 2 * stride_x, k, km)
+            a3 = _fma_token(a3, w, x_ptr + 3 * stride_x, k, km)
+        if RATIO == 2:
+            g = tl.load(wg_ptr + wrow + k, mask=km, other=0.0).to(tl.float32)
+            g0 = _fma_token(g0, g, x_ptr, k, km)
+            g1 = _fma_token(g1, g, x_ptr + stride_x, k, km)
+            if NT >= 4:
+                g2 = _fma_token(g2, g, x_ptr + 2 * stride_x, k, km)
+                g3 = _fma_token(g3, g, x_ptr + 3 * stride_x, k, km)
+    pp = ws_ptr + ks * (NT * C) + n  # part[ks, t, n]
+    tl.store(pp, tl.sum(a0, axis=1))
+    if NT >= 2:
+        tl.store(pp + C, tl.sum(a1, axis=1))
+    if NT >= 4:
+        tl.store(pp + 2 * C, tl.sum(a2, axis=1))
+        tl.store(pp + 3 * C, tl.sum(a3, axis=1))
+    if RATIO == 2:
+        tl.store(pp + WS_PART, tl.sum(g0, axis=1))
+        tl.store(pp + WS_PART + C, tl.sum(g1, axis=1))
+        if NT >= 4:
+            tl.store(pp + WS_PART + 2 * C, tl.sum(g2, axis=1))
+            tl.store(pp + WS_PART + 3 * C, tl.sum(g3, axis=1))
+
+    if arrive_last(cnt_ptr, tl.num_programs(0) * tl.num_programs(1)):
+        r = tl.arange(0, BM)
+        rmask = r < BM
+        cc = tl.arange(0, C)
+        pa = ws_ptr + (RATIO * r)[:, None] * C + cc[None, :]
+        a = tl.zeros((BM, C), tl.float32)
+        b = a
+        ga = a
+        gb = a
+        # split order, as the two-launch path; .cg: the partials of other SMs, not a stale L1 line
+        for s in tl.static_range(NSPLIT):
+            a, b, ga, gb = _add_partial(a, b, ga, gb, pa, pa + WS_PART, s * (NT * C), rmask[:, None], C, RATIO,
+                                        ".cg")
+        accE, accO = _pairs(a, BM, HALF)
+        bE, bO = _pairs(b, BM, HALF)
+        gaE, gaO = _pairs(ga, BM, HALF)
+        gbE, gbO = _pairs(gb, BM, HALF)
+        _tail(accE, accO, bE, bO, gaE, gaO, gbE, gbO, r, rmask, nw_ptr, cos_ptr, sin_ptr, pos_ptr, rows_ptr,
+              kvc_ptr, kvs_ptr, lat_ptr, wk_ptr, knw_ptr, ic_ptr, is_ptr, ws_ptr + 2 * WS_PART, eps,
+              C, ROPE, RATIO, BM, WRITE_LAT, LAT_BF16, FUSE_IDX, CI, IROPE, False, IBK)
+        reset_counter(cnt_ptr)
+
+
 # ============================================================================ host side
 
 
@@ -281,10 +466,65 @@ def _u8(t):
     return t if t.dtype == torch.uint8 else t.view(torch.uint8)
 
 
+# Fused decode launch tiling (`_compress_decode_kernel`), by ratio. BN output channels x KPS
+# reduction elements per program, as BK-wide unrolled chunks; IBK: K chunk of the tail's wk GEMV.
+# At C=512, D=5120: 64 channel blocks x 5 K-splits = 320 programs (~2.4 per H200 SM), 16 KB of wkv
+# (+16 KB of wgate) each; the tail then adds 5 partials.
+DECODE_CFG = {
+    1: {"BN": 8, "KPS": 1024, "BK": 1024, "IBK": 128, "num_warps": 8, "maxnreg": None},
+    2: {"BN": 8, "KPS": 1024, "BK": 1024, "IBK": 128, "num_warps": 8, "maxnreg": None},
+}
+
+
+def _decode_cfg(ratio, C, D, over):
+    cfg = dict(DECODE_CFG[ratio])
+    bad = set(over or {}) - set(cfg)
+    if bad:
+        raise ValueError(f"compress: unknown decode_cfg keys {sorted(bad)} (known: {sorted(cfg)})")
+    cfg.update(over or {})
+    cfg["BN"] = min(cfg["BN"], C)
+    cfg["KPS"] = min(cfg["KPS"], triton.next_power_of_2(D))
+    cfg["BK"] = min(cfg["BK"], cfg["KPS"])
+    cfg["IBK"] = min(cfg["IBK"], C)
+    for k in ("BN", "KPS", "BK", "IBK"):
+        v = cfg[k]
+        if v <= 0 or v & (v - 1):
+            raise ValueError(f"compress: decode_cfg {k}={v} must be a power of two")
+    if C % cfg["BN"] or C % cfg["IBK"]:
+        raise ValueError(f"compress: decode_cfg BN={cfg['BN']} / IBK={cfg['IBK']} must divide C={C}")
+    return cfg
+
+
+def _launch_decode_fused(x, wkv, wgate, norm_w, cos, sin, pos, rows, kv_cache, kv_scale, latent_out, wk,
+                         k_norm_w, idx_cache, idx_scale, eps, ratio, rope, CI, decode_cfg):
+    """One launch: split-K FMA GEMV over (C/BN) x NSPLIT programs, the last arriver runs the tail."""
+    T, D = x.shape
+    C = wkv.shape[0]
+    cfg = _decode_cfg(ratio, C, D, decode_cfg)
+    nsplit = triton.cdiv(D, cfg["KPS"])
+    n_out = T // ratio
+    fuse = wk is not None
+    # fp32 workspace: partials [nsplit, T, C], gate partials (same), the tail's latent scratch [n_out, C]
+    ws = torch.empty(2 * nsplit * T * C + n_out * C, dtype=torch.float32, device=x.device)
+    dummy = kv_cache
+    _compress_decode_kernel[(C // cfg["BN"], nsplit)](
+        x, wkv.contiguous(), (wgate if wgate is not None else wkv).contiguous(), norm_w, cos.contiguous(),
+        sin.contiguous(), pos.to(torch.int32).contiguous(), rows.to(torch.int32).contiguous(),
+        _u8(kv_cache), _u8(kv_scale), latent_out if latent_out is not None else dummy,
+        wk.contiguous() if fuse else wkv, k_norm_w if fuse else norm_w,
+        _u8(idx_cache) if fuse else dummy, _u8(idx_scale) if fuse else dummy, ws, counters(x.device, 1),
+        x.stride(0) // 8, eps, K=D,
+        C=C, ROPE=rope, RATIO=ratio, NT=T, BN=cfg["BN"], KPS=cfg["KPS"], BK=cfg["BK"], NSPLIT=nsplit,
+        WRITE_LAT=latent_out is not None, LAT_BF16=latent_out is not None and latent_out.dtype == torch.bfloat16,
+        FUSE_IDX=fuse, CI=CI, IROPE=rope, IBK=cfg["IBK"], num_warps=cfg["num_warps"], num_stages=1,
+        enable_fp_fusion=False, **({"maxnreg": cfg["maxnreg"]} if cfg["maxnreg"] and not interpreting() else {}))
+
+
 def compress(x, wkv, norm_w, cos, sin, pos, rows, kv_cache, kv_scale, *, ratio: int = 1, wgate=None,
              latent_out=None, wk=None, k_norm_w=None, idx_cache=None, idx_scale=None, eps: float = 1e-20,
              block_m: int | None = None, block_k: int | None = None, num_warps: int | None = None,
-             num_stages: int = 2, split_k: int | None = None):
+             num_stages: int = 2, split_k: int | None = None, fused_tail: bool | None = None,
+             decode_cfg: dict | None = None):
     """Run the fused compressor.
 
     x [T, D] bf16 (ratio 2: T = 2·J complete aligned pairs); wkv (and wgate) [C, D] bf16;
@@ -293,7 +533,11 @@ def compress(x, wkv, norm_w, cos, sin, pos, rows, kv_cache, kv_scale, *, ratio: 
     kv_scale [N, C/16] uint8 (E4M3 codes). Optional latent_out [T/ratio, C] (pre-RoPE latent), and
     the fused indexer key: wk [CI, C], k_norm_w [CI], idx_cache [N, CI/2] uint8, idx_scale
     [N, CI/32] uint8 (UE8M0). split_k: decode path (T <= 32 tokens by default): the linear runs
-    as split-K partial sums over many programs, then the tail kernel adds them. Returns latent_out."""
+    as split-K partial sums over many programs, then the tail adds them. fused_tail (decode, T in
+    {1, 2, 4} with T/ratio <= 2 rows): True = one launch (`_compress_decode_kernel`, the last
+    program runs the tail), False = the two-launch path (GEMV kernel, then the tail kernel); None
+    = fused where it applies. decode_cfg overrides the fused launch's tiling (`DECODE_CFG` keys).
+    Returns latent_out."""
     T, D = x.shape
     C = wkv.shape[0]
     if ratio not in (1, 2):
@@ -316,6 +560,15 @@ def compress(x, wkv, norm_w, cos, sin, pos, rows, kv_cache, kv_scale, *, ratio: 
     BK = block_k or (32 if ratio == 2 else 64)  # ratio 2 streams 4 weight tiles per K step
     dummy = kv_cache
     if n_out == 0:
+        return latent_out
+    # the fused kernel's 16-byte loads need 8-element aligned x rows (K itself is a constexpr there)
+    fusable = bool(split_k) and T in (1, 2, 4) and n_out <= 2 and x.stride(0) % 8 == 0 and D % 8 == 0
+    if fused_tail and not fusable:
+        raise ValueError(f"compress: fused_tail=True needs the decode path with T in (1, 2, 4) tokens and at most "
+                         f"2 output rows (got T={T}, ratio={ratio}, split_k={split_k}); pass fused_tail=None")
+    if fusable and fused_tail is not False:
+        _launch_decode_fused(x, wkv, wgate, norm_w, cos, sin, pos, rows, kv_cache, kv_scale, latent_out, wk,
+                             k_norm_w, idx_cache, idx_scale, eps, ratio, rope, CI, decode_cfg)
         return latent_out
     part = gpart = dummy
     if split_k:
@@ -377,7 +630,8 @@ def rope_ref(x, pos, cos, sin, inverse: bool = False):
 
 def compress_ref(x, wkv, norm_w, cos, sin, pos, rows, kv_cache, kv_scale, *, ratio: int = 1, wgate=None,
                  latent_out=None, wk=None, k_norm_w=None, idx_cache=None, idx_scale=None, eps: float = 1e-20,
-                 block_m=None, block_k=None, num_warps=None, num_stages=2, split_k=None):
+                 block_m=None, block_k=None, num_warps=None, num_stages=2, split_k=None,
+                 fused_tail=None, decode_cfg=None):
     """Pure-PyTorch compressor with the spec's roundings (same call signature as `compress`)."""
     xf = x.float()
     if ratio == 1:
@@ -441,6 +695,21 @@ def _specs(target):
         out.append(aot_spec(_compress_gemv_kernel, f"r{ratio}_decode_gemv_bt{bt}", gemv_types,
                             {"C": c.head_dim, "BT": bt, "BN": 64, "BK": 64, "GATE": ratio == 2, "UPCAST": False},
                             num_warps=4))
+        # fused decode (one launch, last arriver runs the tail): one token (ratio 1) / one pair (ratio 2)
+        cfg = _decode_cfg(ratio, c.head_dim, c.hidden_size, None)
+        nt = ratio
+        ftypes = {k: v for k, v in types.items() if k not in ("part_ptr", "gpart_ptr", "n_out", "n_tok", "ksplit", "K")}
+        ftypes.update({"ws_ptr": "*fp32", "cnt_ptr": "*i32", "stride_x8": "i32"})
+        del ftypes["stride_x"]
+        fconst = {"K": c.hidden_size, "C": c.head_dim, "ROPE": c.qk_rope_head_dim, "RATIO": ratio, "NT": nt, "BN": cfg["BN"],
+                  "KPS": cfg["KPS"], "BK": cfg["BK"], "NSPLIT": -(-c.hidden_size // cfg["KPS"]), "WRITE_LAT": True,
+                  "LAT_BF16": ratio == 1, "FUSE_IDX": True, "CI": c.index_head_dim, "IROPE": c.qk_rope_head_dim,
+                  "IBK": cfg["IBK"]}
+        out.append(aot_spec(_compress_decode_kernel, f"r{ratio}_decode_fused_t{nt}", ftypes, fconst,
+                            num_warps=cfg["num_warps"], num_stages=1,
+                            keys={"RATIO": ratio, "NT": nt, "C": c.head_dim, "FUSE_IDX": True, "BN": cfg["BN"],
+                                  "KPS": cfg["KPS"], "enable_fp_fusion": False,
+                                  **({"maxnreg": cfg["maxnreg"]} if cfg["maxnreg"] else {})}))
     return out
 
 

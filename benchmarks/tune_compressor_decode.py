@@ -1,0 +1,148 @@
+"""Time the fused KV compressor's decode paths on a GPU under CUDA-graph replay.
+
+For ratio 1 (1 token) and ratio 2 (one pair, 2 tokens) at the real widths (x [T, 5120], wkv/wgate
+[512, 5120], the fused indexer key wk [128, 512]), built as benchmarks/kernels_attention.py's
+compressor case builds them:
+- `two_launch`: the previous decode path (`_compress_gemv_kernel`, then `_compressor_kernel` with
+  FROM_PART), `compress(..., fused_tail=False)`;
+- `fused`: one launch (`_compress_decode_kernel`: split-K FMA GEMV, the last program to arrive runs
+  the tail), `compressor.DECODE_CFG` defaults;
+- `fused_<override>`: the fused launch with one `decode_cfg` override each (grid / tile variants).
+Each is checked against `compress_ref` (code mismatch fractions, latent max error) and timed with
+`ms_graph` (CUDA-graph replay median); the bytes floor counts x, wkv (+ wgate), wk and the outputs
+over the copy bandwidth measured here. Prints a table; `--out` writes JSON.
+
+    python benchmarks/tune_compressor_decode.py --out tune_compressor_decode.json [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from benchmarks.common import env_info, floor_ms, max_rel, measure_ceilings, ms_graph, write_json  # noqa: E402
+from dsv41c.codegen.triton import arrival  # noqa: E402
+from dsv41c.codegen.triton import compressor as cm  # noqa: E402
+
+DEV = "cuda"
+D, C, CI = 5120, 512, 128
+# one override of DECODE_CFG each (the default is timed as `fused`)
+VARIANTS = [{"BN": 16}, {"IBK": 256}, {"num_warps": 4}, {"IBK": 256, "maxnreg": 128}]
+
+
+def rope_table(P=1 << 16, n=32, theta=160000.0):
+    inv = 1.0 / (theta ** (torch.arange(n, dtype=torch.float64, device=DEV) / n))
+    ang = torch.arange(P, dtype=torch.float64, device=DEV)[:, None] * inv[None]
+    return torch.cos(ang).float(), torch.sin(ang).float()
+
+
+def inputs(ratio, T, seed=0):
+    torch.manual_seed(seed)
+    x = torch.randn(T, D, device=DEV).to(torch.bfloat16)
+    wkv = (torch.randn(C, D, device=DEV) / math.sqrt(D)).to(torch.bfloat16)
+    wg = (torch.randn(C, D, device=DEV) / math.sqrt(D)).to(torch.bfloat16)
+    nw = (1 + 0.1 * torch.randn(C, device=DEV)).to(torch.bfloat16)
+    wk = (torch.randn(CI, C, device=DEV) / math.sqrt(C)).to(torch.bfloat16)
+    knw = (1 + 0.1 * torch.randn(CI, device=DEV)).to(torch.bfloat16)
+    J = T // ratio
+    pos = torch.arange(J, dtype=torch.int32, device=DEV) * ratio + 1000
+    rows = torch.arange(J, dtype=torch.int32, device=DEV)
+    return dict(x=x, wkv=wkv, wg=wg, nw=nw, wk=wk, knw=knw, pos=pos, rows=rows, J=J)
+
+
+def bufs(ratio, J):
+    return (torch.zeros(J, C // 2, dtype=torch.uint8, device=DEV), torch.zeros(J, C // 16, dtype=torch.uint8, device=DEV),
+            torch.zeros(J, CI // 2, dtype=torch.uint8, device=DEV), torch.zeros(J, CI // 32, dtype=torch.uint8, device=DEV),
+            torch.zeros(J, C, dtype=torch.bfloat16 if ratio == 1 else torch.float32, device=DEV))
+
+
+def call(fn, ratio, a, cos, sin, o, **kw):
+    return lambda: fn(a["x"], a["wkv"], a["nw"], cos, sin, a["pos"], a["rows"], o[0], o[1], ratio=ratio,
+                      wgate=a["wg"] if ratio == 2 else None, latent_out=o[4], wk=a["wk"], k_norm_w=a["knw"],
+                      idx_cache=o[2], idx_scale=o[3], **kw)
+
+
+def errors(o, r):
+    return {"kv_code_mismatch_frac": float((o[0] != r[0]).float().mean()),
+            "kv_scale_mismatch_frac": float((o[1] != r[1]).float().mean()),
+            "index_code_mismatch_frac": float((o[2] != r[2]).float().mean()),
+            "index_scale_mismatch_frac": float((o[3] != r[3]).float().mean()), "latent": max_rel(o[4], r[4])}
+
+
+def case(ceil, ratio, T, label, kw, ref):
+    a, cos, sin = ref["a"], ref["cos"], ref["sin"]
+    o = bufs(ratio, a["J"])
+    t0 = time.time()
+    f = call(cm.compress, ratio, a, cos, sin, o, **kw)
+    f()
+    torch.cuda.synchronize()
+    compile_s = time.time() - t0
+    err = errors(o, ref["out"])
+    first = [t.clone() for t in o]
+    t_graph = ms_graph(f)
+    repeat_identical = all(torch.equal(x, y) for x, y in zip(o, first))  # after many replays
+    counter = int(arrival.counters(DEV, 1)[0])
+    fl, fb, _ = floor_ms(ceil, ref["bytes"])
+    e = {"name": f"r{ratio}_T{T}_{label}", "ratio": ratio, "T": T, "variant": label, "kwargs": kw,
+         "graph_ms": t_graph, "bytes": ref["bytes"], "bytes_floor_ms": fb,
+         "over_floor": t_graph / fb if isinstance(t_graph, float) else None,
+         "launch_floor_ms": ceil.get("launch_floor_ms"), "first_call_s": round(compile_s, 1),
+         "repeat_identical": repeat_identical, "counter_after": counter, **err}
+    return e
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None, help="JSON output path")
+    ap.add_argument("--quick", action="store_true", help="only the two-launch and the default fused path")
+    args = ap.parse_args()
+    t_start = time.time()
+    ceil = measure_ceilings()
+    cos, sin = rope_table()
+    rows = []
+    for ratio, T in ((1, 1), (2, 2)):
+        a = inputs(ratio, T)
+        r = bufs(ratio, a["J"])
+        call(cm.compress_ref, ratio, a, cos, sin, r)()
+        J = a["J"]
+        bytes_ = (T * D * 2 + ratio * C * D * 2 + CI * C * 2
+                  + J * (C // 2 + C // 16 + CI // 2 + CI // 32 + C * (2 if ratio == 1 else 4)))
+        ref = {"a": a, "cos": cos, "sin": sin, "out": r, "bytes": bytes_}
+        variants = [("two_launch", {"fused_tail": False}), ("fused", {"fused_tail": True})]
+        if not args.quick:
+            variants += [("fused_" + "_".join(f"{k}{v}" for k, v in o.items()), {"fused_tail": True, "decode_cfg": o})
+                         for o in VARIANTS]
+        for label, kw in variants:
+            try:
+                e = case(ceil, ratio, T, label, kw, ref)
+            except Exception as ex:  # noqa: BLE001 - one failing variant must not lose the others
+                e = {"name": f"r{ratio}_T{T}_{label}", "error": f"{type(ex).__name__}: {ex}"[:400],
+                     "traceback": traceback.format_exc()[-2000:]}
+            rows.append(e)
+            print(json.dumps({k: v for k, v in e.items() if k != "traceback"}, default=str), flush=True)
+    print(f"\n{'case':<36} {'graph us':>9} {'x floor':>8} {'kv mism':>8} {'idx mism':>9} {'same':>5} {'cnt':>4}")
+    for e in rows:
+        if "error" in e:
+            print(f"{e['name']:<36} ERROR {e['error'][:80]}")
+            continue
+        g = e["graph_ms"]
+        gs = f"{g * 1e3:9.2f}" if isinstance(g, float) else f"{'n/a':>9}"
+        xs = f"{e['over_floor']:8.1f}" if e["over_floor"] else f"{'':>8}"
+        print(f"{e['name']:<36} {gs} {xs} {e['kv_code_mismatch_frac']:8.4f} {e['index_code_mismatch_frac']:9.4f} "
+              f"{str(e['repeat_identical']):>5} {e['counter_after']:>4}")
+    write_json(args.out, {"env": env_info(), "ceilings": ceil, "decode_cfg": cm.DECODE_CFG, "rows": rows,
+                          "seconds": round(time.time() - t_start, 1)})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""The compressor's decode path (1-4 tokens): the fused one-launch kernel (split-K FMA GEMV, the last
+program to arrive runs the tail) against `compress_ref` and against the two-launch path.
+
+Inputs are built as in test_kernels_attention.py's compressor tests. With dyadic inputs (`grid`)
+every linear and sum of squares is exact in fp32, so ratio 1 must match the reference bit for bit
+whatever the summation order; random inputs differ by fp32 accumulation order only (rare one-step
+FP4 flips). Also: the arrival counter is back at 0 after a call, and two calls give identical bytes.
+The `gpu` test runs the real widths (C=512, D=5120, indexer 128) on a CUDA device.
+"""
+import math
+
+import pytest
+import torch
+
+from dsv41c.codegen.triton import arrival
+from dsv41c.codegen.triton import compressor as cm
+from dsv41c import formats as nx
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# ---- input builders and comparisons of test_kernels_attention.py's compressor tests (pytest runs in
+# importlib mode: test modules cannot import each other)
+
+
+def rope_table(P, n_freq, theta=160000.0, device=DEV):
+    inv = 1.0 / (theta ** (torch.arange(n_freq, dtype=torch.float64) / n_freq))
+    ang = torch.arange(P, dtype=torch.float64)[:, None] * inv[None]
+    return torch.cos(ang).float().to(device), torch.sin(ang).float().to(device)
+
+
+def bits(t):
+    return t.contiguous().view(torch.uint8)
+
+
+def assert_bf16_close(out, ref, ulps=4, floor=1e-6):
+    """|out - ref| <= ulps bf16 ulps of |ref| (floor for values near zero)."""
+    o, r = out.float(), ref.float()
+    tol = ulps * torch.clamp(r.abs(), min=floor) * 2.0 ** -8
+    bad = (o - r).abs() > tol
+    assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} values off by more than {ulps} ulps"
+
+
+def _compressor_inputs(ratio, T, D, C, CI, rope, grid, seed):
+    g = torch.Generator().manual_seed(seed)
+    if grid:  # small dyadic values: every GEMM and sum of squares is exact in fp32
+        x = torch.randint(-2, 3, (T, D), generator=g).float() / 4
+        wkv = torch.randint(-2, 3, (C, D), generator=g).float() / 8
+    else:
+        x = torch.randn(T, D, generator=g)
+        wkv = torch.randn(C, D, generator=g) / math.sqrt(D)
+    t = dict(x=x, wkv=wkv, wgate=torch.randn(C, D, generator=g) / math.sqrt(D),
+             norm_w=1 + 0.1 * torch.randn(C, generator=g), wk=torch.randn(CI, C, generator=g) / math.sqrt(C),
+             k_norm_w=1 + 0.1 * torch.randn(CI, generator=g))
+    t = {k: v.to(torch.bfloat16).to(DEV) for k, v in t.items()}
+    cos, sin = rope_table(4096, rope // 2)
+    pos = (torch.arange(T // ratio, dtype=torch.int32) * ratio + 60).to(DEV)
+    return t, cos, sin, pos
+
+
+def _fp4_e4m3_close(pa, sa_, pb, sb, frac=0.02):
+    """Compressed-KV rows from differently-ordered GEMMs: same dequantized values up to rare
+    one-step FP4 flips (a 1-ulp bf16 difference can cross an E2M1 tie)."""
+    va = nx.dequant_fp4_e4m3(pa, sa_.view(torch.float8_e4m3fn), 16)
+    vb = nx.dequant_fp4_e4m3(pb, sb.view(torch.float8_e4m3fn), 16)
+    diff = (va - vb).abs()
+    step = sb.view(torch.float8_e4m3fn).float().repeat_interleave(16, -1) * 2.0 + 1e-30
+    assert (diff <= step * 1.01).all()
+    assert (diff > 0).float().mean() <= frac
+
+NAMES = ("kv codes", "kv scales", "index codes", "index scales", "latent")
+# small widths for the interpreter; KPS 64 makes 4 K-splits of D=256 (the tail adds several partials)
+SMALL = dict(D=256, C=128, CI=32, rope=32, cfg={"KPS": 64, "BK": 32, "IBK": 32})
+
+
+def _rows(J, skip, device=DEV):
+    """Cache rows for J entries of an N = J + 3 cache, entry `skip` (if any) set to -1."""
+    rows = torch.tensor([J + 2 - i for i in range(J)], dtype=torch.int32)
+    if skip is not None:
+        rows[skip] = -1
+    return rows.to(device), J + 3
+
+
+def _run(fn, ratio, t, cos, sin, pos, rows, N, C, CI, fuse_idx, **kw):
+    kc = torch.zeros(N, C // 2, dtype=torch.uint8, device=DEV)
+    ks = torch.zeros(N, C // 16, dtype=torch.uint8, device=DEV)
+    ic = torch.zeros(N, CI // 2, dtype=torch.uint8, device=DEV)
+    isc = torch.zeros(N, CI // 32, dtype=torch.uint8, device=DEV)
+    lat = torch.zeros(pos.shape[0], C, dtype=torch.bfloat16 if ratio == 1 else torch.float32, device=DEV)
+    idx = dict(wk=t["wk"], k_norm_w=t["k_norm_w"], idx_cache=ic, idx_scale=isc) if fuse_idx else {}
+    fn(t["x"], t["wkv"], t["norm_w"], cos, sin, pos, rows, kc, ks, ratio=ratio,
+       wgate=t["wgate"] if ratio == 2 else None, latent_out=lat, **idx, **kw)
+    return kc, ks, ic, isc, lat
+
+
+def _counter():
+    return int(arrival.counters(DEV, 1)[0])
+
+
+CASES = [(1, 1, None), (1, 1, 0), (1, 2, 1), (2, 2, None), (2, 2, 0), (2, 4, 1)]
+
+
+@pytest.mark.parametrize("fuse_idx", [True, False])
+@pytest.mark.parametrize("ratio,T,skip", CASES)
+def test_decode_fused_bit_exact_on_exact_gemm(ratio, T, skip, fuse_idx):
+    """Dyadic x and wkv: the fused launch writes exactly the reference's bytes (ratio 1: all outputs;
+    ratio 2: the gate is random, so its fp32 softmax inputs differ by summation order; codes compared
+    with the one-step tolerance there)."""
+    D, C, CI, rope = SMALL["D"], SMALL["C"], SMALL["CI"], SMALL["rope"]
+    t, cos, sin, pos = _compressor_inputs(ratio, T, D, C, CI, rope, grid=True, seed=10 + T)
+    rows, N = _rows(T // ratio, skip)
+    a = _run(cm.compress, ratio, t, cos, sin, pos, rows, N, C, CI, fuse_idx, fused_tail=True,
+             decode_cfg=SMALL["cfg"])
+    b = _run(cm.compress_ref, ratio, t, cos, sin, pos, rows, N, C, CI, fuse_idx)
+    assert _counter() == 0
+    if ratio == 1:
+        for name, x, y in zip(NAMES, a, b):
+            assert torch.equal(bits(x), bits(y)), name
+    else:
+        torch.testing.assert_close(a[4], b[4], rtol=1e-5, atol=1e-6)
+        _fp4_e4m3_close(a[0], a[1], b[0], b[1])
+    written = set(rows[rows >= 0].tolist())
+    for r in range(N):  # rows not named (and the -1 entry) are never written
+        if r not in written:
+            assert not a[0][r].any() and not a[1][r].any() and not a[2][r].any() and not a[3][r].any()
+    if skip is None or T // ratio > 1:
+        assert a[0].any() and a[1].any()  # something was written
+        if fuse_idx:
+            assert a[2].any() and a[3].any()
+
+
+@pytest.mark.parametrize("ratio,T,skip", CASES)
+def test_decode_fused_random_vs_ref_and_two_launch(ratio, T, skip):
+    D, C, CI, rope = SMALL["D"], SMALL["C"], SMALL["CI"], SMALL["rope"]
+    t, cos, sin, pos = _compressor_inputs(ratio, T, D, C, CI, rope, grid=False, seed=20 + T)
+    rows, N = _rows(T // ratio, skip)
+    a = _run(cm.compress, ratio, t, cos, sin, pos, rows, N, C, CI, True, fused_tail=True, decode_cfg=SMALL["cfg"])
+    o = _run(cm.compress, ratio, t, cos, sin, pos, rows, N, C, CI, True, fused_tail=False)
+    b = _run(cm.compress_ref, ratio, t, cos, sin, pos, rows, N, C, CI, True)
+    for ref in (b, o):
+        if ratio == 1:
+            assert_bf16_close(a[4], ref[4], ulps=1)
+        else:
+            torch.testing.assert_close(a[4], ref[4], rtol=1e-5, atol=1e-6)
+        _fp4_e4m3_close(a[0], a[1], ref[0], ref[1], frac=0.03)
+        ka = nx.dequant_fp4_ue8m0(a[2], a[3], 32)
+        kb = nx.dequant_fp4_ue8m0(ref[2], ref[3], 32)
+        assert (ka != kb).float().mean() <= 0.05
+
+
+def test_decode_fused_counter_reset_and_repeatable():
+    """The last arriver leaves the counter at 0, so a second launch (a graph replay) behaves the same."""
+    D, C, CI, rope = SMALL["D"], SMALL["C"], SMALL["CI"], SMALL["rope"]
+    t, cos, sin, pos = _compressor_inputs(2, 4, D, C, CI, rope, grid=False, seed=5)
+    rows, N = _rows(2, None)
+    assert _counter() == 0
+    first = _run(cm.compress, 2, t, cos, sin, pos, rows, N, C, CI, True, decode_cfg=SMALL["cfg"])
+    assert _counter() == 0
+    second = _run(cm.compress, 2, t, cos, sin, pos, rows, N, C, CI, True, decode_cfg=SMALL["cfg"])
+    assert _counter() == 0
+    for name, x, y in zip(NAMES, first, second):
+        assert torch.equal(bits(x), bits(y)), name
+
+
+def test_decode_fused_is_default_where_it_applies_and_refuses_elsewhere(monkeypatch):
+    calls = []
+    real = cm._launch_decode_fused
+    monkeypatch.setattr(cm, "_launch_decode_fused", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    D, C, CI, rope = 64, 64, 32, 32
+    t, cos, sin, pos = _compressor_inputs(1, 3, D, C, CI, rope, grid=False, seed=1)
+    rows, N = _rows(3, None)
+    _run(cm.compress, 1, t, cos, sin, pos, rows, N, C, CI, True)  # 3 rows: two-launch path
+    assert calls == []
+    with pytest.raises(ValueError, match="fused_tail=True"):
+        _run(cm.compress, 1, t, cos, sin, pos, rows, N, C, CI, True, fused_tail=True)
+    t1 = dict(t, x=t["x"][:1])
+    r1, N1 = _rows(1, None)
+    _run(cm.compress, 1, t1, cos, sin, pos[:1], r1, N1, C, CI, True)
+    assert calls == [1]
+    with pytest.raises(ValueError, match="unknown decode_cfg"):
+        _run(cm.compress, 1, t1, cos, sin, pos[:1], r1, N1, C, CI, True, decode_cfg={"BM": 4})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ratio,T", [(1, 1), (1, 2), (2, 2), (2, 4)])
+@pytest.mark.parametrize("cfg", [None, {"BN": 16}, {"IBK": 256}])
+def test_gpu_decode_fused_real_widths(ratio, T, cfg):
+    t, cos, sin, pos = _compressor_inputs(ratio, T, 5120, 512, 128, 64, grid=False, seed=ratio + T)
+    rows, N = _rows(T // ratio, None)
+    a = _run(cm.compress, ratio, t, cos, sin, pos, rows, N, 512, 128, True, fused_tail=True, decode_cfg=cfg)
+    assert _counter() == 0
+    b = _run(cm.compress_ref, ratio, t, cos, sin, pos, rows, N, 512, 128, True)
+    if ratio == 1:
+        assert_bf16_close(a[4], b[4], ulps=4, floor=2.0)
+    else:
+        torch.testing.assert_close(a[4], b[4], rtol=1e-4, atol=1e-4)
+    _fp4_e4m3_close(a[0], a[1], b[0], b[1], frac=0.03)
+    ka = nx.dequant_fp4_ue8m0(a[2], a[3], 32)
+    kb = nx.dequant_fp4_ue8m0(b[2], b[3], 32)
+    assert (ka != kb).float().mean() <= 0.03
+    a2 = _run(cm.compress, ratio, t, cos, sin, pos, rows, N, 512, 128, True, fused_tail=True, decode_cfg=cfg)
+    for name, x, y in zip(NAMES, a, a2):
+        assert torch.equal(bits(x), bits(y)), name
