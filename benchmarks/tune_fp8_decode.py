@@ -5,6 +5,9 @@ For the dense linears whose decode time matters (wo_b 5120×8192, engram wkv 256
 - `mma`: the tensor-core kernel with its split-K epilogue folded into the launch (last arriver),
 - `mma_reduce`: the same with the separate `splitk_reduce_kernel` launch (the previous default),
 - `gemv`: one token on the CUDA cores (`fp8_gemv_kernel`), a few (BN, BK, SPLIT_K, warps) tiles,
+- `mma_f32_*` / `mma_bits_*` (M > 1): the tensor-core kernel with the weight decoder forced to DECODE_W 0
+  (E4M3 -> fp32 per element, × scale, -> bf16) or 1 (bf16x2 bit assembly from 32-bit words, x permuted to
+  `k_order_w`), default and larger tiles (the plain `mma` rows use the launcher's default decoder),
 relative error against x·dequant(W)ᵀ on fresh random data, the graph-replay median, and the time
 over the bytes floor (weights + activations over the copy bandwidth measured here). The best per
 shape is printed last; `_tiles`/`_gemv_tiles` in codegen/triton/fp8_gemm.py take it by hand.
@@ -44,14 +47,28 @@ GEMV_TILES = [(64, 128, None, 4, 3), (32, 128, None, 4, 3), (32, 256, None, 4, 3
 MMA_TILES = [(32, 128, 4, 4), (64, 128, 4, 6), (64, 256, 4, 3), (128, 128, 4, 4), (32, 256, 4, 4)]
 
 
+# tiles tried with each forced weight decoder at M > 1 (None: the launcher's default tile)
+DECODE_W_TILES = [None, (64, 128, 4, 4), (128, 128, 4, 4), (256, 128, 4, 3), (128, 256, 4, 3)]
+
+
 def _variants(N, K, M, gated):
-    """(path, fold, tiles, label) to time for one shape."""
-    out = [("mma", True, None, "mma"), ("mma", False, None, "mma_reduce")]
+    """(path, fold, tiles, label, decode_w) to time for one shape (decode_w None: the launcher's default)."""
+    out = [("mma", True, None, "mma", None), ("mma", False, None, "mma_reduce", None)]
     if M > 1:
         for BN, BK, nw, ns in MMA_TILES:
             if K % BK == 0:
                 sk = fg._split_k(M, N, K, BN, BK)
-                out.append(("mma", True, (16, BN, BK, 1, sk, nw, ns), f"mma_bn{BN}_bk{BK}_sk{sk}_w{nw}_s{ns}"))
+                out.append(("mma", True, (16, BN, BK, 1, sk, nw, ns), f"mma_bn{BN}_bk{BK}_sk{sk}_w{nw}_s{ns}", None))
+        for dw, name in ((0, "mma_f32"), (1, "mma_bits")):
+            for t in DECODE_W_TILES:
+                if t is None:
+                    out.append(("mma", True, None, f"{name}_default", dw))
+                    continue
+                BN, BK, nw, ns = t
+                if K % BK == 0 and not (gated and BN > 128):
+                    sk = fg._split_k(M, N, K, BN, BK)
+                    out.append(("mma", True, (16, BN, BK, 1, sk, nw, ns), f"{name}_bn{BN}_bk{BK}_sk{sk}_w{nw}_s{ns}",
+                                dw))
     if M == 1:
         for BN, BK, SK, nw, ns in GEMV_TILES:
             if K % BK or (gated and BN * BK > 32 * 256):
@@ -59,7 +76,7 @@ def _variants(N, K, M, gated):
             sk = fg._split_k(1, N, K, BN, BK) if SK is None else SK
             if K % (BK * sk):
                 continue
-            out.append(("gemv", True, (BN, BK, sk, nw, ns), f"gemv_bn{BN}_bk{BK}_sk{sk}_w{nw}"))
+            out.append(("gemv", True, (BN, BK, sk, nw, ns), f"gemv_bn{BN}_bk{BK}_sk{sk}_w{nw}", None))
     return out
 
 
@@ -85,11 +102,12 @@ def main(argv=None):
             ref = x.float() @ nx.dequant_fp8_weight(w, s, dtype=torch.bfloat16).float().T
         wbytes = N * K * (1 + 1 / 1024) * (2 if gated else 1)
         floor = (wbytes + M * K * 2 + M * N * 2) / (ceil["copy_TBps"] * 1e12) * 1e3
-        for path, fold, tiles, label in _variants(N, K, M, gated):
-            row = {"shape": name, "M": M, "N": N, "K": K, "gated": gated, "variant": label, "tiles": tiles}
+        for path, fold, tiles, label, dw in _variants(N, K, M, gated):
+            row = {"shape": name, "M": M, "N": N, "K": K, "gated": gated, "variant": label, "tiles": tiles,
+                   "decode_w": dw}
             try:
                 f = lambda: fg._gemm(x, w, s, w3, s3, 10.0, False, None, name, tiles=tiles, path=path,  # noqa: E731
-                                     fold=fold)
+                                     fold=fold, decode_w=dw)
                 row["rel_err"] = rel_err(f(), ref)
                 row["graph_ms"] = ms_graph(f)
                 row["over_floor"] = row["graph_ms"] / floor if isinstance(row["graph_ms"], float) else None

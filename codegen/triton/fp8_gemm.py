@@ -31,13 +31,49 @@ DOT_F32 (operands upcast to fp32 before tl.dot) and every rounding step is integ
 Decode shapes: one token (M = 1) runs `fp8_gemv_kernel` on the CUDA cores (no tensor-core
 padding to 16 rows; the block scale multiplies the activation, not each weight element: 3.5 SASS
 instructions per weight element vs 6.3 in the MMA loop). M <= 16 otherwise runs the tensor-core
-kernel. Both split K across programs (~2 programs per SM); the last program of each tile to arrive
+kernel, on CUDA with the word decoder DECODE_W 1 (below; `DECODE_W_CUDA`, `_gemm(decode_w=)`).
+
+Weight decoders of the tensor-core kernel (`DECODE_W`):
+  0: E4M3 bytes -> fp32 per element (`e4m3_to_f32`), × the expanded fp32 block scale, -> bf16; natural
+     k order. Prefill, the interpreter/ROCm default, and any K that BK does not tile.
+  1: the tile is loaded as 32-bit words (4 codes, bytes b0..b3 little endian = k 4m..4m+3); for each
+     byte position P in {0, 1} one shift/mask pair turns byte 2h+P of BOTH 16-bit halves h into bf16
+     bits, so the 32-bit result already is a bf16x2 operand register; it is scaled by `fma.rn.bf16x2`
+     (inline PTX) and used by the dot without a cast. The columns come out in k_order_w(BK), so the
+     ACTIVATION columns are permuted to match (`permute_k_w`, once per call on the host), not the weights.
+
+Bit algebra (DECODE_W 1): for a byte c = s·128 + e4·8 + m (E4M3 fn: sign, 4 exponent bits bias 7, 3
+mantissa bits), the bf16 with bits (s << 15) | (e4 << 7) | (m << 4) = (s << 15) | ((c & 0x7F) << 4) is
+exactly value(c)·2^-120: for e4 >= 1 it is the bf16 normal 2^(e4-127)·(1 + m/8) = 2^(e4-7)·(1 + m/8)·2^-120;
+for e4 = 0 the bf16 subnormal (m << 4)·2^-133 = m·2^-129 = (m·2^-9)·2^-120, the E4M3 subnormal; ±0 stay
+±0 (the NaN codes 0x7F/0xFF give ±480·2^-120, as the bit-arithmetic `e4m3_to_f32` does). On a word w:
+  P = 0 (bytes 0, 2): ((w << 8) & 0x80008000) | ((w << 4) & 0x07F007F0)
+  P = 1 (bytes 1, 3): (w & 0x80008000) | ((w >> 4) & 0x07F007F0)
+(`e4m3_bf16x2_bits`; the PTX form is prmt (byte 2h+P to the low byte of half h, its sign replicated into
+the high byte) then (<< 4) & 0x87F087F0: 3 instructions for either P). The block scale 2^(e-127) then is
+2^(e-7) on these values, a bf16 normal for e <= 134 (field e + 120); beyond, it is split into the exact
+powers of two f1 = 2^(min(e,134) - 7) and f2 = 2^(max(e,134) - 134) (value·f1 <= 448·2^7 is exact, ·f2
+is the true product, inf where the float32 reference overflows; e = 255 makes f2 NaN like `e8m0_to_f32`).
+Products are bf16 values (<= 4 significant bits) and exact for e >= 7; below that the smallest ones are
+rounded to nearest even bf16 (as the DECODE_W 0 cast to bf16 does). The bf16 fma has no flush-to-zero
+form, so subnormal inputs and results survive. Real checkpoints have e around 110..125, so each program
+checks its own scale rows once (`_any_scale_above`) and runs a loop with only the f1 multiply unless
+some e > 134 (two copies of the k loop, `TWO`). Interpreter / ROCm: the same bit assembly, each half
+multiplied in float32 and rounded once to bf16 by integer arithmetic (identical results).
+
+Register layout (DECODE_W 1): the wgmma/mma left operand gives lane q (lane id mod 4) the logical columns
+{2q, 2q+1} + 8j of each 16-wide k step. With W = BK/4 words per row, memory word m = q·W/4 + s holds, for
+byte P of half h, original k = 4m + 2h + P, placed at logical column P·BK/2 + 2(4s + q) + h: each bf16x2
+register is one (2c, 2c+1) pair, a thread's words are contiguous (16-byte loads), and at BK = 128 they
+are one 32-column scale block. Triton 3.6 keeps the reshape/permute register-only on sm90 (no shared-memory
+round trip for the decoded tile; check with the SASS of `_gemm_variants("cuda:sm90", ...)`). Both split K across programs (~2 programs per SM); the last program of each tile to arrive
 (`arrival.py`) adds the fp32 partials in split order and runs the epilogue, inside the same launch
 (`FOLD`; the separate `splitk_reduce_kernel` remains and gives the same bits).
 
 Specialization keys: N, K (constexpr: the real linears of the published config, so the
 ahead-of-time build knows every stride and vectorizes), mode (prefill / decode / gemv), BM, BN, BK,
-GROUP_M, SPLIT_K, FOLD, NATIVE_FP8 (sm90/sm100/gfx950 have an FP8 cvt), GATED.
+GROUP_M, SPLIT_K, FOLD, NATIVE_FP8 (sm90/sm100/gfx950 have an FP8 cvt), GATED, DECODE_W (1: the caller
+passes x with each BK block of columns in k_order_w(BK)), PTX (inline PTX allowed: CUDA).
 
 Measured (H200, triton 3.6, `benchmarks/tune_fp8_decode.py`, CUDA-graph replay): prefill 53–57%
 of the bf16 matmul rate (the E4M3 decode + scale multiply per weight element runs on the same SM as
@@ -49,9 +85,13 @@ bytes floor), wq_a 4.0 vs 7.3 µs (2.56×), shared w2 4.9 vs 8.1 µs (1.75×), s
 Known gaps: no FP8×FP8 tensor-core path (wgmma e4m3 / MFMA fp8) — activations that are
 dynamically quantized still multiply in bf16 (same products, 2× the tensor-core time of FP8
 on Hopper); UE8M0 byte 0 (2^-127) decodes to 2^-127 only through the subnormal constant. At 2–16
-tokens the MMA loop decodes each weight element to bf16 through fp32 (6.3 instructions per element;
-a bf16x2 bit-assembly decode like fp4_unpack.py's is the next step), so those shapes sit at 2–4.6×
-their bytes floor. The split-K arrival counters are shared module state (see arrival.py).
+tokens the DECODE_W 0 loop spends 6.3 SASS instructions per weight element (sm90, triton 3.6, BN 64,
+BK 128, 4 warps); DECODE_W 1 brings the one-multiply loop to 4.3 (the decode itself ~2.1: prmt, shl,
+and per pair, one HMUL2 per pair), the rest is per-k-step wgmma/descriptor/pipeline overhead that a
+larger BN amortizes (BN 128: 3.6) — the decode-shape timings above predate DECODE_W 1 and the tile
+choice has not been re-swept (`benchmarks/tune_fp8_decode.py`, `mma_bits_*` rows). DECODE_W 1 costs
+one host-side permutation pass over x per call, needs K % BK == 0, and its PTX path is checked only by
+the `gpu` tests. The split-K arrival counters are shared module state (see arrival.py).
 """
 from __future__ import annotations
 
@@ -221,6 +261,118 @@ def fake_quant_e4m3_pow2(x, R: tl.constexpr, C: tl.constexpr):
     return tl.reshape(q * s[:, :, None], (R, C))
 
 
+# ============================================================================ jit: E4M3 words -> bf16x2 (DECODE_W 1)
+
+
+@triton.jit
+def e4m3_bf16x2_bits(w, P: tl.constexpr):
+    """uint32 words -> uint32 whose 16-bit halves are the bf16 bits of byte P (0/1) of each half, value·2^-120."""
+    if P == 0:
+        return ((w << 8) & 0x80008000) | ((w << 4) & 0x07F007F0)
+    else:
+        return (w & 0x80008000) | ((w >> 4) & 0x07F007F0)
+
+
+@triton.jit
+def ue8m0_e4m3_factors(e):
+    """UE8M0 exponents (int32 0..255) -> uint32 (f1 | f1 << 16, f2 | f2 << 16): bf16x2 pairs of the exact powers
+    of two f1 = 2^(min(e,134) - 7) (biased field min(e,134) + 120) and f2 = 2^(max(e,134) - 134) (field
+    max(e,134) - 7), f1·f2 = 2^(e-127)·2^120; e = 255 (NaN in UE8M0) makes f2 a NaN."""
+    b1 = (tl.minimum(e, 134) + 120) << 7
+    b2 = tl.where(e == 255, 0x7FC0, (tl.maximum(e, 134) - 7) << 7)
+    return (b1 | (b1 << 16)).to(tl.uint32), (b2 | (b2 << 16)).to(tl.uint32)
+
+
+@triton.jit
+def _bits_f32(bits):
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _f32_to_bf16_bits_rn(v):
+    """float32 -> its bf16 bits (in the low 16 of a uint32), round to nearest even, subnormals kept."""
+    u = v.to(tl.uint32, bitcast=True)
+    return (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+
+
+@triton.jit
+def scale_bf16x2_rn(v, f1, f2, TWO: tl.constexpr):
+    """uint32 pairs of bf16 bits × the bf16x2 pair f1 (and × f2 if TWO), as float32 per half through bit moves
+    (interpreter, ROCm: the interpreter keeps bf16 as raw uint16, its bf16 `*` multiplies the bits): v·f1·f2 is
+    exact in float32 (a 4-significant-bit value times powers of two, >= 2^-136), then rounded once to nearest
+    even bf16, which is what the PTX path's two roundings give (the first is exact whenever f2 != 1)."""
+    if TWO:
+        lo = _bits_f32(v << 16) * _bits_f32(f1 << 16) * _bits_f32(f2 << 16)
+        hi = _bits_f32(v & 0xFFFF0000) * _bits_f32(f1 & 0xFFFF0000) * _bits_f32(f2 & 0xFFFF0000)
+    else:
+        lo = _bits_f32(v << 16) * _bits_f32(f1 << 16)
+        hi = _bits_f32(v & 0xFFFF0000) * _bits_f32(f1 & 0xFFFF0000)
+    return (_f32_to_bf16_bits_rn(hi) << 16) | _f32_to_bf16_bits_rn(lo)
+
+
+@triton.jit
+def e4m3_bf16x2_scaled(w, f1, f2, P: tl.constexpr, PTX: tl.constexpr, TWO: tl.constexpr):
+    """uint32 words -> uint32 bf16x2: byte P of each 16-bit half, decoded and × f1 (× f2 if TWO), exact.
+
+    PTX: prmt/shl/and, then fma.rn.bf16x2 (x·f + -0.0; the bf16 fma has no flush-to-zero form, so bf16
+    subnormal inputs and results survive) on explicit 32-bit registers (Triton's own bf16 `*` is a scalar
+    mul per element and its layout decides the pairing)."""
+    # prmt puts byte 2h + P in the low byte of half h and its sign replicated (0x00 / 0xFF) in the high byte
+    # (selector nibbles: output byte i <- source byte, +8 = replicate its sign); << 4 moves the code's bits
+    # 0..6 to bf16 bits 4..10 and a sign copy to bit 15; the mask keeps exactly those (the bit algebra of
+    # `e4m3_bf16x2_bits`, one instruction fewer for P = 0)
+    if PTX:
+        if P == 0:
+            if TWO:
+                return tl.inline_asm_elementwise(
+                    "{ .reg .b32 p, z; mov.b32 z, 0x80008000; prmt.b32 p, $1, $1, 0xA280; shl.b32 p, p, 4; "
+                    "and.b32 p, p, 0x87F087F0; fma.rn.bf16x2 p, p, $2, z; fma.rn.bf16x2 $0, p, $3, z; }",
+                    "=r,r,r,r", [w, f1, f2], dtype=tl.uint32, is_pure=True, pack=1)
+            else:
+                return tl.inline_asm_elementwise(
+                    "{ .reg .b32 p, z; mov.b32 z, 0x80008000; prmt.b32 p, $1, $1, 0xA280; shl.b32 p, p, 4; "
+                    "and.b32 p, p, 0x87F087F0; fma.rn.bf16x2 $0, p, $2, z; }",
+                    "=r,r,r", [w, f1], dtype=tl.uint32, is_pure=True, pack=1)
+        else:
+            if TWO:
+                return tl.inline_asm_elementwise(
+                    "{ .reg .b32 p, z; mov.b32 z, 0x80008000; prmt.b32 p, $1, $1, 0xB391; shl.b32 p, p, 4; "
+                    "and.b32 p, p, 0x87F087F0; fma.rn.bf16x2 p, p, $2, z; fma.rn.bf16x2 $0, p, $3, z; }",
+                    "=r,r,r,r", [w, f1, f2], dtype=tl.uint32, is_pure=True, pack=1)
+            else:
+                return tl.inline_asm_elementwise(
+                    "{ .reg .b32 p, z; mov.b32 z, 0x80008000; prmt.b32 p, $1, $1, 0xB391; shl.b32 p, p, 4; "
+                    "and.b32 p, p, 0x87F087F0; fma.rn.bf16x2 $0, p, $2, z; }",
+                    "=r,r,r", [w, f1], dtype=tl.uint32, is_pure=True, pack=1)
+    else:
+        return scale_bf16x2_rn(e4m3_bf16x2_bits(w, P), f1, f2, TWO)
+
+
+@triton.jit
+def _bf16x2_halves(v, F32: tl.constexpr):
+    """uint32 [...] -> [..., 2] (bits 0..15, bits 16..31) as bf16, or as float32 by moving the bits (F32)."""
+    if F32:
+        return tl.join(_bits_f32(v << 16), _bits_f32(v & 0xFFFF0000))
+    else:
+        return tl.join(v.to(tl.uint16).to(tl.bfloat16, bitcast=True),
+                       (v >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True))
+
+
+@triton.jit
+def e4m3_words_to_bf16(ww, sc, R: tl.constexpr, BK: tl.constexpr, PTX: tl.constexpr, F32: tl.constexpr,
+                       TWO: tl.constexpr):
+    """uint32 words [R, BK/4] (memory order, 4 E4M3 codes each) + UE8M0 bytes [R, BK/32] -> [R, BK] in
+    k_order_w(BK): bf16 (float32 if F32, the interpreter's exact tl.dot path; values are bf16 values).
+    TWO: apply the second scale factor (exact for every byte; without it only bytes <= 134 are)."""
+    f1, f2 = ue8m0_e4m3_factors(sc.to(tl.int32))
+    f1 = expand_cols(f1, R, BK // 32, 8)  # one scale per 8 words (32 k)
+    f2 = expand_cols(f2, R, BK // 32, 8)
+    t = tl.join(_bf16x2_halves(e4m3_bf16x2_scaled(ww, f1, f2, 0, PTX, TWO), F32),
+                _bf16x2_halves(e4m3_bf16x2_scaled(ww, f1, f2, 1, PTX, TWO), F32))  # [R, m, h, P]
+    t = tl.reshape(t, (R, 4, BK // 16, 2, 2))  # m = q·W/4 + s
+    return tl.reshape(tl.permute(t, (0, 4, 2, 1, 3)), (R, BK))  # (P, s, q, h)
+
+
 # ============================================================================ kernels
 
 
@@ -228,13 +380,16 @@ def fake_quant_e4m3_pow2(x, R: tl.constexpr, C: tl.constexpr):
 def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_ptr, M, limit,
                     N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, GATED: tl.constexpr, NATIVE_FP8: tl.constexpr,
-                    DOT_F32: tl.constexpr, FOLD: tl.constexpr):
+                    DOT_F32: tl.constexpr, FOLD: tl.constexpr, DECODE_W: tl.constexpr, PTX: tl.constexpr):
     """y = x·Wᵀ (GATED: y = silu(min(x·W1ᵀ, limit))·clamp(x·W3ᵀ, ±limit)); W E4M3 with UE8M0/32×32.
 
     x [M, K] and y [M, N] are contiguous. SPLIT_K > 1: program_id(1) takes K/SPLIT_K of the
     reduction and writes fp32 partials part[split, M, N] (GATED: [split, M, 2N], g then u); with
     FOLD the last of the SPLIT_K programs of a tile (arrival counter cnt[pid]) sums them in split
-    order and runs the epilogue, otherwise `splitk_reduce_kernel` does in a second launch."""
+    order and runs the epilogue, otherwise `splitk_reduce_kernel` does in a second launch.
+    DECODE_W 1: the weight tile is decoded from 32-bit words by bf16x2 bit assembly (`e4m3_words_to_bf16`,
+    inline PTX if PTX) and x's columns must come in k_order_w(BK) per BK block (K % BK == 0)."""
+    tl.static_assert(DECODE_W == 0 or (K % BK == 0 and BK % 32 == 0), "DECODE_W 1 needs K % BK == 0, BK % 32 == 0")
     pid = tl.program_id(0)
     split = tl.program_id(1)
     num_m = tl.cdiv(M, BM)
@@ -249,11 +404,72 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     rn = pid_n * BN + tl.arange(0, BN)
     m_ok = rm < M
     n_ok = rn < N
+    if DECODE_W:
+        # e > 134 needs the second bf16x2 scale factor; real checkpoints never have one, so the
+        # program checks its own scale rows once and runs the one-multiply loop when it can
+        if _any_scale_above(ws_ptr, ws3_ptr, pid_n, split, N, K, BN, SPLIT_K, GATED, 134):
+            acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, split, N, K, BM, BN,
+                                    BK, SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, True)
+        else:
+            acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, split, N, K, BM, BN,
+                                    BK, SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, False)
+    else:
+        acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, split, N, K, BM, BN, BK,
+                                SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, True)
+    omask = m_ok[:, None] & n_ok[None, :]
+    if SPLIT_K > 1:
+        W2 = N * (1 + GATED)
+        base = part_ptr + (split * M + rm.to(tl.int64))[:, None] * W2 + rn[None, :]
+        tl.store(base, tl.trans(acc), mask=omask)
+        if GATED:
+            tl.store(base + N, tl.trans(acc3), mask=omask)
+        if FOLD:
+            if arrive_last(cnt_ptr + pid, SPLIT_K):
+                _fold_splits(part_ptr, y_ptr, rm, rn, M, limit, N, SPLIT_K, GATED)
+                reset_counter(cnt_ptr + pid)
+    else:
+        if GATED:
+            acc = _swiglu(acc, acc3, limit)
+        tl.store(y_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], tl.trans(acc).to(y_ptr.dtype.element_ty),
+                 mask=omask)
+
+
+@triton.jit
+def _any_scale_above(ws_ptr, ws3_ptr, pid_n, split, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr,
+                     SPLIT_K: tl.constexpr, GATED: tl.constexpr, LIMIT: tl.constexpr):
+    """Whether any UE8M0 byte of this program's scale rows (W, and W3 if GATED) over its K split exceeds LIMIT."""
+    KS = (K + 31) // 32
+    KS_SPLIT: tl.constexpr = K // 32 // SPLIT_K
+    RB: tl.constexpr = (BN + 31) // 32 + 1  # scale rows a BN tile can touch (it need not start on a 32 row)
+    RBP: tl.constexpr = triton.next_power_of_2(RB)
+    rr = (pid_n * BN) // 32 + tl.arange(0, RBP)
+    r_ok = (rr < (pid_n * BN + BN + 31) // 32) & (rr < (N + 31) // 32)
+    mx = tl.zeros((RBP, 32), dtype=tl.int32)
+    for c0 in range(split * KS_SPLIT, split * KS_SPLIT + KS_SPLIT, 32):
+        cc = c0 + tl.arange(0, 32)
+        ok = r_ok[:, None] & (cc < split * KS_SPLIT + KS_SPLIT)[None, :]
+        offs = rr[:, None] * KS + cc[None, :]
+        mx = tl.maximum(mx, tl.load(ws_ptr + offs, mask=ok, other=0).to(tl.int32))
+        if GATED:
+            mx = tl.maximum(mx, tl.load(ws3_ptr + offs, mask=ok, other=0).to(tl.int32))
+    return tl.max(tl.max(mx, axis=1), axis=0) > LIMIT
+
+
+@triton.jit
+def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, split, N: tl.constexpr, K: tl.constexpr,
+                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr, GATED: tl.constexpr,
+                NATIVE_FP8: tl.constexpr, DOT_F32: tl.constexpr, DECODE_W: tl.constexpr, PTX: tl.constexpr,
+                TWO: tl.constexpr):
+    """fp8_gemm_kernel's k loop over this program's split: (acc, acc3) [BN, BM] fp32 = W-tile · x-tileᵀ.
+    TWO (DECODE_W 1): apply the second scale factor (needed only where a UE8M0 byte exceeds 134)."""
     KS = (K + 31) // 32
     K_SPLIT = K // SPLIT_K
     w_rows = rn.to(tl.int64)[:, None] * K
     s_rows = (rn // 32)[:, None] * KS
     x_rows = rm.to(tl.int64)[:, None] * K
+    KW: tl.constexpr = K // 4
+    w_words = w_ptr.to(tl.pointer_type(tl.uint32)) + rn.to(tl.int64)[:, None] * KW
+    w3_words = w3_ptr.to(tl.pointer_type(tl.uint32)) + rn.to(tl.int64)[:, None] * KW
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     acc3 = tl.zeros((BN, BM), dtype=tl.float32)
     for k0 in range(split * K_SPLIT, split * K_SPLIT + K_SPLIT, BK):
@@ -272,35 +488,40 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
         # one scale byte per (row, 32 columns), expanded in registers (not one load per element)
         rs = k0 // 32 + tl.arange(0, BK // 32)
         sm = n_ok[:, None] & (rs[None, :] < KS)
-        sc = expand_cols(e8m0_to_f32(tl.load(ws_ptr + s_rows + rs[None, :], mask=sm, other=127)), BN, BK // 32, 32)
-        wt = e4m3_to_f32(tl.load(w_ptr + w_rows + rk[None, :], mask=wm, other=0), NATIVE_FP8) * sc
-        if DOT_F32:
-            acc += tl.dot(wt, tl.trans(xt), input_precision="ieee")
-        else:
-            acc += tl.dot(wt.to(tl.bfloat16), tl.trans(xt))
-        if GATED:
-            sc3 = expand_cols(e8m0_to_f32(tl.load(ws3_ptr + s_rows + rs[None, :], mask=sm, other=127)), BN, BK // 32, 32)
-            wt3 = e4m3_to_f32(tl.load(w3_ptr + w_rows + rk[None, :], mask=wm, other=0), NATIVE_FP8) * sc3
+        if DECODE_W:
+            # the decoded tile already is bf16 (fp32 under DOT_F32) with bf16 values: no cast before the dot
+            rw = (k0 // 4 + tl.arange(0, BK // 4))[None, :]
+            wt = e4m3_words_to_bf16(tl.load(w_words + rw, mask=n_ok[:, None], other=0),
+                                    tl.load(ws_ptr + s_rows + rs[None, :], mask=sm, other=127), BN, BK, PTX, DOT_F32,
+                                    TWO)
             if DOT_F32:
-                acc3 += tl.dot(wt3, tl.trans(xt), input_precision="ieee")
+                acc += tl.dot(wt, tl.trans(xt), input_precision="ieee")
             else:
-                acc3 += tl.dot(wt3.to(tl.bfloat16), tl.trans(xt))
-    omask = m_ok[:, None] & n_ok[None, :]
-    if SPLIT_K > 1:
-        W2 = N * (1 + GATED)
-        base = part_ptr + (split * M + rm.to(tl.int64))[:, None] * W2 + rn[None, :]
-        tl.store(base, tl.trans(acc), mask=omask)
-        if GATED:
-            tl.store(base + N, tl.trans(acc3), mask=omask)
-        if FOLD:
-            if arrive_last(cnt_ptr + pid, SPLIT_K):
-                _fold_splits(part_ptr, y_ptr, rm, rn, M, limit, N, SPLIT_K, GATED)
-                reset_counter(cnt_ptr + pid)
-    else:
-        if GATED:
-            acc = _swiglu(acc, acc3, limit)
-        tl.store(y_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], tl.trans(acc).to(y_ptr.dtype.element_ty),
-                 mask=omask)
+                acc += tl.dot(wt, tl.trans(xt))
+            if GATED:
+                wt3 = e4m3_words_to_bf16(tl.load(w3_words + rw, mask=n_ok[:, None], other=0),
+                                         tl.load(ws3_ptr + s_rows + rs[None, :], mask=sm, other=127), BN, BK, PTX,
+                                         DOT_F32, TWO)
+                if DOT_F32:
+                    acc3 += tl.dot(wt3, tl.trans(xt), input_precision="ieee")
+                else:
+                    acc3 += tl.dot(wt3, tl.trans(xt))
+        else:
+            sc = expand_cols(e8m0_to_f32(tl.load(ws_ptr + s_rows + rs[None, :], mask=sm, other=127)), BN, BK // 32, 32)
+            wt = e4m3_to_f32(tl.load(w_ptr + w_rows + rk[None, :], mask=wm, other=0), NATIVE_FP8) * sc
+            if DOT_F32:
+                acc += tl.dot(wt, tl.trans(xt), input_precision="ieee")
+            else:
+                acc += tl.dot(wt.to(tl.bfloat16), tl.trans(xt))
+            if GATED:
+                sc3 = expand_cols(e8m0_to_f32(tl.load(ws3_ptr + s_rows + rs[None, :], mask=sm, other=127)), BN,
+                                  BK // 32, 32)
+                wt3 = e4m3_to_f32(tl.load(w3_ptr + w_rows + rk[None, :], mask=wm, other=0), NATIVE_FP8) * sc3
+                if DOT_F32:
+                    acc3 += tl.dot(wt3, tl.trans(xt), input_precision="ieee")
+                else:
+                    acc3 += tl.dot(wt3.to(tl.bfloat16), tl.trans(xt))
+    return acc, acc3
 
 
 @triton.jit
@@ -450,6 +671,45 @@ DECODE_BK = 128  # decode (M <= 16) k tile
 GEMV_MAX_M = 1  # tokens that take the CUDA-core path (fp8_gemv_kernel)
 GEMV_BK = 128  # its k tile
 FOLD_SPLIT_K = True  # split-K epilogue by the last-arriving program (one launch) rather than a reduce kernel
+DECODE_W_CUDA = 1  # weight decoder of the M <= 16 tensor-core path on CUDA (0: per element via fp32; 1: bf16x2 words)
+
+
+def k_order_w(BK: int) -> torch.Tensor:
+    """perm [BK] (int64): logical column j of a BK block of the DECODE_W 1 tile is original column perm[j].
+    Original k = 4m + 2h + P (word m = q·BK/16 + s, half h, byte P) -> logical P·BK/2 + 2(4s + q) + h."""
+    if BK % 32:
+        raise ValueError(f"DECODE_W 1 needs BK % 32 == 0, got {BK}")
+    return torch.arange(BK).view(4, BK // 16, 2, 2).permute(3, 1, 0, 2).reshape(BK)
+
+
+_ORDERS_W: dict = {}
+
+
+def permute_k_w(x: torch.Tensor, BK: int) -> torch.Tensor:
+    """x [..., K] -> the same values with each BK block of columns in k_order_w(BK) (contiguous copy)."""
+    K = x.shape[-1]
+    if K % BK:
+        raise ValueError(f"permute_k_w: K={K} is not a multiple of BK={BK}")
+    key = (BK, str(x.device))
+    if key not in _ORDERS_W:
+        _ORDERS_W[key] = k_order_w(BK).to(x.device)
+    return x.reshape(*x.shape[:-1], K // BK, BK).index_select(-1, _ORDERS_W[key]).reshape(x.shape)
+
+
+def ptx_for(device) -> bool:
+    """Inline PTX (the bf16x2 fma of DECODE_W 1) compiles on CUDA only, not in the interpreter."""
+    return not interpreting() and device.type == "cuda" and torch.version.hip is None
+
+
+def _decode_w(decode_w, M: int, K: int, BK: int, device) -> int:
+    """The mma path's weight decoder: explicit 0/1, or None = DECODE_W_CUDA for M <= 16 on CUDA where K tiles."""
+    if decode_w is None:
+        return DECODE_W_CUDA if ptx_for(device) and M <= 16 and K % BK == 0 and BK % 32 == 0 else 0
+    if decode_w not in (0, 1):
+        raise ValueError(f"decode_w: 0 or 1, got {decode_w!r}")
+    if decode_w and (K % BK or BK % 32):
+        raise ValueError(f"decode_w=1 needs K % BK == 0 and BK % 32 == 0 (K={K}, BK={BK})")
+    return int(decode_w)
 
 
 def _split_k(M: int, N: int, K: int, BN: int, BK: int) -> int:
@@ -502,12 +762,13 @@ def _gemv_tiles(N: int, K: int, gated: bool = False):
     return BN, BK, (2 if interpreting() and K % (2 * BK) == 0 else _split_k(1, N, K, BN, BK)), 4, 3
 
 
-def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=None, fold=None):
+def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=None, fold=None, decode_w=None):
     """Shared launcher. path: "gemv" (one token on the CUDA cores), "mma" (tensor cores), or None
     (gemv for M <= GEMV_MAX_M when K tiles). fold: split-K epilogue inside the GEMM launch
     (last-arriver) instead of a second launch; default on. tiles overrides the path's tile tuple
     (sweeps): mma (BM, BN, BK, GROUP_M, SPLIT_K, num_warps, num_stages), gemv (BN, BK, SPLIT_K,
-    num_warps, num_stages)."""
+    num_warps, num_stages). decode_w: the mma path's weight decoder, 0 or 1 (DECODE_W; 1 permutes x's
+    columns to k_order_w(BK) here, once per call); None: `_decode_w`'s default."""
     K = x.shape[-1]
     _check_w(w, s, K, name)
     if w3 is not None:
@@ -540,12 +801,15 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
                               NATIVE_FP8=native_fp8_for(x.device), num_warps=nw, num_stages=ns)
         return y.reshape(*x.shape[:-1], N)
     BM, BN, BK, GM, SK, nw, ns = tiles or _tiles(M, N, K)
+    dw = _decode_w(decode_w, M, K, BK, x.device)
+    if dw:
+        x2 = permute_k_w(x2, BK)
     part = y if SK == 1 else torch.empty((SK, M, (2 if gated else 1) * N), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN), SK)
     fp8_gemm_kernel[grid](x2, wu, su, w3u, s3u, y, part, counters(x.device, grid[0]), M,
                           float(limit), N=N, K=K, BM=BM, BN=BN, BK=BK, GROUP_M=GM,
                           SPLIT_K=SK, GATED=gated, NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2),
-                          FOLD=fold and SK > 1, num_warps=nw, num_stages=ns)
+                          FOLD=fold and SK > 1, DECODE_W=dw, PTX=ptx_for(x.device), num_warps=nw, num_stages=ns)
     if SK > 1 and not fold:
         RB = 256 if interpreting() else 1024
         splitk_reduce_kernel[(M, triton.cdiv(N, RB))](part, y, M, float(limit), N=N, SPLIT_K=SK, GATED=gated,
@@ -590,8 +854,11 @@ def _gemm_variants(target: str, gated: bool) -> list:
                 BM, BN, BK, GM, SK, nw, ns = 64, 128, 64, 8, 1, 4, 2
             if gated and mode == "prefill":
                 BN = 64  # two accumulators
+            # DECODE_W 1 (the decode mode on CUDA, if DECODE_W_CUDA): the caller permutes x to k_order_w(BK)
+            dw = DECODE_W_CUDA if mode == "decode" and tr["kind"] == "cuda" and K % BK == 0 else 0
             ce = {"N": N, "K": K, "BM": BM, "BN": BN, "BK": BK, "GROUP_M": GM, "SPLIT_K": SK, "GATED": gated,
-                  "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "FOLD": SK > 1}
+                  "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "FOLD": SK > 1, "DECODE_W": dw,
+                  "PTX": tr["kind"] == "cuda"}
             keys = {"linear": name, "mode": mode, "act": "bf16", **ce}
             out.append(aot_spec(fp8_gemm_kernel, f"{name}_{mode}", _gemm_types("*bf16"), ce, nw, ns, keys))
         if K % GEMV_BK == 0:
@@ -620,14 +887,14 @@ register(KernelTemplate(
     name="fp8_gemm", module=__name__,
     summary="x · dequant(E4M3 W, UE8M0 32×32)ᵀ, fp32 accumulate (dense linears)",
     keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "SPLIT_K", "NATIVE_FP8", "GATED",
-          "DOT_F32", "BLOCK"),
+          "DOT_F32", "BLOCK", "DECODE_W", "PTX"),
     reference=fp8_gemm_reference, launch=fp8_gemm,
     specializations=lambda t: _gemm_variants(t, False)))
 register(KernelTemplate(
     name="fp8_gemm_swiglu", module=__name__,
     summary="shared expert gate/up: silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L), FP8 weights",
     keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "SPLIT_K", "NATIVE_FP8", "GATED",
-          "DOT_F32", "BLOCK"),
+          "DOT_F32", "BLOCK", "DECODE_W", "PTX"),
     reference=fp8_gemm_swiglu_reference, launch=fp8_gemm_swiglu,
     specializations=lambda t: _gemm_variants(t, True)))
 register(KernelTemplate(
