@@ -159,6 +159,28 @@ def test_ragged_tiles_and_split_down(split):
     assert torch.equal(y, y2)
 
 
+@pytest.mark.parametrize("D,BKB,ksplit,dt", [(256, 2, 2, torch.float32), (256, 2, 4, torch.bfloat16),
+                                               (160, 2, 3, torch.float32)])
+def test_gate_up_k_split(D, BKB, ksplit, dt):
+    """gate/up ksplit: each (slot, row tile) runs as `ksplit` programs over equal ranges of K's chunks, the last
+    to arrive adds their g / u in order. hidden 160 = 5 blocks in 3 chunks of 2 (the last one half past the
+    end); T = 2 tokens, both down variants; counters re-zeroed per call (same bits twice)."""
+    E, I = 8, 96
+    ex = experts_for(37, E, D, I)
+    g = gen(38)
+    T = 2
+    x = torch.randn(T, D, generator=g).to(dt).to(DEV)
+    idx, w = routing(g, T, E=E)
+    kw = dict(limit=10.0, inter_dtype=dt, partial_dtype=dt)
+    ref = md.moe_experts_decode_reference(x, idx, w, *ex, **kw)
+    for split in (1, 3):
+        tiles = {"prep": 2, "gate_up": {"BN": 64, "BKB": BKB, "num_warps": 4, "ksplit": ksplit},
+                 "down": {"BN": 64, "BKB": 2, "num_warps": 2, "split": split}}
+        y = md.moe_experts_decode(x, idx, w, *ex, tiles=tiles, **kw)
+        check(y, ref, dt == torch.float32)
+        assert torch.equal(y, md.moe_experts_decode(x, idx, w, *ex, tiles=tiles, **kw))
+
+
 def test_topk3_and_int64_ids_and_fp16(experts):
     g = gen(34)
     x = torch.randn(2, D_T, generator=g).half().to(DEV)
@@ -276,6 +298,8 @@ def test_input_errors_are_clear(experts):
                                                                                     "num_warps": 1}})
     with pytest.raises(ValueError, match="powers of two"):
         md.moe_experts_decode(x, idx, w, *experts, 10.0, tiles={**FAST, "down": {**FAST["down"], "BN": 48}})
+    with pytest.raises(ValueError, match="ksplit=3 does not divide"):  # 8 blocks in 1 chunk of 8
+        md.moe_experts_decode(x, idx, w, *experts, 10.0, tiles={**FAST, "gate_up": {**FAST["gate_up"], "ksplit": 3}})
     with pytest.raises(ValueError, match="does not divide top_k"):
         md.moe_experts_decode(x, idx, w, *experts, 10.0, tiles={**FAST, "down": {**FAST["down"], "split": 4}})
     assert md.moe_experts_decode(x[:0], idx[:0], w[:0], *experts, 10.0).shape == (0, D_T)

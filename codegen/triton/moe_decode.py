@@ -14,7 +14,10 @@ Algorithm (three launches; no sort, no host sync, CUDA-graph capturable):
 2. `moe_decode_gate_up_kernel`, grid (slot, I/BN): e = topk_idx[slot]; streams BN rows of w1[e] and
    w3[e] as int32 words against x' (`fp4_gemv`), then the clamped SwiGLU × routing weight, the
    inter_dtype rounding, the optional h fake quant (BN is a multiple of 32: whole h blocks per
-   program) and the prep's prescale/order, into h' [T·k, I] and its f.
+   program) and the prep's prescale/order, into h' [T·k, I] and its f. Option `ksplit` (KSPLIT, default 1):
+   grid (slot, I/BN, KSPLIT), each program one of KSPLIT equal ranges of K's chunks, g / u partials to a
+   [T·k, KSPLIT, 2, I] workspace, the last of the KSPLIT programs of a tile (an acq_rel counter zeroed by
+   the prep) adds them in range order and finishes the tile (deterministic; the fp32 sum order changes).
 3. `moe_decode_down_kernel`, grid (token, D/BN, SPLIT): w2[e_j] against h'_j for the program's slots;
    each slot's row sums are rounded to partial_dtype. SPLIT = 1: the program adds its k slots in
    order, adds the shared expert, stores. SPLIT > 1 (the default, SPLIT = k: 6× the programs at
@@ -59,8 +62,9 @@ Rounding: every rounding to bf16 is integer round-to-nearest-even (`round_to`), 
 (whose casts to bf16 truncate) and the GPU give the same bits; fp16 uses the cast (RNE in both).
 
 Specialization keys: router (E, TOPK: backbone 384/6, DSpark 128/3); K, N (hidden 5120, inter 2304,
-constexpr); BN, BKB (powers of two), num_warps; SPLIT; ACT_QUANT / H_QUANT; INTER /
-PARTIAL / OUT rounding (0 fp32, 1 bf16, 2 fp16); HAS_SHARED; NCNT (counters zeroed by the prep).
+constexpr); BN, BKB (powers of two), num_warps; SPLIT; KSPLIT (gate/up); ACT_QUANT / H_QUANT; INTER /
+PARTIAL / OUT rounding (0 fp32, 1 bf16, 2 fp16); HAS_SHARED; NCNT / NGCNT (down / gate/up counters
+zeroed by the prep).
 
 Known gaps: three launches (prep, gate/up, down) and the split path's workspace round trip; the
 per-block scale factoring over/underflows where Σ_block x·value leaves fp32's range (|x| near 2^120)
@@ -73,10 +77,27 @@ T = 8 (48 slots, ~32 unique experts) the issue time (~234 us at 4.61 per element
 floor (~140 us) by 1.7x whatever the tiles; sharing one decode between the tokens of an expert needs
 the expert -> slots map (a dispatch) this path avoids. At T = 1 the gate/up's 432 programs do not
 divide evenly over 132 SMs (4 on some, 3.27 on average: ~24 us issue-bound on the busiest SMs; BN
-cannot go below 32, a program owns whole h blocks).
+cannot go below 32, a program owns whole h blocks). `ksplit` cuts that granularity (ksplit 2: 864
+programs, at most 7 half-size ones per SM = 3.5 full programs instead of 4; 4: 1728, 14 quarters = 3.5;
+5: 2160, 17 fifths = 3.4) for a workspace round trip and one more partial prologue per program; it is
+not the default because it is unmeasured (benchmarks/tune_moe_decode.py sweeps 2, 4, 5).
+The per-element cost is near its floor for this scheme: the SASS per 256 weight elements of a thread
+(gate/up loop) is 256 SHF + 233 IMAD(.SHL) + 259 LOP3 + 32 SGXT (the decode: 3 integer ops per
+element; the shift pair cannot merge because the E2M1 sign-to-m3 distance, 3 bits, differs from
+fp32's, 9, and a LOP3 has one immediate mask) + 232 FFMA + 40 FMUL. A `prmt.b32` byte lookup yields
+one fp32 per instruction at best (a 4-byte result, the value needs two of its bytes) and its msb mode
+gives 0x00/0xFF, not a sign bit, so it does not beat the 3-op decode for fp32 FMAs. Going below ~4.3
+per element needs packed operands into the tensor cores (a GEMV as an MMA with the weights as A):
+a first sm90 prototype (fp16 A decoded by the bit algebra of fp4_unpack's DECODE 2 without the scale,
+block-diagonal x as B so that each 32-block's partial is its own output column, per-block scale on the
+fp32 result) compiled to 3.44 SASS instructions per element under Triton 3.6, a third of it the
+shared-memory conversion of the decoded tile into the wgmma operand layout (24 STS + 16 LDSM per 128
+elements); with a k order matched to that layout, or int8 IMMA (a `prmt` lookup of 4 magnitudes per
+instruction, positive and negative codes as two operands, x as fixed-point int8 pieces in B's spare
+columns) the estimate is 1.3-2.2 per element. Not built here.
 
-Measured (H200, torch 2.11 / Triton 3.6, one graph of 8 steps over disjoint expert sets, so nothing
-is reused from L2; floor = unique experts' w1 + w3 + w2 bytes / 4.22 TB/s;
+Measured (all before the gate/up `ksplit` option; H200, torch 2.11 / Triton 3.6, one graph of 8 steps
+over disjoint expert sets, so nothing is reused from L2; floor = unique experts' w1 + w3 + w2 bytes / 4.22 TB/s;
 benchmarks/results/tune_moe_decode.json, 2026-11-29): after the layout rework T = 1 takes 63 us
 (2.36x the 26.7 us floor; the static estimate was 40-50 us) and T = 8 takes 0.337 ms (2.39x);
 the tile variants swept stay within 6% of the defaults, split 1 for the down GEMV is 1.5x slower
@@ -208,8 +229,12 @@ def fp4_fma_chunk(acc_a, acc_b, wa, sa, wb, sb, xa_ptr, fa_ptr, xb_ptr, fb_ptr, 
 
 @triton.jit
 def fp4_gemv(wa_ptr, sa_ptr, wb_ptr, sb_ptr, xa_ptr, fa_ptr, xb_ptr, fb_ptr, row0, K: tl.constexpr, N: tl.constexpr,
-             BN: tl.constexpr, BKB: tl.constexpr, TWO: tl.constexpr, SAME_X: tl.constexpr):
+             BN: tl.constexpr, BKB: tl.constexpr, TWO: tl.constexpr, SAME_X: tl.constexpr, ch0=0,
+             NCHP: tl.constexpr = 0):
     """Row sums [BN] (row = row0 + i) of x·dequant(W)ᵀ over all K, for W = a (and b when TWO).
+
+    NCHP > 0: only the NCHP chunks of BKB blocks from chunk ch0 on (a K split; the caller keeps them
+    inside K's chunks), else all of K.
 
     The tile is P = BN·BKB (row, block) pairs, p = BKB·row + lane-order(block), each a [4]-word vector
     (16 bytes, one 32-block): every tensor in the loop is [P, 4] or [P], so Triton's coalescing gives
@@ -219,7 +244,8 @@ def fp4_gemv(wa_ptr, sa_ptr, wb_ptr, sb_ptr, xa_ptr, fa_ptr, xb_ptr, fb_ptr, row
     pipeline loads that feed no tl.dot)."""
     P: tl.constexpr = BN * BKB
     KB: tl.constexpr = K // 32
-    NCH: tl.constexpr = (KB + BKB - 1) // BKB
+    NCH: tl.constexpr = NCHP if NCHP > 0 else (KB + BKB - 1) // BKB
+    kb0 = ch0 * BKB
     MASKED: tl.constexpr = (N % BN != 0) or (KB % BKB != 0)
     p = tl.arange(0, P)
     rows = row0 + p // BKB
@@ -231,7 +257,7 @@ def fp4_gemv(wa_ptr, sa_ptr, wb_ptr, sb_ptr, xa_ptr, fa_ptr, xb_ptr, fb_ptr, row
     # The lanes take the blocks of a chunk in the order i -> 5i mod BKB. Any order gives the same sums;
     # a non-contiguous one keeps Triton from vectorizing the scale-byte load across blocks, so that load
     # takes the accumulator's layout instead of one that needs a shared-memory shuffle every chunk.
-    lanes = ((p % BKB) * 5) % BKB
+    lanes = kb0 + ((p % BKB) * 5) % BKB
     # Two chunk buffers, A (even chunks) and B (odd), each refilled two chunks ahead right after its FMAs:
     # ptxas sinks loads towards their first use, so a prefetch one chunk ahead would leave the HBM
     # latency exposed, and a rotating three-buffer loop would cost register moves. Refills past the
@@ -259,8 +285,10 @@ def fp4_gemv(wa_ptr, sa_ptr, wb_ptr, sb_ptr, xa_ptr, fa_ptr, xb_ptr, fb_ptr, row
 
 @triton.jit
 def moe_decode_prep_kernel(x_ptr, xp_ptr, f_ptr, cnt_ptr, K: tl.constexpr, BKB: tl.constexpr,
-                           ACT_QUANT: tl.constexpr, NCNT: tl.constexpr, NCNT_P: tl.constexpr):
-    """x [T, K] -> x' fp32 [T, K] and f [T, K/32] (`store_prescaled`); zeroes the token's NCNT down counters."""
+                           ACT_QUANT: tl.constexpr, NCNT: tl.constexpr, NCNT_P: tl.constexpr,
+                           NGCNT: tl.constexpr = 0, NGCNT_P: tl.constexpr = 1):
+    """x [T, K] -> x' fp32 [T, K] and f [T, K/32] (`store_prescaled`); zeroes the token's NCNT down counters
+    (cnt[t·NCNT..]) and its NGCNT gate/up split counters (cnt[T·NCNT + t·NGCNT..], after all down ones)."""
     t = tl.program_id(0).to(tl.int64)
     blk0 = tl.program_id(1) * BKB
     blk = blk0 + tl.arange(0, BKB)
@@ -271,13 +299,24 @@ def moe_decode_prep_kernel(x_ptr, xp_ptr, f_ptr, cnt_ptr, K: tl.constexpr, BKB: 
         if tl.program_id(1) == 0:
             i = tl.arange(0, NCNT_P)
             tl.store(cnt_ptr + t * NCNT + i, tl.zeros_like(i), mask=i < NCNT)
+    if NGCNT > 0:
+        if tl.program_id(1) == 0:
+            i = tl.arange(0, NGCNT_P)
+            tl.store(cnt_ptr + tl.num_programs(0) * NCNT + t * NGCNT + i, tl.zeros_like(i), mask=i < NGCNT)
 
 
 @triton.jit
 def moe_decode_gate_up_kernel(xp_ptr, xf_ptr, idx_ptr, rw_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, hp_ptr, hf_ptr, limit,
-                              K: tl.constexpr, N: tl.constexpr, TOPK: tl.constexpr, BN: tl.constexpr,
-                              BKB: tl.constexpr, INTER: tl.constexpr, H_QUANT: tl.constexpr):
-    """h'[slot, rows] for BN rows of expert topk_idx[slot]: SwiGLU of the w1/w3 GEMVs, stored like x'."""
+                              ws_ptr, cnt_ptr, K: tl.constexpr, N: tl.constexpr, TOPK: tl.constexpr,
+                              BN: tl.constexpr, BKB: tl.constexpr, INTER: tl.constexpr, H_QUANT: tl.constexpr,
+                              KSPLIT: tl.constexpr = 1):
+    """h'[slot, rows] for BN rows of expert topk_idx[slot]: SwiGLU of the w1/w3 GEMVs, stored like x'.
+
+    KSPLIT > 1 (grid axis 2): program (slot, n, z) runs the z-th of KSPLIT equal ranges of K's chunks
+    (KSPLIT divides them: checked by the launcher), writes its g / u row sums to ws [T·k, KSPLIT, 2, N],
+    and the last of the KSPLIT programs of (slot, n) to arrive (an acq_rel counter cnt[slot·N/BN + n],
+    zeroed by the prep) adds them in z order and finishes the tile. Smaller programs, KSPLIT× as many:
+    a finer last wave over the SMs (T = 1: 432 -> 432·KSPLIT programs); the g / u sums change order."""
     slot = tl.program_id(0).to(tl.int64)
     pid_n = tl.program_id(1)
     e = tl.load(idx_ptr + slot).to(tl.int64)
@@ -286,8 +325,36 @@ def moe_decode_gate_up_kernel(xp_ptr, xf_ptr, idx_ptr, rw_ptr, w1_ptr, s1_ptr, w
     so = e * N * (K // 32)
     xa = xp_ptr + tok * K
     fa = xf_ptr + tok * (K // 32)
-    g, u = fp4_gemv(w1_ptr + wo, s1_ptr + so, w3_ptr + wo, s3_ptr + so, xa, fa, xa, fa, pid_n * BN, K, N, BN, BKB,
-                    True, True)
+    if KSPLIT == 1:
+        g, u = fp4_gemv(w1_ptr + wo, s1_ptr + so, w3_ptr + wo, s3_ptr + so, xa, fa, xa, fa, pid_n * BN, K, N, BN,
+                        BKB, True, True)
+    else:
+        NCHP: tl.constexpr = (K // 32 + BKB - 1) // BKB // KSPLIT
+        gp, up = fp4_gemv(w1_ptr + wo, s1_ptr + so, w3_ptr + wo, s3_ptr + so, xa, fa, xa, fa, pid_n * BN, K, N, BN,
+                          BKB, True, True, tl.program_id(2) * NCHP, NCHP)
+        rows = pid_n * BN + tl.arange(0, BN)
+        wsp = ws_ptr + (slot * KSPLIT + tl.program_id(2)) * (2 * N) + rows
+        tl.store(wsp, gp, mask=rows < N)
+        tl.store(wsp + N, up, mask=rows < N)
+        tl.debug_barrier()  # every thread's partials are written before the release below
+        last = tl.atomic_add(cnt_ptr + slot * tl.num_programs(1) + pid_n, 1, sem="acq_rel", scope="gpu") == KSPLIT - 1
+        if last:
+            g = tl.zeros((BN,), dtype=tl.float32)
+            u = tl.zeros((BN,), dtype=tl.float32)
+            for z in range(KSPLIT):
+                src = ws_ptr + (slot * KSPLIT + z) * (2 * N) + rows
+                g += tl.load(src, mask=rows < N, other=0.0, cache_modifier=".cg")
+                u += tl.load(src + N, mask=rows < N, other=0.0, cache_modifier=".cg")
+            swiglu_store(g, u, limit, rw_ptr, hp_ptr, hf_ptr, slot, pid_n, N, BN, INTER, H_QUANT)
+    if KSPLIT == 1:
+        swiglu_store(g, u, limit, rw_ptr, hp_ptr, hf_ptr, slot, pid_n, N, BN, INTER, H_QUANT)
+
+
+@triton.jit
+def swiglu_store(g, u, limit, rw_ptr, hp_ptr, hf_ptr, slot, pid_n, N: tl.constexpr, BN: tl.constexpr,
+                 INTER: tl.constexpr, H_QUANT: tl.constexpr):
+    """The gate/up tile's finish: clamped SwiGLU × routing weight, rounded to INTER, stored like x'
+    (`store_prescaled`)."""
     g = tl.minimum(g, limit, propagate_nan=tl.PropagateNan.ALL)
     u = tl.minimum(tl.maximum(u, -limit, propagate_nan=tl.PropagateNan.ALL), limit,
                    propagate_nan=tl.PropagateNan.ALL)
@@ -376,7 +443,7 @@ def decode_tiles(D: int = HIDDEN, I: int = MOE_INTER, top_k: int = 6, interp=Non
     two per scheduler) for 2% fewer instructions, so 4 stays the default and the sweep keeps 2 as the
     control. down: BN = 32, BKB = 8, 2 warps (4 rows per thread, 126 registers), split = k (one slot
     per program: 960 programs at T = 1 instead of 160, 8 per SM) — the measured best. The same tiles
-    for 1..MAX_SLOTS slots.
+    for 1..MAX_SLOTS slots. gate_up may carry "ksplit" (default 1: see moe_decode_gate_up_kernel).
     interp (default: TRITON_INTERPRET) picks fewer, larger programs for the interpreter."""
     if interpreting() if interp is None else interp:
         return {"prep": 8, "gate_up": {"BN": 32, "BKB": _fit(D // 32, 8), "num_warps": 4},
@@ -458,24 +525,33 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     _check_tiles("down", dn, k)
     if gu["BN"] % 32:
         raise ValueError(f"moe_experts_decode: gate/up BN={gu['BN']} is not a multiple of 32 (whole h blocks)")
+    gu_chunks = triton.cdiv(D // 32, gu["BKB"])
+    if gu.get("ksplit", 1) < 1 or gu_chunks % gu.get("ksplit", 1):
+        raise ValueError(f"moe_experts_decode: gate/up ksplit={gu.get('ksplit')} does not divide the {gu_chunks} "
+                         f"chunks of BKB={gu['BKB']} blocks of hidden {D}")
     dev = x.device
     idx = topk_idx.to(torch.int32).contiguous()
     rw = topk_w.to(torch.float32).contiguous()
     n_tiles = triton.cdiv(D, dn["BN"])
     split = dn["split"]
     ncnt = n_tiles if split > 1 else 0
+    gu_tiles = triton.cdiv(I, gu["BN"])
+    ksplit = gu.get("ksplit", 1)
+    ngcnt = k * gu_tiles if ksplit > 1 else 0
     xp = torch.empty(T, D, dtype=torch.float32, device=dev)
     xf = torch.empty(T, D // 32, dtype=torch.float32, device=dev)
-    cnt = torch.empty(T * max(ncnt, 1), dtype=torch.int32, device=dev)
+    cnt = torch.empty(T * max(ncnt + ngcnt, 1), dtype=torch.int32, device=dev)
     moe_decode_prep_kernel[(T, triton.cdiv(D // 32, tt["prep"]))](
         x.contiguous(), xp, xf, cnt, K=D, BKB=tt["prep"], ACT_QUANT=act_quant, NCNT=ncnt,
-        NCNT_P=triton.next_power_of_2(max(ncnt, 1)), num_warps=4)
+        NCNT_P=triton.next_power_of_2(max(ncnt, 1)), NGCNT=ngcnt, NGCNT_P=triton.next_power_of_2(max(ngcnt, 1)),
+        num_warps=4)
     hp = torch.empty(T * k, I, dtype=torch.float32, device=dev)
     hf = torch.empty(T * k, I // 32, dtype=torch.float32, device=dev)
-    moe_decode_gate_up_kernel[(T * k, triton.cdiv(I, gu["BN"]))](
+    gws = torch.empty(T * k * ksplit * 2, I, dtype=torch.float32, device=dev) if ksplit > 1 else hp
+    moe_decode_gate_up_kernel[(T * k, gu_tiles, ksplit)](
         xp, xf, idx, rw, _as_words(w1, "w1"), _u8(s1), _as_words(w3, "w3"), _u8(s3), hp, hf, float(limit),
-        K=D, N=I, TOPK=k, BN=gu["BN"], BKB=gu["BKB"], INTER=ROUND[inter_dtype],
-        H_QUANT=act_quant, num_warps=gu["num_warps"], num_stages=1)
+        gws, cnt[T * ncnt:], K=D, N=I, TOPK=k, BN=gu["BN"], BKB=gu["BKB"], INTER=ROUND[inter_dtype],
+        H_QUANT=act_quant, KSPLIT=ksplit, num_warps=gu["num_warps"], num_stages=1)
     sh = shared.contiguous() if shared is not None else y
     ws = torch.empty(T * k, D, dtype=torch.float32, device=dev) if split > 1 else y
     moe_decode_down_kernel[(T, n_tiles, split)](
@@ -500,7 +576,8 @@ def _prep_variants(target: str) -> list:
     ncnt = triton.cdiv(HIDDEN, t["down"]["BN"])
     out = []
     for aq in (False, True):
-        ce = {"K": HIDDEN, "BKB": t["prep"], "ACT_QUANT": aq, "NCNT": ncnt, "NCNT_P": triton.next_power_of_2(ncnt)}
+        ce = {"K": HIDDEN, "BKB": t["prep"], "ACT_QUANT": aq, "NCNT": ncnt, "NCNT_P": triton.next_power_of_2(ncnt),
+              "NGCNT": 0, "NGCNT_P": 1}
         out.append(aot_spec(moe_decode_prep_kernel, "aq" if aq else "plain",
                             {"x_ptr": "*bf16", "xp_ptr": "*fp32", "f_ptr": "*fp32", "cnt_ptr": "*i32"}, ce, 4, 1,
                             {"act": "bf16", **ce}))
@@ -513,12 +590,13 @@ def _gate_up_variants(target: str) -> list:
         return []
     g = _aot_tiles(tr)["gate_up"]
     types = {"xp_ptr": "*fp32", "xf_ptr": "*fp32", "idx_ptr": "*i32", "rw_ptr": "*fp32", "w1_ptr": "*i32",
-             "s1_ptr": "*u8", "w3_ptr": "*i32", "s3_ptr": "*u8", "hp_ptr": "*fp32", "hf_ptr": "*fp32", "limit": "fp32"}
+             "s1_ptr": "*u8", "w3_ptr": "*i32", "s3_ptr": "*u8", "hp_ptr": "*fp32", "hf_ptr": "*fp32", "limit": "fp32",
+             "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
     out = []
     for name, (E, k) in ROUTERS.items():
         for hq in (False, True):
             ce = {"K": HIDDEN, "N": MOE_INTER, "TOPK": k, "BN": g["BN"], "BKB": g["BKB"],
-                  "INTER": ROUND[torch.bfloat16], "H_QUANT": hq}
+                  "INTER": ROUND[torch.bfloat16], "H_QUANT": hq, "KSPLIT": g.get("ksplit", 1)}
             out.append(aot_spec(moe_decode_gate_up_kernel, f"{name}_k{k}" + ("_aq" if hq else ""), types, ce,
                                 g["num_warps"], 1, {"router": name, "E": E, **ce}))
     return out
@@ -546,12 +624,12 @@ def _down_variants(target: str) -> list:
 register(KernelTemplate(
     name="moe_decode_prep", module=__name__,
     summary="decode MoE: x (optionally FP8 fake-quantized) -> per-32 prescaled fp32 in nibble-major order",
-    keys=("act", "K", "BKB", "ACT_QUANT", "NCNT", "NCNT_P"), reference=moe_experts_decode_reference,
+    keys=("act", "K", "BKB", "ACT_QUANT", "NCNT", "NCNT_P", "NGCNT", "NGCNT_P"), reference=moe_experts_decode_reference,
     launch=moe_experts_decode, specializations=_prep_variants))
 register(KernelTemplate(
     name="moe_decode_gate_up_fp4", module=__name__,
     summary="decode MoE: per-slot MXFP4 w1/w3 GEMVs (no dispatch) + clamped SwiGLU × routing weight",
-    keys=("router", "E", "K", "N", "TOPK", "BN", "BKB", "INTER", "H_QUANT"),
+    keys=("router", "E", "K", "N", "TOPK", "BN", "BKB", "INTER", "H_QUANT", "KSPLIT"),
     reference=moe_experts_decode_reference, launch=moe_experts_decode, specializations=_gate_up_variants))
 register(KernelTemplate(
     name="moe_decode_down_fp4", module=__name__,
