@@ -110,6 +110,7 @@ def main(argv=None):
                                      fold=fold, decode_w=dw)
                 row["rel_err"] = rel_err(f(), ref)
                 row["graph_ms"] = ms_graph(f)
+                row["graph_cold_ms"] = getattr(row["graph_ms"], "cold", None)  # L2 flushed before each replay
                 row["over_floor"] = row["graph_ms"] / floor if isinstance(row["graph_ms"], float) else None
             except Exception as ex:  # noqa: BLE001 - one variant failing must not lose the rest
                 row["error"] = f"{type(ex).__name__}: {ex}"[:300]
