@@ -31,7 +31,8 @@ DOT_F32 (operands upcast to fp32 before tl.dot) and every rounding step is integ
 Decode shapes: one token (M = 1) runs `fp8_gemv_kernel` on the CUDA cores (no tensor-core
 padding to 16 rows; the block scale multiplies the activation, not each weight element: 3.5 SASS
 instructions per weight element vs 6.3 in the MMA loop). M <= 16 otherwise runs the tensor-core
-kernel, on CUDA with the word decoder DECODE_W 1 (below; `DECODE_W_CUDA`, `_gemm(decode_w=)`).
+kernel with the per-element decoder DECODE_W 0; the word decoder DECODE_W 1 (below) is selectable
+(`DECODE_W_CUDA`, `_gemm(decode_w=)`) but timed slower on the H200.
 
 Weight decoders of the tensor-core kernel (`DECODE_W`):
   0: E4M3 bytes -> fp32 per element (`e4m3_to_f32`), × the expanded fp32 block scale, -> bf16; natural
@@ -88,10 +89,11 @@ on Hopper); UE8M0 byte 0 (2^-127) decodes to 2^-127 only through the subnormal c
 tokens the DECODE_W 0 loop spends 6.3 SASS instructions per weight element (sm90, triton 3.6, BN 64,
 BK 128, 4 warps); DECODE_W 1 brings the one-multiply loop to 4.3 (the decode itself ~2.1: prmt, shl,
 and per pair, one HMUL2 per pair), the rest is per-k-step wgmma/descriptor/pipeline overhead that a
-larger BN amortizes (BN 128: 3.6) — the decode-shape timings above predate DECODE_W 1 and the tile
-choice has not been re-swept (`benchmarks/tune_fp8_decode.py`, `mma_bits_*` rows). DECODE_W 1 costs
-one host-side permutation pass over x per call, needs K % BK == 0, and its PTX path is checked only by
-the `gpu` tests. The split-K arrival counters are shared module state (see arrival.py).
+larger BN amortizes (BN 128: 3.6). Yet on the H200 (`tune_fp8_decode.json`, graph replay) DECODE_W 1
+is slower at every tile tried: wo_b M=8 28.4 vs 21.4 µs, wq_a M=8 13.0 vs 7.4 µs — it costs one
+host-side permutation launch over x per call plus a scale scan before the loop, so it is not the
+default (DECODE_W_CUDA = 0); fusing the permutation into the producer of x is what would let it pay.
+Its PTX path is exact (the `gpu` tests: all 256 codes × 24 scales, real widths vs float64). The split-K arrival counters are shared module state (see arrival.py).
 """
 from __future__ import annotations
 
@@ -671,7 +673,10 @@ DECODE_BK = 128  # decode (M <= 16) k tile
 GEMV_MAX_M = 1  # tokens that take the CUDA-core path (fp8_gemv_kernel)
 GEMV_BK = 128  # its k tile
 FOLD_SPLIT_K = True  # split-K epilogue by the last-arriving program (one launch) rather than a reduce kernel
-DECODE_W_CUDA = 1  # weight decoder of the M <= 16 tensor-core path on CUDA (0: per element via fp32; 1: bf16x2 words)
+# weight decoder of the M <= 16 tensor-core path on CUDA (0: per element via fp32; 1: bf16x2 words). 0: on the
+# H200 the words decoder timed slower despite fewer instructions (wo_b M=8 28.4 vs 21.4 µs, wq_a 13.0 vs 7.4 µs:
+# the host-side permutation of x is one more launch, and the scale scan adds latency), tune_fp8_decode.json.
+DECODE_W_CUDA = 0
 
 
 def k_order_w(BK: int) -> torch.Tensor:

@@ -443,12 +443,16 @@ def decode_tiles(D: int = HIDDEN, I: int = MOE_INTER, top_k: int = 6, interp=Non
     two per scheduler) for 2% fewer instructions, so 4 stays the default and the sweep keeps 2 as the
     control. down: BN = 32, BKB = 8, 2 warps (4 rows per thread, 126 registers), split = k (one slot
     per program: 960 programs at T = 1 instead of 160, 8 per SM) — the measured best. The same tiles
-    for 1..MAX_SLOTS slots. gate_up may carry "ksplit" (default 1: see moe_decode_gate_up_kernel).
+    for 1..MAX_SLOTS slots. gate_up "ksplit" (see moe_decode_gate_up_kernel): 5 where it divides the
+    K chunks (the H200 sweep's best at T = 1), else 1.
     interp (default: TRITON_INTERPRET) picks fewer, larger programs for the interpreter."""
     if interpreting() if interp is None else interp:
         return {"prep": 8, "gate_up": {"BN": 32, "BKB": _fit(D // 32, 8), "num_warps": 4},
                 "down": {"BN": 32, "BKB": _fit(I // 32, 4), "num_warps": 4, "split": top_k}}
-    return {"prep": 32, "gate_up": {"BN": 32, "BKB": _fit(D // 32, 8), "num_warps": 4},
+    bkb = _fit(D // 32, 8)
+    # K split in 5 (H200 sweep, tune_moe_decode.json: T = 1 62.3 -> 57.1 µs; T = 8 neutral) where it divides
+    ks = 5 if (D // 32 // bkb) % 5 == 0 else 1
+    return {"prep": 32, "gate_up": {"BN": 32, "BKB": bkb, "num_warps": 4, "ksplit": ks},
             "down": {"BN": 32, "BKB": _fit(I // 32, 8), "num_warps": 2, "split": top_k}}
 
 
