@@ -51,7 +51,7 @@ _FLUSH: list = []
 
 
 def _flush_buffer() -> torch.Tensor:
-    """Twice the L2 of int32, zeroed before each cold replay so the kernel's inputs come from HBM."""
+    """Twice the L2 of int32, read before each cold replay so the kernel's inputs come from HBM."""
     if not _FLUSH:
         l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 50 * 2**20
         _FLUSH.append(torch.empty(2 * l2 // 4, dtype=torch.int32, device=DEV))
@@ -63,16 +63,18 @@ def ms_graph(fn, rep: int = 100, cold: bool = True):
 
     Replaying the same call keeps inputs smaller than the L2 (50 MB on an H200) in the L2, which a real
     decode step (40 layers of weights) does not; so `.cold` of the result is also measured: the graph
-    of (flush, fn) minus the graph of (flush) alone, where flush writes twice the L2. The difference
-    of two medians carries ~0.5 µs of noise."""
+    of (flush, fn) minus the graph of (flush) alone, where flush READS twice the L2 (a sum), so the
+    L2 is left holding clean lines: a flush that writes (zero_) leaves dirty lines whose write-back
+    then competes with the kernel's reads and inflates the time. The difference of two medians
+    carries ~0.5 µs of noise."""
     try:
         from triton.testing import do_bench_cudagraph
 
         t = GraphTime(do_bench_cudagraph(fn, rep=rep, return_mode="median"))
         if cold:
             buf = _flush_buffer()
-            both = do_bench_cudagraph(lambda: (buf.zero_(), fn()), rep=rep, return_mode="median")
-            alone = do_bench_cudagraph(lambda: buf.zero_(), rep=rep, return_mode="median")
+            both = do_bench_cudagraph(lambda: (buf.sum(), fn()), rep=rep, return_mode="median")
+            alone = do_bench_cudagraph(lambda: buf.sum(), rep=rep, return_mode="median")
             t.cold = max(float(both) - float(alone), 0.0)
         return t
     except Exception as e:  # noqa: BLE001 - recorded in the JSON, not fatal
