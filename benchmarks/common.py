@@ -3,7 +3,10 @@
 Timing: `ms` is the median of `triton.testing.do_bench` (events around each call, L2 flushed
 between calls); at decode shapes that includes the host launch path, so `ms_graph` also times
 CUDA-graph replay (`do_bench_cudagraph`: the way the runtime replays a decode step), which is
-the kernel's device time plus the in-graph launch gap.
+the kernel's device time plus the in-graph launch gap. Replaying the same call keeps inputs
+that fit the L2 (50 MB on an H200) in the L2, which a real decode step over 40 layers of weights
+does not, so `ms_graph` also measures a "cold" replay (L2 flushed by a read of twice its size
+before each call, the flush's own time subtracted); the decode verdict (`decode_goal`) uses it.
 
 `ms_compiled` times torch.compile of the eager reference on the same inputs (Inductor, default
 mode), for the kernels where that comparison is cheap to make (a few elementwise/reduction ones).
@@ -18,7 +21,8 @@ uses). A decode kernel that moves a few hundred KB has a bytes floor far below o
 entries record both the plain bytes floor and `launch_floor_ms`, and say which one they beat.
 
 Known gaps: the ceilings are one measurement each (no repeat spread); the launch floor is one
-tiny kernel, not a kernel with this one's argument count.
+tiny kernel, not a kernel with this one's argument count; the cold time is a difference of two
+medians (~0.5 µs of noise).
 """
 from __future__ import annotations
 
@@ -107,38 +111,6 @@ def launch_floor_ms() -> float:
     return t if isinstance(t, float) else float("nan")
 
 
-@triton.jit
-def _stream_read_kernel(x_ptr, out_ptr, n_words, WORDS_PER_PROG: tl.constexpr, BLOCK: tl.constexpr):
-    """Read WORDS_PER_PROG int32 words (16-byte vectors per thread) and write one word: pure streaming."""
-    base = tl.program_id(0).to(tl.int64) * WORDS_PER_PROG
-    acc = tl.zeros((BLOCK,), dtype=tl.int32)
-    for i in range(0, WORDS_PER_PROG, BLOCK):
-        offs = base + i + tl.arange(0, BLOCK)
-        acc ^= tl.load(x_ptr + offs, mask=offs < n_words, other=0)
-    tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
-
-
-_READ_CACHE: dict = {}
-
-
-def read_floor_ms(nbytes: float):
-    """Graph-replay time of a kernel that only streams `nbytes` from HBM (~2 programs per SM, no
-    math): what reading that many bytes costs at this size, launch and ramp included. Context for
-    the decode rows; the goal itself stays 2x the bandwidth floor."""
-    n_words = max(int(nbytes) // 4, 1)
-    if n_words in _READ_CACHE:
-        return _READ_CACHE[n_words]
-    x = torch.zeros(n_words, dtype=torch.int32, device=DEV)
-    progs = 2 * torch.cuda.get_device_properties(0).multi_processor_count
-    BLOCK = 1024
-    wpp = triton.cdiv(triton.cdiv(n_words, progs), BLOCK) * BLOCK
-    out = torch.empty(triton.cdiv(n_words, wpp), dtype=torch.int32, device=DEV)
-    t = ms_graph(lambda: _stream_read_kernel[(out.numel(),)](x, out, n_words, WORDS_PER_PROG=wpp, BLOCK=BLOCK,
-                                                              num_warps=4))
-    _READ_CACHE[n_words] = t if isinstance(t, float) else None  # a GraphTime: warm, with .cold
-    return _READ_CACHE[n_words]
-
-
 def measure_ceilings(int8: bool = False, fp32: bool = False) -> dict:
     out = {}
     n = 1 << 29  # 1 GiB of bf16, several times the 50 MB L2
@@ -191,13 +163,6 @@ def decode_goal(e: dict, ceil: dict, t_graph) -> dict:
     # Below one launch no kernel can go: say so rather than hide it.
     e["launch_bound"] = e["floor_ms"] < lf
     e["goal_met_vs_launch_floor"] = best <= 2 * max(e["floor_ms"], lf)
-    if e.get("bytes"):
-        try:
-            r = read_floor_ms(e["bytes"])
-            e["read_ms"], e["read_cold_ms"] = r, getattr(r, "cold", None)
-            e["over_read"] = best / r if r else None
-        except Exception as ex:  # noqa: BLE001 - context only
-            e["read_error"] = f"{type(ex).__name__}: {ex}"[:200]
     return e
 
 

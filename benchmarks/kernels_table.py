@@ -4,8 +4,7 @@ Usage: python benchmarks/kernels_table.py benchmarks/results/kernels_attention.j
 Columns: Triton median time (do_bench), its CUDA-graph replay time where measured (decode
 shapes; warm L2, and "cold": L2 flushed before each replay, which the decode verdict uses), eager PyTorch reference time, speedup, the floor (max of bytes / measured copy
 bandwidth and FLOPs / measured matrix rate), the better time over the floor, the correctness
-figure the script recorded, the graph time of a kernel that only streams the same bytes
-("read ms": what that many bytes cost at that size), and the issue's goal where one applies (✔/✘; "launch-bound" where
+figure the script recorded, and the issue's goal where one applies (✔/✘; "launch-bound" where
 the floor is below the measured launch floor of an empty kernel).
 """
 import json
@@ -32,7 +31,7 @@ def render(path: str) -> str:
              f"ceilings: copy {ceil.get('copy_TBps', 0):.2f} TB/s, bf16 matmul {ceil.get('bf16_TFLOPs', 0):.0f} TFLOP/s"
              + (f", launch floor {ceil['launch_floor_ms'] * 1e3:.1f} µs" if ceil.get("launch_floor_ms") else ""),
              "", "| kernel | Triton ms | graph ms | cold graph ms | eager ms | speedup | torch.compile ms | floor ms "
-             "| × floor | read ms | bf16-rate frac | check | goal |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| × floor | bf16-rate frac | check | goal |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in d["results"]:
         if "name" in r and "triton_ms" not in r:
             lines.append(f"| {r['name']} | FAILED: {str(r.get('error'))[:80]} |")
@@ -51,8 +50,7 @@ def render(path: str) -> str:
                      f"{_f(r.get('eager_ms'), '{:.4f}')} | "
                      f"{_f(r.get('speedup_vs_eager'), '{:.1f}×')} | {_f(r.get('compiled_ms'), '{:.4f}')} | "
                      f"{_f(r.get('floor_ms'), '{:.4f}')} | "
-                     f"{_f(over, '{:.2f}')} | {_f(r.get('read_ms'), '{:.4f}')} | {_f(frac, '{:.0%}')} | {_err(r)} | "
-                     f"{goal} |")
+                     f"{_f(over, '{:.2f}')} | {_f(frac, '{:.0%}')} | {_err(r)} | {goal} |")
     return "\n".join(lines)
 
 
