@@ -8,9 +8,14 @@ Compiled artifacts (`tiny_off`, `mini_off`, `mini_on`) are session-wide fixtures
 built on first request and reused by every test module.
 """
 import os
+import sys
 
 import pytest
 import torch
+
+# Test modules import shared builders from tests/kernel_helpers.py (importlib mode puts no test
+# folder on sys.path by itself).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:

@@ -6,7 +6,6 @@ widths (64 heads × 512, indexer 32 × 128, top-512 / 2048 blocks) on a CUDA dev
 Integer-exact results (codecs, indexer scores and top-k) must match bit for bit; bf16 outputs
 within a few ulps (accumulation order differs from the reference).
 """
-import math
 
 import pytest
 import torch
@@ -19,26 +18,8 @@ from dsv41c.codegen.triton import kv_quant as kq
 from dsv41c.codegen.triton import sparse_attention as sa
 from dsv41c import formats as nx
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def rope_table(P, n_freq, theta=160000.0, device=DEV):
-    inv = 1.0 / (theta ** (torch.arange(n_freq, dtype=torch.float64) / n_freq))
-    ang = torch.arange(P, dtype=torch.float64)[:, None] * inv[None]
-    return torch.cos(ang).float().to(device), torch.sin(ang).float().to(device)
-
-
-def bits(t):
-    return t.contiguous().view(torch.uint8)
-
-
-def assert_bf16_close(out, ref, ulps=4, floor=1e-6):
-    """|out - ref| <= ulps bf16 ulps of |ref| (floor for values near zero)."""
-    o, r = out.float(), ref.float()
-    tol = ulps * torch.clamp(r.abs(), min=floor) * 2.0 ** -8
-    bad = (o - r).abs() > tol
-    assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} values off by more than {ulps} ulps; " \
-                          f"max abs diff {(o - r).abs().max().item():.3g}"
+from kernel_helpers import DEV, assert_bf16_close, bits, compressor_weights, rope_table  # noqa: E402
+from kernel_helpers import fp4_e4m3_close as _fp4_e4m3_close  # noqa: E402
 
 
 # ============================================================================ kv_quant
@@ -97,19 +78,8 @@ def test_fp4_quant_dequant_bit_exact(fmt):
 
 def _compressor_inputs(ratio, T, D, C, CI, rope, grid, seed):
     g = torch.Generator().manual_seed(seed)
-    if grid:  # small dyadic values: every GEMM and sum of squares is exact in fp32
-        x = torch.randint(-2, 3, (T, D), generator=g).float() / 4
-        wkv = torch.randint(-2, 3, (C, D), generator=g).float() / 8
-    else:
-        x = torch.randn(T, D, generator=g)
-        wkv = torch.randn(C, D, generator=g) / math.sqrt(D)
-    t = dict(x=x, wkv=wkv, wgate=torch.randn(C, D, generator=g) / math.sqrt(D),
-             norm_w=1 + 0.1 * torch.randn(C, generator=g), wk=torch.randn(CI, C, generator=g) / math.sqrt(C),
-             k_norm_w=1 + 0.1 * torch.randn(CI, generator=g))
-    t = {k: v.to(torch.bfloat16).to(DEV) for k, v in t.items()}
+    t, cos, sin, pos = compressor_weights(ratio, T, D, C, CI, rope, grid, g)
     J = T // ratio
-    cos, sin = rope_table(4096, rope // 2)
-    pos = (torch.arange(J, dtype=torch.int32) * ratio + 60).to(DEV)
     rows = torch.randperm(J + 4, generator=g)[:J].to(torch.int32).to(DEV)
     rows[min(1, J - 1)] = -1  # a row that must not be written
     return t, cos, sin, pos, rows, J + 4
@@ -139,17 +109,6 @@ def test_compressor_ratio1_bit_exact_on_exact_gemm(T):
     for r in range(N):
         if r not in written:
             assert not a[0][r].any() and not a[2][r].any()
-
-
-def _fp4_e4m3_close(pa, sa_, pb, sb, frac=0.02):
-    """Compressed-KV rows from differently-ordered GEMMs: same dequantized values up to rare
-    one-step FP4 flips (a 1-ulp bf16 difference can cross an E2M1 tie)."""
-    va = nx.dequant_fp4_e4m3(pa, sa_.view(torch.float8_e4m3fn), 16)
-    vb = nx.dequant_fp4_e4m3(pb, sb.view(torch.float8_e4m3fn), 16)
-    diff = (va - vb).abs()
-    step = sb.view(torch.float8_e4m3fn).float().repeat_interleave(16, -1) * 2.0 + 1e-30
-    assert (diff <= step * 1.01).all()
-    assert (diff > 0).float().mean() <= frac
 
 
 @pytest.mark.parametrize("ratio,T", [(1, 37), (2, 38), (1, 3), (2, 2)])

@@ -7,7 +7,6 @@ whatever the summation order; random inputs differ by fp32 accumulation order on
 FP4 flips). Also: the arrival counter is back at 0 after a call, and two calls give identical bytes.
 The `gpu` test runs the real widths (C=512, D=5120, indexer 128) on a CUDA device.
 """
-import math
 
 import pytest
 import torch
@@ -16,57 +15,13 @@ from dsv41c.codegen.triton import arrival
 from dsv41c.codegen.triton import compressor as cm
 from dsv41c import formats as nx
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-# ---- input builders and comparisons of test_kernels_attention.py's compressor tests (pytest runs in
-# importlib mode: test modules cannot import each other)
-
-
-def rope_table(P, n_freq, theta=160000.0, device=DEV):
-    inv = 1.0 / (theta ** (torch.arange(n_freq, dtype=torch.float64) / n_freq))
-    ang = torch.arange(P, dtype=torch.float64)[:, None] * inv[None]
-    return torch.cos(ang).float().to(device), torch.sin(ang).float().to(device)
-
-
-def bits(t):
-    return t.contiguous().view(torch.uint8)
-
-
-def assert_bf16_close(out, ref, ulps=4, floor=1e-6):
-    """|out - ref| <= ulps bf16 ulps of |ref| (floor for values near zero)."""
-    o, r = out.float(), ref.float()
-    tol = ulps * torch.clamp(r.abs(), min=floor) * 2.0 ** -8
-    bad = (o - r).abs() > tol
-    assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} values off by more than {ulps} ulps"
+from kernel_helpers import DEV, assert_bf16_close, bits, compressor_weights  # noqa: E402
+from kernel_helpers import fp4_e4m3_close as _fp4_e4m3_close  # noqa: E402
 
 
 def _compressor_inputs(ratio, T, D, C, CI, rope, grid, seed):
-    g = torch.Generator().manual_seed(seed)
-    if grid:  # small dyadic values: every GEMM and sum of squares is exact in fp32
-        x = torch.randint(-2, 3, (T, D), generator=g).float() / 4
-        wkv = torch.randint(-2, 3, (C, D), generator=g).float() / 8
-    else:
-        x = torch.randn(T, D, generator=g)
-        wkv = torch.randn(C, D, generator=g) / math.sqrt(D)
-    t = dict(x=x, wkv=wkv, wgate=torch.randn(C, D, generator=g) / math.sqrt(D),
-             norm_w=1 + 0.1 * torch.randn(C, generator=g), wk=torch.randn(CI, C, generator=g) / math.sqrt(C),
-             k_norm_w=1 + 0.1 * torch.randn(CI, generator=g))
-    t = {k: v.to(torch.bfloat16).to(DEV) for k, v in t.items()}
-    cos, sin = rope_table(4096, rope // 2)
-    pos = (torch.arange(T // ratio, dtype=torch.int32) * ratio + 60).to(DEV)
-    return t, cos, sin, pos
+    return compressor_weights(ratio, T, D, C, CI, rope, grid, torch.Generator().manual_seed(seed))
 
-
-def _fp4_e4m3_close(pa, sa_, pb, sb, frac=0.02):
-    """Compressed-KV rows from differently-ordered GEMMs: same dequantized values up to rare
-    one-step FP4 flips (a 1-ulp bf16 difference can cross an E2M1 tie)."""
-    va = nx.dequant_fp4_e4m3(pa, sa_.view(torch.float8_e4m3fn), 16)
-    vb = nx.dequant_fp4_e4m3(pb, sb.view(torch.float8_e4m3fn), 16)
-    diff = (va - vb).abs()
-    step = sb.view(torch.float8_e4m3fn).float().repeat_interleave(16, -1) * 2.0 + 1e-30
-    assert (diff <= step * 1.01).all()
-    assert (diff > 0).float().mean() <= frac
 
 NAMES = ("kv codes", "kv scales", "index codes", "index scales", "latent")
 # small widths for the interpreter; KPS 64 makes 4 K-splits of D=256 (the tail adds several partials)

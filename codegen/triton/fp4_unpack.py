@@ -58,7 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41c.codegen.triton.fp8_gemm import expand_cols, fp4_tile_to_f32
+from dsv41c.codegen.triton.fp8_gemm import expand_cols, fp4_tile_to_f32, ue8m0_pow2_factors
 
 DECODERS = {0: "join", 1: "nibbles", 2: "words"}
 
@@ -132,12 +132,9 @@ def e2m1_bf16x2_bits(w, P: tl.constexpr):
 
 @triton.jit
 def ue8m0_bf16x2_factors(e):
-    """UE8M0 exponents (int32 0..255) -> uint32 (f1 | f1 << 16, f2 | f2 << 16): bf16x2 pairs of the exact powers
-    of two f1 = 2^(min(e,128) - 1) (biased field min(e,128) + 126) and f2 = 2^(max(e,128) - 128) (field
-    max(e,128) - 1), f1·f2 = 2^(e-127)·2^126; e = 255 (NaN in UE8M0) makes f2 a NaN."""
-    b1 = (tl.minimum(e, 128) + 126) << 7
-    b2 = tl.where(e == 255, 0x7FC0, (tl.maximum(e, 128) - 1) << 7)
-    return (b1 | (b1 << 16)).to(tl.uint32), (b2 | (b2 << 16)).to(tl.uint32)
+    """UE8M0 exponents -> the bf16x2 factor pairs of E2M1 bit patterns worth value·2^-126:
+    f1 = 2^(min(e,128) - 1), f2 = 2^(max(e,128) - 128) (fp8_gemm.ue8m0_pow2_factors with B = 126)."""
+    return ue8m0_pow2_factors(e, 126)
 
 
 @triton.jit

@@ -276,13 +276,21 @@ def e4m3_bf16x2_bits(w, P: tl.constexpr):
 
 
 @triton.jit
-def ue8m0_e4m3_factors(e):
-    """UE8M0 exponents (int32 0..255) -> uint32 (f1 | f1 << 16, f2 | f2 << 16): bf16x2 pairs of the exact powers
-    of two f1 = 2^(min(e,134) - 7) (biased field min(e,134) + 120) and f2 = 2^(max(e,134) - 134) (field
-    max(e,134) - 7), f1·f2 = 2^(e-127)·2^120; e = 255 (NaN in UE8M0) makes f2 a NaN."""
-    b1 = (tl.minimum(e, 134) + 120) << 7
-    b2 = tl.where(e == 255, 0x7FC0, (tl.maximum(e, 134) - 7) << 7)
+def ue8m0_pow2_factors(e, B: tl.constexpr):
+    """UE8M0 exponents (int32 0..255) -> uint32 (f1 | f1 << 16, f2 | f2 << 16): bf16x2 pairs of the exact
+    powers of two with f1·f2 = 2^(e-127)·2^B, for decoded bit patterns worth value·2^-B. With the cap
+    c = 254 - B (the largest e for which 2^(e-127+B) is still a bf16): f1 = 2^(min(e,c)-127+B) (biased
+    field min(e,c) + B) and f2 = 2^(max(e,c)-c) (field max(e,c) + B - 127); e = 255 (NaN in UE8M0) makes
+    f2 a NaN. B = 120 for E4M3 (ue8m0_e4m3_factors), 126 for E2M1 (fp4_unpack.ue8m0_bf16x2_factors)."""
+    b1 = (tl.minimum(e, 254 - B) + B) << 7
+    b2 = tl.where(e == 255, 0x7FC0, (tl.maximum(e, 254 - B) + B - 127) << 7)
     return (b1 | (b1 << 16)).to(tl.uint32), (b2 | (b2 << 16)).to(tl.uint32)
+
+
+@triton.jit
+def ue8m0_e4m3_factors(e):
+    """The scale factors of E4M3 bit patterns worth value·2^-120: f1 = 2^(min(e,134)-7), f2 = 2^(max(e,134)-134)."""
+    return ue8m0_pow2_factors(e, 120)
 
 
 @triton.jit

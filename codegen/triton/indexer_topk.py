@@ -103,16 +103,7 @@ def _topk_chunk_kernel(s_ptr, pin_ptr, dst_ptr, idx_ptr, N, n_chunks, stride_s, 
     ch = tl.program_id(0)
     row = tl.program_id(1)
     i = ch * CHUNK + tl.arange(0, CHUNK)
-    m = i < N
-    x = tl.load(s_ptr + row.to(tl.int64) * stride_s + i, mask=m, other=float("-inf"))
-    if USE_PIN:
-        pin = tl.load(pin_ptr + row)
-        x = tl.where(i == pin, float("inf"), x)
-    valid = m & (x != float("-inf"))
-    x = tl.where(x == 0.0, 0.0, x)  # -0 -> +0: they compare equal
-    u = x.to(tl.int32, bitcast=True)
-    key = u ^ ((u >> 31) & 0x7FFFFFFF)  # signed order = float order
-    ku = key.to(tl.uint32, bitcast=True) ^ 0x80000000  # unsigned order = float order
+    key, ku, valid = _row_keys(s_ptr, pin_ptr, row, i, N, stride_s, USE_PIN)
     kk = tl.minimum(tl.sum(valid.to(tl.int32), axis=0), k)
     thr = _kth_key32(ku, valid, kk)
     gt = valid & (ku > thr)
@@ -156,17 +147,17 @@ def _topk_merge_kernel(src_ptr, dst_ptr, idx_ptr, n_in, n_out, k, k_out,
 @triton.jit
 def _row_keys(s_ptr, pin_ptr, row, i, N, stride_s, USE_PIN: tl.constexpr):
     """Scores row[i] as (signed order key int32, unsigned order key uint32, valid): -0 -> +0, the
-    pinned index -> +inf, valid = inside the row and not -inf (the same keys as the chunk kernel)."""
+    pinned index -> +inf, valid = inside the row and not -inf (the chunked and the split paths)."""
     m = i < N
     x = tl.load(s_ptr + row.to(tl.int64) * stride_s + i, mask=m, other=float("-inf"))
     if USE_PIN:
         pin = tl.load(pin_ptr + row)
         x = tl.where(i == pin, float("inf"), x)
     valid = m & (x != float("-inf"))
-    x = tl.where(x == 0.0, 0.0, x)
+    x = tl.where(x == 0.0, 0.0, x)  # -0 -> +0: they compare equal
     u = x.to(tl.int32, bitcast=True)
-    key = u ^ ((u >> 31) & 0x7FFFFFFF)
-    ku = key.to(tl.uint32, bitcast=True) ^ 0x80000000
+    key = u ^ ((u >> 31) & 0x7FFFFFFF)  # signed order = float order
+    ku = key.to(tl.uint32, bitcast=True) ^ 0x80000000  # unsigned order = float order
     return key, ku, valid
 
 

@@ -1,0 +1,60 @@
+"""Input builders and comparisons shared by the kernel test files.
+
+pytest runs in importlib mode (test modules cannot import each other), so tests/conftest.py puts
+this folder on sys.path and the test files `from kernel_helpers import ...`.
+"""
+import math
+
+import torch
+
+from dsv41c import formats as nx
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def rope_table(P, n_freq, theta=160000.0, device=DEV):
+    inv = 1.0 / (theta ** (torch.arange(n_freq, dtype=torch.float64) / n_freq))
+    ang = torch.arange(P, dtype=torch.float64)[:, None] * inv[None]
+    return torch.cos(ang).float().to(device), torch.sin(ang).float().to(device)
+
+
+def bits(t):
+    return t.contiguous().view(torch.uint8)
+
+
+def assert_bf16_close(out, ref, ulps=4, floor=1e-6):
+    """|out - ref| <= ulps bf16 ulps of |ref| (floor for values near zero)."""
+    o, r = out.float(), ref.float()
+    tol = ulps * torch.clamp(r.abs(), min=floor) * 2.0 ** -8
+    bad = (o - r).abs() > tol
+    assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} values off by more than {ulps} ulps; " \
+                          f"max abs diff {(o - r).abs().max().item():.3g}"
+
+
+def compressor_weights(ratio, T, D, C, CI, rope, grid, g):
+    """x, wkv, wgate, norms and the indexer key's wk (bf16 on DEV), the compress RoPE table and the
+    entry positions of T tokens. grid: small dyadic values, so every GEMM and sum of squares is exact."""
+    if grid:
+        x = torch.randint(-2, 3, (T, D), generator=g).float() / 4
+        wkv = torch.randint(-2, 3, (C, D), generator=g).float() / 8
+    else:
+        x = torch.randn(T, D, generator=g)
+        wkv = torch.randn(C, D, generator=g) / math.sqrt(D)
+    t = dict(x=x, wkv=wkv, wgate=torch.randn(C, D, generator=g) / math.sqrt(D),
+             norm_w=1 + 0.1 * torch.randn(C, generator=g), wk=torch.randn(CI, C, generator=g) / math.sqrt(C),
+             k_norm_w=1 + 0.1 * torch.randn(CI, generator=g))
+    t = {k: v.to(torch.bfloat16).to(DEV) for k, v in t.items()}
+    cos, sin = rope_table(4096, rope // 2)
+    pos = (torch.arange(T // ratio, dtype=torch.int32) * ratio + 60).to(DEV)
+    return t, cos, sin, pos
+
+
+def fp4_e4m3_close(pa, sa_, pb, sb, frac=0.02):
+    """Compressed-KV rows from differently-ordered GEMMs: same dequantized values up to rare
+    one-step FP4 flips (a 1-ulp bf16 difference can cross an E2M1 tie)."""
+    va = nx.dequant_fp4_e4m3(pa, sa_.view(torch.float8_e4m3fn), 16)
+    vb = nx.dequant_fp4_e4m3(pb, sb.view(torch.float8_e4m3fn), 16)
+    diff = (va - vb).abs()
+    step = sb.view(torch.float8_e4m3fn).float().repeat_interleave(16, -1) * 2.0 + 1e-30
+    assert (diff <= step * 1.01).all()
+    assert (diff > 0).float().mean() <= frac
