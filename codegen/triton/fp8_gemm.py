@@ -76,12 +76,14 @@ ahead-of-time build knows every stride and vectorizes), mode (prefill / decode /
 GROUP_M, SPLIT_K, FOLD, NATIVE_FP8 (sm90/sm100/gfx950 have an FP8 cvt), GATED, DECODE_W (1: the caller
 passes x with each BK block of columns in k_order_w(BK)), PTX (inline PTX allowed: CUDA).
 
-Measured (H200, triton 3.6, `benchmarks/tune_fp8_decode.py`, CUDA-graph replay): prefill 53–57%
-of the bf16 matmul rate (the E4M3 decode + scale multiply per weight element runs on the same SM as
-the MMA). One token, gemv path vs the earlier MMA + reduce launch: wo_b 13.8 vs 20.2 µs (1.40× its
-bytes floor), wq_a 4.0 vs 7.3 µs (2.56×), shared w2 4.9 vs 8.1 µs (1.75×), shared w1/w3 + SwiGLU
-9.3 vs 15.6 µs (1.68×). Eight tokens (MMA, folded): wo_b 21 µs (2.1×), wq_a 7.2 µs (4.6×), shared w2
-8.4 µs (3.0×), shared w13 15.6 µs (2.8×), engram wkv 73.5 µs (1.97×).
+Measured (H200, triton 3.6, `benchmarks/tune_fp8_decode.py` -> results/tune_fp8_decode_gemv.json,
+CUDA-graph replay with the weights L2-warm): prefill 53–57% of the bf16 matmul rate (the E4M3 decode
++ scale multiply per weight element runs on the same SM as the MMA). One token, gemv path vs the
+earlier MMA + reduce launch: wo_b 13.8 vs 20.2 µs (1.40× its bytes floor), wq_a 4.0 vs 7.3 µs
+(2.56×), shared w2 4.9 vs 8.1 µs (1.75×), shared w1/w3 + SwiGLU 9.3 vs 15.6 µs (1.68×). Eight tokens
+(MMA, folded): wo_b 21 µs (2.1×), wq_a 7.2 µs (4.6×), shared w2 8.4 µs (3.0×), shared w13 15.6 µs
+(2.8×), engram wkv 73.5 µs (1.97×). With the L2 flushed before each replay (kernels_ffn.json):
+wo_b one token 18.6 µs (1.88×), wq_a 6.2 µs, shared w13 15.0 µs; wo_b eight tokens 25.0 µs.
 
 Known gaps: no FP8×FP8 tensor-core path (wgmma e4m3 / MFMA fp8) — activations that are
 dynamically quantized still multiply in bf16 (same products, 2× the tensor-core time of FP8
