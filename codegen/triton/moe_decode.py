@@ -600,7 +600,9 @@ def _gate_up_variants(target: str) -> list:
     for name, (E, k) in ROUTERS.items():
         for hq in (False, True):
             ce = {"K": HIDDEN, "N": MOE_INTER, "TOPK": k, "BN": g["BN"], "BKB": g["BKB"],
-                  "INTER": ROUND[torch.bfloat16], "H_QUANT": hq, "KSPLIT": g.get("ksplit", 1)}
+                  # KSPLIT 1: a K split needs the prep to zero T·k·I/BN gate/up counters, a count the
+                  # ahead-of-time prep (NGCNT constexpr 0) cannot know; the runtime will size it per batch.
+                  "INTER": ROUND[torch.bfloat16], "H_QUANT": hq, "KSPLIT": 1}
             out.append(aot_spec(moe_decode_gate_up_kernel, f"{name}_k{k}" + ("_aq" if hq else ""), types, ce,
                                 g["num_warps"], 1, {"router": name, "E": E, **ce}))
     return out
