@@ -112,6 +112,7 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
+from dsv41c.codegen.triton.arrival import arrive_last
 from dsv41c.codegen.triton.fp8_gemm import HIDDEN, MOE_INTER, fake_quant_e4m3_pow2, interpreting, target_traits
 from dsv41c.codegen.triton.moe_router import ROUTERS
 
@@ -336,8 +337,7 @@ def moe_decode_gate_up_kernel(xp_ptr, xf_ptr, idx_ptr, rw_ptr, w1_ptr, s1_ptr, w
         wsp = ws_ptr + (slot * KSPLIT + tl.program_id(2)) * (2 * N) + rows
         tl.store(wsp, gp, mask=rows < N)
         tl.store(wsp + N, up, mask=rows < N)
-        tl.debug_barrier()  # every thread's partials are written before the release below
-        last = tl.atomic_add(cnt_ptr + slot * tl.num_programs(1) + pid_n, 1, sem="acq_rel", scope="gpu") == KSPLIT - 1
+        last = arrive_last(cnt_ptr + slot * tl.num_programs(1) + pid_n, KSPLIT)  # counters zeroed by the prep
         if last:
             g = tl.zeros((BN,), dtype=tl.float32)
             u = tl.zeros((BN,), dtype=tl.float32)
@@ -392,8 +392,7 @@ def moe_decode_down_kernel(hp_ptr, hf_ptr, idx_ptr, w2_ptr, s2_ptr, shared_ptr, 
             tl.store(ws_ptr + slot * N + rows, round_to(part, PARTIAL), mask=r_ok)
     last = True
     if SPLIT > 1:
-        tl.debug_barrier()  # every thread's partial is written before the release below
-        last = tl.atomic_add(cnt_ptr + t * tl.num_programs(1) + pid_n, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
+        last = arrive_last(cnt_ptr + t * tl.num_programs(1) + pid_n, SPLIT)  # counters zeroed by the prep
         if last:
             for j in range(TOPK):
                 y += tl.load(ws_ptr + (t * TOPK + j) * N + rows, mask=r_ok, other=0.0, cache_modifier=".cg")
