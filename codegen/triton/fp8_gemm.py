@@ -322,6 +322,19 @@ def scale_bf16x2_rn(v, f1, f2, TWO: tl.constexpr):
     return (_f32_to_bf16_bits_rn(hi) << 16) | _f32_to_bf16_bits_rn(lo)
 
 
+def _e4m3_asm(sel: str, two: bool) -> tl.constexpr:
+    """The PTX of `e4m3_bf16x2_scaled`: prmt with selector `sel` (byte P of each half + its sign copy),
+    shl 4, mask, then one or two fma.rn.bf16x2 by the scale factors ($2, $3)."""
+    head = ("{ .reg .b32 p, z; mov.b32 z, 0x80008000; prmt.b32 p, $1, $1, %s; shl.b32 p, p, 4; "
+            "and.b32 p, p, 0x87F087F0; " % sel)
+    tail = ("fma.rn.bf16x2 p, p, $2, z; fma.rn.bf16x2 $0, p, $3, z; }" if two else "fma.rn.bf16x2 $0, p, $2, z; }")
+    return tl.constexpr(head + tail)
+
+
+_E4M3_ASM_P0_ONE, _E4M3_ASM_P0_TWO = _e4m3_asm("0xA280", False), _e4m3_asm("0xA280", True)
+_E4M3_ASM_P1_ONE, _E4M3_ASM_P1_TWO = _e4m3_asm("0xB391", False), _e4m3_asm("0xB391", True)
+
+
 @triton.jit
 def e4m3_bf16x2_scaled(w, f1, f2, P: tl.constexpr, PTX: tl.constexpr, TWO: tl.constexpr):
     """uint32 words -> uint32 bf16x2: byte P of each 16-bit half, decoded and × f1 (× f2 if TWO), exact.
@@ -334,28 +347,12 @@ def e4m3_bf16x2_scaled(w, f1, f2, P: tl.constexpr, PTX: tl.constexpr, TWO: tl.co
     # 0..6 to bf16 bits 4..10 and a sign copy to bit 15; the mask keeps exactly those (the bit algebra of
     # `e4m3_bf16x2_bits`, one instruction fewer for P = 0)
     if PTX:
-        if P == 0:
-            if TWO:
-                return tl.inline_asm_elementwise(
-                    "{ .reg .b32 p, z; mov.b32 z, 0x80008000; prmt.b32 p, $1, $1, 0xA280; shl.b32 p, p, 4; "
-                    "and.b32 p, p, 0x87F087F0; fma.rn.bf16x2 p, p, $2, z; fma.rn.bf16x2 $0, p, $3, z; }",
-                    "=r,r,r,r", [w, f1, f2], dtype=tl.uint32, is_pure=True, pack=1)
-            else:
-                return tl.inline_asm_elementwise(
-                    "{ .reg .b32 p, z; mov.b32 z, 0x80008000; prmt.b32 p, $1, $1, 0xA280; shl.b32 p, p, 4; "
-                    "and.b32 p, p, 0x87F087F0; fma.rn.bf16x2 $0, p, $2, z; }",
-                    "=r,r,r", [w, f1], dtype=tl.uint32, is_pure=True, pack=1)
+        if TWO:
+            asm2: tl.constexpr = _E4M3_ASM_P0_TWO if P == 0 else _E4M3_ASM_P1_TWO
+            return tl.inline_asm_elementwise(asm2, "=r,r,r,r", [w, f1, f2], dtype=tl.uint32, is_pure=True, pack=1)
         else:
-            if TWO:
-                return tl.inline_asm_elementwise(
-                    "{ .reg .b32 p, z; mov.b32 z, 0x80008000; prmt.b32 p, $1, $1, 0xB391; shl.b32 p, p, 4; "
-                    "and.b32 p, p, 0x87F087F0; fma.rn.bf16x2 p, p, $2, z; fma.rn.bf16x2 $0, p, $3, z; }",
-                    "=r,r,r,r", [w, f1, f2], dtype=tl.uint32, is_pure=True, pack=1)
-            else:
-                return tl.inline_asm_elementwise(
-                    "{ .reg .b32 p, z; mov.b32 z, 0x80008000; prmt.b32 p, $1, $1, 0xB391; shl.b32 p, p, 4; "
-                    "and.b32 p, p, 0x87F087F0; fma.rn.bf16x2 $0, p, $2, z; }",
-                    "=r,r,r", [w, f1], dtype=tl.uint32, is_pure=True, pack=1)
+            asm1: tl.constexpr = _E4M3_ASM_P0_ONE if P == 0 else _E4M3_ASM_P1_ONE
+            return tl.inline_asm_elementwise(asm1, "=r,r,r", [w, f1], dtype=tl.uint32, is_pure=True, pack=1)
     else:
         return scale_bf16x2_rn(e4m3_bf16x2_bits(w, P), f1, f2, TWO)
 
