@@ -109,9 +109,9 @@ def test_decode_fused_counter_reset_and_repeatable():
     t, cos, sin, pos = _compressor_inputs(2, 4, D, C, CI, rope, grid=False, seed=5)
     rows, N = _rows(2, None)
     assert _counter() == 0
-    first = _run(cm.compress, 2, t, cos, sin, pos, rows, N, C, CI, True, decode_cfg=SMALL["cfg"])
+    first = _run(cm.compress, 2, t, cos, sin, pos, rows, N, C, CI, True, fused_tail=True, decode_cfg=SMALL["cfg"])
     assert _counter() == 0
-    second = _run(cm.compress, 2, t, cos, sin, pos, rows, N, C, CI, True, decode_cfg=SMALL["cfg"])
+    second = _run(cm.compress, 2, t, cos, sin, pos, rows, N, C, CI, True, fused_tail=True, decode_cfg=SMALL["cfg"])
     assert _counter() == 0
     for name, x, y in zip(NAMES, first, second):
         assert torch.equal(bits(x), bits(y)), name
@@ -128,6 +128,10 @@ def test_decode_fused_is_default_where_it_applies_and_refuses_elsewhere(monkeypa
     assert calls == []
     with pytest.raises(ValueError, match="fused_tail=True"):
         _run(cm.compress, 1, t, cos, sin, pos, rows, N, C, CI, True, fused_tail=True)
+    t2 = dict(t, x=t["x"][:2])
+    r2, N2 = _rows(2, None)
+    _run(cm.compress, 1, t2, cos, sin, pos[:2], r2, N2, C, CI, True)  # 2 rows: fusable, but untimed: two launches
+    assert calls == []
     t1 = dict(t, x=t["x"][:1])
     r1, N1 = _rows(1, None)
     _run(cm.compress, 1, t1, cos, sin, pos[:1], r1, N1, C, CI, True)

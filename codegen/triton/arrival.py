@@ -41,11 +41,17 @@ def reset_counter(counter_ptr):
     tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
 
 
+_RETIRED: list = []
+
+
 def counters(device, n: int) -> torch.Tensor:
-    """n zeroed int32 counters on `device` (kernels leave them zeroed; grown, never shrunk)."""
+    """n zeroed int32 counters on `device` (kernels leave them zeroed; grown, never shrunk). A buffer
+    that is outgrown is kept alive, never freed: a CUDA graph captured earlier still points at it."""
     key = (torch.device(device).type, torch.device(device).index)
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < n:
+        if buf is not None:
+            _RETIRED.append(buf)
         buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
         _COUNTERS[key] = buf
     return buf

@@ -22,8 +22,9 @@ are reproduced with an explicit round-to-nearest-even on the fp32 bit pattern (`
 rsqrt is `1 / sqrt_rn` with `div_rn`, so on inputs whose GEMM and sum of squares are exact the
 kernel is bit-identical to the reference (tested); elsewhere it differs by accumulation order.
 
-Decode, one launch (`_compress_decode_kernel`, the default for 1, 2 or 4 tokens and <= 2 output
-rows): the weight read is spread over (C/BN) x NSPLIT programs (512x5120 at BN 8, KPS 1024: 64 x 5
+Decode, one launch (`_compress_decode_kernel`; the default for one output row, i.e. 1 token at
+ratio 1 or 2 at ratio 2, the H200-timed cases; 2 or 4 tokens with 2 output rows on request,
+`fused_tail=True`: 130-183 registers a thread there, one block per SM): the weight read is spread over (C/BN) x NSPLIT programs (512x5120 at BN 8, KPS 1024: 64 x 5
 = 320, ~2.4 per H200 SM) as a pure-FMA GEMV: each program loads its whole [BN, KPS] slice of wkv
 (+ wgate) in one go (all 16-byte loads in flight; MMA would pad 1-2 tokens to 16 rows), x tiles
 broadcast in the same register layout, one reduction along K at the end, an fp32 partial per
@@ -33,9 +34,10 @@ paths (`_tail`), with the indexer key's wk GEMV as FMA over [CI, IBK] chunks (`_
 and resets the counter. Results equal the two-launch path up to fp32 summation order.
 Decode, two launches (`fused_tail=False`, and every other T <= 32): `_compress_gemv_kernel`
 (8 channel blocks x 8 K-splits, tl.dot with the tokens padded to 16 rows), then the tail kernel
-(FROM_PART) adds the partials in split order. Measured on an H200 under CUDA-graph replay before
-the one-launch path existed: 28.5 us (ratio 1, 1 token), 36.5 us (ratio 2, 2 tokens); the one-launch
-path's numbers come from benchmarks/tune_compressor_decode.py.
+(FROM_PART) adds the partials in split order. Measured on an H200 under CUDA-graph replay
+(benchmarks/results/tune_compressor_decode.json, kernels_attention.json): ratio 1, 1 token 28.5-29.2 us
+two-launch -> 8.8 us one launch (13.9 us with the L2 flushed); ratio 2, 2 tokens 36.5-36.8 -> 12.3 us
+(17.0 us cold); every FP4 code identical to the reference.
 
 Specialization keys: C (512), ROPE (64), RATIO (1|2), BM (rows per program), BK (K step),
 FUSE_IDX (indexer key fused), CI/IROPE (128/64), UPCAST (fp32 dots: interpreter only); the
@@ -136,6 +138,7 @@ def _idx_linear_fma(LE, LO, r, rmask, wk_ptr, lsc_ptr, C: tl.constexpr, CI: tl.c
     (contiguous, wide loads), each one load of 8+ 16-byte vectors per thread so they are in flight
     together (this runs in one program: latency, not issue, bounds it), reduced per chunk.
     Returns (even, odd) output channels [BM, CI/2]."""
+    tl.static_assert(BM <= 2, "_idx_linear_fma: rows 0 and 1 only (the one-launch decode's <= 2 output rows)")
     HALF: tl.constexpr = C // 2
     h = tl.arange(0, HALF)
     lp = lsc_ptr + r[:, None] * C + 2 * h[None, :]
@@ -536,7 +539,7 @@ def compress(x, wkv, norm_w, cos, sin, pos, rows, kv_cache, kv_scale, *, ratio: 
     as split-K partial sums over many programs, then the tail adds them. fused_tail (decode, T in
     {1, 2, 4} with T/ratio <= 2 rows): True = one launch (`_compress_decode_kernel`, the last
     program runs the tail), False = the two-launch path (GEMV kernel, then the tail kernel); None
-    = fused where it applies. decode_cfg overrides the fused launch's tiling (`DECODE_CFG` keys).
+    = fused for one output row (T == ratio, the H200-timed cases), two-launch otherwise. decode_cfg overrides the fused launch's tiling (`DECODE_CFG` keys).
     Returns latent_out."""
     T, D = x.shape
     C = wkv.shape[0]
@@ -564,9 +567,12 @@ def compress(x, wkv, norm_w, cos, sin, pos, rows, kv_cache, kv_scale, *, ratio: 
     # the fused kernel's 16-byte loads need 8-element aligned x rows (K itself is a constexpr there)
     fusable = bool(split_k) and T in (1, 2, 4) and n_out <= 2 and x.stride(0) % 8 == 0 and D % 8 == 0
     if fused_tail and not fusable:
-        raise ValueError(f"compress: fused_tail=True needs the decode path with T in (1, 2, 4) tokens and at most "
-                         f"2 output rows (got T={T}, ratio={ratio}, split_k={split_k}); pass fused_tail=None")
-    if fusable and fused_tail is not False:
+        raise ValueError(f"compress: fused_tail=True needs the decode path with T in (1, 2, 4) tokens, at most "
+                         f"2 output rows and 8-element (16-byte) aligned x rows (got T={T}, ratio={ratio}, "
+                         f"split_k={split_k}, x.stride(0)={x.stride(0)}, D={D}); pass fused_tail=None")
+    # by default only one output row (T == ratio): the H200-timed cases; two rows (130-183 registers a
+    # thread, one block per SM) are untimed, so they take the one launch only when asked (fused_tail=True)
+    if fusable and (fused_tail or (fused_tail is None and n_out == 1)):
         _launch_decode_fused(x, wkv, wgate, norm_w, cos, sin, pos, rows, kv_cache, kv_scale, latent_out, wk,
                              k_norm_w, idx_cache, idx_scale, eps, ratio, rope, CI, decode_cfg)
         return latent_out

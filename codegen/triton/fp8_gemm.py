@@ -67,7 +67,10 @@ Register layout (DECODE_W 1): the wgmma/mma left operand gives lane q (lane id m
 byte P of half h, original k = 4m + 2h + P, placed at logical column P·BK/2 + 2(4s + q) + h: each bf16x2
 register is one (2c, 2c+1) pair, a thread's words are contiguous (16-byte loads), and at BK = 128 they
 are one 32-column scale block. Triton 3.6 keeps the reshape/permute register-only on sm90 (no shared-memory
-round trip for the decoded tile; check with the SASS of `_gemm_variants("cuda:sm90", ...)`). Both split K across programs (~2 programs per SM); the last program of each tile to arrive
+round trip for the decoded tile; check with the SASS of `_gemm_variants("cuda:sm90", ...)`).
+
+Split K: both decode paths (gemv and MMA) split K across programs (~2 programs per SM); the last
+program of each tile to arrive
 (`arrival.py`) adds the fp32 partials in split order and runs the epilogue, inside the same launch
 (`FOLD`; the separate `splitk_reduce_kernel` remains and gives the same bits).
 
@@ -795,7 +798,6 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
     if M == 0:
         return y.reshape(*x.shape[:-1], N)
     gated = w3 is not None
-    fold = FOLD_SPLIT_K if fold is None else fold
     wu, su = as_u8(w), as_u8(s)
     w3u, s3u = (as_u8(w3), as_u8(s3)) if gated else (wu, su)
     if path is None:
@@ -803,22 +805,31 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
     if path == "gemv":
         if M != 1:
             raise ValueError(f"{name}: the gemv path takes one token, got M={M}")
+        if fold is False or decode_w:
+            raise ValueError(f"{name}: the gemv path always folds its split-K and has no weight decoder choice "
+                             f"(fold={fold}, decode_w={decode_w})")
         BN, BK, SK, nw, ns = tiles or _gemv_tiles(N, K, gated) or (0, 0, 0, 0, 0)
         if not BK or K % (BK * SK) or BN % 32:
             raise ValueError(f"{name}: gemv path needs K={K} divisible by BK·SPLIT_K and BN % 32 == 0")
         part = torch.empty((SK, 1, (2 if gated else 1) * N), dtype=torch.float32, device=x.device) if SK > 1 else y
         grid = (triton.cdiv(N, BN), SK)
-        fp8_gemv_kernel[grid](x2, wu, su, w3u, s3u, y, part, counters(x.device, grid[0]), float(limit),
+        cnt = counters(x.device, grid[0]) if SK > 1 else y  # no counters touched without a split
+        fp8_gemv_kernel[grid](x2, wu, su, w3u, s3u, y, part, cnt, float(limit),
                               N=N, K=K, BN=BN, BK=BK, SPLIT_K=SK, GATED=gated,
                               NATIVE_FP8=native_fp8_for(x.device), num_warps=nw, num_stages=ns)
         return y.reshape(*x.shape[:-1], N)
+    fold = FOLD_SPLIT_K if fold is None else fold
     BM, BN, BK, GM, SK, nw, ns = tiles or _tiles(M, N, K)
+    if SK > 1 and K % (BK * SK):
+        raise ValueError(f"{name}: SPLIT_K={SK} needs K={K} divisible by BK·SPLIT_K (BK={BK}): each split must be "
+                         "whole k tiles")
     dw = _decode_w(decode_w, M, K, BK, x.device)
     if dw:
         x2 = permute_k_w(x2, BK)
     part = y if SK == 1 else torch.empty((SK, M, (2 if gated else 1) * N), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN), SK)
-    fp8_gemm_kernel[grid](x2, wu, su, w3u, s3u, y, part, counters(x.device, grid[0]), M,
+    cnt = counters(x.device, grid[0]) if fold and SK > 1 else y  # prefill grids never touch (or grow) them
+    fp8_gemm_kernel[grid](x2, wu, su, w3u, s3u, y, part, cnt, M,
                           float(limit), N=N, K=K, BM=BM, BN=BN, BK=BK, GROUP_M=GM,
                           SPLIT_K=SK, GATED=gated, NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2),
                           FOLD=fold and SK > 1, DECODE_W=dw, PTX=ptx_for(x.device), num_warps=nw, num_stages=ns)
@@ -899,14 +910,14 @@ register(KernelTemplate(
     name="fp8_gemm", module=__name__,
     summary="x · dequant(E4M3 W, UE8M0 32×32)ᵀ, fp32 accumulate (dense linears)",
     keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "SPLIT_K", "NATIVE_FP8", "GATED",
-          "DOT_F32", "BLOCK", "FOLD", "DECODE_W", "PTX"),
+          "DOT_F32", "FOLD", "DECODE_W", "PTX"),
     reference=fp8_gemm_reference, launch=fp8_gemm,
     specializations=lambda t: _gemm_variants(t, False)))
 register(KernelTemplate(
     name="fp8_gemm_swiglu", module=__name__,
     summary="shared expert gate/up: silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L), FP8 weights",
     keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "SPLIT_K", "NATIVE_FP8", "GATED",
-          "DOT_F32", "BLOCK", "FOLD", "DECODE_W", "PTX"),
+          "DOT_F32", "FOLD", "DECODE_W", "PTX"),
     reference=fp8_gemm_swiglu_reference, launch=fp8_gemm_swiglu,
     specializations=lambda t: _gemm_variants(t, True)))
 register(KernelTemplate(

@@ -52,7 +52,7 @@ their 32 sequential counting steps. The split path pays five launches even when 
 (levels 2-3 are empty launches then); the pairwise rank costs h^2 comparisons for a bucket of h <=
 cap keys; its workspace and the arrival counters are shared per device, so two split selections
 must not run concurrently on different streams. NaN scores are not handled specially by either
-path. No H200 timing of the split path yet (benchmarks/tune_indexer_topk.py).
+path.
 """
 from __future__ import annotations
 

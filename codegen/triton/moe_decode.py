@@ -10,11 +10,13 @@ Weights are MXFP4: E2M1 codes packed two per byte (low nibble = even k), one UE8
 Algorithm (three launches; no sort, no host sync, CUDA-graph capturable):
 1. `moe_decode_prep_kernel`, grid (token, blocks/BKB): x -> x' = x·2^c (fp32) and f = 2^(126-c) per
    32-block, c = clamp(227 - amax exponent field, 0, 227), stored nibble-major (k = 32b + 8q + s at
-   s·K/8 + 4b + q: nibble s of packed word 4b + q meets it); zeroes the down kernel's counters.
+   s·K/8 + 4b + q: nibble s of packed word 4b + q meets it); zeroes the down kernel's counters (and
+   the gate/up split's, when ksplit > 1).
 2. `moe_decode_gate_up_kernel`, grid (slot, I/BN): e = topk_idx[slot]; streams BN rows of w1[e] and
    w3[e] as int32 words against x' (`fp4_gemv`), then the clamped SwiGLU × routing weight, the
    inter_dtype rounding, the optional h fake quant (BN is a multiple of 32: whole h blocks per
-   program) and the prep's prescale/order, into h' [T·k, I] and its f. Option `ksplit` (KSPLIT, default 1):
+   program) and the prep's prescale/order, into h' [T·k, I] and its f. Option `ksplit` (KSPLIT; default
+   5 where it divides K's chunks, else 1; the interpreter 1):
    grid (slot, I/BN, KSPLIT), each program one of KSPLIT equal ranges of K's chunks, g / u partials to a
    [T·k, KSPLIT, 2, I] workspace, the last of the KSPLIT programs of a tile (an acq_rel counter zeroed by
    the prep) adds them in range order and finishes the tile (deterministic; the fp32 sum order changes).
@@ -79,8 +81,9 @@ the expert -> slots map (a dispatch) this path avoids. At T = 1 the gate/up's 43
 divide evenly over 132 SMs (4 on some, 3.27 on average: ~24 us issue-bound on the busiest SMs; BN
 cannot go below 32, a program owns whole h blocks). `ksplit` cuts that granularity (ksplit 2: 864
 programs, at most 7 half-size ones per SM = 3.5 full programs instead of 4; 4: 1728, 14 quarters = 3.5;
-5: 2160, 17 fifths = 3.4) for a workspace round trip and one more partial prologue per program; it is
-not the default because it is unmeasured (benchmarks/tune_moe_decode.py sweeps 2, 4, 5).
+5: 2160, 17 fifths = 3.4) for a workspace round trip and one more partial prologue per program. The
+H200 sweep (benchmarks/tune_moe_decode.py, results/tune_moe_decode.json) timed T = 1 at 62.3 µs without
+it, 58.5 / 58.8 / 57.1 µs with 2 / 4 / 5 (T = 8 within 1.5%), so 5 is the default.
 The per-element cost is near its floor for this scheme: the SASS per 256 weight elements of a thread
 (gate/up loop) is 256 SHF + 233 IMAD(.SHL) + 259 LOP3 + 32 SGXT (the decode: 3 integer ops per
 element; the shift pair cannot merge because the E2M1 sign-to-m3 distance, 3 bits, differs from
@@ -432,7 +435,7 @@ def _fit(KB: int, BKB: int) -> int:
 
 
 def decode_tiles(D: int = HIDDEN, I: int = MOE_INTER, top_k: int = 6, interp=None) -> dict:
-    """Launch parameters: prep BKB; gate_up {BN, BKB, num_warps}; down {BN, BKB, num_warps, split}.
+    """Launch parameters: prep BKB; gate_up {BN, BKB, num_warps, ksplit}; down {BN, BKB, num_warps, split}.
 
     sm90: gate/up BN = 32 (a program owns whole h blocks), BKB = 8 (8 lanes across the blocks of a
     row), 4 warps: 2 rows per thread per matrix, 104 registers, 4 programs per SM fit, so T = 1's 432
@@ -599,8 +602,8 @@ def _gate_up_variants(target: str) -> list:
     for name, (E, k) in ROUTERS.items():
         for hq in (False, True):
             ce = {"K": HIDDEN, "N": MOE_INTER, "TOPK": k, "BN": g["BN"], "BKB": g["BKB"],
-                  # KSPLIT 1: a K split needs the prep to zero T·k·I/BN gate/up counters, a count the
-                  # ahead-of-time prep (NGCNT constexpr 0) cannot know; the runtime will size it per batch.
+                  # KSPLIT 1 ahead of time: a K split needs a prep variant that also zeroes this router's
+                  # k·I/BN gate/up counters per token (NGCNT), and the prep variants are not keyed by router yet.
                   "INTER": ROUND[torch.bfloat16], "H_QUANT": hq, "KSPLIT": 1}
             out.append(aot_spec(moe_decode_gate_up_kernel, f"{name}_k{k}" + ("_aq" if hq else ""), types, ce,
                                 g["num_warps"], 1, {"router": name, "E": E, **ce}))

@@ -30,7 +30,8 @@ slice) counter from codegen/triton/arrival.py, left at zero for the next launch 
 the default (measured faster on the H200), by `_combine_kernel` (grid query x 64-channel x 16-head
 tiles); both give the same bits.
 Decode splits: a batch of S queries runs SMs // S key splits (at least 1), so about one program per
-SM is in flight: one query = 10 programs of one 64-key block, 64 queries = 128 programs.
+SM is in flight: one quantized query (DV 128) = 4 channel slices × 10 splits of one 64-key block,
+64 queries = 128 programs.
 
 q·K^T once (qk_once, default where DV = D): Triton gives a dot whose result feeds another dot all
 warps on M (warpsPerTileV3), and with H = 64 rows = one warpgroup's wgmma M, 8 warps made both
@@ -60,7 +61,8 @@ benchmarks/results/kernels_attention.json, 2026-11-29; graph replay): 64 decode 
 one-query default), bf16 one query 19 µs; prefill 1024 queries 0.81 ms (6.6× its floor; eager
 4.8 ms). After it (same GPU, `benchmarks/results/tune_sparse_attention.json`, graph replay): 64 decode
 queries 70.8 -> 57.9 µs with qk_once at BN 64 / 2 stages (the default); the fused combine 66 µs, BN 32 /
-3 stages 75-77 µs, BN 16 89 µs; one query unchanged at 21 µs (fused combine 25.7 µs).
+3 stages 70 µs (75 µs with the fused combine), BN 16 89 µs; one query unchanged at 21 µs (fused combine
+25.7 µs).
 
 Known gaps: entries selected by the indexer that also lie in the window are attended twice
 (as the reference does, spec §3.4 note). Window rows are trusted to hold the right positions
@@ -329,7 +331,7 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     bf16 [N, D]; idx [S, KC] int32 compressed rows (-1 = padding); sink [H] fp32; cos/sin [P, rope/2].
     ring: rows per ring (default: all rows of win_kv); win_base/cmp_base [S]: per-query base rows
     (both or neither). n_split: key splits per query (default: enough programs for every SM).
-    Tuning knobs (None = the defaults in DEFAULTS / the module docstring): dv, block_n, num_warps,
+    Tuning knobs (None = DEFAULT_BN, BATCH_BN / BATCH_STAGES, QK_ONCE, FUSE_COMBINE, ONE_QUERY_DV): dv, block_n, num_warps,
     num_stages; qk_once: q·K^T split over the warpgroups (not repeated in each); fuse_combine: the
     last-arriving split merges the partials in the same launch (no _combine_kernel launch).
     Returns o [S, H, D] bf16 (inverse-rotated)."""
@@ -345,8 +347,9 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     out = torch.empty((S, H, D), dtype=torch.bfloat16, device=dev)
     if S == 0:
         return out
-    # a decode batch (2 <= S <= SMs / 2 quantized queries: key splits) has its own key block and stages
-    batch = wq and 1 < S and 2 * S <= sm_count(dev) and not interpreting()
+    # a decode batch (2 <= S <= SMs / 2 quantized queries: key splits) may have its own key block and
+    # stages (BATCH_BN / BATCH_STAGES; today the CUDA defaults); ROCm keeps its one stage
+    batch = wq and 1 < S and 2 * S <= sm_count(dev) and not interpreting() and torch.version.hip is None
     BN = min(block_n or (BATCH_BN if batch else DEFAULT_BN[wq]), window)
     if window % BN:
         raise ValueError(f"sparse_attention: window {window} is not a multiple of the key block {BN}")
@@ -402,7 +405,9 @@ QK_ONCE = True  # q·K^T once per key block, its keys split over the warpgroups 
 # Key splits merged by the last arriver in the same launch: off, the H200 sweep found the separate
 # combine kernel faster (64 queries 58 vs 66 µs, one query 21 vs 26 µs: the last program merges alone).
 FUSE_COMBINE = False
-BATCH_BN, BATCH_STAGES = 64, 2  # several FP8/FP4 queries: the H200 sweep's best with qk_once (58 µs vs 75 µs at 32/3)
+# several FP8/FP4 queries: the H200 sweep's best with qk_once (58 µs; 32 / 3 stages 70 µs, 75 µs with the fused
+# combine) — the same as the single-query CUDA defaults today
+BATCH_BN, BATCH_STAGES = 64, 2
 ONE_QUERY_DV = 128  # output channels per program for a single quantized decode query
 
 
@@ -493,7 +498,8 @@ def _specs(target):
     for quant in (True, False):
         dv, bn = (128, 32) if lds64 else (c.head_dim, DEFAULT_BN[quant])
         out.append(_attn_spec(c, quant, True, bn, dv, 8, stages, "decode"))
-        if quant and not is_rocm(target):  # the batched-decode default (BATCH_BN, BATCH_STAGES)
+        # the batched-decode default (BATCH_BN, BATCH_STAGES), where it differs from the plain decode variant
+        if quant and not is_rocm(target) and (BATCH_BN, BATCH_STAGES) != (bn, stages):
             out.append(_attn_spec(c, quant, True, BATCH_BN, dv, 8, BATCH_STAGES, "decode_batch"))
         if quant and dv != ONE_QUERY_DV:  # the single-query default (sparse_attention's DV rule)
             out.append(_attn_spec(c, quant, True, bn, ONE_QUERY_DV, 8, stages, "decode"))
@@ -510,5 +516,5 @@ def _specs(target):
 register(KernelTemplate(
     name="sparse_attention", module=__name__,
     summary="one softmax over SWA window ∪ selected compressed entries + sink, FP8/FP4 KV dequantized in-kernel, inverse RoPE",
-    keys=("H", "D", "ROPE", "W", "BN", "DV", "QUANT", "SPLIT"),
+    keys=("H", "D", "ROPE", "W", "BN", "DV", "QUANT", "SPLIT", "QK_ONCE", "FUSE"),
     reference=sparse_attention_ref, launch=sparse_attention, specializations=_specs))
