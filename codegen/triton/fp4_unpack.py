@@ -58,7 +58,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41c.codegen.triton.fp8_gemm import expand_cols, fp4_tile_to_f32, ue8m0_pow2_factors
+from dsv41c.codegen.triton.fp8_gemm import (
+    bf16x2_halves, bits_f32, expand_cols, fp4_tile_to_f32, pair_order, permute_blocks, ue8m0_pow2_factors)
 
 DECODERS = {0: "join", 1: "nibbles", 2: "words"}
 
@@ -75,41 +76,25 @@ def k_order(BK: int, decode: int) -> torch.Tensor:
     a = torch.arange(BK)
     if decode == 1:
         # original k = 2m + n, m = q·BK/8 + 2s + b  ->  logical n·BK/2 + 8s + 2q + b
-        return a.view(4, BK // 16, 2, 2).permute(3, 1, 0, 2).reshape(BK)
+        return pair_order(BK)
     if decode == 2:
         # original k = 8m + 4h + P = 8(q·W/4 + s) + 4h + 2u + t, P = 2u + t  ->  logical P·BK/4 + 2(4s + q) + h
         return a.view(4, BK // 32, 2, 2, 2).permute(3, 4, 1, 0, 2).reshape(BK)
     raise ValueError(f"unknown FP4 decoder {decode}")
 
 
-_ORDERS: dict = {}
-
-
-def _order(BK, decode, device):
-    key = (BK, decode, str(device))
-    if key not in _ORDERS:
-        _ORDERS[key] = k_order(BK, decode).to(device)
-    return _ORDERS[key]
-
-
 def permute_k(x: torch.Tensor, BK: int, decode: int) -> torch.Tensor:
     """x [..., K] -> the same values with each BK block of columns in `decode`'s k order (contiguous copy)."""
     if decode == 0:
         return x.contiguous()
-    K = x.shape[-1]
-    if K % BK:
-        raise ValueError(f"permute_k: K={K} is not a multiple of BK={BK}")
-    xb = x.reshape(*x.shape[:-1], K // BK, BK)
-    return xb.index_select(-1, _order(BK, decode, x.device)).reshape(x.shape)
+    return permute_blocks(x, BK, ("e2m1", decode), lambda: k_order(BK, decode))
 
 
 def unpermute_k(x: torch.Tensor, BK: int, decode: int) -> torch.Tensor:
     """Inverse of `permute_k`."""
     if decode == 0:
         return x.contiguous()
-    K = x.shape[-1]
-    inv = torch.argsort(_order(BK, decode, x.device))
-    return x.reshape(*x.shape[:-1], K // BK, BK).index_select(-1, inv).reshape(x.shape)
+    return permute_blocks(x, BK, ("e2m1_inverse", decode), lambda: torch.argsort(k_order(BK, decode)))
 
 
 # ============================================================================ jit: bit algebra
@@ -138,11 +123,6 @@ def ue8m0_bf16x2_factors(e):
 
 
 @triton.jit
-def _f32(bits):
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def scale_bf16x2(v, f1, f2, PTX: tl.constexpr):
     """uint32 pairs of bf16 bits × the bf16x2 pair f1, then × f2 (powers of two: exact, inf on overflow).
 
@@ -157,29 +137,21 @@ def scale_bf16x2(v, f1, f2, PTX: tl.constexpr):
             "{ .reg .b32 t, z; mov.b32 z, 0x80008000; fma.rn.bf16x2 t, $1, $2, z; fma.rn.bf16x2 $0, t, $3, z; }",
             "=r,r,r,r", [v, f1, f2], dtype=tl.uint32, is_pure=True, pack=1)
     else:
-        lo = _f32(v << 16) * _f32(f1 << 16) * _f32(f2 << 16)
-        hi = _f32(v & 0xFFFF0000) * _f32(f1 & 0xFFFF0000) * _f32(f2 & 0xFFFF0000)
+        lo = bits_f32(v << 16) * bits_f32(f1 << 16) * bits_f32(f2 << 16)
+        hi = bits_f32(v & 0xFFFF0000) * bits_f32(f1 & 0xFFFF0000) * bits_f32(f2 & 0xFFFF0000)
         return (hi.to(tl.uint32, bitcast=True) & 0xFFFF0000) | (lo.to(tl.uint32, bitcast=True) >> 16)
 
 
 @triton.jit
 def bf16_to_f32(a):
     """bf16 -> float32 by moving the bits (the interpreter's bf16 cvt flushes subnormals)."""
-    return _f32(a.to(tl.uint16, bitcast=True).to(tl.uint32) << 16)
-
-
-@triton.jit
-def _halves_joined(v):
-    """uint32 [...] -> bf16 [..., 2]: (bits 0..15, bits 16..31)."""
-    lo = v.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-    hi = (v >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-    return tl.join(lo, hi)
+    return bits_f32(a.to(tl.uint16, bitcast=True).to(tl.uint32) << 16)
 
 
 @triton.jit
 def _words_nibble(w, P: tl.constexpr, f1, f2, PTX: tl.constexpr):
     """[R, W] uint32 words -> [R, W, 2] bf16: nibble P of the low / high half of each word, scaled."""
-    return _halves_joined(scale_bf16x2(e2m1_bf16x2_bits(w, P), f1, f2, PTX))
+    return bf16x2_halves(scale_bf16x2(e2m1_bf16x2_bits(w, P), f1, f2, PTX), False)
 
 
 @triton.jit
@@ -203,7 +175,7 @@ def fp4_bytes_nibbles_to_bf16(wp, sc, R: tl.constexpr, BK: tl.constexpr, PTX: tl
     b = wp.to(tl.uint32)
     # low nibble -> bits 0..15, high nibble -> bits 16..31
     v = ((b << 12) & 0x8000) | ((b << 6) & 0x01C0) | ((b << 24) & 0x80000000) | ((b << 18) & 0x01C00000)
-    t = tl.reshape(_halves_joined(scale_bf16x2(v, f1, f2, PTX)), (R, 4, BK // 16, 2, 2))  # m = q·BK/8 + 2s + b
+    t = tl.reshape(bf16x2_halves(scale_bf16x2(v, f1, f2, PTX), False), (R, 4, BK // 16, 2, 2))  # m = q·BK/8 + 2s + b
     return tl.reshape(tl.permute(t, (0, 4, 2, 1, 3)), (R, BK))  # (n, s, q, b)
 
 

@@ -299,7 +299,7 @@ def ue8m0_e4m3_factors(e):
 
 
 @triton.jit
-def _bits_f32(bits):
+def bits_f32(bits):
     return bits.to(tl.float32, bitcast=True)
 
 
@@ -317,11 +317,11 @@ def scale_bf16x2_rn(v, f1, f2, TWO: tl.constexpr):
     exact in float32 (a 4-significant-bit value times powers of two, >= 2^-136), then rounded once to nearest
     even bf16, which is what the PTX path's two roundings give (the first is exact whenever f2 != 1)."""
     if TWO:
-        lo = _bits_f32(v << 16) * _bits_f32(f1 << 16) * _bits_f32(f2 << 16)
-        hi = _bits_f32(v & 0xFFFF0000) * _bits_f32(f1 & 0xFFFF0000) * _bits_f32(f2 & 0xFFFF0000)
+        lo = bits_f32(v << 16) * bits_f32(f1 << 16) * bits_f32(f2 << 16)
+        hi = bits_f32(v & 0xFFFF0000) * bits_f32(f1 & 0xFFFF0000) * bits_f32(f2 & 0xFFFF0000)
     else:
-        lo = _bits_f32(v << 16) * _bits_f32(f1 << 16)
-        hi = _bits_f32(v & 0xFFFF0000) * _bits_f32(f1 & 0xFFFF0000)
+        lo = bits_f32(v << 16) * bits_f32(f1 << 16)
+        hi = bits_f32(v & 0xFFFF0000) * bits_f32(f1 & 0xFFFF0000)
     return (_f32_to_bf16_bits_rn(hi) << 16) | _f32_to_bf16_bits_rn(lo)
 
 
@@ -361,10 +361,10 @@ def e4m3_bf16x2_scaled(w, f1, f2, P: tl.constexpr, PTX: tl.constexpr, TWO: tl.co
 
 
 @triton.jit
-def _bf16x2_halves(v, F32: tl.constexpr):
+def bf16x2_halves(v, F32: tl.constexpr):
     """uint32 [...] -> [..., 2] (bits 0..15, bits 16..31) as bf16, or as float32 by moving the bits (F32)."""
     if F32:
-        return tl.join(_bits_f32(v << 16), _bits_f32(v & 0xFFFF0000))
+        return tl.join(bits_f32(v << 16), bits_f32(v & 0xFFFF0000))
     else:
         return tl.join(v.to(tl.uint16).to(tl.bfloat16, bitcast=True),
                        (v >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True))
@@ -379,8 +379,8 @@ def e4m3_words_to_bf16(ww, sc, R: tl.constexpr, BK: tl.constexpr, PTX: tl.conste
     f1, f2 = ue8m0_e4m3_factors(sc.to(tl.int32))
     f1 = expand_cols(f1, R, BK // 32, 8)  # one scale per 8 words (32 k)
     f2 = expand_cols(f2, R, BK // 32, 8)
-    t = tl.join(_bf16x2_halves(e4m3_bf16x2_scaled(ww, f1, f2, 0, PTX, TWO), F32),
-                _bf16x2_halves(e4m3_bf16x2_scaled(ww, f1, f2, 1, PTX, TWO), F32))  # [R, m, h, P]
+    t = tl.join(bf16x2_halves(e4m3_bf16x2_scaled(ww, f1, f2, 0, PTX, TWO), F32),
+                bf16x2_halves(e4m3_bf16x2_scaled(ww, f1, f2, 1, PTX, TWO), F32))  # [R, m, h, P]
     t = tl.reshape(t, (R, 4, BK // 16, 2, 2))  # m = q·W/4 + s
     return tl.reshape(tl.permute(t, (0, 4, 2, 1, 3)), (R, BK))  # (P, s, q, h)
 
@@ -689,26 +689,38 @@ FOLD_SPLIT_K = True  # split-K epilogue by the last-arriving program (one launch
 DECODE_W_CUDA = 0
 
 
-def k_order_w(BK: int) -> torch.Tensor:
-    """perm [BK] (int64): logical column j of a BK block of the DECODE_W 1 tile is original column perm[j].
-    Original k = 4m + 2h + P (word m = q·BK/16 + s, half h, byte P) -> logical P·BK/2 + 2(4s + q) + h."""
-    if BK % 32:
-        raise ValueError(f"DECODE_W 1 needs BK % 32 == 0, got {BK}")
+def pair_order(BK: int) -> torch.Tensor:
+    """perm [BK] (int64) of the word decoders that emit two 16-bit halves per 32-bit word, byte/nibble
+    pair by pair: original k = 4m + 2h + P (m = q·BK/16 + s) -> logical P·BK/2 + 2(4s + q) + h. The E4M3
+    word decoder (k_order_w) and fp4_unpack's DECODE 1 (bytes of nibble pairs) share it."""
     return torch.arange(BK).view(4, BK // 16, 2, 2).permute(3, 1, 0, 2).reshape(BK)
 
 
-_ORDERS_W: dict = {}
+def k_order_w(BK: int) -> torch.Tensor:
+    """perm [BK]: logical column j of a BK block of the DECODE_W 1 tile is original column perm[j]."""
+    if BK % 32:
+        raise ValueError(f"DECODE_W 1 needs BK % 32 == 0, got {BK}")
+    return pair_order(BK)
+
+
+_ORDERS: dict = {}
+
+
+def permute_blocks(x: torch.Tensor, BK: int, key, make_order) -> torch.Tensor:
+    """x [..., K] -> each BK block of columns gathered by the [BK] permutation make_order() (cached per
+    key and device; a contiguous copy). Shared by the FP8 and FP4 word decoders' activation orders."""
+    K = x.shape[-1]
+    if K % BK:
+        raise ValueError(f"permute_blocks: K={K} is not a multiple of BK={BK} ({key})")
+    ck = (key, BK, str(x.device))
+    if ck not in _ORDERS:
+        _ORDERS[ck] = make_order().to(x.device)
+    return x.reshape(*x.shape[:-1], K // BK, BK).index_select(-1, _ORDERS[ck]).reshape(x.shape)
 
 
 def permute_k_w(x: torch.Tensor, BK: int) -> torch.Tensor:
     """x [..., K] -> the same values with each BK block of columns in k_order_w(BK) (contiguous copy)."""
-    K = x.shape[-1]
-    if K % BK:
-        raise ValueError(f"permute_k_w: K={K} is not a multiple of BK={BK}")
-    key = (BK, str(x.device))
-    if key not in _ORDERS_W:
-        _ORDERS_W[key] = k_order_w(BK).to(x.device)
-    return x.reshape(*x.shape[:-1], K // BK, BK).index_select(-1, _ORDERS_W[key]).reshape(x.shape)
+    return permute_blocks(x, BK, "e4m3_words", lambda: k_order_w(BK))
 
 
 def ptx_for(device) -> bool:
