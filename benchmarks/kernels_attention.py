@@ -167,7 +167,11 @@ def _indexer_data(S, H, T, spread=True):
 def case_indexer(ceil, quick):
     H, T = 32, 131072
     for S in (32, 1):
-        qp, qe, w, kp, ke = _indexer_data(S, H, T)
+        # 32 queries: one adversarial query-head row and key row, so both fallbacks run in the timed case
+        # (one query of 32 falls back). One query: the timed case is the typical one (no row needs a
+        # fallback); `indexer_score_S1_..._fallback` times the worst case, where the query's adversarial
+        # head sends every key tile down the block path.
+        qp, qe, w, kp, ke = _indexer_data(S, H, T, spread=S > 1)
         qpos = torch.full((S,), T + 5, dtype=torch.int32, device=DEV) - torch.arange(S, device=DEV, dtype=torch.int32)
         nvis = ix.visible_counts(qpos, 1, T)
         wq = w.float() * 128 ** -0.5
@@ -202,6 +206,24 @@ def case_indexer(ceil, quick):
                 decode_goal(e, ceil, ms_graph(f))
             return e
         yield f"indexer_score_S{S}_bt128", score
+
+        if S == 1:
+            def score_fallback(S=S):
+                qf, qef, wf, kf, kef = _indexer_data(S, H, T, spread=True)
+                wqf = wf.float() * 128 ** -0.5
+                cnt = torch.zeros(2, dtype=torch.int32, device=DEV)
+                a, _ = ix.index_scores(qf, qef, wqf, kf, kef, nvis, counters=cnt)
+                b = ix.index_scores_ref(qf, qef, wqf, kf, kef, nvis)
+                err = {"score_bit_mismatches": int((a.view(torch.int32) != b.view(torch.int32)).sum()),
+                       "fallback_head_tiles": int(cnt[0]), "fallback_tiles": int(cnt[1])}
+                f = lambda: ix.index_scores(qf, qef, wqf, kf, kef, nvis)  # noqa: E731
+                e = entry(ceil, f"indexer_score_S{S}_T{T}_fallback", [S, H, T, 128], ms(f),
+                          ms(lambda: ix.index_scores_ref(qf, qef, wqf, kf, kef, nvis), rep=20), bytes_, flops,
+                          "int8", err)
+                gt = ms_graph(f)
+                e["graph_ms"], e["graph_cold_ms"] = gt, getattr(gt, "cold", None)
+                return e
+            yield f"indexer_score_S{S}_fallback", score_fallback
 
         def score_sweep(S=S):
             # block_q 1 = heads kernel (default up to ix.HEADS_KERNEL_MAX_S queries), 16 = queries as MMA rows

@@ -44,14 +44,16 @@ ROTATE = 8  # disjoint expert sets in the rotating graph
 # 6% of the default on the second run and is dropped for time. ksplit > 1 splits each gate/up tile's K over
 # that many programs (T = 1: 432·ksplit programs instead of 432 on 132 SMs: a finer last wave); hidden
 # 5120 = 20 chunks of 8 blocks, so 2, 4 and 5 divide.
-GATE_UP = [None, (32, 8, 2, 1), (32, 8, 4, 2), (32, 8, 4, 4), (32, 8, 4, 5)]
+# The third run (programmatic dependent launch, pdl.py) keeps the default, no split and split 2.
+GATE_UP = [None, (32, 8, 4, 1), (32, 8, 4, 2)]
 # (BN, BKB, num_warps, split); split None = top_k; the first is the default (only its gate/up rows run it).
 # (16, 8, 4) of the earlier runs is dropped for time (it never led).
-DOWN = [(32, 8, 2, None), (32, 8, 4, None), (32, 8, 2, 1)]
+DOWN = [(32, 8, 2, None), (32, 8, 4, None)]
 
 
-def tiles_with(k, D, I, gate_up=None, down=None):
+def tiles_with(k, D, I, gate_up=None, down=None, pdl=None):
     t = md.decode_tiles(D, I, k)
+    t["pdl"] = pdl  # None: the default (on for sm90+ CUDA devices)
     if gate_up:
         t["gate_up"] = {"BN": gate_up[0], "BKB": gate_up[1], "num_warps": gate_up[2],
                         "ksplit": gate_up[3] if len(gate_up) > 3 else 1}
@@ -64,7 +66,7 @@ def label(t):
     g, d = t["gate_up"], t["down"]
     return (f"gu BN{g['BN']} BKB{g['BKB']} w{g['num_warps']} k{g.get('ksplit', 1)} | "
             f"dn BN{d['BN']} BKB{d['BKB']} w{d['num_warps']} "
-            f"s{d['split']}")
+            f"s{d['split']}" + ("" if t.get("pdl") is None else f" | pdl {'on' if t['pdl'] else 'off'}"))
 
 
 def make_weights(E, D, I, used, dev, seed=0):
@@ -254,9 +256,11 @@ def main(argv=None):
             if aq not in refs:
                 refs[aq] = md.moe_experts_decode_reference(x, idx, w, *ex, LIMIT, act_quant=aq)
             return refs[aq]
-        configs = [(g, None, False) for g in gate_ups] + [(None, d, False) for d in downs[1:]] + [(None, None, True)]
-        for g, d, aq in configs:
-            t = tiles_with(k, D, I, g, d)
+        # (gate/up, down, act_quant, pdl): pdl None = the default; the explicit off row is the control
+        configs = ([(g, None, False, None) for g in gate_ups] + [(None, None, False, False)]
+                   + [(None, d, False, None) for d in downs[1:]] + [(None, None, True, None)])
+        for g, d, aq, pdl in configs:
+            t = tiles_with(k, D, I, g, d, pdl)
 
             def case(t=t, aq=aq):
                 step = lambda i, wi: md.moe_experts_decode(x, i, wi, *ex, LIMIT, act_quant=aq, tiles=t)  # noqa: E731

@@ -664,6 +664,40 @@ def test_gpu_fp8_decode_paths_under_graph_replay(M):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 8])
+def test_gpu_fp8_prefetch_and_pdl_chain_keep_the_bits(M):
+    """The L2 prefetch of the weight rows (every budget) and programmatic dependent launch change no bit: a
+    chain shared-expert w1/w3 -> w2 -> wo_b-like GEMV in one CUDA graph, each reading its predecessor's
+    output (an early read before the grid wait would show), equals the serialized, prefetch-free chain."""
+    from dsv41c.codegen.triton.pdl import pdl_for
+    g = gen(33)
+    x = randn(g, M, 5120, dtype=torch.bfloat16)
+    w1, s1 = fp8_weight(g, 2304, 5120)
+    w3, s3 = fp8_weight(g, 2304, 5120)
+    w2, s2 = fp8_weight(g, 5120, 2304)
+
+    def chain(xx, **kw):
+        h = fg._gemm(xx, w1, s1, w3, s3, 10.0, False, None, "shared_w13", **kw)
+        return fg._gemm(h, w2, s2, None, None, 0.0, False, None, "shared_w2", **kw)
+    ref = chain(x, pdl=False, prefetch=0)
+    for pf in (None, True, 256):
+        assert torch.equal(chain(x, prefetch=pf), ref)
+    if not pdl_for(x.device):
+        return
+    xs = x.clone()
+    chain(xs, pdl=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        xs.copy_(x)
+        yg = chain(xs, pdl=True)
+    for i in range(3):
+        x.copy_(randn(g, M, 5120, dtype=torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(yg, chain(x, pdl=False, prefetch=0)), f"replay {i}"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 8, 300])
 def test_gpu_moe_real_widths(T, sparse_fp4_experts):
     g = gen(31)

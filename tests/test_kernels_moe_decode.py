@@ -440,3 +440,42 @@ def test_gpu_decode_cuda_graph_replay(sparse_fp4_experts):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, md.moe_experts_decode(x, idx, w, *ex, 10.0))
+
+
+@pytest.mark.gpu
+def test_gpu_pdl_chain_matches_serialized_launches(sparse_fp4_experts):
+    """Programmatic dependent launch (sm90+): the three kernels overlap their predecessors' tails, read
+    the expert ids and weights before their grid waits; the ids and x are written by the kernels just
+    before the chain (inside the captured graph), so an early read of either would show as a difference."""
+    from dsv41c.codegen.triton.pdl import pdl_for
+    if not pdl_for(torch.device(DEV)):
+        pytest.skip("PDL needs an sm90+ CUDA device")
+    E, k = ROUTERS["backbone"]
+    g = gen(44)
+    gk = torch.Generator(device=DEV).manual_seed(45)
+    ex = sparse_fp4_experts(E, md.HIDDEN, md.MOE_INTER, torch.arange(E, device=DEV), gk, DEV)
+    for T in (1, 8):
+        x_src = torch.randn(T, md.HIDDEN, generator=g).bfloat16().to(DEV)
+        idx_src, w = routing(g, T, k=k, E=E)
+        idx_src = idx_src.to(torch.int32)
+        on, off = md.decode_tiles(top_k=k), md.decode_tiles(top_k=k)
+        on["pdl"], off["pdl"] = True, False
+        x, idx = x_src.clone(), idx_src.clone()
+        ref = md.moe_experts_decode(x, idx, w, *ex, 10.0, tiles=off)
+        assert torch.equal(md.moe_experts_decode(x, idx, w, *ex, 10.0, tiles=on), ref)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            md.moe_experts_decode(x, idx, w, *ex, 10.0, tiles=on)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            idx.copy_(idx_src)
+            x.copy_(x_src)
+            out = md.moe_experts_decode(x, idx, w, *ex, 10.0, tiles=on)
+        for _ in range(3):
+            idx_src.copy_(routing(g, T, k=k, E=E)[0])
+            x_src.copy_(torch.randn(T, md.HIDDEN, generator=g).bfloat16())
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, md.moe_experts_decode(x_src, idx_src, w, *ex, 10.0, tiles=off))

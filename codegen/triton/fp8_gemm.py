@@ -41,7 +41,8 @@ Weight decoders of the tensor-core kernel (`DECODE_W`):
      byte position P in {0, 1} one shift/mask pair turns byte 2h+P of BOTH 16-bit halves h into bf16
      bits, so the 32-bit result already is a bf16x2 operand register; it is scaled by `fma.rn.bf16x2`
      (inline PTX) and used by the dot without a cast. The columns come out in k_order_w(BK), so the
-     ACTIVATION columns are permuted to match (`permute_k_w`, once per call on the host), not the weights.
+     ACTIVATION columns are permuted to match (the x tile is loaded with its columns gathered in
+     k_order_w(BK) by the kernel itself; `permute_k_w` is the host-side equivalent, for tests), not the weights.
 
 Bit algebra (DECODE_W 1): for a byte c = s·128 + e4·8 + m (E4M3 fn: sign, 4 exponent bits bias 7, 3
 mantissa bits), the bf16 with bits (s << 15) | (e4 << 7) | (m << 4) = (s << 15) | ((c & 0x7F) << 4) is
@@ -76,8 +77,8 @@ program of each tile to arrive
 
 Specialization keys: N, K (constexpr: the real linears of the published config, so the
 ahead-of-time build knows every stride and vectorizes), mode (prefill / decode / gemv), BM, BN, BK,
-GROUP_M, SPLIT_K, FOLD, NATIVE_FP8 (sm90/sm100/gfx950 have an FP8 cvt), GATED, DECODE_W (1: the caller
-passes x with each BK block of columns in k_order_w(BK)), PTX (inline PTX allowed: CUDA).
+GROUP_M, SPLIT_K, FOLD, NATIVE_FP8 (sm90/sm100/gfx950 have an FP8 cvt), GATED, DECODE_W (1: the bf16x2
+word decoder; the kernel loads x's columns in k_order_w(BK)), PTX (inline PTX allowed: CUDA).
 
 Measured (H200, triton 3.6, `benchmarks/tune_fp8_decode.py` -> results/tune_fp8_decode_gemv.json,
 CUDA-graph replay with the weights L2-warm): prefill 53–57% of the bf16 matmul rate (the E4M3 decode
@@ -110,6 +111,8 @@ import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, aot_spec, register  # noqa: F401 (aot_spec re-exported)
 from dsv41c.codegen.triton.arrival import arrive_last, counters, reset_counter
+from dsv41c.codegen.triton.l2_prefetch import l2_prefetch_for, prefetch_rows_l2
+from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 from dsv41c import formats as nx
 
 TARGETS = ("cuda:sm80", "cuda:sm90", "cuda:sm100", "rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")
@@ -392,15 +395,20 @@ def e4m3_words_to_bf16(ww, sc, R: tl.constexpr, BK: tl.constexpr, PTX: tl.conste
 def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_ptr, M, limit,
                     N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, GATED: tl.constexpr, NATIVE_FP8: tl.constexpr,
-                    DOT_F32: tl.constexpr, FOLD: tl.constexpr, DECODE_W: tl.constexpr, PTX: tl.constexpr):
+                    DOT_F32: tl.constexpr, FOLD: tl.constexpr, DECODE_W: tl.constexpr, PTX: tl.constexpr,
+                    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0):
     """y = x·Wᵀ (GATED: y = silu(min(x·W1ᵀ, limit))·clamp(x·W3ᵀ, ±limit)); W E4M3 with UE8M0/32×32.
+
+    Decode grids on sm90+: PREFETCH (bytes per row, 0 = off) requests the first PREFETCH bytes of each of
+    the program's weight rows over its K split into the L2 first (l2_prefetch.py), PDL then waits for the
+    previous kernel (pdl.py) before x or any store.
 
     x [M, K] and y [M, N] are contiguous. SPLIT_K > 1: program_id(1) takes K/SPLIT_K of the
     reduction and writes fp32 partials part[split, M, N] (GATED: [split, M, 2N], g then u); with
     FOLD the last of the SPLIT_K programs of a tile (arrival counter cnt[pid]) sums them in split
     order and runs the epilogue, otherwise `splitk_reduce_kernel` does in a second launch.
     DECODE_W 1: the weight tile is decoded from 32-bit words by bf16x2 bit assembly (`e4m3_words_to_bf16`,
-    inline PTX if PTX) and x's columns must come in k_order_w(BK) per BK block (K % BK == 0)."""
+    inline PTX if PTX); the x tile is loaded with its columns in k_order_w(BK) to match (K % BK == 0)."""
     tl.static_assert(DECODE_W == 0 or (K % BK == 0 and BK % 32 == 0), "DECODE_W 1 needs K % BK == 0, BK % 32 == 0")
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -416,6 +424,12 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     rn = pid_n * BN + tl.arange(0, BN)
     m_ok = rm < M
     n_ok = rn < N
+    rows_pf = tl.minimum(rn, N - 1).to(tl.int64) * K + split * (K // SPLIT_K)
+    prefetch_rows_l2(w_ptr + rows_pf, PREFETCH, PREFETCH > 0)
+    if GATED:
+        prefetch_rows_l2(w3_ptr + rows_pf, PREFETCH, PREFETCH > 0)
+    grid_wait(PDL)
+    grid_release(PDL)
     if DECODE_W:
         # e > 134 needs the second bf16x2 scale factor; real checkpoints never have one, so the
         # program checks its own scale rows once and runs the one-multiply loop when it can
@@ -484,6 +498,13 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, split
     w3_words = w3_ptr.to(tl.pointer_type(tl.uint32)) + rn.to(tl.int64)[:, None] * KW
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     acc3 = tl.zeros((BN, BM), dtype=tl.float32)
+    if DECODE_W:
+        # x's columns in the decoded tile's order k_order_w(BK) (logical j = (P, s, q, h) -> original
+        # k = 4(q·BK/16 + s) + 2h + P), gathered by the x load itself: no permuted copy of x, no extra launch
+        jj = tl.arange(0, BK)
+        kx = 4 * (((jj // 2) % 4) * (BK // 16) + (jj // 8) % (BK // 16)) + 2 * (jj % 2) + jj // (BK // 2)
+    else:
+        kx = tl.arange(0, BK)
     for k0 in range(split * K_SPLIT, split * K_SPLIT + K_SPLIT, BK):
         rk = k0 + tl.arange(0, BK)
         if K % BK == 0:
@@ -492,7 +513,7 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, split
         else:
             xm = m_ok[:, None] & (rk[None, :] < K)
             wm = n_ok[:, None] & (rk[None, :] < K)
-        xt = tl.load(x_ptr + x_rows + rk[None, :], mask=xm, other=0.0)
+        xt = tl.load(x_ptr + x_rows + (k0 + kx)[None, :], mask=xm, other=0.0)
         if DOT_F32:
             xt = xt.to(tl.float32)
         else:
@@ -539,8 +560,13 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, split
 @triton.jit
 def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_ptr, limit,
                     N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
-                    GATED: tl.constexpr, NATIVE_FP8: tl.constexpr):
+                    GATED: tl.constexpr, NATIVE_FP8: tl.constexpr, PDL: tl.constexpr = False,
+                    PREFETCH: tl.constexpr = 0):
     """One token (M = 1): y = x·Wᵀ on the CUDA cores, no tensor-core padding to 16 rows.
+
+    PREFETCH (sm90+, bytes per row, 0 = off): the first PREFETCH bytes of each of the program's weight rows
+    over its K split are requested into the L2 first (l2_prefetch.py); PDL: then the grid dependency wait
+    (pdl.py), before x or any store.
 
     The weight tile is read as [BN/32 row groups, 32, BK] so that one UE8M0 scale per (row group,
     32 columns) multiplies the ACTIVATION (BN/32 · BK products per step) instead of every weight
@@ -559,6 +585,12 @@ def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     r = tl.arange(0, 32)
     rn3 = g[:, None, None] * 32 + r[None, :, None]  # [RG, 32, 1]
     n_ok3 = rn3 < N
+    rows_pf = tl.minimum(pid_n * BN + tl.arange(0, BN), N - 1).to(tl.int64) * K + split * K_SPLIT
+    prefetch_rows_l2(w_ptr + rows_pf, PREFETCH, PREFETCH > 0)
+    if GATED:
+        prefetch_rows_l2(w3_ptr + rows_pf, PREFETCH, PREFETCH > 0)
+    grid_wait(PDL)
+    grid_release(PDL)
     kk = tl.arange(0, BK)
     sk = tl.arange(0, BK // 32)
     w_rows = rn3.to(tl.int64) * K
@@ -789,13 +821,34 @@ def _gemv_tiles(N: int, K: int, gated: bool = False):
     return BN, BK, (2 if interpreting() and K % (2 * BK) == 0 else _split_k(1, N, K, BN, BK)), 4, 3
 
 
-def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=None, fold=None, decode_w=None):
+# L2 prefetch of the weight rows (l2_prefetch.py): OFF by default. On the H200 (tune_fp8_decode.json, this
+# session) it made every decode linear slower under the L2-cold replay (wo_b 1 token 18.6 -> 20.2 µs at 64 KB a
+# program, 22.2 µs for the whole split; shared w13 15.0 -> 18.4 µs; engram wkv 73.5 -> 75.9 / 99.3 µs): the
+# loads the programs already keep in flight saturate HBM, and the bulk requests only compete with them.
+# `_gemm(prefetch=...)` keeps it selectable for other chips.
+PREFETCH_PROGRAM_BYTES = 64 * 1024  # the budget of one program when prefetch="budget"
+
+
+def _prefetch_row_bytes(prefetch, device, w, w3, k_split: int, rows: int) -> int:
+    """Bytes per weight row that a decode program prefetches into the L2 (0 = none). prefetch: None / False / 0
+    off (the default), "budget" PREFETCH_PROGRAM_BYTES over the program's rows, True the whole K split, an int
+    that many bytes; only on sm90+ CUDA with 16-byte aligned weights; rounded down to 128-byte lines."""
+    if not prefetch or not l2_prefetch_for(device, w, w3):
+        return 0
+    b = PREFETCH_PROGRAM_BYTES // rows if prefetch == "budget" else (k_split if prefetch is True else int(prefetch))
+    return min(k_split, b) // 128 * 128 if k_split % 16 == 0 else 0
+
+
+def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=None, fold=None, decode_w=None,
+          pdl=None, prefetch=None):
     """Shared launcher. path: "gemv" (one token on the CUDA cores), "mma" (tensor cores), or None
     (gemv for M <= GEMV_MAX_M when K tiles). fold: split-K epilogue inside the GEMM launch
     (last-arriver) instead of a second launch; default on. tiles overrides the path's tile tuple
     (sweeps): mma (BM, BN, BK, GROUP_M, SPLIT_K, num_warps, num_stages), gemv (BN, BK, SPLIT_K,
-    num_warps, num_stages). decode_w: the mma path's weight decoder, 0 or 1 (DECODE_W; 1 permutes x's
-    columns to k_order_w(BK) here, once per call); None: `_decode_w`'s default."""
+    num_warps, num_stages). decode_w: the mma path's weight decoder, 0 or 1 (DECODE_W; with 1 the kernel
+    gathers x's columns in k_order_w(BK)); None: `_decode_w`'s default. pdl / prefetch: programmatic
+    dependent launch (pdl.py) and the L2 prefetch of the weight rows (l2_prefetch.py); None: on for decode
+    shapes on sm90+ CUDA devices; prefetch off unless asked for (`_prefetch_row_bytes`)."""
     K = x.shape[-1]
     _check_w(w, s, K, name)
     if w3 is not None:
@@ -826,9 +879,12 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
         part = torch.empty((SK, 1, (2 if gated else 1) * N), dtype=torch.float32, device=x.device) if SK > 1 else y
         grid = (triton.cdiv(N, BN), SK)
         cnt = counters(x.device, grid[0]) if SK > 1 else y  # no counters touched without a split
+        pdl = pdl_for(x.device) if pdl is None else pdl
+        pf = _prefetch_row_bytes(prefetch, x.device, wu, w3u, K // SK, BN * (1 + gated))
         fp8_gemv_kernel[grid](x2, wu, su, w3u, s3u, y, part, cnt, float(limit),
                               N=N, K=K, BN=BN, BK=BK, SPLIT_K=SK, GATED=gated,
-                              NATIVE_FP8=native_fp8_for(x.device), num_warps=nw, num_stages=ns)
+                              NATIVE_FP8=native_fp8_for(x.device), PDL=pdl, PREFETCH=pf,
+                              num_warps=nw, num_stages=ns, **launch_kw(pdl))
         return y.reshape(*x.shape[:-1], N)
     fold = FOLD_SPLIT_K if fold is None else fold
     BM, BN, BK, GM, SK, nw, ns = tiles or _tiles(M, N, K)
@@ -836,15 +892,19 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
         raise ValueError(f"{name}: SPLIT_K={SK} needs K={K} divisible by BK·SPLIT_K (BK={BK}): each split must be "
                          "whole k tiles")
     dw = _decode_w(decode_w, M, K, BK, x.device)
-    if dw:
-        x2 = permute_k_w(x2, BK)
     part = y if SK == 1 else torch.empty((SK, M, (2 if gated else 1) * N), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN), SK)
     cnt = counters(x.device, grid[0]) if fold and SK > 1 else y  # prefill grids never touch (or grow) them
+    # decode grids (M <= 16) only: PDL and the L2 prefetch of the weight rows (prefill tiles reuse W from the
+    # L2 across M tiles anyway, and a separate reduce launch would have to honour PDL's contract too)
+    dec = M <= 16 and (fold or SK == 1)
+    pdl = (pdl_for(x.device) and dec) if pdl is None else pdl
+    pf = _prefetch_row_bytes(prefetch if dec else 0, x.device, wu, w3u, K // SK, BN * (1 + gated))
     fp8_gemm_kernel[grid](x2, wu, su, w3u, s3u, y, part, cnt, M,
                           float(limit), N=N, K=K, BM=BM, BN=BN, BK=BK, GROUP_M=GM,
                           SPLIT_K=SK, GATED=gated, NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2),
-                          FOLD=fold and SK > 1, DECODE_W=dw, PTX=ptx_for(x.device), num_warps=nw, num_stages=ns)
+                          FOLD=fold and SK > 1, DECODE_W=dw, PTX=ptx_for(x.device), PDL=pdl, PREFETCH=pf,
+                          num_warps=nw, num_stages=ns, **launch_kw(pdl))
     if SK > 1 and not fold:
         RB = 256 if interpreting() else 1024
         splitk_reduce_kernel[(M, triton.cdiv(N, RB))](part, y, M, float(limit), N=N, SPLIT_K=SK, GATED=gated,
@@ -889,18 +949,18 @@ def _gemm_variants(target: str, gated: bool) -> list:
                 BM, BN, BK, GM, SK, nw, ns = 64, 128, 64, 8, 1, 4, 2
             if gated and mode == "prefill":
                 BN = 64  # two accumulators
-            # DECODE_W 1 (the decode mode on CUDA, if DECODE_W_CUDA): the caller permutes x to k_order_w(BK)
+            # DECODE_W 1 (the decode mode on CUDA, if DECODE_W_CUDA): the kernel gathers x in k_order_w(BK)
             dw = DECODE_W_CUDA if mode == "decode" and tr["kind"] == "cuda" and K % BK == 0 else 0
             ce = {"N": N, "K": K, "BM": BM, "BN": BN, "BK": BK, "GROUP_M": GM, "SPLIT_K": SK, "GATED": gated,
                   "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "FOLD": SK > 1, "DECODE_W": dw,
-                  "PTX": tr["kind"] == "cuda"}
+                  "PTX": tr["kind"] == "cuda", "PDL": False, "PREFETCH": 0}
             keys = {"linear": name, "mode": mode, "act": "bf16", **ce}
             out.append(aot_spec(fp8_gemm_kernel, f"{name}_{mode}", _gemm_types("*bf16"), ce, nw, ns, keys))
         if K % GEMV_BK == 0:
             BN = 32 if gated else 64
             SK = _split_k(1, N, K, BN, GEMV_BK)
             ce = {"N": N, "K": K, "BN": BN, "BK": GEMV_BK, "SPLIT_K": SK, "GATED": gated,
-                  "NATIVE_FP8": tr["native_fp8"]}
+                  "NATIVE_FP8": tr["native_fp8"], "PDL": False, "PREFETCH": 0}
             types = {k: v for k, v in _gemm_types("*bf16").items() if k != "M"}
             out.append(aot_spec(fp8_gemv_kernel, f"{name}_gemv", types, ce, 4, 3,
                                 {"linear": name, "mode": "gemv", "act": "bf16", **ce}))
@@ -922,14 +982,14 @@ register(KernelTemplate(
     name="fp8_gemm", module=__name__,
     summary="x · dequant(E4M3 W, UE8M0 32×32)ᵀ, fp32 accumulate (dense linears)",
     keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "SPLIT_K", "NATIVE_FP8", "GATED",
-          "DOT_F32", "FOLD", "DECODE_W", "PTX"),
+          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH"),
     reference=fp8_gemm_reference, launch=fp8_gemm,
     specializations=lambda t: _gemm_variants(t, False)))
 register(KernelTemplate(
     name="fp8_gemm_swiglu", module=__name__,
     summary="shared expert gate/up: silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L), FP8 weights",
     keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "SPLIT_K", "NATIVE_FP8", "GATED",
-          "DOT_F32", "FOLD", "DECODE_W", "PTX"),
+          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH"),
     reference=fp8_gemm_swiglu_reference, launch=fp8_gemm_swiglu,
     specializations=lambda t: _gemm_variants(t, True)))
 register(KernelTemplate(

@@ -118,6 +118,7 @@ from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
 from dsv41c.codegen.triton.arrival import arrive_last
 from dsv41c.codegen.triton.fp8_gemm import HIDDEN, MOE_INTER, fake_quant_e4m3_pow2, interpreting, target_traits
 from dsv41c.codegen.triton.moe_router import ROUTERS
+from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 
 MAX_SLOTS = 64  # T·top_k at or below which moe_experts_decode is the path to take
 SIGN_M3 = tl.constexpr(-2118123520)  # 0x81C00000 as int32: the sign bit and the E2M1 m3 field at bits 22..24
@@ -234,11 +235,12 @@ def fp4_fma_chunk(acc_a, acc_b, wa, sa, wb, sb, xa_ptr, fa_ptr, xb_ptr, fb_ptr, 
 @triton.jit
 def fp4_gemv(wa_ptr, sa_ptr, wb_ptr, sb_ptr, xa_ptr, fa_ptr, xb_ptr, fb_ptr, row0, K: tl.constexpr, N: tl.constexpr,
              BN: tl.constexpr, BKB: tl.constexpr, TWO: tl.constexpr, SAME_X: tl.constexpr, ch0=0,
-             NCHP: tl.constexpr = 0):
+             NCHP: tl.constexpr = 0, PDL: tl.constexpr = False):
     """Row sums [BN] (row = row0 + i) of x·dequant(W)ᵀ over all K, for W = a (and b when TWO).
 
     NCHP > 0: only the NCHP chunks of BKB blocks from chunk ch0 on (a K split; the caller keeps them
-    inside K's chunks), else all of K.
+    inside K's chunks), else all of K. PDL: the first two weight chunks are loaded before the grid
+    dependency wait (pdl.py: weights are static), x after it.
 
     The tile is P = BN·BKB (row, block) pairs, p = BKB·row + lane-order(block), each a [4]-word vector
     (16 bytes, one 32-block): every tensor in the loop is [P, 4] or [P], so Triton's coalescing gives
@@ -269,6 +271,8 @@ def fp4_gemv(wa_ptr, sa_ptr, wb_ptr, sb_ptr, xa_ptr, fa_ptr, xb_ptr, fb_ptr, row
     aw, asc, bw, bsc = fp4_load_chunk(wa_ptr, sa_ptr, wb_ptr, sb_ptr, w_row, s_row, r_ok, lanes, K, TWO, MASKED)
     aw1, asc1, bw1, bsc1 = fp4_load_chunk(wa_ptr, sa_ptr, wb_ptr, sb_ptr, w_row, s_row, r_ok,
                                           tl.minimum(1, NCH - 1) * BKB + lanes, K, TWO, MASKED)
+    grid_wait(PDL)
+    grid_release(PDL)
     for c in range(0, NCH - 1, 2):
         acc_a, acc_b = fp4_fma_chunk(acc_a, acc_b, aw, asc, bw, bsc, xa_ptr, fa_ptr, xb_ptr, fb_ptr, c * BKB + lanes, K,
                                      TWO, SAME_X, MASKED)
@@ -290,9 +294,12 @@ def fp4_gemv(wa_ptr, sa_ptr, wb_ptr, sb_ptr, xa_ptr, fa_ptr, xb_ptr, fb_ptr, row
 @triton.jit
 def moe_decode_prep_kernel(x_ptr, xp_ptr, f_ptr, cnt_ptr, K: tl.constexpr, BKB: tl.constexpr,
                            ACT_QUANT: tl.constexpr, NCNT: tl.constexpr, NCNT_P: tl.constexpr,
-                           NGCNT: tl.constexpr = 0, NGCNT_P: tl.constexpr = 1):
+                           NGCNT: tl.constexpr = 0, NGCNT_P: tl.constexpr = 1, PDL: tl.constexpr = False):
     """x [T, K] -> x' fp32 [T, K] and f [T, K/32] (`store_prescaled`); zeroes the token's NCNT down counters
-    (cnt[t·NCNT..]) and its NGCNT gate/up split counters (cnt[T·NCNT + t·NGCNT..], after all down ones)."""
+    (cnt[t·NCNT..]) and its NGCNT gate/up split counters (cnt[T·NCNT + t·NGCNT..], after all down ones).
+    PDL: waits for its predecessor first (x is its output), then releases the gate/up kernel."""
+    grid_wait(PDL)
+    grid_release(PDL)
     t = tl.program_id(0).to(tl.int64)
     blk0 = tl.program_id(1) * BKB
     blk = blk0 + tl.arange(0, BKB)
@@ -313,8 +320,11 @@ def moe_decode_prep_kernel(x_ptr, xp_ptr, f_ptr, cnt_ptr, K: tl.constexpr, BKB: 
 def moe_decode_gate_up_kernel(xp_ptr, xf_ptr, idx_ptr, rw_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, hp_ptr, hf_ptr, limit,
                               ws_ptr, cnt_ptr, K: tl.constexpr, N: tl.constexpr, TOPK: tl.constexpr,
                               BN: tl.constexpr, BKB: tl.constexpr, INTER: tl.constexpr, H_QUANT: tl.constexpr,
-                              KSPLIT: tl.constexpr = 1):
+                              KSPLIT: tl.constexpr = 1, PDL: tl.constexpr = False):
     """h'[slot, rows] for BN rows of expert topk_idx[slot]: SwiGLU of the w1/w3 GEMVs, stored like x'.
+
+    PDL: the expert id (written before the prep kernel, two launches back) and the first weight chunks
+    are read before the grid dependency wait, x' (the prep's output) after it (pdl.py's contract).
 
     KSPLIT > 1 (grid axis 2): program (slot, n, z) runs the z-th of KSPLIT equal ranges of K's chunks
     (KSPLIT divides them: checked by the launcher), writes its g / u row sums to ws [T·k, KSPLIT, 2, N],
@@ -331,11 +341,11 @@ def moe_decode_gate_up_kernel(xp_ptr, xf_ptr, idx_ptr, rw_ptr, w1_ptr, s1_ptr, w
     fa = xf_ptr + tok * (K // 32)
     if KSPLIT == 1:
         g, u = fp4_gemv(w1_ptr + wo, s1_ptr + so, w3_ptr + wo, s3_ptr + so, xa, fa, xa, fa, pid_n * BN, K, N, BN,
-                        BKB, True, True)
+                        BKB, True, True, 0, 0, PDL)
     else:
         NCHP: tl.constexpr = (K // 32 + BKB - 1) // BKB // KSPLIT
         gp, up = fp4_gemv(w1_ptr + wo, s1_ptr + so, w3_ptr + wo, s3_ptr + so, xa, fa, xa, fa, pid_n * BN, K, N, BN,
-                          BKB, True, True, tl.program_id(2) * NCHP, NCHP)
+                          BKB, True, True, tl.program_id(2) * NCHP, NCHP, PDL)
         rows = pid_n * BN + tl.arange(0, BN)
         wsp = ws_ptr + (slot * KSPLIT + tl.program_id(2)) * (2 * N) + rows
         tl.store(wsp, gp, mask=rows < N)
@@ -370,8 +380,12 @@ def swiglu_store(g, u, limit, rw_ptr, hp_ptr, hf_ptr, slot, pid_n, N: tl.constex
 def moe_decode_down_kernel(hp_ptr, hf_ptr, idx_ptr, w2_ptr, s2_ptr, shared_ptr, y_ptr, ws_ptr, cnt_ptr,
                            K: tl.constexpr, N: tl.constexpr, TOPK: tl.constexpr, BN: tl.constexpr,
                            BKB: tl.constexpr, SPLIT: tl.constexpr,
-                           PARTIAL: tl.constexpr, OUT: tl.constexpr, HAS_SHARED: tl.constexpr):
+                           PARTIAL: tl.constexpr, OUT: tl.constexpr, HAS_SHARED: tl.constexpr,
+                           PDL: tl.constexpr = False):
     """y[t, rows] = Σ_j round(h'_{t,j}·w2[e_j]ᵀ) in slot order (+ shared[t, rows]), fp32 sums -> y's dtype.
+
+    PDL: the expert ids (three launches back) and the first w2 chunks are read before the grid
+    dependency wait, h' (the gate/up kernel's output) after it.
 
     SPLIT = 1: the program runs the k slots itself. SPLIT > 1: program (t, n, p) runs slots
     p·k/SPLIT.., writes their rounded partials to ws [T·k, N], and the last of the SPLIT programs of
@@ -388,7 +402,7 @@ def moe_decode_down_kernel(hp_ptr, hf_ptr, idx_ptr, w2_ptr, s2_ptr, shared_ptr, 
         xa = hp_ptr + slot * K
         fa = hf_ptr + slot * (K // 32)
         part, _ = fp4_gemv(w2_ptr + e * N * (K // 8), s2_ptr + e * N * (K // 32), w2_ptr, s2_ptr, xa, fa, xa, fa,
-                           pid_n * BN, K, N, BN, BKB, False, True)
+                           pid_n * BN, K, N, BN, BKB, False, True, 0, 0, PDL)
         if SPLIT == 1:
             y += round_to(part, PARTIAL)
         else:
@@ -547,23 +561,24 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     xp = torch.empty(T, D, dtype=torch.float32, device=dev)
     xf = torch.empty(T, D // 32, dtype=torch.float32, device=dev)
     cnt = torch.empty(T * max(ncnt + ngcnt, 1), dtype=torch.int32, device=dev)
+    pdl = pdl_for(dev) if tt.get("pdl") is None else bool(tt["pdl"])
     moe_decode_prep_kernel[(T, triton.cdiv(D // 32, tt["prep"]))](
         x.contiguous(), xp, xf, cnt, K=D, BKB=tt["prep"], ACT_QUANT=act_quant, NCNT=ncnt,
         NCNT_P=triton.next_power_of_2(max(ncnt, 1)), NGCNT=ngcnt, NGCNT_P=triton.next_power_of_2(max(ngcnt, 1)),
-        num_warps=4)
+        PDL=pdl, num_warps=4, **launch_kw(pdl))
     hp = torch.empty(T * k, I, dtype=torch.float32, device=dev)
     hf = torch.empty(T * k, I // 32, dtype=torch.float32, device=dev)
     gws = torch.empty(T * k * ksplit * 2, I, dtype=torch.float32, device=dev) if ksplit > 1 else hp
     moe_decode_gate_up_kernel[(T * k, gu_tiles, ksplit)](
         xp, xf, idx, rw, _as_words(w1, "w1"), _u8(s1), _as_words(w3, "w3"), _u8(s3), hp, hf, float(limit),
         gws, cnt[T * ncnt:], K=D, N=I, TOPK=k, BN=gu["BN"], BKB=gu["BKB"], INTER=ROUND[inter_dtype],
-        H_QUANT=act_quant, KSPLIT=ksplit, num_warps=gu["num_warps"], num_stages=1)
+        H_QUANT=act_quant, KSPLIT=ksplit, PDL=pdl, num_warps=gu["num_warps"], num_stages=1, **launch_kw(pdl))
     sh = shared.contiguous() if shared is not None else y
     ws = torch.empty(T * k, D, dtype=torch.float32, device=dev) if split > 1 else y
     moe_decode_down_kernel[(T, n_tiles, split)](
         hp, hf, idx, _as_words(w2, "w2"), _u8(s2), sh, y, ws, cnt, K=I, N=D, TOPK=k, BN=dn["BN"],
         BKB=dn["BKB"], SPLIT=split, PARTIAL=ROUND[partial_dtype], OUT=ROUND[out_dtype],
-        HAS_SHARED=shared is not None, num_warps=dn["num_warps"], num_stages=1)
+        HAS_SHARED=shared is not None, PDL=pdl, num_warps=dn["num_warps"], num_stages=1, **launch_kw(pdl))
     return y
 
 
@@ -583,7 +598,7 @@ def _prep_variants(target: str) -> list:
     out = []
     for aq in (False, True):
         ce = {"K": HIDDEN, "BKB": t["prep"], "ACT_QUANT": aq, "NCNT": ncnt, "NCNT_P": triton.next_power_of_2(ncnt),
-              "NGCNT": 0, "NGCNT_P": 1}
+              "NGCNT": 0, "NGCNT_P": 1, "PDL": False}
         out.append(aot_spec(moe_decode_prep_kernel, "aq" if aq else "plain",
                             {"x_ptr": "*bf16", "xp_ptr": "*fp32", "f_ptr": "*fp32", "cnt_ptr": "*i32"}, ce, 4, 1,
                             {"act": "bf16", **ce}))
@@ -604,7 +619,7 @@ def _gate_up_variants(target: str) -> list:
             ce = {"K": HIDDEN, "N": MOE_INTER, "TOPK": k, "BN": g["BN"], "BKB": g["BKB"],
                   # KSPLIT 1 ahead of time: a K split needs a prep variant that also zeroes this router's
                   # k·I/BN gate/up counters per token (NGCNT), and the prep variants are not keyed by router yet.
-                  "INTER": ROUND[torch.bfloat16], "H_QUANT": hq, "KSPLIT": 1}
+                  "INTER": ROUND[torch.bfloat16], "H_QUANT": hq, "KSPLIT": 1, "PDL": False}
             out.append(aot_spec(moe_decode_gate_up_kernel, f"{name}_k{k}" + ("_aq" if hq else ""), types, ce,
                                 g["num_warps"], 1, {"router": name, "E": E, **ce}))
     return out
@@ -623,7 +638,8 @@ def _down_variants(target: str) -> list:
                      "shared_ptr": "*bf16", "y_ptr": out_t, "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
             ce = {"K": MOE_INTER, "N": HIDDEN, "TOPK": k, "BN": d["BN"], "BKB": d["BKB"],
                   "SPLIT": k, "PARTIAL": ROUND[torch.bfloat16], "OUT": ROUND[torch.float32 if out_t == "*fp32" else
-                                                                             torch.bfloat16], "HAS_SHARED": has_sh}
+                                                                             torch.bfloat16], "HAS_SHARED": has_sh,
+                  "PDL": False}
             out.append(aot_spec(moe_decode_down_kernel, f"{name}_k{k}_{mode}", types, ce, d["num_warps"], 1,
                                 {"router": name, "E": E, "mode": mode, **ce}))
     return out
@@ -632,15 +648,15 @@ def _down_variants(target: str) -> list:
 register(KernelTemplate(
     name="moe_decode_prep", module=__name__,
     summary="decode MoE: x (optionally FP8 fake-quantized) -> per-32 prescaled fp32 in nibble-major order",
-    keys=("act", "K", "BKB", "ACT_QUANT", "NCNT", "NCNT_P", "NGCNT", "NGCNT_P"), reference=moe_experts_decode_reference,
+    keys=("act", "K", "BKB", "ACT_QUANT", "NCNT", "NCNT_P", "NGCNT", "NGCNT_P", "PDL"), reference=moe_experts_decode_reference,
     launch=moe_experts_decode, specializations=_prep_variants))
 register(KernelTemplate(
     name="moe_decode_gate_up_fp4", module=__name__,
     summary="decode MoE: per-slot MXFP4 w1/w3 GEMVs (no dispatch) + clamped SwiGLU × routing weight",
-    keys=("router", "E", "K", "N", "TOPK", "BN", "BKB", "INTER", "H_QUANT", "KSPLIT"),
+    keys=("router", "E", "K", "N", "TOPK", "BN", "BKB", "INTER", "H_QUANT", "KSPLIT", "PDL"),
     reference=moe_experts_decode_reference, launch=moe_experts_decode, specializations=_gate_up_variants))
 register(KernelTemplate(
     name="moe_decode_down_fp4", module=__name__,
     summary="decode MoE: per-token MXFP4 w2 GEMVs over the k slots, rounded partials summed in slot order",
-    keys=("router", "E", "mode", "K", "N", "TOPK", "BN", "BKB", "SPLIT", "PARTIAL", "OUT", "HAS_SHARED"),
+    keys=("router", "E", "mode", "K", "N", "TOPK", "BN", "BKB", "SPLIT", "PARTIAL", "OUT", "HAS_SHARED", "PDL"),
     reference=moe_experts_decode_reference, launch=moe_experts_decode, specializations=_down_variants))
