@@ -227,17 +227,19 @@ def case_indexer(ceil, quick):
 
         def score_sweep(S=S):
             # block_q 1 = heads kernel (default up to ix.HEADS_KERNEL_MAX_S queries), 16 = queries as MMA rows
-            cfgs = ([dict(block_q=1, block_t=128, num_warps=8, programs=p) for p in (66, 132, 264)]
-                    + [dict(block_q=1, block_t=64, num_warps=4),
-                       dict(block_q=1, block_t=128, num_warps=8, num_stages=1)]) if S == 1 else \
+            cfgs = ([dict(block_q=1, block_t=128, num_warps=8, programs=p) for p in (132, 264)]
+                    + [dict(block_q=1, block_t=128, num_warps=4, programs=p) for p in (264, 396)]
+                    + [dict(block_q=1, block_t=256, num_warps=8)]
+                    + [dict(block_q=1, block_t=128, num_warps=8, num_stages=st) for st in (1, 3)]) if S == 1 else \
                 [dict(block_q=1, block_t=128, num_warps=8), dict(block_q=16, block_t=256)]
             b, sweep = st["b"], []
             for cfg in cfgs:
                 try:
                     g = lambda cfg=cfg: ix.index_scores(qp, qe, wq, kp, ke, nvis, **cfg)  # noqa: E731
                     bad = int((g()[0].view(torch.int32) != b.view(torch.int32)).sum())
-                    sweep.append(dict(cfg, score_bit_mismatches=bad, ms=ms(g, rep=30),
-                                      graph_ms=ms_graph(g, rep=30) if S == 1 else None))
+                    gt = ms_graph(g, rep=30) if S == 1 else None
+                    sweep.append(dict(cfg, score_bit_mismatches=bad, ms=ms(g, rep=30), graph_ms=gt,
+                                      graph_cold_ms=getattr(gt, "cold", None)))
                 except Exception as ex:  # noqa: BLE001 - one config failing must not hide the others
                     sweep.append(dict(cfg, error=repr(ex)[:300]))
             times = [x.get("graph_ms") or x.get("ms") for x in sweep]

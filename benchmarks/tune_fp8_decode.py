@@ -2,9 +2,9 @@
 
 For the dense linears whose decode time matters (wo_b 5120×8192, engram wkv 25600×6144, wq_a
 1280×5120, shared w2 5120×2304, the shared expert's gated w1/w3 2304×5120): the default path (one
-token: `fp8_gemv_kernel`; 8 tokens: the tensor-core kernel, split-K folded), the same with the L2
-prefetch of the weight rows, the old MMA + reduce launch as the control, and at 8 tokens both weight
-decoders forced (`decode_w` 0 / 1, a few tiles); for each the relative error against x·dequant(W)ᵀ on fresh random data, the graph-replay median, and the time
+token: `fp8_gemv_kernel`; 8 tokens: the tensor-core kernel, split-K folded), the old MMA + reduce
+launch as the control, at one token the gemv's k-loop pipelines and K splits, at 8 tokens both weight
+decoders forced (`decode_w` 0 / 1); for each the relative error against x·dequant(W)ᵀ on fresh random data, the graph-replay median, and the time
 over the bytes floor (weights + activations over the copy bandwidth measured here). The best per
 shape is printed last; `_tiles`/`_gemv_tiles` in codegen/triton/fp8_gemm.py take it by hand.
 
@@ -37,21 +37,28 @@ SHAPES = [("wo_b", 5120, 8192, 1, False), ("wo_b", 5120, 8192, 8, False), ("wq_a
           ("engram_wkv", 25600, 6144, 8, False)]
 # Third run (results/tune_fp8_prefetch.json): the L2 prefetch of the weight rows (l2_prefetch.py) off / 64 KB a
 # program ("budget"; that file's `default_pf64k` rows, when it was the default) / twice that / the whole split:
-# slower under the L2-cold replay everywhere, so it is off. This (fourth) run: the bf16x2 word decoder
-# (`decode_w=1`) now that the kernel gathers x's columns itself (no permutation launch), at M = 8, against the
-# per-element decoder, with the default and a larger tile; one budget-prefetch row per shape stays as the check.
+# slower under the L2-cold replay everywhere, so it is off; the bf16x2 word decoder won at engram wkv only.
+# This (fourth) run: the one-token gemv's k-loop pipeline (PIPE = the tile's num_stages: 0 by hand with two
+# register buffers, 1 none (the earlier kernel), 2..4 Triton's cp.async stages) and its K split around the
+# launcher's rule; at 8 tokens the default (per-element decoder, or the word decoder for engram wkv) against
+# the other decoder.
 
 
 def _variants(N, K, M, gated):
     """(label, _gemm keyword arguments) to time for one shape."""
-    out = [("mma_reduce", {"path": "mma", "fold": False}), ("default", {}), ("default_pf_budget", {"prefetch": "budget"})]
-    if M > 1:
+    out = [("mma_reduce", {"path": "mma", "fold": False}), ("default", {})]
+    if M == 1:
+        t = fg._gemv_tiles(N, K, gated)
+        if t:
+            BN, BK, SK, nw, _ = t
+            for pipe in (0, 1, 2, 4):
+                out.append((f"gemv_pipe{pipe}", {"path": "gemv", "tiles": (BN, BK, SK, nw, pipe)}))
+            steps = K // BK
+            for sk in sorted({d for d in (SK // 2, SK * 2) if d >= 1 and steps % d == 0}):
+                out.append((f"gemv_pipe3_sk{sk}", {"path": "gemv", "tiles": (BN, BK, sk, nw, 3)}))
+    else:
         out.append(("mma_f32", {"decode_w": 0}))
         out.append(("mma_bits", {"decode_w": 1}))
-        for BN, BK, nw, ns in ((128, 128, 4, 4), (64, 128, 4, 6)):
-            if K % BK == 0 and not (gated and BN > 64):
-                sk = fg._split_k(M, N, K, BN, BK)
-                out.append((f"mma_bits_bn{BN}_s{ns}", {"decode_w": 1, "tiles": (16, BN, BK, 1, sk, nw, ns)}))
     return out
 
 

@@ -31,8 +31,12 @@ DOT_F32 (operands upcast to fp32 before tl.dot) and every rounding step is integ
 Decode shapes: one token (M = 1) runs `fp8_gemv_kernel` on the CUDA cores (no tensor-core
 padding to 16 rows; the block scale multiplies the activation, not each weight element: 3.5 SASS
 instructions per weight element vs 6.3 in the MMA loop). M <= 16 otherwise runs the tensor-core
-kernel with the per-element decoder DECODE_W 0; the word decoder DECODE_W 1 (below) is selectable
-(`DECODE_W_CUDA`, `_gemm(decode_w=)`) but timed slower on the H200.
+kernel with the per-element decoder DECODE_W 0, except the largest linear (engram wkv, from
+DECODE_W_MIN_WEIGHTS elements), where the word decoder DECODE_W 1 (below) is faster on the H200;
+`_gemm(decode_w=)` forces either. All decode grids on sm90+ are launched with programmatic
+dependent launch (pdl.py): the weight tile's address math overlaps the previous kernel, x and every
+store wait for it. An L2 bulk prefetch of the weight rows (l2_prefetch.py) is selectable, measured
+slower, off.
 
 Weight decoders of the tensor-core kernel (`DECODE_W`):
   0: E4M3 bytes -> fp32 per element (`e4m3_to_f32`), × the expanded fp32 block scale, -> bf16; natural
@@ -41,8 +45,9 @@ Weight decoders of the tensor-core kernel (`DECODE_W`):
      byte position P in {0, 1} one shift/mask pair turns byte 2h+P of BOTH 16-bit halves h into bf16
      bits, so the 32-bit result already is a bf16x2 operand register; it is scaled by `fma.rn.bf16x2`
      (inline PTX) and used by the dot without a cast. The columns come out in k_order_w(BK), so the
-     ACTIVATION columns are permuted to match (the x tile is loaded with its columns gathered in
-     k_order_w(BK) by the kernel itself; `permute_k_w` is the host-side equivalent, for tests), not the weights.
+     ACTIVATION columns are permuted to match (`permute_k_w`, once per call on the host), not the weights.
+     (Gathering x's columns inside the kernel instead was measured much slower: engram wkv at 8 tokens
+     106 vs 63 µs, tune_fp8_decode.json.)
 
 Bit algebra (DECODE_W 1): for a byte c = s·128 + e4·8 + m (E4M3 fn: sign, 4 exponent bits bias 7, 3
 mantissa bits), the bf16 with bits (s << 15) | (e4 << 7) | (m << 4) = (s << 15) | ((c & 0x7F) << 4) is
@@ -77,8 +82,8 @@ program of each tile to arrive
 
 Specialization keys: N, K (constexpr: the real linears of the published config, so the
 ahead-of-time build knows every stride and vectorizes), mode (prefill / decode / gemv), BM, BN, BK,
-GROUP_M, SPLIT_K, FOLD, NATIVE_FP8 (sm90/sm100/gfx950 have an FP8 cvt), GATED, DECODE_W (1: the bf16x2
-word decoder; the kernel loads x's columns in k_order_w(BK)), PTX (inline PTX allowed: CUDA).
+GROUP_M, SPLIT_K, FOLD, NATIVE_FP8 (sm90/sm100/gfx950 have an FP8 cvt), GATED, DECODE_W (1: the caller
+passes x with each BK block of columns in k_order_w(BK)), PTX (inline PTX allowed: CUDA).
 
 Measured (H200, triton 3.6, `benchmarks/tune_fp8_decode.py` -> results/tune_fp8_decode_gemv.json,
 CUDA-graph replay with the weights L2-warm): prefill 53–57% of the bf16 matmul rate (the E4M3 decode
@@ -95,10 +100,13 @@ on Hopper); UE8M0 byte 0 (2^-127) decodes to 2^-127 only through the subnormal c
 tokens the DECODE_W 0 loop spends 6.3 SASS instructions per weight element (sm90, triton 3.6, BN 64,
 BK 128, 4 warps); DECODE_W 1 brings the one-multiply loop to 4.3 (the decode itself ~2.1: prmt, shl,
 and per pair, one HMUL2 per pair), the rest is per-k-step wgmma/descriptor/pipeline overhead that a
-larger BN amortizes (BN 128: 3.6). Yet on the H200 (`tune_fp8_decode.json`, graph replay) DECODE_W 1
-is slower at every tile tried: wo_b M=8 28.4 vs 21.4 µs, wq_a M=8 13.0 vs 7.4 µs — it costs one
-host-side permutation launch over x per call plus a scale scan before the loop, so it is not the
-default (DECODE_W_CUDA = 0); fusing the permutation into the producer of x is what would let it pay.
+larger BN amortizes (BN 128: 3.6). Yet on the H200 (L2-cold graph replay, tune_fp8_prefetch.json)
+DECODE_W 1 is slower on every decode linear but the largest: wo_b M=8 31.3 vs 25.2 µs, wq_a 18.3 vs
+9.0 µs, while engram wkv (157 M weights) takes 63.4 vs 73.5 µs — it costs one host-side permutation
+launch over x per call plus a scale scan before the loop, which only a long decode amortizes, so it
+is the default from DECODE_W_MIN_WEIGHTS on. Gathering x's columns in the kernel's own x load instead
+of the permutation launch was slower still (engram 106 µs, wo_b 32.6 µs: tune_fp8_decode.json);
+fusing the permutation into the producer of x is what would let it pay everywhere.
 Its PTX path is exact (the `gpu` tests: all 256 codes × 24 scales, real widths vs float64). The split-K arrival counters are shared module state (see arrival.py).
 """
 from __future__ import annotations
@@ -408,7 +416,7 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     FOLD the last of the SPLIT_K programs of a tile (arrival counter cnt[pid]) sums them in split
     order and runs the epilogue, otherwise `splitk_reduce_kernel` does in a second launch.
     DECODE_W 1: the weight tile is decoded from 32-bit words by bf16x2 bit assembly (`e4m3_words_to_bf16`,
-    inline PTX if PTX); the x tile is loaded with its columns in k_order_w(BK) to match (K % BK == 0)."""
+    inline PTX if PTX) and x's columns must come in k_order_w(BK) per BK block (K % BK == 0)."""
     tl.static_assert(DECODE_W == 0 or (K % BK == 0 and BK % 32 == 0), "DECODE_W 1 needs K % BK == 0, BK % 32 == 0")
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -498,13 +506,6 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, split
     w3_words = w3_ptr.to(tl.pointer_type(tl.uint32)) + rn.to(tl.int64)[:, None] * KW
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     acc3 = tl.zeros((BN, BM), dtype=tl.float32)
-    if DECODE_W:
-        # x's columns in the decoded tile's order k_order_w(BK) (logical j = (P, s, q, h) -> original
-        # k = 4(q·BK/16 + s) + 2h + P), gathered by the x load itself: no permuted copy of x, no extra launch
-        jj = tl.arange(0, BK)
-        kx = 4 * (((jj // 2) % 4) * (BK // 16) + (jj // 8) % (BK // 16)) + 2 * (jj % 2) + jj // (BK // 2)
-    else:
-        kx = tl.arange(0, BK)
     for k0 in range(split * K_SPLIT, split * K_SPLIT + K_SPLIT, BK):
         rk = k0 + tl.arange(0, BK)
         if K % BK == 0:
@@ -513,7 +514,7 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, split
         else:
             xm = m_ok[:, None] & (rk[None, :] < K)
             wm = n_ok[:, None] & (rk[None, :] < K)
-        xt = tl.load(x_ptr + x_rows + (k0 + kx)[None, :], mask=xm, other=0.0)
+        xt = tl.load(x_ptr + x_rows + rk[None, :], mask=xm, other=0.0)
         if DOT_F32:
             xt = xt.to(tl.float32)
         else:
@@ -561,7 +562,7 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, split
 def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_ptr, limit,
                     N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
                     GATED: tl.constexpr, NATIVE_FP8: tl.constexpr, PDL: tl.constexpr = False,
-                    PREFETCH: tl.constexpr = 0):
+                    PREFETCH: tl.constexpr = 0, PIPE: tl.constexpr = 3):
     """One token (M = 1): y = x·Wᵀ on the CUDA cores, no tensor-core padding to 16 rows.
 
     PREFETCH (sm90+, bytes per row, 0 = off): the first PREFETCH bytes of each of the program's weight rows
@@ -572,7 +573,8 @@ def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     32 columns) multiplies the ACTIVATION (BN/32 · BK products per step) instead of every weight
     element: w·(x·s) equals (w·s)·x exactly in fp32 (s is a power of two). Per weight element that
     leaves the E4M3 -> fp32 cvt and one FMA; the fp32 partial products stay elementwise in
-    registers ([BN, BK] accumulator) and are reduced along K once, after the loop. K is split over
+    registers ([BN, BK] accumulator) and are reduced along K once, after the loop. The k steps are
+    software-pipelined by hand, two steps of weights in flight. K is split over
     program_id(1); the last arriving split (cnt[pid_n]) sums the partials in split order and runs
     the epilogue (`_fold_splits`), so one launch does the whole linear. Needs K % BK == 0 and
     BN % 32 == 0 (checked by the launcher)."""
@@ -589,26 +591,46 @@ def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     prefetch_rows_l2(w_ptr + rows_pf, PREFETCH, PREFETCH > 0)
     if GATED:
         prefetch_rows_l2(w3_ptr + rows_pf, PREFETCH, PREFETCH > 0)
-    grid_wait(PDL)
-    grid_release(PDL)
     kk = tl.arange(0, BK)
-    sk = tl.arange(0, BK // 32)
-    w_rows = rn3.to(tl.int64) * K
+    w_rows = rn3.to(tl.int64) * K + kk[None, None, :]
+    s_rows = g[:, None] * KS + tl.arange(0, BK // 32)[None, :]  # [RG, BK/32]
+    g_ok = g[:, None] < (N + 31) // 32
     acc = tl.zeros((RG, 32, BK), dtype=tl.float32)
     acc3 = tl.zeros((RG, 32, BK), dtype=tl.float32)
-    for k0 in range(split * K_SPLIT, split * K_SPLIT + K_SPLIT, BK):
-        x = tl.load(x_ptr + k0 + kk).to(tl.float32)
-        s_off = g[:, None] * KS + k0 // 32 + sk[None, :]  # [RG, BK/32]
-        g_ok = g[:, None] < (N + 31) // 32
-        xs = tl.reshape(tl.broadcast_to(tl.reshape(x, (1, BK // 32, 32)), (RG, BK // 32, 32)) *
-                        e8m0_to_f32(tl.load(ws_ptr + s_off, mask=g_ok, other=127))[:, :, None], (RG, 1, BK))
-        w = e4m3_to_f32(tl.load(w_ptr + w_rows + k0 + kk[None, None, :], mask=n_ok3, other=0), NATIVE_FP8)
-        acc += w * xs
-        if GATED:
-            xs3 = tl.reshape(tl.broadcast_to(tl.reshape(x, (1, BK // 32, 32)), (RG, BK // 32, 32)) *
-                             e8m0_to_f32(tl.load(ws3_ptr + s_off, mask=g_ok, other=127))[:, :, None], (RG, 1, BK))
-            w3 = e4m3_to_f32(tl.load(w3_ptr + w_rows + k0 + kk[None, None, :], mask=n_ok3, other=0), NATIVE_FP8)
-            acc3 += w3 * xs3
+    # The k loop's loads must be pipelined (without it every step waits one full memory round trip;
+    # Triton pipelines loads that feed no tl.dot only when the loop asks, tl.range(num_stages)).
+    # PIPE >= 1: Triton's pipeline, PIPE stages of cp.async into shared memory (1: none).
+    # PIPE 0: by hand, two register buffers A (even steps) and B (odd), each refilled two steps ahead
+    # right after its FMAs (refills past the end reload the last step: cache hits); the weights and
+    # scales of the first two steps are requested before the grid dependency wait (PDL).
+    NST: tl.constexpr = K_SPLIT // BK
+    k_lo = split * K_SPLIT
+    if PIPE == 0:
+        wa, sa, wa3, sa3 = _gemv_load_w(w_ptr, ws_ptr, w3_ptr, ws3_ptr, w_rows, s_rows, n_ok3, g_ok, k_lo, GATED)
+        kb = k_lo + tl.minimum(1, NST - 1) * BK
+        wb, sb, wb3, sb3 = _gemv_load_w(w_ptr, ws_ptr, w3_ptr, ws3_ptr, w_rows, s_rows, n_ok3, g_ok, kb, GATED)
+        grid_wait(PDL)
+        grid_release(PDL)
+        xa = tl.load(x_ptr + k_lo + kk).to(tl.float32)
+        xb = tl.load(x_ptr + kb + kk).to(tl.float32)
+        for i in range(0, NST - 1, 2):
+            acc, acc3 = _gemv_step(acc, acc3, wa, sa, wa3, sa3, xa, RG, BK, GATED, NATIVE_FP8)
+            kn = k_lo + tl.minimum(i + 2, NST - 1) * BK
+            wa, sa, wa3, sa3 = _gemv_load_w(w_ptr, ws_ptr, w3_ptr, ws3_ptr, w_rows, s_rows, n_ok3, g_ok, kn, GATED)
+            xa = tl.load(x_ptr + kn + kk).to(tl.float32)
+            acc, acc3 = _gemv_step(acc, acc3, wb, sb, wb3, sb3, xb, RG, BK, GATED, NATIVE_FP8)
+            kn = k_lo + tl.minimum(i + 3, NST - 1) * BK
+            wb, sb, wb3, sb3 = _gemv_load_w(w_ptr, ws_ptr, w3_ptr, ws3_ptr, w_rows, s_rows, n_ok3, g_ok, kn, GATED)
+            xb = tl.load(x_ptr + kn + kk).to(tl.float32)
+        if NST % 2 == 1:
+            acc, acc3 = _gemv_step(acc, acc3, wa, sa, wa3, sa3, xa, RG, BK, GATED, NATIVE_FP8)
+    else:
+        grid_wait(PDL)
+        grid_release(PDL)
+        for k0 in tl.range(k_lo, k_lo + K_SPLIT, BK, num_stages=PIPE):
+            w, sc, w3, sc3 = _gemv_load_w(w_ptr, ws_ptr, w3_ptr, ws3_ptr, w_rows, s_rows, n_ok3, g_ok, k0, GATED)
+            acc, acc3 = _gemv_step(acc, acc3, w, sc, w3, sc3, tl.load(x_ptr + k0 + kk).to(tl.float32), RG, BK, GATED,
+                                   NATIVE_FP8)
     rn = pid_n * BN + tl.arange(0, BN)
     n_ok = rn < N
     y1 = tl.reshape(tl.sum(acc, axis=2), (BN,))
@@ -624,6 +646,29 @@ def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
         if arrive_last(cnt_ptr + pid_n, SPLIT_K):
             _fold_splits(part_ptr, y_ptr, tl.arange(0, 1), rn, 1, limit, N, SPLIT_K, GATED)
             reset_counter(cnt_ptr + pid_n)
+
+
+@triton.jit
+def _gemv_load_w(w_ptr, ws_ptr, w3_ptr, ws3_ptr, w_rows, s_rows, n_ok3, g_ok, k0, GATED: tl.constexpr):
+    """One gemv step's weight tile(s) [RG, 32, BK] (E4M3 bytes) and scale bytes [RG, BK/32] at column k0."""
+    w = tl.load(w_ptr + w_rows + k0, mask=n_ok3, other=0)
+    sc = tl.load(ws_ptr + s_rows + k0 // 32, mask=g_ok, other=127)
+    if GATED:
+        return w, sc, tl.load(w3_ptr + w_rows + k0, mask=n_ok3, other=0), tl.load(ws3_ptr + s_rows + k0 // 32,
+                                                                                 mask=g_ok, other=127)
+    else:
+        return w, sc, w, sc
+
+
+@triton.jit
+def _gemv_step(acc, acc3, w, sc, w3, sc3, x, RG: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr,
+               NATIVE_FP8: tl.constexpr):
+    """acc [RG, 32, BK] += E4M3(w) · (x · 2^scale): the scale multiplies x (RG·BK products), not each weight."""
+    xg = tl.broadcast_to(tl.reshape(x, (1, BK // 32, 32)), (RG, BK // 32, 32))
+    acc += e4m3_to_f32(w, NATIVE_FP8) * tl.reshape(xg * e8m0_to_f32(sc)[:, :, None], (RG, 1, BK))
+    if GATED:
+        acc3 += e4m3_to_f32(w3, NATIVE_FP8) * tl.reshape(xg * e8m0_to_f32(sc3)[:, :, None], (RG, 1, BK))
+    return acc, acc3
 
 
 @triton.jit
@@ -715,10 +760,14 @@ DECODE_BK = 128  # decode (M <= 16) k tile
 GEMV_MAX_M = 1  # tokens that take the CUDA-core path (fp8_gemv_kernel)
 GEMV_BK = 128  # its k tile
 FOLD_SPLIT_K = True  # split-K epilogue by the last-arriving program (one launch) rather than a reduce kernel
-# weight decoder of the M <= 16 tensor-core path on CUDA (0: per element via fp32; 1: bf16x2 words). 0: on the
-# H200 the words decoder timed slower despite fewer instructions (wo_b M=8 28.4 vs 21.4 µs, wq_a 13.0 vs 7.4 µs:
-# the host-side permutation of x is one more launch, and the scale scan adds latency), tune_fp8_decode.json.
-DECODE_W_CUDA = 0
+# weight decoder of the M <= 16 tensor-core path on CUDA (0: per element via fp32; 1: bf16x2 words). H200,
+# L2-cold graph replay (tune_fp8_prefetch.json / tune_fp8_decode.json): the words decoder wins only where the
+# decode's issue time dominates, the largest linear: engram wkv (25600×6144) at 8 tokens 63.4 vs 73.5 µs; it
+# loses on the others (wo_b 31.3 vs 25.2, wq_a 18.3 vs 9.0, shared w2 18.6 vs 10.9, shared w13 29.8 vs 20.0 µs:
+# the host-side permutation of x is one more launch, and the scale scan adds a round trip). So it is the
+# default from DECODE_W_MIN_WEIGHTS weight elements on (engram wkv; mtp_main_proj, 79 M, stays per element).
+DECODE_W_CUDA = 1
+DECODE_W_MIN_WEIGHTS = 100_000_000
 
 
 def pair_order(BK: int) -> torch.Tensor:
@@ -760,10 +809,12 @@ def ptx_for(device) -> bool:
     return not interpreting() and device.type == "cuda" and torch.version.hip is None
 
 
-def _decode_w(decode_w, M: int, K: int, BK: int, device) -> int:
-    """The mma path's weight decoder: explicit 0/1, or None = DECODE_W_CUDA for M <= 16 on CUDA where K tiles."""
+def _decode_w(decode_w, M: int, N: int, K: int, BK: int, device) -> int:
+    """The mma path's weight decoder: explicit 0/1, or None = DECODE_W_CUDA for M <= 16 on CUDA where K tiles
+    and the weight has at least DECODE_W_MIN_WEIGHTS elements."""
     if decode_w is None:
-        return DECODE_W_CUDA if ptx_for(device) and M <= 16 and K % BK == 0 and BK % 32 == 0 else 0
+        return DECODE_W_CUDA if (ptx_for(device) and M <= 16 and K % BK == 0 and BK % 32 == 0
+                                 and N * K >= DECODE_W_MIN_WEIGHTS) else 0
     if decode_w not in (0, 1):
         raise ValueError(f"decode_w: 0 or 1, got {decode_w!r}")
     if decode_w and (K % BK or BK % 32):
@@ -813,6 +864,7 @@ def act_quant_fp8(x: torch.Tensor) -> torch.Tensor:
 
 def _gemv_tiles(N: int, K: int, gated: bool = False):
     """(BN, BK, SPLIT_K, num_warps, num_stages) of the one-token CUDA-core path, or None if K does not tile.
+    num_stages is the k loop's pipeline (the kernel's PIPE: 0 by hand, n >= 1 Triton's n-stage cp.async).
     The [BN, BK] fp32 accumulator(s) live in registers: 64×128 (one) or 32×128 (gated: two) keep a
     thread at ~125 registers without spills under triton 3.6 (sm90 SASS)."""
     BN, BK = (32, 64) if interpreting() else ((32 if gated else 64), GEMV_BK)
@@ -845,8 +897,8 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
     (gemv for M <= GEMV_MAX_M when K tiles). fold: split-K epilogue inside the GEMM launch
     (last-arriver) instead of a second launch; default on. tiles overrides the path's tile tuple
     (sweeps): mma (BM, BN, BK, GROUP_M, SPLIT_K, num_warps, num_stages), gemv (BN, BK, SPLIT_K,
-    num_warps, num_stages). decode_w: the mma path's weight decoder, 0 or 1 (DECODE_W; with 1 the kernel
-    gathers x's columns in k_order_w(BK)); None: `_decode_w`'s default. pdl / prefetch: programmatic
+    num_warps, num_stages). decode_w: the mma path's weight decoder, 0 or 1 (DECODE_W; 1 permutes x's
+    columns to k_order_w(BK) here, once per call); None: `_decode_w`'s default. pdl / prefetch: programmatic
     dependent launch (pdl.py) and the L2 prefetch of the weight rows (l2_prefetch.py); None: on for decode
     shapes on sm90+ CUDA devices; prefetch off unless asked for (`_prefetch_row_bytes`)."""
     K = x.shape[-1]
@@ -883,15 +935,17 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
         pf = _prefetch_row_bytes(prefetch, x.device, wu, w3u, K // SK, BN * (1 + gated))
         fp8_gemv_kernel[grid](x2, wu, su, w3u, s3u, y, part, cnt, float(limit),
                               N=N, K=K, BN=BN, BK=BK, SPLIT_K=SK, GATED=gated,
-                              NATIVE_FP8=native_fp8_for(x.device), PDL=pdl, PREFETCH=pf,
-                              num_warps=nw, num_stages=ns, **launch_kw(pdl))
+                              NATIVE_FP8=native_fp8_for(x.device), PDL=pdl, PREFETCH=pf, PIPE=ns,
+                              num_warps=nw, num_stages=max(ns, 1), **launch_kw(pdl))
         return y.reshape(*x.shape[:-1], N)
     fold = FOLD_SPLIT_K if fold is None else fold
     BM, BN, BK, GM, SK, nw, ns = tiles or _tiles(M, N, K)
     if SK > 1 and K % (BK * SK):
         raise ValueError(f"{name}: SPLIT_K={SK} needs K={K} divisible by BK·SPLIT_K (BK={BK}): each split must be "
                          "whole k tiles")
-    dw = _decode_w(decode_w, M, K, BK, x.device)
+    dw = _decode_w(decode_w, M, N, K, BK, x.device)
+    if dw:
+        x2 = permute_k_w(x2, BK)
     part = y if SK == 1 else torch.empty((SK, M, (2 if gated else 1) * N), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN), SK)
     cnt = counters(x.device, grid[0]) if fold and SK > 1 else y  # prefill grids never touch (or grow) them
@@ -949,8 +1003,9 @@ def _gemm_variants(target: str, gated: bool) -> list:
                 BM, BN, BK, GM, SK, nw, ns = 64, 128, 64, 8, 1, 4, 2
             if gated and mode == "prefill":
                 BN = 64  # two accumulators
-            # DECODE_W 1 (the decode mode on CUDA, if DECODE_W_CUDA): the kernel gathers x in k_order_w(BK)
-            dw = DECODE_W_CUDA if mode == "decode" and tr["kind"] == "cuda" and K % BK == 0 else 0
+            # DECODE_W 1 (the decode mode on CUDA for the largest linears): the caller permutes x to k_order_w(BK)
+            dw = DECODE_W_CUDA if (mode == "decode" and tr["kind"] == "cuda" and K % BK == 0
+                                   and N * K >= DECODE_W_MIN_WEIGHTS) else 0
             ce = {"N": N, "K": K, "BM": BM, "BN": BN, "BK": BK, "GROUP_M": GM, "SPLIT_K": SK, "GATED": gated,
                   "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "FOLD": SK > 1, "DECODE_W": dw,
                   "PTX": tr["kind"] == "cuda", "PDL": False, "PREFETCH": 0}
@@ -960,7 +1015,7 @@ def _gemm_variants(target: str, gated: bool) -> list:
             BN = 32 if gated else 64
             SK = _split_k(1, N, K, BN, GEMV_BK)
             ce = {"N": N, "K": K, "BN": BN, "BK": GEMV_BK, "SPLIT_K": SK, "GATED": gated,
-                  "NATIVE_FP8": tr["native_fp8"], "PDL": False, "PREFETCH": 0}
+                  "NATIVE_FP8": tr["native_fp8"], "PDL": False, "PREFETCH": 0, "PIPE": 3}
             types = {k: v for k, v in _gemm_types("*bf16").items() if k != "M"}
             out.append(aot_spec(fp8_gemv_kernel, f"{name}_gemv", types, ce, 4, 3,
                                 {"linear": name, "mode": "gemv", "act": "bf16", **ce}))
@@ -982,14 +1037,14 @@ register(KernelTemplate(
     name="fp8_gemm", module=__name__,
     summary="x · dequant(E4M3 W, UE8M0 32×32)ᵀ, fp32 accumulate (dense linears)",
     keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "SPLIT_K", "NATIVE_FP8", "GATED",
-          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH"),
+          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE"),
     reference=fp8_gemm_reference, launch=fp8_gemm,
     specializations=lambda t: _gemm_variants(t, False)))
 register(KernelTemplate(
     name="fp8_gemm_swiglu", module=__name__,
     summary="shared expert gate/up: silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L), FP8 weights",
     keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "SPLIT_K", "NATIVE_FP8", "GATED",
-          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH"),
+          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE"),
     reference=fp8_gemm_swiglu_reference, launch=fp8_gemm_swiglu,
     specializations=lambda t: _gemm_variants(t, True)))
 register(KernelTemplate(
