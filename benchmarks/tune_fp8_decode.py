@@ -38,10 +38,10 @@ SHAPES = [("wo_b", 5120, 8192, 1, False), ("wo_b", 5120, 8192, 8, False), ("wq_a
 # Third run (results/tune_fp8_prefetch.json): the L2 prefetch of the weight rows (l2_prefetch.py) off / 64 KB a
 # program ("budget"; that file's `default_pf64k` rows, when it was the default) / twice that / the whole split:
 # slower under the L2-cold replay everywhere, so it is off; the bf16x2 word decoder won at engram wkv only.
-# This (fourth) run: the one-token gemv's k-loop pipeline (PIPE = the tile's num_stages: 0 by hand with two
-# register buffers, 1 none (the earlier kernel), 2..4 Triton's cp.async stages) and its K split around the
-# launcher's rule; at 8 tokens the default (per-element decoder, or the word decoder for engram wkv) against
-# the other decoder.
+# This (fourth) run: the one-token gemv's k-loop pipeline (PIPE = the tile's num_stages: 1 none, the default;
+# 2..4 Triton's cp.async stages) and its K split around the launcher's rule; at 8 tokens the default
+# (per-element decoder, or the word decoder for engram wkv) against the other decoder. TUNE_M=1 limits the
+# run to the one-token shapes.
 
 
 def _variants(N, K, M, gated):
@@ -51,11 +51,12 @@ def _variants(N, K, M, gated):
         t = fg._gemv_tiles(N, K, gated)
         if t:
             BN, BK, SK, nw, _ = t
-            for pipe in (0, 1, 2, 4):
+            for pipe in (2, 3, 4):
                 out.append((f"gemv_pipe{pipe}", {"path": "gemv", "tiles": (BN, BK, SK, nw, pipe)}))
             steps = K // BK
             for sk in sorted({d for d in (SK // 2, SK * 2) if d >= 1 and steps % d == 0}):
-                out.append((f"gemv_pipe3_sk{sk}", {"path": "gemv", "tiles": (BN, BK, sk, nw, 3)}))
+                for pipe in (1, 3):
+                    out.append((f"gemv_pipe{pipe}_sk{sk}", {"path": "gemv", "tiles": (BN, BK, sk, nw, pipe)}))
     else:
         out.append(("mma_f32", {"decode_w": 0}))
         out.append(("mma_bits", {"decode_w": 1}))
@@ -69,7 +70,11 @@ def main(argv=None):
     torch.manual_seed(0)
     ceil = measure_ceilings()
     doc = {**env_info(), "ceilings": ceil, "rows": []}
+    only_m = int(os.environ.get("TUNE_M", "0"))
     for name, N, K, M, gated in SHAPES:
+        if only_m and M != only_m:
+            continue
+
         def wq(N=N, K=K):
             w = torch.randint(-126, 127, (N, K), device=DEV, dtype=torch.int8).view(torch.uint8)
             w = torch.where((w & 0x7F) == 0x7F, w ^ 1, w).view(torch.float8_e4m3fn)

@@ -562,7 +562,7 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, split
 def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_ptr, limit,
                     N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
                     GATED: tl.constexpr, NATIVE_FP8: tl.constexpr, PDL: tl.constexpr = False,
-                    PREFETCH: tl.constexpr = 0, PIPE: tl.constexpr = 3):
+                    PREFETCH: tl.constexpr = 0, PIPE: tl.constexpr = 1):
     """One token (M = 1): y = x·Wᵀ on the CUDA cores, no tensor-core padding to 16 rows.
 
     PREFETCH (sm90+, bytes per row, 0 = off): the first PREFETCH bytes of each of the program's weight rows
@@ -573,8 +573,8 @@ def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     32 columns) multiplies the ACTIVATION (BN/32 · BK products per step) instead of every weight
     element: w·(x·s) equals (w·s)·x exactly in fp32 (s is a power of two). Per weight element that
     leaves the E4M3 -> fp32 cvt and one FMA; the fp32 partial products stay elementwise in
-    registers ([BN, BK] accumulator) and are reduced along K once, after the loop. The k steps are
-    software-pipelined by hand, two steps of weights in flight. K is split over
+    registers ([BN, BK] accumulator) and are reduced along K once, after the loop. PIPE >= 2 asks
+    Triton to pipeline the k loop's loads (cp.async, PIPE stages). K is split over
     program_id(1); the last arriving split (cnt[pid_n]) sums the partials in split order and runs
     the epilogue (`_fold_splits`), so one launch does the whole linear. Needs K % BK == 0 and
     BN % 32 == 0 (checked by the launcher)."""
@@ -591,46 +591,28 @@ def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     prefetch_rows_l2(w_ptr + rows_pf, PREFETCH, PREFETCH > 0)
     if GATED:
         prefetch_rows_l2(w3_ptr + rows_pf, PREFETCH, PREFETCH > 0)
+    grid_wait(PDL)
+    grid_release(PDL)
     kk = tl.arange(0, BK)
-    w_rows = rn3.to(tl.int64) * K + kk[None, None, :]
-    s_rows = g[:, None] * KS + tl.arange(0, BK // 32)[None, :]  # [RG, BK/32]
-    g_ok = g[:, None] < (N + 31) // 32
+    sk = tl.arange(0, BK // 32)
+    w_rows = rn3.to(tl.int64) * K
     acc = tl.zeros((RG, 32, BK), dtype=tl.float32)
     acc3 = tl.zeros((RG, 32, BK), dtype=tl.float32)
-    # The k loop's loads must be pipelined (without it every step waits one full memory round trip;
-    # Triton pipelines loads that feed no tl.dot only when the loop asks, tl.range(num_stages)).
-    # PIPE >= 1: Triton's pipeline, PIPE stages of cp.async into shared memory (1: none).
-    # PIPE 0: by hand, two register buffers A (even steps) and B (odd), each refilled two steps ahead
-    # right after its FMAs (refills past the end reload the last step: cache hits); the weights and
-    # scales of the first two steps are requested before the grid dependency wait (PDL).
-    NST: tl.constexpr = K_SPLIT // BK
-    k_lo = split * K_SPLIT
-    if PIPE == 0:
-        wa, sa, wa3, sa3 = _gemv_load_w(w_ptr, ws_ptr, w3_ptr, ws3_ptr, w_rows, s_rows, n_ok3, g_ok, k_lo, GATED)
-        kb = k_lo + tl.minimum(1, NST - 1) * BK
-        wb, sb, wb3, sb3 = _gemv_load_w(w_ptr, ws_ptr, w3_ptr, ws3_ptr, w_rows, s_rows, n_ok3, g_ok, kb, GATED)
-        grid_wait(PDL)
-        grid_release(PDL)
-        xa = tl.load(x_ptr + k_lo + kk).to(tl.float32)
-        xb = tl.load(x_ptr + kb + kk).to(tl.float32)
-        for i in range(0, NST - 1, 2):
-            acc, acc3 = _gemv_step(acc, acc3, wa, sa, wa3, sa3, xa, RG, BK, GATED, NATIVE_FP8)
-            kn = k_lo + tl.minimum(i + 2, NST - 1) * BK
-            wa, sa, wa3, sa3 = _gemv_load_w(w_ptr, ws_ptr, w3_ptr, ws3_ptr, w_rows, s_rows, n_ok3, g_ok, kn, GATED)
-            xa = tl.load(x_ptr + kn + kk).to(tl.float32)
-            acc, acc3 = _gemv_step(acc, acc3, wb, sb, wb3, sb3, xb, RG, BK, GATED, NATIVE_FP8)
-            kn = k_lo + tl.minimum(i + 3, NST - 1) * BK
-            wb, sb, wb3, sb3 = _gemv_load_w(w_ptr, ws_ptr, w3_ptr, ws3_ptr, w_rows, s_rows, n_ok3, g_ok, kn, GATED)
-            xb = tl.load(x_ptr + kn + kk).to(tl.float32)
-        if NST % 2 == 1:
-            acc, acc3 = _gemv_step(acc, acc3, wa, sa, wa3, sa3, xa, RG, BK, GATED, NATIVE_FP8)
-    else:
-        grid_wait(PDL)
-        grid_release(PDL)
-        for k0 in tl.range(k_lo, k_lo + K_SPLIT, BK, num_stages=PIPE):
-            w, sc, w3, sc3 = _gemv_load_w(w_ptr, ws_ptr, w3_ptr, ws3_ptr, w_rows, s_rows, n_ok3, g_ok, k0, GATED)
-            acc, acc3 = _gemv_step(acc, acc3, w, sc, w3, sc3, tl.load(x_ptr + k0 + kk).to(tl.float32), RG, BK, GATED,
-                                   NATIVE_FP8)
+    # The k loop's loads are pipelined by Triton (PIPE stages of cp.async into shared memory; it pipelines
+    # loads that feed no tl.dot only when the loop asks). PIPE 1: none, every step waits one memory round trip.
+    for k0 in tl.range(split * K_SPLIT, split * K_SPLIT + K_SPLIT, BK, num_stages=PIPE):
+        x = tl.load(x_ptr + k0 + kk).to(tl.float32)
+        s_off = g[:, None] * KS + k0 // 32 + sk[None, :]  # [RG, BK/32]
+        g_ok = g[:, None] < (N + 31) // 32
+        xs = tl.reshape(tl.broadcast_to(tl.reshape(x, (1, BK // 32, 32)), (RG, BK // 32, 32)) *
+                        e8m0_to_f32(tl.load(ws_ptr + s_off, mask=g_ok, other=127))[:, :, None], (RG, 1, BK))
+        w = e4m3_to_f32(tl.load(w_ptr + w_rows + k0 + kk[None, None, :], mask=n_ok3, other=0), NATIVE_FP8)
+        acc += w * xs
+        if GATED:
+            xs3 = tl.reshape(tl.broadcast_to(tl.reshape(x, (1, BK // 32, 32)), (RG, BK // 32, 32)) *
+                             e8m0_to_f32(tl.load(ws3_ptr + s_off, mask=g_ok, other=127))[:, :, None], (RG, 1, BK))
+            w3 = e4m3_to_f32(tl.load(w3_ptr + w_rows + k0 + kk[None, None, :], mask=n_ok3, other=0), NATIVE_FP8)
+            acc3 += w3 * xs3
     rn = pid_n * BN + tl.arange(0, BN)
     n_ok = rn < N
     y1 = tl.reshape(tl.sum(acc, axis=2), (BN,))
@@ -646,29 +628,6 @@ def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
         if arrive_last(cnt_ptr + pid_n, SPLIT_K):
             _fold_splits(part_ptr, y_ptr, tl.arange(0, 1), rn, 1, limit, N, SPLIT_K, GATED)
             reset_counter(cnt_ptr + pid_n)
-
-
-@triton.jit
-def _gemv_load_w(w_ptr, ws_ptr, w3_ptr, ws3_ptr, w_rows, s_rows, n_ok3, g_ok, k0, GATED: tl.constexpr):
-    """One gemv step's weight tile(s) [RG, 32, BK] (E4M3 bytes) and scale bytes [RG, BK/32] at column k0."""
-    w = tl.load(w_ptr + w_rows + k0, mask=n_ok3, other=0)
-    sc = tl.load(ws_ptr + s_rows + k0 // 32, mask=g_ok, other=127)
-    if GATED:
-        return w, sc, tl.load(w3_ptr + w_rows + k0, mask=n_ok3, other=0), tl.load(ws3_ptr + s_rows + k0 // 32,
-                                                                                 mask=g_ok, other=127)
-    else:
-        return w, sc, w, sc
-
-
-@triton.jit
-def _gemv_step(acc, acc3, w, sc, w3, sc3, x, RG: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr,
-               NATIVE_FP8: tl.constexpr):
-    """acc [RG, 32, BK] += E4M3(w) · (x · 2^scale): the scale multiplies x (RG·BK products), not each weight."""
-    xg = tl.broadcast_to(tl.reshape(x, (1, BK // 32, 32)), (RG, BK // 32, 32))
-    acc += e4m3_to_f32(w, NATIVE_FP8) * tl.reshape(xg * e8m0_to_f32(sc)[:, :, None], (RG, 1, BK))
-    if GATED:
-        acc3 += e4m3_to_f32(w3, NATIVE_FP8) * tl.reshape(xg * e8m0_to_f32(sc3)[:, :, None], (RG, 1, BK))
-    return acc, acc3
 
 
 @triton.jit
@@ -759,6 +718,7 @@ N_SMS_HINT = 132  # split-K aims for >= 2 programs per SM of an H100/H200-class 
 DECODE_BK = 128  # decode (M <= 16) k tile
 GEMV_MAX_M = 1  # tokens that take the CUDA-core path (fp8_gemv_kernel)
 GEMV_BK = 128  # its k tile
+GEMV_PIPE = 1  # its k loop's pipeline stages (fp8_gemv_kernel's PIPE)
 FOLD_SPLIT_K = True  # split-K epilogue by the last-arriving program (one launch) rather than a reduce kernel
 # weight decoder of the M <= 16 tensor-core path on CUDA (0: per element via fp32; 1: bf16x2 words). H200,
 # L2-cold graph replay (tune_fp8_prefetch.json / tune_fp8_decode.json): the words decoder wins only where the
@@ -864,13 +824,14 @@ def act_quant_fp8(x: torch.Tensor) -> torch.Tensor:
 
 def _gemv_tiles(N: int, K: int, gated: bool = False):
     """(BN, BK, SPLIT_K, num_warps, num_stages) of the one-token CUDA-core path, or None if K does not tile.
-    num_stages is the k loop's pipeline (the kernel's PIPE: 0 by hand, n >= 1 Triton's n-stage cp.async).
+    num_stages is the k loop's pipeline (the kernel's PIPE: 1 none, n >= 2 Triton's n-stage cp.async; 1 until
+    the H200 sweep in benchmarks/tune_fp8_decode.py says otherwise).
     The [BN, BK] fp32 accumulator(s) live in registers: 64×128 (one) or 32×128 (gated: two) keep a
     thread at ~125 registers without spills under triton 3.6 (sm90 SASS)."""
     BN, BK = (32, 64) if interpreting() else ((32 if gated else 64), GEMV_BK)
     if K % BK:
         return None
-    return BN, BK, (2 if interpreting() and K % (2 * BK) == 0 else _split_k(1, N, K, BN, BK)), 4, 3
+    return BN, BK, (2 if interpreting() and K % (2 * BK) == 0 else _split_k(1, N, K, BN, BK)), 4, GEMV_PIPE
 
 
 # L2 prefetch of the weight rows (l2_prefetch.py): OFF by default. On the H200 (tune_fp8_decode.json, this
@@ -936,7 +897,7 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
         fp8_gemv_kernel[grid](x2, wu, su, w3u, s3u, y, part, cnt, float(limit),
                               N=N, K=K, BN=BN, BK=BK, SPLIT_K=SK, GATED=gated,
                               NATIVE_FP8=native_fp8_for(x.device), PDL=pdl, PREFETCH=pf, PIPE=ns,
-                              num_warps=nw, num_stages=max(ns, 1), **launch_kw(pdl))
+                              num_warps=nw, num_stages=ns, **launch_kw(pdl))
         return y.reshape(*x.shape[:-1], N)
     fold = FOLD_SPLIT_K if fold is None else fold
     BM, BN, BK, GM, SK, nw, ns = tiles or _tiles(M, N, K)
@@ -1015,7 +976,7 @@ def _gemm_variants(target: str, gated: bool) -> list:
             BN = 32 if gated else 64
             SK = _split_k(1, N, K, BN, GEMV_BK)
             ce = {"N": N, "K": K, "BN": BN, "BK": GEMV_BK, "SPLIT_K": SK, "GATED": gated,
-                  "NATIVE_FP8": tr["native_fp8"], "PDL": False, "PREFETCH": 0, "PIPE": 3}
+                  "NATIVE_FP8": tr["native_fp8"], "PDL": False, "PREFETCH": 0, "PIPE": GEMV_PIPE}
             types = {k: v for k, v in _gemm_types("*bf16").items() if k != "M"}
             out.append(aot_spec(fp8_gemv_kernel, f"{name}_gemv", types, ce, 4, 3,
                                 {"linear": name, "mode": "gemv", "act": "bf16", **ce}))

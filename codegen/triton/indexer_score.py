@@ -41,21 +41,23 @@ Two kernels, one contract:
   block (the head falls back for the block if any of its 16 rows fails).
 - `_index_score_heads_kernel` (decode, block_q = 1): one query's 32 heads are the MMA columns of
   K[BT,128]·Q^T[128,32] -> [BT, 32] (no padding of one query to 16 MMA rows). A program decodes
-  and stages its query once, then walks key tiles pid, pid + P, ... (P = SMs / S programs per query;
+  and stages its query once, then walks key tiles pid, pid + P, ... (P = 2·SMs / S programs per query;
   tile loads are software-pipelined); the ordered head sum runs in registers (`_sum_cols`: repeated
   halving with tl.split gathers each key's 32 heads in one thread, then 32 adds in order h = 0..31).
   Per-head fallbacks are per query; tiles past the visible ones are written -inf without decoding.
 
 Specialization keys: H (32), CI (128), BQ (16, prefill kernel), BT (key tile), CB (candidate
 block 8), USE_CAND, WRITE_BMAX, COUNT. Variants: prefill (BQ 16, BT 128, 4 warps) and decode (heads
-kernel, BT 128, 8 warps), each as Reindex (USE_CAND), candidate source (WRITE_BMAX) and plain.
+kernel, BT 128, 4 warps), each as Reindex (USE_CAND), candidate source (WRITE_BMAX) and plain.
 `index_scores` takes the heads kernel up to HEADS_KERNEL_MAX_S queries (it decodes the keys once
 per query, so it is a decode kernel).
 
 Measured (H200, torch 2.11 / triton 3.6, benchmarks/results/kernels_attention.json, 2026-11-29):
-32 queries × 131,072 keys 0.257 ms (59× the eager reference; was 0.435 ms), one query 28 µs under
-graph replay (the heads kernel; was ~200 µs), 0 score bits different from the float32 reference
-in every configuration swept, with both fallbacks exercised.
+32 queries × 131,072 keys 0.257 ms (59× the eager reference; was 0.435 ms), 0 score bits different
+from the float32 reference in every configuration swept, with both fallbacks exercised. One query
+(the heads kernel), typical keys (no fallback): 16.0 µs warm / 21.2 µs L2-cold under graph replay at
+one 8-warp program per SM, 14.6 / 16.6 µs at two 4-warp programs per SM (the default since); with one
+adversarial query head, every tile takes the block path: 28.0 / 32.9 µs.
 
 Known gaps: exactness needs exponents with eq_min+ek_min >= 107 (no fp32 underflow of the
 products) -- the quantizer's scale floor keeps realistic data far inside; UE8M0 byte 0 is not
@@ -342,6 +344,11 @@ def candidate_mask(blocks: torch.Tensor, n_blocks: int) -> torch.Tensor:
 # Queries up to this count take the heads kernel (block_q 1; it decodes the keys once per query);
 # the H200 sweep in benchmarks/kernels_attention.py times both kernels at 1 and 32 queries.
 HEADS_KERNEL_MAX_S = 4
+# The heads kernel's launch: 4 warps and two programs per SM (190 registers a thread: two CTAs fit). H200, one
+# query × 131,072 keys, L2-cold graph replay (kernels_attention.json sweep): 16.6 µs, against 21.2 µs for one
+# 8-warp program per SM (the earlier default), 18.1 µs with 256-key tiles, 20.0 µs at three programs per SM.
+HEADS_WARPS = 4
+HEADS_PROGRAMS_PER_SM = 2
 
 
 def _word_aligned(codes: torch.Tensor) -> torch.Tensor:
@@ -365,7 +372,7 @@ def index_scores(q_codes, q_exps, wq, k_codes, k_exps, nvis, *, cand_mask=None, 
     q_exps [S, H, CI/32] uint8, wq [S, H] fp32 (already times d^-0.5), k_codes [T, CI/2],
     k_exps [T, CI/32], nvis [S] int32, cand_mask [S, ceil(T/cand_block)] uint8 or None.
     block_q: 1 (heads kernel), 16 (queries-as-rows kernel) or None (by S: `score_block_q`).
-    programs: heads kernel only, programs per query (default: one per SM over all queries).
+    programs: heads kernel only, programs per query (default: HEADS_PROGRAMS_PER_SM per SM over all queries).
     counters: int32 [2] accumulating (per-head fallbacks, whole-tile fallbacks) or None."""
     S, H, IH = q_codes.shape
     CI = IH * 2
@@ -385,8 +392,9 @@ def index_scores(q_codes, q_exps, wq, k_codes, k_exps, nvis, *, cand_mask=None, 
                  COUNT=counters is not None, enable_fp_fusion=False)
     if score_block_q(S, block_q) == 1:
         n_tiles = triton.cdiv(T, block_t)
-        P = min(n_tiles, programs or max(1, sm_count(dev) // S))
-        _index_score_heads_kernel[(P, S)](*args, num_warps=num_warps or 8, num_stages=num_stages or 2, **flags)
+        P = min(n_tiles, programs or max(1, HEADS_PROGRAMS_PER_SM * sm_count(dev) // S))
+        _index_score_heads_kernel[(P, S)](*args, num_warps=num_warps or HEADS_WARPS, num_stages=num_stages or 2,
+                                          **flags)
     else:  # Triton's default 3 stages, as measured on the H200
         _index_score_kernel[(triton.cdiv(T, block_t), triton.cdiv(S, 16))](*args, BQ=16, num_warps=num_warps or 4,
                                                                           num_stages=num_stages or 3, **flags)
@@ -476,7 +484,7 @@ def score_specs(target):
              "NBLK": "i32"}
     out = []
     for phase, kernel, rows, bt, nw in (("prefill", _index_score_kernel, {"BQ": 16}, 128, 4),
-                                        ("decode", _index_score_heads_kernel, {}, 128, 8)):
+                                        ("decode", _index_score_heads_kernel, {}, 128, HEADS_WARPS)):
         for flavour, use_cand, bmax in (("source", False, True), ("reindex", True, False), ("plain", False, False)):
             const = dict({"H": c.index_n_heads, "CI": c.index_head_dim, "BT": bt, "CB": c.candidate_block_size,
                           "USE_CAND": use_cand, "WRITE_BMAX": bmax, "COUNT": True}, **rows)
