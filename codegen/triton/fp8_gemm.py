@@ -47,7 +47,7 @@ Weight decoders of the tensor-core kernel (`DECODE_W`):
      (inline PTX) and used by the dot without a cast. The columns come out in k_order_w(BK), so the
      ACTIVATION columns are permuted to match (`permute_k_w`, once per call on the host), not the weights.
      (Gathering x's columns inside the kernel instead was measured much slower: engram wkv at 8 tokens
-     106 vs 63 µs, tune_fp8_decode.json.)
+     106 vs 63 µs, tune_fp8_xgather.json.)
 
 Bit algebra (DECODE_W 1): for a byte c = s·128 + e4·8 + m (E4M3 fn: sign, 4 exponent bits bias 7, 3
 mantissa bits), the bf16 with bits (s << 15) | (e4 << 7) | (m << 4) = (s << 15) | ((c & 0x7F) << 4) is
@@ -92,7 +92,12 @@ earlier MMA + reduce launch: wo_b 13.8 vs 20.2 µs (1.40× its bytes floor), wq_
 (2.56×), shared w2 4.9 vs 8.1 µs (1.75×), shared w1/w3 + SwiGLU 9.3 vs 15.6 µs (1.68×). Eight tokens
 (MMA, folded): wo_b 21 µs (2.1×), wq_a 7.2 µs (4.6×), shared w2 8.4 µs (3.0×), shared w13 15.6 µs
 (2.8×), engram wkv 73.5 µs (1.97×). With the L2 flushed before each replay (kernels_ffn.json):
-wo_b one token 18.6 µs (1.88×), wq_a 6.2 µs, shared w13 15.0 µs; wo_b eight tokens 25.0 µs.
+wo_b one token 18.7 µs (1.89×), wq_a 6.2 µs, shared w13 15.0 µs; wo_b eight tokens 25.3 µs; engram wkv
+at eight tokens, now with the word decoder, 63.5 µs (1.71×). The one-token gemv's k loop is not
+pipelined (PIPE 1): asking Triton for 2-4 cp.async stages made every linear slower (wo_b 18.5 ->
+28.6 µs cold, shared w13 14.9 -> 21.1 µs: tune_fp8_decode.json): the staging through shared memory
+adds ~1.5 instructions per weight element (228 -> 328 SASS per loop step) and each program already
+keeps its step's 8 KB in flight with ~2 programs per SM.
 
 Known gaps: no FP8×FP8 tensor-core path (wgmma e4m3 / MFMA fp8) — activations that are
 dynamically quantized still multiply in bf16 (same products, 2× the tensor-core time of FP8
@@ -105,7 +110,7 @@ DECODE_W 1 is slower on every decode linear but the largest: wo_b M=8 31.3 vs 25
 9.0 µs, while engram wkv (157 M weights) takes 63.4 vs 73.5 µs — it costs one host-side permutation
 launch over x per call plus a scale scan before the loop, which only a long decode amortizes, so it
 is the default from DECODE_W_MIN_WEIGHTS on. Gathering x's columns in the kernel's own x load instead
-of the permutation launch was slower still (engram 106 µs, wo_b 32.6 µs: tune_fp8_decode.json);
+of the permutation launch was slower still (engram 106 µs, wo_b 32.6 µs: tune_fp8_xgather.json);
 fusing the permutation into the producer of x is what would let it pay everywhere.
 Its PTX path is exact (the `gpu` tests: all 256 codes × 24 scales, real widths vs float64). The split-K arrival counters are shared module state (see arrival.py).
 """
@@ -721,7 +726,7 @@ GEMV_BK = 128  # its k tile
 GEMV_PIPE = 1  # its k loop's pipeline stages (fp8_gemv_kernel's PIPE)
 FOLD_SPLIT_K = True  # split-K epilogue by the last-arriving program (one launch) rather than a reduce kernel
 # weight decoder of the M <= 16 tensor-core path on CUDA (0: per element via fp32; 1: bf16x2 words). H200,
-# L2-cold graph replay (tune_fp8_prefetch.json / tune_fp8_decode.json): the words decoder wins only where the
+# L2-cold graph replay (tune_fp8_prefetch.json): the words decoder wins only where the
 # decode's issue time dominates, the largest linear: engram wkv (25600×6144) at 8 tokens 63.4 vs 73.5 µs; it
 # loses on the others (wo_b 31.3 vs 25.2, wq_a 18.3 vs 9.0, shared w2 18.6 vs 10.9, shared w13 29.8 vs 20.0 µs:
 # the host-side permutation of x is one more launch, and the scale scan adds a round trip). So it is the
@@ -834,9 +839,8 @@ def _gemv_tiles(N: int, K: int, gated: bool = False):
     return BN, BK, (2 if interpreting() and K % (2 * BK) == 0 else _split_k(1, N, K, BN, BK)), 4, GEMV_PIPE
 
 
-# L2 prefetch of the weight rows (l2_prefetch.py): OFF by default. On the H200 (tune_fp8_decode.json, this
-# session) it made every decode linear slower under the L2-cold replay (wo_b 1 token 18.6 -> 20.2 µs at 64 KB a
-# program, 22.2 µs for the whole split; shared w13 15.0 -> 18.4 µs; engram wkv 73.5 -> 75.9 / 99.3 µs): the
+# L2 prefetch of the weight rows (l2_prefetch.py): OFF by default. On the H200 (tune_fp8_prefetch.json) it made
+# every decode linear slower under the L2-cold replay (wo_b 1 token 18.6 -> 20.2 µs at 64 KB a program, 22.2 µs for the whole split; shared w13 15.0 -> 18.4 µs; engram wkv 73.5 -> 75.9 / 99.3 µs): the
 # loads the programs already keep in flight saturate HBM, and the bulk requests only compete with them.
 # `_gemm(prefetch=...)` keeps it selectable for other chips.
 PREFETCH_PROGRAM_BYTES = 64 * 1024  # the budget of one program when prefetch="budget"

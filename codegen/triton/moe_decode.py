@@ -68,7 +68,8 @@ constexpr); BN, BKB (powers of two), num_warps; SPLIT; KSPLIT (gate/up); ACT_QUA
 PARTIAL / OUT rounding (0 fp32, 1 bf16, 2 fp16); HAS_SHARED; NCNT / NGCNT (down / gate/up counters
 zeroed by the prep).
 
-Known gaps: three launches (prep, gate/up, down) and the split path's workspace round trip; the
+Known gaps: three launches (prep, gate/up, down; overlapped by PDL on sm90+, serialized elsewhere) and
+the split path's workspace round trip; the
 per-block scale factoring over/underflows where Σ_block x·value leaves fp32's range (|x| near 2^120)
 while the reference's per-product x·(value·scale) would not (and the reverse: where the reference's
 dequantized weight overflows, e = 254 with |value| >= 2, the kernel's product can still be finite);
@@ -107,6 +108,16 @@ the tile variants swept stay within 6% of the defaults, split 1 for the down GEM
 at T = 1. Before the rework (22 / 20 shared-memory conversions per loop under Triton 3.6): 0.127 ms
 at T = 1, 0.778 ms at T = 8. With the real router's routing (benchmarks/kernels_ffn.py), T = 8
 is 1.70x its floor (more unique experts) and T = 1 2.32x.
+
+Programmatic dependent launch (pdl.py; on by default on sm90+, `tiles["pdl"]` overrides): the prep
+waits for its predecessor and releases the gate/up kernel at once; the gate/up and down kernels read
+their expert ids and first two weight chunks before their grid waits (the ids come from before the
+prep: two and three launches back), x' / h' after. Same bits as serialized launches (the `gpu` test
+replays a graph whose ids and x are rewritten by the kernels just before the chain). H200, rotating
+graph (results/tune_moe_decode_pdl.json): T = 1 58.6 -> 54.5 µs (2.21x -> 2.05x), T = 8 348 ->
+338 µs; with the real router's routing, L2-cold (kernels_ffn.json) T = 1 56.6 -> 53.9 µs (2.03x).
+An L2 bulk prefetch of each program's weight slab, tried with it, cost 20 µs at T = 1
+(results/tune_moe_decode_prefetch.json) and was removed.
 """
 from __future__ import annotations
 
@@ -509,7 +520,8 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     A drop-in for `moe.moe_experts` (same arguments; out_dtype fp32, shared None) and for
     `moe_combine(moe_down(moe_gate_up(...)), k, shared, x.dtype)` in `moe.moe_forward` (shared [T, D],
     out_dtype=x.dtype). Correct for any T·k; the fast path for T·k <= MAX_SLOTS. No host sync.
-    `tiles`: a `decode_tiles` dict (tuning)."""
+    `tiles`: a `decode_tiles` dict (tuning); its optional "pdl" key forces programmatic dependent launch
+    on or off (default: `pdl.pdl_for(x.device)`)."""
     if compute_dtype != torch.float32:
         raise ValueError("moe_experts_decode: the kernels accumulate in float32 only")
     if x.dim() != 2:
