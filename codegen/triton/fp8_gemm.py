@@ -603,8 +603,9 @@ def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     w_rows = rn3.to(tl.int64) * K
     acc = tl.zeros((RG, 32, BK), dtype=tl.float32)
     acc3 = tl.zeros((RG, 32, BK), dtype=tl.float32)
-    # The k loop's loads are pipelined by Triton (PIPE stages of cp.async into shared memory; it pipelines
-    # loads that feed no tl.dot only when the loop asks). PIPE 1: none, every step waits one memory round trip.
+    # PIPE >= 2 asks Triton to pipeline the k loop's loads (PIPE stages of cp.async into shared memory; it
+    # pipelines loads that feed no tl.dot only when the loop asks). The default, 1, does not: measured faster
+    # (GEMV_PIPE).
     for k0 in tl.range(split * K_SPLIT, split * K_SPLIT + K_SPLIT, BK, num_stages=PIPE):
         x = tl.load(x_ptr + k0 + kk).to(tl.float32)
         s_off = g[:, None] * KS + k0 // 32 + sk[None, :]  # [RG, BK/32]
@@ -723,7 +724,7 @@ N_SMS_HINT = 132  # split-K aims for >= 2 programs per SM of an H100/H200-class 
 DECODE_BK = 128  # decode (M <= 16) k tile
 GEMV_MAX_M = 1  # tokens that take the CUDA-core path (fp8_gemv_kernel)
 GEMV_BK = 128  # its k tile
-GEMV_PIPE = 1  # its k loop's pipeline stages (fp8_gemv_kernel's PIPE)
+GEMV_PIPE = 1  # its k loop's pipeline stages (the kernel's PIPE); 2-4 were slower on the H200 (tune_fp8_decode.json)
 FOLD_SPLIT_K = True  # split-K epilogue by the last-arriving program (one launch) rather than a reduce kernel
 # weight decoder of the M <= 16 tensor-core path on CUDA (0: per element via fp32; 1: bf16x2 words). H200,
 # L2-cold graph replay (tune_fp8_prefetch.json): the words decoder wins only where the
@@ -829,8 +830,7 @@ def act_quant_fp8(x: torch.Tensor) -> torch.Tensor:
 
 def _gemv_tiles(N: int, K: int, gated: bool = False):
     """(BN, BK, SPLIT_K, num_warps, num_stages) of the one-token CUDA-core path, or None if K does not tile.
-    num_stages is the k loop's pipeline (the kernel's PIPE: 1 none, n >= 2 Triton's n-stage cp.async; 1 until
-    the H200 sweep in benchmarks/tune_fp8_decode.py says otherwise).
+    num_stages is the k loop's pipeline (the kernel's PIPE: 1 none, n >= 2 Triton's n-stage cp.async).
     The [BN, BK] fp32 accumulator(s) live in registers: 64×128 (one) or 32×128 (gated: two) keep a
     thread at ~125 registers without spills under triton 3.6 (sm90 SASS)."""
     BN, BK = (32, 64) if interpreting() else ((32 if gated else 64), GEMV_BK)
@@ -840,7 +840,8 @@ def _gemv_tiles(N: int, K: int, gated: bool = False):
 
 
 # L2 prefetch of the weight rows (l2_prefetch.py): OFF by default. On the H200 (tune_fp8_prefetch.json) it made
-# every decode linear slower under the L2-cold replay (wo_b 1 token 18.6 -> 20.2 µs at 64 KB a program, 22.2 µs for the whole split; shared w13 15.0 -> 18.4 µs; engram wkv 73.5 -> 75.9 / 99.3 µs): the
+# every decode linear slower under the L2-cold replay (wo_b 1 token 18.6 -> 20.2 µs at 64 KB a program,
+# 22.2 µs for the whole split; shared w13 15.0 -> 18.4 µs; engram wkv 73.5 -> 75.9 / 99.3 µs): the
 # loads the programs already keep in flight saturate HBM, and the bulk requests only compete with them.
 # `_gemm(prefetch=...)` keeps it selectable for other chips.
 PREFETCH_PROGRAM_BYTES = 64 * 1024  # the budget of one program when prefetch="budget"

@@ -660,7 +660,8 @@ def _down_variants(target: str) -> list:
 register(KernelTemplate(
     name="moe_decode_prep", module=__name__,
     summary="decode MoE: x (optionally FP8 fake-quantized) -> per-32 prescaled fp32 in nibble-major order",
-    keys=("act", "K", "BKB", "ACT_QUANT", "NCNT", "NCNT_P", "NGCNT", "NGCNT_P", "PDL"), reference=moe_experts_decode_reference,
+    keys=("act", "K", "BKB", "ACT_QUANT", "NCNT", "NCNT_P", "NGCNT", "NGCNT_P", "PDL"),
+    reference=moe_experts_decode_reference,
     launch=moe_experts_decode, specializations=_prep_variants))
 register(KernelTemplate(
     name="moe_decode_gate_up_fp4", module=__name__,
