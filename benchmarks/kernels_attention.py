@@ -230,7 +230,7 @@ def case_indexer(ceil, quick):
             cfgs = ([dict(block_q=1, block_t=128, num_warps=8, programs=p) for p in (132, 264)]
                     + [dict(block_q=1, block_t=128, num_warps=4, programs=p) for p in (264, 396)]
                     + [dict(block_q=1, block_t=256, num_warps=8)]
-                    + [dict(block_q=1, block_t=128, num_warps=8, num_stages=st) for st in (1, 3)]) if S == 1 else \
+                    + [dict(block_q=1, block_t=128, num_warps=8, num_stages=ns) for ns in (1, 3)]) if S == 1 else \
                 [dict(block_q=1, block_t=128, num_warps=8), dict(block_q=16, block_t=256)]
             b, sweep = st["b"], []
             for cfg in cfgs:

@@ -2,7 +2,7 @@
 
 For T = 1 and 8 tokens at the published widths (hidden 5120, inter 2304, 384 experts top-6, MXFP4
 weights): the whole routed-expert step (prep + gate/up + down/combine) for a few gate/up tiles (down
-at its default) and a few down tiles and splits (gate/up at its default), plus act_quant at the
+at its default) and a second down tile (gate/up at its default), PDL off as a control, plus act_quant at the
 defaults. Each row: the error against `moe_experts_decode_reference` on the same inputs, the median of
 `triton.testing.do_bench` (L2 flushed, host launches included), of `do_bench_cudagraph` (graph replay of
 one step; the step's weights partly stay in the 50 MB L2 between replays) and `rot_ms`: one graph of

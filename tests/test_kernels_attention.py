@@ -342,6 +342,7 @@ def test_templates_registered_with_real_width_variants():
             for sp in specs:
                 assert list(sp.signature) == list(sp.kernel.arg_names)
                 assert all(sp.signature[k] == "constexpr" for k in sp.constexprs)
+                assert set(sp.constexprs) <= set(t.keys), (name, sorted(set(sp.constexprs) - set(t.keys)))
     attn = [s for s in reg["sparse_attention"].specializations("cuda:sm90") if "H" in s.constexprs]
     assert {s.constexprs["H"] for s in attn} == {64} and {s.constexprs["D"] for s in attn} == {512}
 

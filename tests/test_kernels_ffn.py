@@ -673,9 +673,10 @@ def test_gpu_fp8_decode_paths_under_graph_replay(M):
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 8])
 def test_gpu_fp8_prefetch_and_pdl_chain_keep_the_bits(M):
-    """The L2 prefetch of the weight rows (every budget) and programmatic dependent launch change no bit: a
-    chain shared-expert w1/w3 -> w2 -> wo_b-like GEMV in one CUDA graph, each reading its predecessor's
-    output (an early read before the grid wait would show), equals the serialized, prefetch-free chain."""
+    """The L2 prefetch of the weight rows (the per-program budget, the whole split, 256 bytes a row), the
+    gemv's Triton load pipeline (PIPE 3) and programmatic dependent launch change no bit: the shared expert's
+    w1/w3 -> w2 chain in one CUDA graph, each GEMM reading its predecessor's output (an early read before
+    the grid wait would show), equals the serialized, prefetch-free chain."""
     from dsv41c.codegen.triton.pdl import pdl_for
     g = gen(33)
     x = randn(g, M, 5120, dtype=torch.bfloat16)
@@ -687,8 +688,13 @@ def test_gpu_fp8_prefetch_and_pdl_chain_keep_the_bits(M):
         h = fg._gemm(xx, w1, s1, w3, s3, 10.0, False, None, "shared_w13", **kw)
         return fg._gemm(h, w2, s2, None, None, 0.0, False, None, "shared_w2", **kw)
     ref = chain(x, pdl=False, prefetch=0)
-    for pf in (None, True, 256):
+    for pf in ("budget", True, 256):
         assert torch.equal(chain(x, prefetch=pf), ref)
+    if M == 1:
+        h = fg._gemm(x, w1, s1, w3, s3, 10.0, False, None, "shared_w13", pdl=False)
+        t = fg._gemv_tiles(2304, 5120, True)
+        assert torch.equal(fg._gemm(x, w1, s1, w3, s3, 10.0, False, None, "shared_w13", path="gemv",
+                                    tiles=(*t[:4], 3)), h)
     if not pdl_for(x.device):
         return
     xs = x.clone()

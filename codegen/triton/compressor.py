@@ -722,5 +722,6 @@ def _specs(target):
 register(KernelTemplate(
     name="compressor", module=__name__,
     summary="wkv GEMM (+ ratio-2 gated pair pool) -> RMSNorm -> RoPE -> FP4/E4M3 cache append (+ fused indexer key)",
-    keys=("RATIO", "C", "ROPE", "BM", "BK", "FUSE_IDX", "CI"),
+    keys=("RATIO", "C", "ROPE", "BM", "BK", "FUSE_IDX", "CI", "BN", "BT", "FROM_PART", "GATE", "IBK", "IROPE", "K",
+          "KPS", "LAT_BF16", "NSPLIT", "NT", "UPCAST", "WRITE_LAT"),
     reference=compress_ref, launch=compress, specializations=_specs))

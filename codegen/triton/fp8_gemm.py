@@ -33,8 +33,8 @@ padding to 16 rows; the block scale multiplies the activation, not each weight e
 instructions per weight element vs 6.3 in the MMA loop). M <= 16 otherwise runs the tensor-core
 kernel with the per-element decoder DECODE_W 0, except the largest linear (engram wkv, from
 DECODE_W_MIN_WEIGHTS elements), where the word decoder DECODE_W 1 (below) is faster on the H200;
-`_gemm(decode_w=)` forces either. All decode grids on sm90+ are launched with programmatic
-dependent launch (pdl.py): the weight tile's address math overlaps the previous kernel, x and every
+`_gemm(decode_w=)` forces either. Decode grids on sm90+ (split-K folded into the launch) are
+launched with programmatic dependent launch (pdl.py): the weight tile's address math overlaps the previous kernel, x and every
 store wait for it. An L2 bulk prefetch of the weight rows (l2_prefetch.py) is selectable, measured
 slower, off.
 
@@ -83,7 +83,8 @@ program of each tile to arrive
 Specialization keys: N, K (constexpr: the real linears of the published config, so the
 ahead-of-time build knows every stride and vectorizes), mode (prefill / decode / gemv), BM, BN, BK,
 GROUP_M, SPLIT_K, FOLD, NATIVE_FP8 (sm90/sm100/gfx950 have an FP8 cvt), GATED, DECODE_W (1: the caller
-passes x with each BK block of columns in k_order_w(BK)), PTX (inline PTX allowed: CUDA).
+passes x with each BK block of columns in k_order_w(BK)), PTX (inline PTX allowed: CUDA), PDL, PREFETCH
+(bytes per weight row; 0 in every variant), PIPE (gemv: the k loop's pipeline stages).
 
 Measured (H200, triton 3.6, `benchmarks/tune_fp8_decode.py` -> results/tune_fp8_decode_gemv.json,
 CUDA-graph replay with the weights L2-warm): prefill 53–57% of the bf16 matmul rate (the E4M3 decode
@@ -897,7 +898,7 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
         part = torch.empty((SK, 1, (2 if gated else 1) * N), dtype=torch.float32, device=x.device) if SK > 1 else y
         grid = (triton.cdiv(N, BN), SK)
         cnt = counters(x.device, grid[0]) if SK > 1 else y  # no counters touched without a split
-        pdl = pdl_for(x.device) if pdl is None else pdl
+        pdl = pdl_for(x.device) and (pdl is None or bool(pdl))  # never where the device has no PDL
         pf = _prefetch_row_bytes(prefetch, x.device, wu, w3u, K // SK, BN * (1 + gated))
         fp8_gemv_kernel[grid](x2, wu, su, w3u, s3u, y, part, cnt, float(limit),
                               N=N, K=K, BN=BN, BK=BK, SPLIT_K=SK, GATED=gated,
@@ -918,7 +919,7 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
     # decode grids (M <= 16) only: PDL and the L2 prefetch of the weight rows (prefill tiles reuse W from the
     # L2 across M tiles anyway, and a separate reduce launch would have to honour PDL's contract too)
     dec = M <= 16 and (fold or SK == 1)
-    pdl = (pdl_for(x.device) and dec) if pdl is None else pdl
+    pdl = pdl_for(x.device) and dec and (pdl is None or bool(pdl))  # never where the device has no PDL
     pf = _prefetch_row_bytes(prefetch if dec else 0, x.device, wu, w3u, K // SK, BN * (1 + gated))
     fp8_gemm_kernel[grid](x2, wu, su, w3u, s3u, y, part, cnt, M,
                           float(limit), N=N, K=K, BM=BM, BN=BN, BK=BK, GROUP_M=GM,
@@ -983,7 +984,7 @@ def _gemm_variants(target: str, gated: bool) -> list:
             ce = {"N": N, "K": K, "BN": BN, "BK": GEMV_BK, "SPLIT_K": SK, "GATED": gated,
                   "NATIVE_FP8": tr["native_fp8"], "PDL": False, "PREFETCH": 0, "PIPE": GEMV_PIPE}
             types = {k: v for k, v in _gemm_types("*bf16").items() if k != "M"}
-            out.append(aot_spec(fp8_gemv_kernel, f"{name}_gemv", types, ce, 4, 3,
+            out.append(aot_spec(fp8_gemv_kernel, f"{name}_gemv", types, ce, 4, GEMV_PIPE,
                                 {"linear": name, "mode": "gemv", "act": "bf16", **ce}))
     return out
 

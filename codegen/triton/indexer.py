@@ -92,9 +92,9 @@ def indexer_topk_ref(q_codes, q_exps, w, k_codes, k_exps, qpos, *, ratio: int, t
 register(KernelTemplate(
     name="indexer_score", module=__name__,
     summary="exact INT8 FP4-indexer scores (+ candidate block max), per-head / whole-tile float fallback",
-    keys=("H", "CI", "BQ", "BT", "CB", "USE_CAND", "WRITE_BMAX"),
+    keys=("H", "CI", "BQ", "BT", "CB", "USE_CAND", "WRITE_BMAX", "COUNT", "enable_fp_fusion"),
     reference=indexer_topk_ref, launch=indexer_topk, specializations=score_specs))
 register(KernelTemplate(
     name="indexer_topk", module=__name__,
     summary="stable top-k (descending score, ascending index) by int64 key sort + merge",
-    keys=("K", "CHUNK", "USE_PIN"), reference=topk_select_ref, launch=topk_select, specializations=topk_specs))
+    keys=("K", "CHUNK", "USE_PIN", "CAP", "FINAL", "LEVEL", "NB", "R", "TB"), reference=topk_select_ref, launch=topk_select, specializations=topk_specs))

@@ -53,11 +53,11 @@ kernel, BT 128, 4 warps), each as Reindex (USE_CAND), candidate source (WRITE_BM
 per query, so it is a decode kernel).
 
 Measured (H200, torch 2.11 / triton 3.6, benchmarks/results/kernels_attention.json, 2026-11-29):
-32 queries × 131,072 keys 0.257 ms (59× the eager reference; was 0.435 ms), 0 score bits different
-from the float32 reference in every configuration swept, with both fallbacks exercised. One query
-(the heads kernel), typical keys (no fallback): 16.0 µs warm / 21.2 µs L2-cold under graph replay at
-one 8-warp program per SM, 14.6 / 16.6 µs at two 4-warp programs per SM (the default since); with one
-adversarial query head, every tile takes the block path: 28.0 / 32.9 µs.
+32 queries × 131,072 keys 0.257 ms (58× the eager reference in the last run; was 0.435 ms), 0 score
+bits different from the float32 reference in every configuration swept, with both fallbacks
+exercised. One query (the heads kernel), typical keys (no fallback), warm / L2-cold graph replay:
+16.2 / 21.4 µs at one 8-warp program per SM, 14.8 / 16.6 µs at two 4-warp programs per SM (the
+default since); with one adversarial query head every tile takes the block path: 22.6 / 25.2 µs.
 
 Known gaps: exactness needs exponents with eq_min+ek_min >= 107 (no fp32 underflow of the
 products) -- the quantizer's scale floor keeps realistic data far inside; UE8M0 byte 0 is not
@@ -345,8 +345,9 @@ def candidate_mask(blocks: torch.Tensor, n_blocks: int) -> torch.Tensor:
 # the H200 sweep in benchmarks/kernels_attention.py times both kernels at 1 and 32 queries.
 HEADS_KERNEL_MAX_S = 4
 # The heads kernel's launch: 4 warps and two programs per SM (190 registers a thread: two CTAs fit). H200, one
-# query × 131,072 keys, L2-cold graph replay (kernels_attention.json sweep): 16.6 µs, against 21.2 µs for one
-# 8-warp program per SM (the earlier default), 18.1 µs with 256-key tiles, 20.0 µs at three programs per SM.
+# query × 131,072 keys, L2-cold graph replay (kernels_attention.json sweep): 16.7 µs, against 21.4 µs for one
+# 8-warp program per SM (the earlier default), 19.2 µs with 256-key tiles (8 warps), 20.3 µs at three
+# 4-warp programs per SM.
 HEADS_WARPS = 4
 HEADS_PROGRAMS_PER_SM = 2
 

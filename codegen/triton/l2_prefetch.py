@@ -21,13 +21,13 @@ Measured, and therefore OFF by default (H200, benchmarks/results/tune_fp8_prefet
 graph replay): every decode linear got slower with it — wo_b at one token 18.6 -> 20.2 µs (64 KB a
 program) / 22.2 µs (the whole split), shared w13 15.0 -> 18.4 µs, engram wkv at 8 tokens 73.5 ->
 75.9 / 99.3 µs — and the MoE decode GEMVs, which had it on their 32 KB slabs for one run, went from
-57 to 76 µs at one token (tune_moe_decode_prefetch.json; removed there). The programs' own loads
+54.5 to 75.9 µs at one token, PDL on in both (tune_moe_decode_prefetch.json against
+tune_moe_decode_pdl.json; removed there). The programs' own loads
 already keep HBM busy; the bulk requests compete with them and, in the waterfall loop ptxas emits
 (the instruction takes uniform operands), are issued once per row by every warp that holds it.
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 

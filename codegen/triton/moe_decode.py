@@ -66,7 +66,7 @@ Rounding: every rounding to bf16 is integer round-to-nearest-even (`round_to`), 
 Specialization keys: router (E, TOPK: backbone 384/6, DSpark 128/3); K, N (hidden 5120, inter 2304,
 constexpr); BN, BKB (powers of two), num_warps; SPLIT; KSPLIT (gate/up); ACT_QUANT / H_QUANT; INTER /
 PARTIAL / OUT rounding (0 fp32, 1 bf16, 2 fp16); HAS_SHARED; NCNT / NGCNT (down / gate/up counters
-zeroed by the prep).
+zeroed by the prep); PDL (programmatic dependent launch, off in the ahead-of-time variants).
 
 Known gaps: three launches (prep, gate/up, down; overlapped by PDL on sm90+, serialized elsewhere) and
 the split path's workspace round trip; the
@@ -115,8 +115,8 @@ their expert ids and first two weight chunks before their grid waits (the ids co
 prep: two and three launches back), x' / h' after. Same bits as serialized launches (the `gpu` test
 replays a graph whose ids and x are rewritten by the kernels just before the chain). H200, rotating
 graph (results/tune_moe_decode_pdl.json): T = 1 58.6 -> 54.5 µs (2.21x -> 2.05x), T = 8 348 ->
-338 µs; with the real router's routing, L2-cold (kernels_ffn.json) T = 1 56.6 -> 53.9 µs (2.03x).
-An L2 bulk prefetch of each program's weight slab, tried with it, cost 20 µs at T = 1
+338 µs; with the real router's routing, L2-cold (kernels_ffn.json) T = 1 57.6 -> 53.9 µs (2.17x -> 2.03x).
+An L2 bulk prefetch of each program's weight slab, tried with it, took T = 1 from 54.5 to 75.9 µs
 (results/tune_moe_decode_prefetch.json) and was removed.
 """
 from __future__ import annotations
@@ -418,6 +418,7 @@ def moe_decode_down_kernel(hp_ptr, hf_ptr, idx_ptr, w2_ptr, s2_ptr, shared_ptr, 
             y += round_to(part, PARTIAL)
         else:
             tl.store(ws_ptr + slot * N + rows, round_to(part, PARTIAL), mask=r_ok)
+    grid_wait(PDL)  # fp4_gemv waited already, unless the program had no slot (top_k 0): no store before it
     last = True
     if SPLIT > 1:
         last = arrive_last(cnt_ptr + t * tl.num_programs(1) + pid_n, SPLIT)  # counters zeroed by the prep
@@ -573,7 +574,7 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     xp = torch.empty(T, D, dtype=torch.float32, device=dev)
     xf = torch.empty(T, D // 32, dtype=torch.float32, device=dev)
     cnt = torch.empty(T * max(ncnt + ngcnt, 1), dtype=torch.int32, device=dev)
-    pdl = pdl_for(dev) if tt.get("pdl") is None else bool(tt["pdl"])
+    pdl = pdl_for(dev) and (tt.get("pdl") is None or bool(tt["pdl"]))  # never where the device has no PDL
     moe_decode_prep_kernel[(T, triton.cdiv(D // 32, tt["prep"]))](
         x.contiguous(), xp, xf, cnt, K=D, BKB=tt["prep"], ACT_QUANT=act_quant, NCNT=ncnt,
         NCNT_P=triton.next_power_of_2(max(ncnt, 1)), NGCNT=ngcnt, NGCNT_P=triton.next_power_of_2(max(ngcnt, 1)),

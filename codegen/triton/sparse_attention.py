@@ -516,5 +516,5 @@ def _specs(target):
 register(KernelTemplate(
     name="sparse_attention", module=__name__,
     summary="one softmax over SWA window ∪ selected compressed entries + sink, FP8/FP4 KV dequantized in-kernel, inverse RoPE",
-    keys=("H", "D", "ROPE", "W", "BN", "DV", "QUANT", "SPLIT", "QK_ONCE", "FUSE"),
+    keys=("H", "D", "ROPE", "W", "BN", "DV", "QUANT", "SPLIT", "QK_ONCE", "FUSE", "CP", "HB", "UPCAST"),
     reference=sparse_attention_ref, launch=sparse_attention, specializations=_specs))
