@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -31,6 +30,8 @@ if _ROOT not in sys.path:
 from benchmarks.common import (  # noqa: E402
     decode_goal, env_info, floor_ms, max_rel, measure_ceilings, ms, ms_compiled, ms_graph, write_json)
 
+from benchmarks import compressor_inputs as ci  # noqa: E402
+from benchmarks.compressor_inputs import rope_table  # noqa: E402
 from dsv41c.codegen.triton import compressor as cm  # noqa: E402
 from dsv41c.codegen.triton import indexer as ix  # noqa: E402
 from dsv41c.codegen.triton import kv_quant as kq  # noqa: E402
@@ -48,12 +49,6 @@ def entry(ceil, name, shape, t_triton, t_eager, bytes_, flops, kind, error, **ex
          "flop_floor_ms": ff, "triton_over_floor": t_triton / f if f > 0 else None, "error": error}
     e.update(extra)
     return e
-
-
-def rope_table(P=1 << 18, n=32, theta=160000.0):
-    inv = 1.0 / (theta ** (torch.arange(n, dtype=torch.float64, device=DEV) / n))
-    ang = torch.arange(P, dtype=torch.float64, device=DEV)[:, None] * inv[None]
-    return torch.cos(ang).float(), torch.sin(ang).float()
 
 
 # ============================================================================ cases
@@ -110,35 +105,14 @@ def case_kv_codecs(ceil, quick):
 
 def case_compressor(ceil, quick):
     cos, sin = rope_table(1 << 16)
-    D, C, CI = 5120, 512, 128
+    D, C, CI = ci.D, ci.C, ci.CI
     for ratio, T in ((1, 1), (1, 4096), (2, 2), (2, 4096)):
         def job(ratio=ratio, T=T):
-            x = torch.randn(T, D, device=DEV).to(torch.bfloat16)
-            wkv = (torch.randn(C, D, device=DEV) / math.sqrt(D)).to(torch.bfloat16)
-            wg = (torch.randn(C, D, device=DEV) / math.sqrt(D)).to(torch.bfloat16)
-            nw = (1 + 0.1 * torch.randn(C, device=DEV)).to(torch.bfloat16)
-            wk = (torch.randn(CI, C, device=DEV) / math.sqrt(C)).to(torch.bfloat16)
-            knw = (1 + 0.1 * torch.randn(CI, device=DEV)).to(torch.bfloat16)
-            J = T // ratio
-            pos = torch.arange(J, dtype=torch.int32, device=DEV) * ratio
-            rows = torch.arange(J, dtype=torch.int32, device=DEV)
-
-            def bufs():
-                return (torch.zeros(J, C // 2, dtype=torch.uint8, device=DEV),
-                        torch.zeros(J, C // 16, dtype=torch.uint8, device=DEV),
-                        torch.zeros(J, CI // 2, dtype=torch.uint8, device=DEV),
-                        torch.zeros(J, CI // 32, dtype=torch.uint8, device=DEV),
-                        torch.zeros(J, C, dtype=torch.bfloat16 if ratio == 1 else torch.float32, device=DEV))
-
-            A, B = bufs(), bufs()
-
-            def run(fn, o):
-                return lambda: fn(x, wkv, nw, cos, sin, pos, rows, o[0], o[1], ratio=ratio,
-                                  wgate=wg if ratio == 2 else None, latent_out=o[4], wk=wk, k_norm_w=knw,
-                                  idx_cache=o[2], idx_scale=o[3])
-
-            run(cm.compress, A)()
-            run(cm.compress_ref, B)()
+            a = ci.inputs(ratio, T)
+            J = a["J"]
+            A, B = ci.bufs(ratio, J), ci.bufs(ratio, J)
+            ci.call(cm.compress, ratio, a, cos, sin, A)()
+            ci.call(cm.compress_ref, ratio, a, cos, sin, B)()
             va = nx.dequant_fp4_e4m3(A[0], A[1].view(torch.float8_e4m3fn), 16)
             vb = nx.dequant_fp4_e4m3(B[0], B[1].view(torch.float8_e4m3fn), 16)
             err = {"latent": max_rel(A[4], B[4]), "kv_fp4_value_mismatch_frac": float((va != vb).float().mean()),
@@ -146,9 +120,9 @@ def case_compressor(ceil, quick):
                    "index_key_code_mismatch_frac": float((A[2] != B[2]).float().mean())}
             flops = 2.0 * T * D * C * ratio + 2.0 * J * C * CI
             bytes_ = T * D * 2 + ratio * C * D * 2 + J * (C // 2 + C // 16 + CI // 2 + CI // 32 + C * (2 if ratio == 1 else 4))
-            e = entry(ceil, f"compressor_r{ratio}_T{T}", [T, D], ms(run(cm.compress, A)), ms(run(cm.compress_ref, B)),
-                      bytes_, flops, "bf16", err)
-            return decode_goal(e, ceil, ms_graph(run(cm.compress, A))) if T <= 2 else e
+            e = entry(ceil, f"compressor_r{ratio}_T{T}", [T, D], ms(ci.call(cm.compress, ratio, a, cos, sin, A)),
+                      ms(ci.call(cm.compress_ref, ratio, a, cos, sin, B)), bytes_, flops, "bf16", err)
+            return decode_goal(e, ceil, ms_graph(ci.call(cm.compress, ratio, a, cos, sin, A))) if T <= 2 else e
         yield f"compressor_r{ratio}_T{T}", job
 
 

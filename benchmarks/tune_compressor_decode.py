@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -31,45 +30,20 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 from benchmarks.common import env_info, floor_ms, max_rel, measure_ceilings, ms_graph, write_json  # noqa: E402
+from benchmarks.compressor_inputs import C, CI, D, DEV, bufs, call, rope_table  # noqa: E402
+from benchmarks.compressor_inputs import inputs as _inputs  # noqa: E402
 from dsv41c.codegen.triton import arrival  # noqa: E402
 from dsv41c.codegen.triton import compressor as cm  # noqa: E402
 
-DEV = "cuda"
-D, C, CI = 5120, 512, 128
-# one override of DECODE_CFG each (the default is timed as `fused`)
-VARIANTS = [{"BN": 16}, {"IBK": 256}, {"num_warps": 4}, {"IBK": 256, "maxnreg": 128}]
-
-
-def rope_table(P=1 << 16, n=32, theta=160000.0):
-    inv = 1.0 / (theta ** (torch.arange(n, dtype=torch.float64, device=DEV) / n))
-    ang = torch.arange(P, dtype=torch.float64, device=DEV)[:, None] * inv[None]
-    return torch.cos(ang).float(), torch.sin(ang).float()
 
 
 def inputs(ratio, T, seed=0):
     torch.manual_seed(seed)
-    x = torch.randn(T, D, device=DEV).to(torch.bfloat16)
-    wkv = (torch.randn(C, D, device=DEV) / math.sqrt(D)).to(torch.bfloat16)
-    wg = (torch.randn(C, D, device=DEV) / math.sqrt(D)).to(torch.bfloat16)
-    nw = (1 + 0.1 * torch.randn(C, device=DEV)).to(torch.bfloat16)
-    wk = (torch.randn(CI, C, device=DEV) / math.sqrt(C)).to(torch.bfloat16)
-    knw = (1 + 0.1 * torch.randn(CI, device=DEV)).to(torch.bfloat16)
-    J = T // ratio
-    pos = torch.arange(J, dtype=torch.int32, device=DEV) * ratio + 1000
-    rows = torch.arange(J, dtype=torch.int32, device=DEV)
-    return dict(x=x, wkv=wkv, wg=wg, nw=nw, wk=wk, knw=knw, pos=pos, rows=rows, J=J)
+    return _inputs(ratio, T, pos0=1000)
 
 
-def bufs(ratio, J):
-    return (torch.zeros(J, C // 2, dtype=torch.uint8, device=DEV), torch.zeros(J, C // 16, dtype=torch.uint8, device=DEV),
-            torch.zeros(J, CI // 2, dtype=torch.uint8, device=DEV), torch.zeros(J, CI // 32, dtype=torch.uint8, device=DEV),
-            torch.zeros(J, C, dtype=torch.bfloat16 if ratio == 1 else torch.float32, device=DEV))
-
-
-def call(fn, ratio, a, cos, sin, o, **kw):
-    return lambda: fn(a["x"], a["wkv"], a["nw"], cos, sin, a["pos"], a["rows"], o[0], o[1], ratio=ratio,
-                      wgate=a["wg"] if ratio == 2 else None, latent_out=o[4], wk=a["wk"], k_norm_w=a["knw"],
-                      idx_cache=o[2], idx_scale=o[3], **kw)
+# one override of DECODE_CFG each (the default is timed as `fused`)
+VARIANTS = [{"BN": 16}, {"IBK": 256}, {"num_warps": 4}, {"IBK": 256, "maxnreg": 128}]
 
 
 def errors(o, r):

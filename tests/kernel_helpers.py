@@ -49,6 +49,21 @@ def compressor_weights(ratio, T, D, C, CI, rope, grid, g):
     return t, cos, sin, pos
 
 
+def assert_compressor_close(a, b, ratio, ulps, floor, rtol, atol, kv_frac, key_frac):
+    """Two compressor outputs (kv codes, kv scales, index codes, index scales, latent) from differently
+    ordered GEMMs: the latent within `ulps` bf16 ulps (ratio 1, bf16) or rtol/atol (ratio 2, fp32), the
+    compressed KV within one FP4 step at most on a `kv_frac` fraction, and at most a `key_frac` fraction
+    of the indexer key's dequantized values different."""
+    if ratio == 1:
+        assert_bf16_close(a[4], b[4], ulps=ulps, floor=floor)
+    else:
+        torch.testing.assert_close(a[4], b[4], rtol=rtol, atol=atol)
+    fp4_e4m3_close(a[0], a[1], b[0], b[1], frac=kv_frac)
+    ka = nx.dequant_fp4_ue8m0(a[2], a[3], 32)
+    kb = nx.dequant_fp4_ue8m0(b[2], b[3], 32)
+    assert (ka != kb).float().mean() <= key_frac
+
+
 def fp4_e4m3_close(pa, sa_, pb, sb, frac=0.02):
     """Compressed-KV rows from differently-ordered GEMMs: same dequantized values up to rare
     one-step FP4 flips (a 1-ulp bf16 difference can cross an E2M1 tie)."""
