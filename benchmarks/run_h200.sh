@@ -9,6 +9,7 @@
 #   tune_compressor  benchmarks/tune_compressor_decode.py -> tune_compressor_decode.json (one-launch decode compressor)
 #   tune_attention   benchmarks/tune_sparse_attention.py  -> tune_sparse_attention.json (batched decode attention)
 #   tune_topk        benchmarks/tune_indexer_topk.py      -> tune_indexer_topk.json (few-query selection)
+#   profile          benchmarks/profile_decode.py under Nsight Compute -> ncu_decode.txt (PROFILE_ONLY picks cases)
 # STEPS picks the steps (default: tests bench_attention bench_ffn); STEP_TIMEOUT bounds each (s);
 # ATTN_ONLY / FFN_ONLY pass --only to the two benchmark scripts. The logs end up in logs.tgz (the
 # device tool brings back at most 8 files).
@@ -44,6 +45,12 @@ for step in $STEPS; do
              > "$OUT/tune_attention.txt" 2>&1 ;;
     tune_topk) timeout "$T" python3 benchmarks/tune_indexer_topk.py --out "$OUT/tune_indexer_topk.json" \
              > "$OUT/tune_topk.txt" 2>&1 ;;
+    profile) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+             timeout "$T" "$NCU" --profile-from-start off --clock-control none --print-kernel-base function \
+               --section SpeedOfLight --section LaunchStats --section Occupancy --section SchedulerStats \
+               --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats \
+               --section MemoryWorkloadAnalysis python3 benchmarks/profile_decode.py ${PROFILE_ONLY:+--only "$PROFILE_ONLY"} \
+               > "$OUT/ncu_decode.txt" 2>&1 ;;
     *) echo "unknown step $step" ;;
   esac
   echo "== step $step: rc=$? in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt"

@@ -36,31 +36,37 @@ SHAPES = [("wo_b", 5120, 8192, 1, False), ("wo_b", 5120, 8192, 8, False), ("wq_a
           ("wq_a", 1280, 5120, 8, False), ("shared_w2", 5120, 2304, 1, False), ("shared_w2", 5120, 2304, 8, False),
           ("shared_w13", 2304, 5120, 1, True), ("shared_w13", 2304, 5120, 8, True),
           ("engram_wkv", 25600, 6144, 8, False)]
-# Third run (results/tune_fp8_prefetch.json): the L2 prefetch of the weight rows (l2_prefetch.py) off / 64 KB a
-# program ("budget"; that file's `default_pf64k` rows, when it was the default) / twice that / the whole split:
-# slower under the L2-cold replay everywhere, so it is off; the bf16x2 word decoder won at engram wkv only.
-# This (fourth) run: the one-token gemv's k-loop pipeline (PIPE = the tile's num_stages: 1 none, the default;
-# 2..4 Triton's cp.async stages) and its K split around the launcher's rule; at 8 tokens the default
-# (per-element decoder, or the word decoder for engram wkv) against the other decoder. TUNE_M=1 limits the
-# run to the one-token shapes.
+# Earlier runs: results/tune_fp8_prefetch.json (the L2 prefetch of the weight rows: slower everywhere, off; the
+# bf16x2 word decoder won at engram wkv only) and results/tune_fp8_decode.json (the one-token gemv's k-loop
+# pipeline, 2-4 cp.async stages: slower, PIPE 1 stays).
+# This (fifth) run: the K split, now that a split need not divide K/BK (`split_bounds`). Nsight Compute showed
+# the default grids at 0.5-0.6 waves of the resident program slots (wo_b one token: 320 programs, 2.4 of 16 warps
+# per scheduler, DRAM 45 % busy, L1TEX scoreboard stalls), so each shape is timed with the split that gives
+# c programs per SM for c = 2..8 (the gemv also with BN 32 rows, fewer registers). TUNE_M=1 / 8 limits the run
+# to those shapes.
+N_SMS = 132
+
+
+def _sk_for(per_sm, tiles, steps):
+    return max(1, min(steps, per_sm * N_SMS // tiles))
 
 
 def _variants(N, K, M, gated):
     """(label, _gemm keyword arguments) to time for one shape."""
-    out = [("mma_reduce", {"path": "mma", "fold": False}), ("default", {})]
+    out = [("default", {})]
     if M == 1:
         t = fg._gemv_tiles(N, K, gated)
         if t:
-            BN, BK, SK, nw, _ = t
-            for pipe in (2, 3, 4):
-                out.append((f"gemv_pipe{pipe}", {"path": "gemv", "tiles": (BN, BK, SK, nw, pipe)}))
-            steps = K // BK
-            for sk in sorted({d for d in (SK // 2, SK * 2) if d >= 1 and steps % d == 0}):
-                for pipe in (1, 3):
-                    out.append((f"gemv_pipe{pipe}_sk{sk}", {"path": "gemv", "tiles": (BN, BK, sk, nw, pipe)}))
+            BN, BK, SK, nw, pipe = t
+            for bn in sorted({BN, 32}):
+                tiles = triton.cdiv(N, bn)
+                for sk in sorted({_sk_for(c, tiles, K // BK) for c in (2, 3, 4, 5, 6, 8)}):
+                    out.append((f"gemv_bn{bn}_sk{sk}", {"path": "gemv", "tiles": (bn, BK, sk, nw, pipe)}))
     else:
-        out.append(("mma_f32", {"decode_w": 0}))
-        out.append(("mma_bits", {"decode_w": 1}))
+        BM, BN, BK, GM, SK, nw, ns = fg._tiles(M, N, K)
+        tiles = triton.cdiv(N, BN) * triton.cdiv(M, BM)
+        for sk in sorted({_sk_for(c, tiles, K // BK) for c in (2, 3, 4, 5, 6, 8)}):
+            out.append((f"mma_sk{sk}", {"tiles": (BM, BN, BK, GM, sk, nw, ns)}))
     return out
 
 

@@ -44,8 +44,11 @@ ROTATE = 8  # disjoint expert sets in the rotating graph
 # 6% of the default on the second run and is dropped for time. ksplit > 1 splits each gate/up tile's K over
 # that many programs (T = 1: 432·ksplit programs instead of 432 on 132 SMs: a finer last wave); hidden
 # 5120 = 20 chunks of 8 blocks, so 2, 4 and 5 divide.
-# The third run (programmatic dependent launch, pdl.py) keeps the default, no split and split 2.
-GATE_UP = [None, (32, 8, 4, 1), (32, 8, 4, 2)]
+# The third run (programmatic dependent launch, pdl.py) kept the default, no split and split 2. This (fourth)
+# run: Nsight Compute put the default gate/up grid (T = 1: 2160 programs) at 4 full waves of the 528 resident
+# slots plus a partial one of 48, so the finer splits 10 and 20 (2 and 1 chunks a program: the whole program's
+# weights are loaded before its grid dependency wait) and 4 (3.27 waves) are timed against it.
+GATE_UP = [None, (32, 8, 4, 4), (32, 8, 4, 10), (32, 8, 4, 20)]
 # (BN, BKB, num_warps, split); split None = top_k; the first is the default (only its gate/up rows run it).
 # (16, 8, 4) of the earlier runs is dropped for time (it never led).
 DOWN = [(32, 8, 2, None), (32, 8, 4, None)]

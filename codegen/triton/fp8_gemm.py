@@ -406,6 +406,17 @@ def e4m3_words_to_bf16(ww, sc, R: tl.constexpr, BK: tl.constexpr, PTX: tl.conste
 
 
 @triton.jit
+def split_bounds(split, K: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr):
+    """[k_lo, k_hi) of split `split` of K: split s takes the BK tiles [s·T // S, (s+1)·T // S), T = K / BK,
+    S = SPLIT_K, so the runs differ by at most one tile and S need not divide T (the launcher picks S to fill
+    the GPU's resident program slots, not to divide T). SPLIT_K == 1: the whole K (any K; the tail masked)."""
+    if SPLIT_K == 1:
+        return 0, K
+    T: tl.constexpr = K // BK
+    return (split * T // SPLIT_K) * BK, ((split + 1) * T // SPLIT_K) * BK
+
+
+@triton.jit
 def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_ptr, M, limit,
                     N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, GATED: tl.constexpr, NATIVE_FP8: tl.constexpr,
@@ -424,6 +435,7 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     DECODE_W 1: the weight tile is decoded from 32-bit words by bf16x2 bit assembly (`e4m3_words_to_bf16`,
     inline PTX if PTX) and x's columns must come in k_order_w(BK) per BK block (K % BK == 0)."""
     tl.static_assert(DECODE_W == 0 or (K % BK == 0 and BK % 32 == 0), "DECODE_W 1 needs K % BK == 0, BK % 32 == 0")
+    tl.static_assert(SPLIT_K == 1 or K % BK == 0, "SPLIT_K > 1 needs K % BK == 0 (splits are runs of whole k tiles)")
     pid = tl.program_id(0)
     split = tl.program_id(1)
     num_m = tl.cdiv(M, BM)
@@ -438,7 +450,8 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     rn = pid_n * BN + tl.arange(0, BN)
     m_ok = rm < M
     n_ok = rn < N
-    rows_pf = tl.minimum(rn, N - 1).to(tl.int64) * K + split * (K // SPLIT_K)
+    k_lo, k_hi = split_bounds(split, K, BK, SPLIT_K)
+    rows_pf = tl.minimum(rn, N - 1).to(tl.int64) * K + k_lo
     prefetch_rows_l2(w_ptr + rows_pf, PREFETCH, PREFETCH > 0)
     if GATED:
         prefetch_rows_l2(w3_ptr + rows_pf, PREFETCH, PREFETCH > 0)
@@ -447,14 +460,14 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     if DECODE_W:
         # e > 134 needs the second bf16x2 scale factor; real checkpoints never have one, so the
         # program checks its own scale rows once and runs the one-multiply loop when it can
-        if _any_scale_above(ws_ptr, ws3_ptr, pid_n, split, N, K, BN, SPLIT_K, GATED, 134):
-            acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, split, N, K, BM, BN,
+        if _any_scale_above(ws_ptr, ws3_ptr, pid_n, k_lo, k_hi, N, K, BN, GATED, 134):
+            acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo, k_hi, N, K, BM, BN,
                                     BK, SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, True)
         else:
-            acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, split, N, K, BM, BN,
+            acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo, k_hi, N, K, BM, BN,
                                     BK, SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, False)
     else:
-        acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, split, N, K, BM, BN, BK,
+        acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo, k_hi, N, K, BM, BN, BK,
                                 SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, True)
     omask = m_ok[:, None] & n_ok[None, :]
     if SPLIT_K > 1:
@@ -475,19 +488,19 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
 
 
 @triton.jit
-def _any_scale_above(ws_ptr, ws3_ptr, pid_n, split, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr,
-                     SPLIT_K: tl.constexpr, GATED: tl.constexpr, LIMIT: tl.constexpr):
-    """Whether any UE8M0 byte of this program's scale rows (W, and W3 if GATED) over its K split exceeds LIMIT."""
+def _any_scale_above(ws_ptr, ws3_ptr, pid_n, k_lo, k_hi, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr,
+                     GATED: tl.constexpr, LIMIT: tl.constexpr):
+    """Whether any UE8M0 byte of this program's scale rows (W, and W3 if GATED) over its K split [k_lo, k_hi)
+    (multiples of 32) exceeds LIMIT."""
     KS = (K + 31) // 32
-    KS_SPLIT: tl.constexpr = K // 32 // SPLIT_K
     RB: tl.constexpr = (BN + 31) // 32 + 1  # scale rows a BN tile can touch (it need not start on a 32 row)
     RBP: tl.constexpr = triton.next_power_of_2(RB)
     rr = (pid_n * BN) // 32 + tl.arange(0, RBP)
     r_ok = (rr < (pid_n * BN + BN + 31) // 32) & (rr < (N + 31) // 32)
     mx = tl.zeros((RBP, 32), dtype=tl.int32)
-    for c0 in range(split * KS_SPLIT, split * KS_SPLIT + KS_SPLIT, 32):
+    for c0 in range(k_lo // 32, k_hi // 32, 32):
         cc = c0 + tl.arange(0, 32)
-        ok = r_ok[:, None] & (cc < split * KS_SPLIT + KS_SPLIT)[None, :]
+        ok = r_ok[:, None] & (cc < k_hi // 32)[None, :]
         offs = rr[:, None] * KS + cc[None, :]
         mx = tl.maximum(mx, tl.load(ws_ptr + offs, mask=ok, other=0).to(tl.int32))
         if GATED:
@@ -496,14 +509,13 @@ def _any_scale_above(ws_ptr, ws3_ptr, pid_n, split, N: tl.constexpr, K: tl.const
 
 
 @triton.jit
-def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, split, N: tl.constexpr, K: tl.constexpr,
+def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo, k_hi, N: tl.constexpr, K: tl.constexpr,
                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr, GATED: tl.constexpr,
                 NATIVE_FP8: tl.constexpr, DOT_F32: tl.constexpr, DECODE_W: tl.constexpr, PTX: tl.constexpr,
                 TWO: tl.constexpr):
-    """fp8_gemm_kernel's k loop over this program's split: (acc, acc3) [BN, BM] fp32 = W-tile · x-tileᵀ.
+    """fp8_gemm_kernel's k loop over this program's split [k_lo, k_hi): (acc, acc3) [BN, BM] fp32 = W-tile · x-tileᵀ.
     TWO (DECODE_W 1): apply the second scale factor (needed only where a UE8M0 byte exceeds 134)."""
     KS = (K + 31) // 32
-    K_SPLIT = K // SPLIT_K
     w_rows = rn.to(tl.int64)[:, None] * K
     s_rows = (rn // 32)[:, None] * KS
     x_rows = rm.to(tl.int64)[:, None] * K
@@ -512,7 +524,7 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, split
     w3_words = w3_ptr.to(tl.pointer_type(tl.uint32)) + rn.to(tl.int64)[:, None] * KW
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     acc3 = tl.zeros((BN, BM), dtype=tl.float32)
-    for k0 in range(split * K_SPLIT, split * K_SPLIT + K_SPLIT, BK):
+    for k0 in range(k_lo, k_hi, BK):
         rk = k0 + tl.arange(0, BK)
         if K % BK == 0:
             xm = m_ok[:, None]
@@ -588,12 +600,12 @@ def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     split = tl.program_id(1)
     RG: tl.constexpr = BN // 32
     KS: tl.constexpr = K // 32
-    K_SPLIT: tl.constexpr = K // SPLIT_K
+    k_lo, k_hi = split_bounds(split, K, BK, SPLIT_K)
     g = pid_n * RG + tl.arange(0, RG)  # 32-row groups (= scale rows)
     r = tl.arange(0, 32)
     rn3 = g[:, None, None] * 32 + r[None, :, None]  # [RG, 32, 1]
     n_ok3 = rn3 < N
-    rows_pf = tl.minimum(pid_n * BN + tl.arange(0, BN), N - 1).to(tl.int64) * K + split * K_SPLIT
+    rows_pf = tl.minimum(pid_n * BN + tl.arange(0, BN), N - 1).to(tl.int64) * K + k_lo
     prefetch_rows_l2(w_ptr + rows_pf, PREFETCH, PREFETCH > 0)
     if GATED:
         prefetch_rows_l2(w3_ptr + rows_pf, PREFETCH, PREFETCH > 0)
@@ -607,7 +619,7 @@ def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     # PIPE >= 2 asks Triton to pipeline the k loop's loads (PIPE stages of cp.async into shared memory; it
     # pipelines loads that feed no tl.dot only when the loop asks). The default, 1, does not: measured faster
     # (GEMV_PIPE).
-    for k0 in tl.range(split * K_SPLIT, split * K_SPLIT + K_SPLIT, BK, num_stages=PIPE):
+    for k0 in tl.range(k_lo, k_hi, BK, num_stages=PIPE):
         x = tl.load(x_ptr + k0 + kk).to(tl.float32)
         s_off = g[:, None] * KS + k0 // 32 + sk[None, :]  # [RG, BK/32]
         g_ok = g[:, None] < (N + 31) // 32
@@ -721,7 +733,11 @@ def fp8_gemm_swiglu_reference(x, w1, s1, w3, s3, limit: float, act_quant: bool =
 # ============================================================================ launchers
 
 
-N_SMS_HINT = 132  # split-K aims for >= 2 programs per SM of an H100/H200-class GPU
+N_SMS_HINT = 132  # SMs of an H100/H200-class GPU: the decode split-K fills their resident program slots
+# Resident programs per SM of each decode kernel on sm90 (Triton 3.6): the gemv 123-128 registers × 128 threads
+# -> 4; the tensor-core decode tile 95 registers and 41 KB of shared memory -> 5, gated 66 KB -> 3.
+DECODE_PROGRAMS_PER_SM = {"gemv": 4, "mma": 5, "mma_gated": 3}
+MIN_SPLIT_STEPS = 2  # k tiles per split at least: below it the partials' round trip costs more than it spreads
 DECODE_BK = 128  # decode (M <= 16) k tile
 GEMV_MAX_M = 1  # tokens that take the CUDA-core path (fp8_gemv_kernel)
 GEMV_BK = 128  # its k tile
@@ -789,21 +805,26 @@ def _decode_w(decode_w, M: int, N: int, K: int, BK: int, device) -> int:
     return int(decode_w)
 
 
-def _split_k(M: int, N: int, K: int, BN: int, BK: int) -> int:
-    """Decode: split K until ~2 programs per SM (a divisor of K/BK, so every split is whole tiles)."""
+def _split_k(M: int, N: int, K: int, BN: int, BK: int, per_sm: int) -> int:
+    """Decode: the largest K split whose grid still fits the GPU's resident program slots in ONE wave
+    (per_sm programs per SM), with at least MIN_SPLIT_STEPS k tiles per split; splits need not divide K/BK
+    (`split_bounds`). H200, L2-cold graph replay (tune_fp8_decode.json): a grid that fills one wave beats both
+    the earlier ~2 programs per SM (wo_b one token 18.7 -> 15.7 µs, shared w13 one token 15.2 -> 11.4 µs,
+    wo_b 8 tokens 25.3 -> 21.6 µs) and any grid that spills into a second wave (wo_b one token: 480 programs
+    15.7 µs, 640 programs 19.4 µs; Nsight Compute: 320 programs kept 2.4 of 16 warps per scheduler, DRAM 45 %)."""
     if M > 16 or K % BK:
         return 1
     steps, progs = K // BK, triton.cdiv(N, BN)
-    want = triton.cdiv(2 * N_SMS_HINT, progs)
-    return next((d for d in range(1, steps + 1) if steps % d == 0 and d >= want), steps)
+    return max(1, min(per_sm * N_SMS_HINT // progs, steps // MIN_SPLIT_STEPS))
 
 
-def _tiles(M: int, N: int, K: int):
+def _tiles(M: int, N: int, K: int, gated: bool = False):
     """(BM, BN, BK, GROUP_M, SPLIT_K, num_warps, num_stages) for a shape on the running device."""
     if interpreting():
         return 16, 32, 64, 4, (2 if K % 128 == 0 and M <= 16 else 1), 4, 1
     if M <= 16:  # H200 sweep (benchmarks/tune_fp8_decode.py): BK 128 beat 256 on every decode linear
-        return 16, 64, DECODE_BK, 1, _split_k(M, N, K, 64, DECODE_BK), 4, 4
+        per_sm = DECODE_PROGRAMS_PER_SM["mma_gated" if gated else "mma"]
+        return 16, 64, DECODE_BK, 1, _split_k(M, N, K, 64, DECODE_BK, per_sm), 4, 4
     if M <= 64:
         return 64, 128, 128, 8, 1, 4, 3
     return 128, 128, 64, 8, 1, 8, 3
@@ -837,7 +858,8 @@ def _gemv_tiles(N: int, K: int, gated: bool = False):
     BN, BK = (32, 64) if interpreting() else ((32 if gated else 64), GEMV_BK)
     if K % BK:
         return None
-    return BN, BK, (2 if interpreting() and K % (2 * BK) == 0 else _split_k(1, N, K, BN, BK)), 4, GEMV_PIPE
+    SK = 2 if interpreting() and K % (2 * BK) == 0 else _split_k(1, N, K, BN, BK, DECODE_PROGRAMS_PER_SM["gemv"])
+    return BN, BK, SK, 4, GEMV_PIPE
 
 
 # L2 prefetch of the weight rows (l2_prefetch.py): OFF by default. On the H200 (tune_fp8_prefetch.json) it made
@@ -893,23 +915,24 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
             raise ValueError(f"{name}: the gemv path always folds its split-K and has no weight decoder choice "
                              f"(fold={fold}, decode_w={decode_w})")
         BN, BK, SK, nw, ns = tiles or _gemv_tiles(N, K, gated) or (0, 0, 0, 0, 0)
-        if not BK or K % (BK * SK) or BN % 32:
-            raise ValueError(f"{name}: gemv path needs K={K} divisible by BK·SPLIT_K and BN % 32 == 0")
+        if not BK or K % BK or not 1 <= SK <= K // BK or BN % 32:
+            raise ValueError(f"{name}: gemv path needs K={K} divisible by BK={BK}, 1 <= SPLIT_K={SK} <= K/BK and "
+                             f"BN={BN} % 32 == 0")
         part = torch.empty((SK, 1, (2 if gated else 1) * N), dtype=torch.float32, device=x.device) if SK > 1 else y
         grid = (triton.cdiv(N, BN), SK)
         cnt = counters(x.device, grid[0]) if SK > 1 else y  # no counters touched without a split
         pdl = pdl_for(x.device) and (pdl is None or bool(pdl))  # never where the device has no PDL
-        pf = _prefetch_row_bytes(prefetch, x.device, wu, w3u, K // SK, BN * (1 + gated))
+        pf = _prefetch_row_bytes(prefetch, x.device, wu, w3u, K // BK // SK * BK, BN * (1 + gated))
         fp8_gemv_kernel[grid](x2, wu, su, w3u, s3u, y, part, cnt, float(limit),
                               N=N, K=K, BN=BN, BK=BK, SPLIT_K=SK, GATED=gated,
                               NATIVE_FP8=native_fp8_for(x.device), PDL=pdl, PREFETCH=pf, PIPE=ns,
                               num_warps=nw, num_stages=ns, **launch_kw(pdl))
         return y.reshape(*x.shape[:-1], N)
     fold = FOLD_SPLIT_K if fold is None else fold
-    BM, BN, BK, GM, SK, nw, ns = tiles or _tiles(M, N, K)
-    if SK > 1 and K % (BK * SK):
-        raise ValueError(f"{name}: SPLIT_K={SK} needs K={K} divisible by BK·SPLIT_K (BK={BK}): each split must be "
-                         "whole k tiles")
+    BM, BN, BK, GM, SK, nw, ns = tiles or _tiles(M, N, K, gated)
+    if SK > 1 and (K % BK or SK > K // BK):
+        raise ValueError(f"{name}: SPLIT_K={SK} needs K={K} divisible by BK={BK} and at most K/BK splits: each "
+                         "split is a run of whole k tiles")
     dw = _decode_w(decode_w, M, N, K, BK, x.device)
     if dw:
         x2 = permute_k_w(x2, BK)
@@ -920,7 +943,8 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
     # L2 across M tiles anyway, and a separate reduce launch would have to honour PDL's contract too)
     dec = M <= 16 and (fold or SK == 1)
     pdl = pdl_for(x.device) and dec and (pdl is None or bool(pdl))  # never where the device has no PDL
-    pf = _prefetch_row_bytes(prefetch if dec else 0, x.device, wu, w3u, K // SK, BN * (1 + gated))
+    pf = _prefetch_row_bytes(prefetch if dec else 0, x.device, wu, w3u, K // BK // SK * BK if SK > 1 else K,
+                             BN * (1 + gated))
     fp8_gemm_kernel[grid](x2, wu, su, w3u, s3u, y, part, cnt, M,
                           float(limit), N=N, K=K, BM=BM, BN=BN, BK=BK, GROUP_M=GM,
                           SPLIT_K=SK, GATED=gated, NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2),
@@ -963,7 +987,7 @@ def _gemm_variants(target: str, gated: bool) -> list:
         for mode in ("decode", "prefill"):
             if mode == "decode":
                 BM, BN, BK, GM, nw, ns = 16, 64, DECODE_BK, 1, 4, (4 if tr["big_tiles"] else 2)
-                SK = _split_k(1, N, K, BN, BK)
+                SK = _split_k(1, N, K, BN, BK, DECODE_PROGRAMS_PER_SM["mma_gated" if gated else "mma"])
             elif tr["big_tiles"]:
                 BM, BN, BK, GM, SK, nw, ns = 128, 128, 64, 8, 1, 8, 3
             else:  # sm80 / gfx1100: smaller shared memory / register budget
@@ -980,7 +1004,7 @@ def _gemm_variants(target: str, gated: bool) -> list:
             out.append(aot_spec(fp8_gemm_kernel, f"{name}_{mode}", _gemm_types("*bf16"), ce, nw, ns, keys))
         if K % GEMV_BK == 0:
             BN = 32 if gated else 64
-            SK = _split_k(1, N, K, BN, GEMV_BK)
+            SK = _split_k(1, N, K, BN, GEMV_BK, DECODE_PROGRAMS_PER_SM["gemv"])
             ce = {"N": N, "K": K, "BN": BN, "BK": GEMV_BK, "SPLIT_K": SK, "GATED": gated,
                   "NATIVE_FP8": tr["native_fp8"], "PDL": False, "PREFETCH": 0, "PIPE": GEMV_PIPE}
             types = {k: v for k, v in _gemm_types("*bf16").items() if k != "M"}

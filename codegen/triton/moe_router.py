@@ -11,8 +11,9 @@ descending sort's first k. Logits come from one of two kernels:
 - `router_logits_kernel` (prefill, and decode up to GEMV_MAX_T tokens excluded): tiles of
   tokens × experts × optional K split, fp32 tl.dot with input_precision ieee / tf32x3;
 - `router_logits_gemv_kernel` (decode, <= GEMV_MAX_T tokens): one program per (token, BE
-  experts), fp32 multiply-and-sum, no padded MMA rows. (H200, before the GEMV form: 20 µs under a
-  CUDA graph at one token, against a 0.9 µs bytes floor.)
+  experts, K split), fp32 multiply-and-sum, no padded MMA rows. (H200, before the GEMV form: 20 µs under a
+  CUDA graph at one token, against a 0.9 µs bytes floor; the GEMV without a K split: 48 programs, 20.6 µs
+  L2-cold under Nsight Compute, so K is now split until ~4 programs per SM.)
 
 Specialization keys: router (backbone 384 experts top-6 / DSpark 128 top-3), E, K (5120), TOPK,
 mode (decode_gemv / decode / prefill), BT, BE, BK, K_PER_SPLIT, PREC; top-k: E_PAD, K_PAD,
@@ -34,7 +35,20 @@ from dsv41c.codegen.triton.fp8_gemm import aot_spec, fp32_dot_precision, interpr
 HIDDEN = 5120
 ROUTERS = {"backbone": (384, 6), "dspark": (128, 3)}  # (experts, top-k)
 GEMV_MAX_T = 8  # decode: tokens up to which the logits use the GEMV kernel
-GEMV_BE, GEMV_BK = 8, 512  # 384 experts -> 48 programs per token, 80 KB of gate each
+GEMV_BE, GEMV_BK = 8, 512  # 384 experts -> 48 programs per token and K split, 8 KB of gate per k step
+GEMV_PROGRAMS = 4 * 132  # decode logits: split K until about this many programs (4 per SM of an H200)
+
+
+def _gemv_split(T: int, E: int, K: int, BK: int):
+    """(splits, K per split) of the decode logits GEMV: enough K splits (whole BK steps) that T·E/BE·splits
+    reaches ~GEMV_PROGRAMS. Nsight Compute, H200, one token: with one split (48 programs, 10 dependent 8 KB
+    steps each) the logits took 20.6 µs L2-cold for a 0.9 µs bytes floor, DRAM 4 % busy."""
+    steps = triton.cdiv(K, BK)
+    if interpreting():
+        return (2, triton.cdiv(steps, 2) * BK) if steps >= 2 else (1, steps * BK)
+    want = max(1, min(steps, GEMV_PROGRAMS // max(1, T * triton.cdiv(E, GEMV_BE))))
+    per = triton.cdiv(steps, want)
+    return triton.cdiv(steps, per), per * BK
 
 
 # ============================================================================ kernels
@@ -120,24 +134,27 @@ def router_topk_kernel(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_ou
 
 @triton.jit
 def router_logits_gemv_kernel(x_ptr, w_ptr, part_ptr, T, E: tl.constexpr, K: tl.constexpr, BE: tl.constexpr,
-                              BK: tl.constexpr):
-    """Decode: part[0, t, e] = Σ_k x[t, k]·W[e, k] for one token and BE experts, fp32 multiply-and-sum.
+                              BK: tl.constexpr, K_PER_SPLIT: tl.constexpr):
+    """Decode: part[split, t, e] = Σ_{k in split} x[t, k]·W[e, k] for one token and BE experts, fp32
+    multiply-and-sum (router_topk_kernel adds the splits in order).
 
     At a few tokens the [16-token, BK]·[BK, BE] fp32 MMAs of router_logits_kernel are 15/16 padding and
-    tf32x3 triples them; a GEMV over [BE, BK] weight tiles streams the 3.9 MB gate at memory speed."""
+    tf32x3 triples them; a GEMV over [BE, BK] weight tiles streams the 3.9 MB gate at memory speed, once
+    there are enough programs to keep it in flight (program_id(2) splits K: `_gemv_split`)."""
     t = tl.program_id(0)
     re = tl.program_id(1) * BE + tl.arange(0, BE)
+    split = tl.program_id(2)
     e_ok = re < E
     acc = tl.zeros((BE,), dtype=tl.float32)
     x_row = x_ptr + t.to(tl.int64) * K
-    for k0 in range(0, K, BK):
+    for k0 in range(split * K_PER_SPLIT, tl.minimum(split * K_PER_SPLIT + K_PER_SPLIT, K), BK):
         rk = k0 + tl.arange(0, BK)
         k_ok = rk < K
         xk = tl.load(x_row + rk, mask=k_ok, other=0.0).to(tl.float32)
         wt = tl.load(w_ptr + re[:, None].to(tl.int64) * K + rk[None, :], mask=e_ok[:, None] & k_ok[None, :],
                      other=0.0).to(tl.float32)
         acc += tl.sum(wt * xk[None, :], axis=1)
-    tl.store(part_ptr + t.to(tl.int64) * E + re, acc, mask=e_ok)
+    tl.store(part_ptr + (split * T + t).to(tl.int64) * E + re, acc, mask=e_ok)
 
 
 # ============================================================================ reference
@@ -176,11 +193,11 @@ def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: flo
     x = x.contiguous()
     gw = gate_w.contiguous()
     if T <= GEMV_MAX_T:
-        split = 1
+        BK = min(GEMV_BK, triton.next_power_of_2(D))
+        split, k_per = _gemv_split(T, E, D, BK)
         part = torch.empty(split, T, E, dtype=torch.float32, device=x.device)
-        router_logits_gemv_kernel[(T, triton.cdiv(E, GEMV_BE))](x, gw, part, T, E=E, K=D, BE=GEMV_BE,
-                                                                BK=min(GEMV_BK, triton.next_power_of_2(D)),
-                                                                num_warps=4)
+        router_logits_gemv_kernel[(T, triton.cdiv(E, GEMV_BE), split)](x, gw, part, T, E=E, K=D, BE=GEMV_BE, BK=BK,
+                                                                       K_PER_SPLIT=k_per, num_warps=4)
     else:
         if interpreting():
             BT, BE, BK = 16, 64, 64
@@ -228,7 +245,8 @@ def _router_variants(target: str) -> list:
             ce = {"E": E, "K": HIDDEN, "K_PER_SPLIT": k_per, "BT": BT, "BE": BE, "BK": BK, "PREC": tr["fp32_prec"]}
             out.append(aot_spec(router_logits_kernel, f"logits_{name}_{mode}", lt, ce, 4, 3,
                                 {"router": name, "mode": mode, "TOPK": k, **ce}))
-        ce = {"E": E, "K": HIDDEN, "BE": GEMV_BE, "BK": GEMV_BK}
+        _, k_per = _gemv_split(1, E, HIDDEN, GEMV_BK)  # the one-token split
+        ce = {"E": E, "K": HIDDEN, "BE": GEMV_BE, "BK": GEMV_BK, "K_PER_SPLIT": k_per}
         out.append(aot_spec(router_logits_gemv_kernel, f"logits_{name}_decode_gemv",
                             {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32", "T": "i32"}, ce, 4, 1,
                             {"router": name, "mode": "decode_gemv", "TOPK": k, **ce}))

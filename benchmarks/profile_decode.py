@@ -1,0 +1,96 @@
+"""Decode-shape kernels under Nsight Compute: one profiled call per case, for `ncu --profile-from-start off`.
+
+Each case builds its inputs at the published widths (the same generators as kernels_ffn.py and
+kernels_attention.py), runs the call twice outside the profiled range (compilation, autotuning-free
+warm-up), then once between cudaProfilerStart / cudaProfilerStop, so ncu collects exactly that call's
+kernels (its default cache control flushes the caches before each kernel: the L2-cold case). Run as
+
+    ncu --profile-from-start off --clock-control none --section SpeedOfLight --section WarpStateStats \\
+        ... python3 benchmarks/profile_decode.py [--only fp8_wo_b_M1,moe_T1]
+
+Nothing is timed here; the report is ncu's (run_h200.sh step `profile` writes it as text).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from benchmarks import compressor_inputs as ci  # noqa: E402
+from benchmarks.kernels_ffn import D, E, I, K_TOP, fp4_experts, fp8_w, rnd  # noqa: E402
+from dsv41c.codegen.triton import compressor as cm  # noqa: E402
+from dsv41c.codegen.triton import fp8_gemm as fg  # noqa: E402
+from dsv41c.codegen.triton import moe  # noqa: E402
+
+
+def fp8_case(N, K, M, gated=False):
+    w, s = fp8_w(N, K)
+    x = rnd(M, K)
+    if gated:
+        w3, s3 = fp8_w(N, K)
+        return lambda: fg.fp8_gemm_swiglu(x, w, s, w3, s3, 10.0)
+    return lambda: fg.fp8_gemm(x, w, s)
+
+
+def moe_case(T, whole=False):
+    w1, s1 = fp4_experts(E, I, D)
+    w3, s3 = fp4_experts(E, I, D)
+    w2, s2 = fp4_experts(E, D, I)
+    gw, bias = rnd(E, D, scale=0.02), rnd(E, dtype=torch.float32, scale=0.01)
+    x = rnd(T, D)
+    if whole:
+        shared = (*fp8_w(I, D), *fp8_w(I, D), *fp8_w(D, I))
+        return lambda: moe.moe_forward(x, gw, bias, w1, s1, w3, s3, w2, s2, shared, top_k=K_TOP, route_scale=1.5,
+                                       limit=10.0)
+    tw, ti = moe.router(x, gw, bias, K_TOP)
+    return lambda: moe.moe_experts(x, ti, tw, w1, s1, w3, s3, w2, s2, 10.0)
+
+
+def compressor_case(ratio, T):
+    cos, sin = ci.rope_table()
+    a = ci.inputs(ratio, T)
+    return ci.call(cm.compress, ratio, a, cos, sin, ci.bufs(ratio, a["J"]))
+
+
+CASES = {
+    "fp8_wo_b_M1": lambda: fp8_case(5120, 8192, 1),
+    "fp8_shared_w13_M1": lambda: fp8_case(I, D, 1, gated=True),
+    "fp8_wq_a_M1": lambda: fp8_case(1280, 5120, 1),
+    "fp8_wo_b_M8": lambda: fp8_case(5120, 8192, 8),
+    "fp8_shared_w2_M8": lambda: fp8_case(D, I, 8),
+    "moe_T1": lambda: moe_case(1),
+    "moe_ffn_T1": lambda: moe_case(1, whole=True),
+    "compressor_r1_T1": lambda: compressor_case(1, 1),
+}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="", help="comma-separated case names (default: all): " + ", ".join(CASES))
+    args = ap.parse_args(argv)
+    names = [n for n in args.only.split(",") if n] or list(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        ap.error(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
+    cudart = torch.cuda.cudart()
+    for name in names:
+        fn = CASES[name]()
+        fn(), fn()
+        torch.cuda.synchronize()
+        print(f"== profiling {name}", flush=True)
+        torch.cuda.nvtx.range_push(name)
+        cudart.cudaProfilerStart()
+        fn()
+        torch.cuda.synchronize()
+        cudart.cudaProfilerStop()
+        torch.cuda.nvtx.range_pop()
+
+
+if __name__ == "__main__":
+    main()
