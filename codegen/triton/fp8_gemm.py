@@ -576,154 +576,74 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo,
     return acc, acc3
 
 
-E4M3_F32_MASK = tl.constexpr(-2014314496)  # 0x87F00000: the fp32 sign bit and bits 26..20
-GEMV_X_LOG2 = tl.constexpr(64)  # the gemv prescales x by 2^64 (the products then are w·x·s·2^-56)
-
-
-@triton.jit
-def e4m3_byte_f32(w, J: tl.constexpr):
-    """Byte J (0 = least significant) of each int32 word, an E4M3 (fn) code c, -> the float32 with bits
-    (sign << 31) | ((c & 0x7F) << 20), which is exactly value(c)·2^-120: normals 2^(e4-127)·(1 + m/8), and
-    the subnormals (e4 = 0) land on fp32 subnormals m·2^-129 = (m·2^-9)·2^-120; the NaN codes give
-    ±480·2^-120 (as `e4m3_to_f32`'s bit arithmetic). Two or three integer instructions (shift the byte to
-    the top, arithmetic shift right by 4, mask), no conversion unit."""
-    if J == 3:
-        t = w
-    else:
-        t = w << (24 - 8 * J)
-    return ((t >> 4) & E4M3_F32_MASK).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _gemv_load_w(w_words, ws_ptr, w3_words, ws3_ptr, w_off, s_off, n_ok3, g_ok2, k0, GATED: tl.constexpr):
-    """One k step's weight words [RG, 32, BK/4] and scale bytes [RG, BK/4] (as int32: the scale of each word
-    column of each row group) of W (and W3)."""
-    w = tl.load(w_words + w_off + k0 // 4, mask=n_ok3, other=0)
-    s = tl.load(ws_ptr + s_off + k0 // 32, mask=g_ok2, other=127).to(tl.int32)
-    if GATED:
-        w3 = tl.load(w3_words + w_off + k0 // 4, mask=n_ok3, other=0)
-        s3 = tl.load(ws3_ptr + s_off + k0 // 32, mask=g_ok2, other=127).to(tl.int32)
-    else:
-        w3 = w
-        s3 = s
-    return w, s, w3, s3
-
-
-@triton.jit
-def _gemv_x(x_ptr, x_off, k0, X_BF16: tl.constexpr):
-    """x[k0 + 4m + J] for J = 0..3 as four float32 tensors of x_off's shape. X_BF16: one int64 load per word
-    (its four bf16; the widening to fp32 is a shift or a mask), else four element loads (fp32 / fp16 x)."""
-    if X_BF16:
-        xw = tl.load(x_ptr.to(tl.pointer_type(tl.int64)) + x_off + k0 // 4)
-        lo = xw.to(tl.int32)
-        hi = (xw >> 32).to(tl.int32)
-        return ((lo << 16).to(tl.float32, bitcast=True), (lo & -65536).to(tl.float32, bitcast=True),
-                (hi << 16).to(tl.float32, bitcast=True), (hi & -65536).to(tl.float32, bitcast=True))
-    else:
-        xp = x_ptr + k0 + 4 * x_off
-        return (tl.load(xp).to(tl.float32), tl.load(xp + 1).to(tl.float32), tl.load(xp + 2).to(tl.float32),
-                tl.load(xp + 3).to(tl.float32))
-
-
-@triton.jit
-def _gemv_fma(acc, w, s, x0, x1, x2, x3):
-    """acc[r, m] += Σ_J byte_J(w[r, m])·2^-120 · x[4m + J]·2^(e-127)·2^64: every product exact in fp32."""
-    sc = (e8m0_to_f32(s) * 18446744073709551616.0)[:, None, :]  # 2^(e-127) · 2^64, [RG, 1, BK/4]
-    acc += e4m3_byte_f32(w, 0) * (x0 * sc)
-    acc += e4m3_byte_f32(w, 1) * (x1 * sc)
-    acc += e4m3_byte_f32(w, 2) * (x2 * sc)
-    acc += e4m3_byte_f32(w, 3) * (x3 * sc)
-    return acc
-
-
 @triton.jit
 def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_ptr, limit,
                     N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
-                    GATED: tl.constexpr, X_BF16: tl.constexpr, PDL: tl.constexpr = False,
-                    PREFETCH: tl.constexpr = 0):
+                    GATED: tl.constexpr, NATIVE_FP8: tl.constexpr, PDL: tl.constexpr = False,
+                    PREFETCH: tl.constexpr = 0, PIPE: tl.constexpr = 1):
     """One token (M = 1): y = x·Wᵀ on the CUDA cores, no tensor-core padding to 16 rows.
 
-    The weight tile of a k step is read as 32-bit words [BN/32 row groups, 32, BK/4] (word m of a row holds
-    k = 4m..4m+3) and each byte decoded by integer arithmetic to value·2^-120 (`e4m3_byte_f32`: no
-    conversion unit; the native cvt path this replaced spent 1.5 conversions per element). x comes as one
-    int64 per word (its four bf16; X_BF16, else four element loads) and is scaled, per (row group, word), by the block's UE8M0 scale times
-    2^64, so each FMA adds w·x·s·2^-56, exactly; the sums are scaled back by 2^56 at the end. The
-    accumulator is [BN/32, 32, BK/4] fp32 (the four bytes of a word share a slot) and is reduced along K
-    once, after the loop. The words are prefetched two k steps ahead by hand, in two buffers (even and odd
-    steps) each refilled right after its FMAs (ptxas sinks loads towards their first use, and Triton does
-    not pipeline loads that feed no tl.dot): with the weight bytes of two steps in flight per program and
-    ~4 programs per SM, the loop keeps HBM busier than the one-step loop did (Nsight Compute, H200, wo_b:
-    DRAM 45 %, 2.4 of 16 warps per scheduler). x and every store wait for the grid dependency (PDL); the
-    first two steps' words and scales are read before it (weights are static: pdl.py). PREFETCH (sm90+,
-    bytes per row, 0 = off) first requests the program's weight rows into the L2 (l2_prefetch.py).
+    PREFETCH (sm90+, bytes per row, 0 = off): the first PREFETCH bytes of each of the program's weight rows
+    over its K split are requested into the L2 first (l2_prefetch.py); PDL: then the grid dependency wait
+    (pdl.py), before x or any store.
 
-    Range (the price of the 2^64 prescale): |x·s| >= 2^64 overflows where the float32 reference might not
-    (real UE8M0 scales are near 2^-10), and products below 2^-70 in magnitude lose bits as fp32
-    subnormals (their weight in any output above 2^-70 is below its last bit).
-    K is split over program_id(1) (`split_bounds`); the last arriving split (cnt[pid_n]) sums the partials
-    in split order and runs the epilogue (`_fold_splits`), so one launch does the whole linear. Needs
-    K % BK == 0, BN % 32 == 0 and x 8-byte aligned (the launcher checks / copies)."""
+    The weight tile is read as [BN/32 row groups, 32, BK] so that one UE8M0 scale per (row group,
+    32 columns) multiplies the ACTIVATION (BN/32 · BK products per step) instead of every weight
+    element: w·(x·s) equals (w·s)·x exactly in fp32 (s is a power of two). Per weight element that
+    leaves the E4M3 -> fp32 cvt and one FMA; the fp32 partial products stay elementwise in
+    registers ([BN, BK] accumulator) and are reduced along K once, after the loop. PIPE >= 2 asks
+    Triton to pipeline the k loop's loads (cp.async, PIPE stages). K is split over
+    program_id(1); the last arriving split (cnt[pid_n]) sums the partials in split order and runs
+    the epilogue (`_fold_splits`), so one launch does the whole linear. Needs K % BK == 0 and
+    BN % 32 == 0 (checked by the launcher)."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     RG: tl.constexpr = BN // 32
     KS: tl.constexpr = K // 32
-    KW: tl.constexpr = K // 4
     k_lo, k_hi = split_bounds(split, K, BK, SPLIT_K)
     g = pid_n * RG + tl.arange(0, RG)  # 32-row groups (= scale rows)
     r = tl.arange(0, 32)
-    m = tl.arange(0, BK // 4)
     rn3 = g[:, None, None] * 32 + r[None, :, None]  # [RG, 32, 1]
-    n_ok3 = (rn3 < N) & (m[None, None, :] >= 0)  # [RG, 32, BK/4]
-    w_off = rn3.to(tl.int64) * KW + m[None, None, :]
-    s_off = g[:, None] * KS + (m // 8)[None, :]  # [RG, BK/4]: the scale of each word column
-    g_ok2 = (g[:, None] < (N + 31) // 32) & (m[None, :] >= 0)
-    x_off = m[None, None, :] + rn3 * 0
-    w_words = w_ptr.to(tl.pointer_type(tl.int32))
-    w3_words = w3_ptr.to(tl.pointer_type(tl.int32))
+    n_ok3 = rn3 < N
     rows_pf = tl.minimum(pid_n * BN + tl.arange(0, BN), N - 1).to(tl.int64) * K + k_lo
     prefetch_rows_l2(w_ptr + rows_pf, PREFETCH, PREFETCH > 0)
     if GATED:
         prefetch_rows_l2(w3_ptr + rows_pf, PREFETCH, PREFETCH > 0)
-    n = (k_hi - k_lo) // BK
-    aw, asc, aw3, asc3 = _gemv_load_w(w_words, ws_ptr, w3_words, ws3_ptr, w_off, s_off, n_ok3, g_ok2, k_lo, GATED)
-    bw, bsc, bw3, bsc3 = _gemv_load_w(w_words, ws_ptr, w3_words, ws3_ptr, w_off, s_off, n_ok3, g_ok2,
-                                      k_lo + tl.minimum(1, n - 1) * BK, GATED)
     grid_wait(PDL)
     grid_release(PDL)
-    acc = tl.zeros((RG, 32, BK // 4), dtype=tl.float32)
-    acc3 = tl.zeros((RG, 32, BK // 4), dtype=tl.float32)
-    # refills past the last step reload it (cache hits) instead of masking every load
-    for c in range(0, n - 1, 2):
-        xa0, xa1, xa2, xa3 = _gemv_x(x_ptr, x_off, k_lo + c * BK, X_BF16)
-        xb0, xb1, xb2, xb3 = _gemv_x(x_ptr, x_off, k_lo + (c + 1) * BK, X_BF16)
-        acc = _gemv_fma(acc, aw, asc, xa0, xa1, xa2, xa3)
+    kk = tl.arange(0, BK)
+    sk = tl.arange(0, BK // 32)
+    w_rows = rn3.to(tl.int64) * K
+    acc = tl.zeros((RG, 32, BK), dtype=tl.float32)
+    acc3 = tl.zeros((RG, 32, BK), dtype=tl.float32)
+    # PIPE >= 2 asks Triton to pipeline the k loop's loads (PIPE stages of cp.async into shared memory; it
+    # pipelines loads that feed no tl.dot only when the loop asks). The default, 1, does not: measured faster
+    # (GEMV_PIPE).
+    for k0 in tl.range(k_lo, k_hi, BK, num_stages=PIPE):
+        x = tl.load(x_ptr + k0 + kk).to(tl.float32)
+        s_off = g[:, None] * KS + k0 // 32 + sk[None, :]  # [RG, BK/32]
+        g_ok = g[:, None] < (N + 31) // 32
+        xs = tl.reshape(tl.broadcast_to(tl.reshape(x, (1, BK // 32, 32)), (RG, BK // 32, 32)) *
+                        e8m0_to_f32(tl.load(ws_ptr + s_off, mask=g_ok, other=127))[:, :, None], (RG, 1, BK))
+        w = e4m3_to_f32(tl.load(w_ptr + w_rows + k0 + kk[None, None, :], mask=n_ok3, other=0), NATIVE_FP8)
+        acc += w * xs
         if GATED:
-            acc3 = _gemv_fma(acc3, aw3, asc3, xa0, xa1, xa2, xa3)
-        aw, asc, aw3, asc3 = _gemv_load_w(w_words, ws_ptr, w3_words, ws3_ptr, w_off, s_off, n_ok3, g_ok2,
-                                          k_lo + tl.minimum(c + 2, n - 1) * BK, GATED)
-        acc = _gemv_fma(acc, bw, bsc, xb0, xb1, xb2, xb3)
-        if GATED:
-            acc3 = _gemv_fma(acc3, bw3, bsc3, xb0, xb1, xb2, xb3)
-        bw, bsc, bw3, bsc3 = _gemv_load_w(w_words, ws_ptr, w3_words, ws3_ptr, w_off, s_off, n_ok3, g_ok2,
-                                          k_lo + tl.minimum(c + 3, n - 1) * BK, GATED)
-    if n % 2 == 1:
-        xa0, xa1, xa2, xa3 = _gemv_x(x_ptr, x_off, k_lo + (n - 1) * BK, X_BF16)
-        acc = _gemv_fma(acc, aw, asc, xa0, xa1, xa2, xa3)
-        if GATED:
-            acc3 = _gemv_fma(acc3, aw3, asc3, xa0, xa1, xa2, xa3)
+            xs3 = tl.reshape(tl.broadcast_to(tl.reshape(x, (1, BK // 32, 32)), (RG, BK // 32, 32)) *
+                             e8m0_to_f32(tl.load(ws3_ptr + s_off, mask=g_ok, other=127))[:, :, None], (RG, 1, BK))
+            w3 = e4m3_to_f32(tl.load(w3_ptr + w_rows + k0 + kk[None, None, :], mask=n_ok3, other=0), NATIVE_FP8)
+            acc3 += w3 * xs3
     rn = pid_n * BN + tl.arange(0, BN)
     n_ok = rn < N
-    back = 72057594037927936.0  # 2^56: undoes the 2^64 · 2^-120 of the products
-    y1 = tl.reshape(tl.sum(acc, axis=2), (BN,)) * back
+    y1 = tl.reshape(tl.sum(acc, axis=2), (BN,))
     if SPLIT_K == 1:
         if GATED:
-            y1 = _swiglu(y1, tl.reshape(tl.sum(acc3, axis=2), (BN,)) * back, limit)
+            y1 = _swiglu(y1, tl.reshape(tl.sum(acc3, axis=2), (BN,)), limit)
         tl.store(y_ptr + rn, y1.to(y_ptr.dtype.element_ty), mask=n_ok)
     else:
         W2 = N * (1 + GATED)
         tl.store(part_ptr + split * W2 + rn, y1, mask=n_ok)
         if GATED:
-            tl.store(part_ptr + split * W2 + N + rn, tl.reshape(tl.sum(acc3, axis=2), (BN,)) * back, mask=n_ok)
+            tl.store(part_ptr + split * W2 + N + rn, tl.reshape(tl.sum(acc3, axis=2), (BN,)), mask=n_ok)
         if arrive_last(cnt_ptr + pid_n, SPLIT_K):
             _fold_splits(part_ptr, y_ptr, tl.arange(0, 1), rn, 1, limit, N, SPLIT_K, GATED)
             reset_counter(cnt_ptr + pid_n)
@@ -821,6 +741,7 @@ MIN_SPLIT_STEPS = 2  # k tiles per split at least: below it the partials' round 
 DECODE_BK = 128  # decode (M <= 16) k tile
 GEMV_MAX_M = 1  # tokens that take the CUDA-core path (fp8_gemv_kernel)
 GEMV_BK = 128  # its k tile
+GEMV_PIPE = 1  # its k loop's pipeline stages (the kernel's PIPE); 2-4 were slower on the H200 (tune_fp8_decode.json)
 FOLD_SPLIT_K = True  # split-K epilogue by the last-arriving program (one launch) rather than a reduce kernel
 # weight decoder of the M <= 16 tensor-core path on CUDA (0: per element via fp32; 1: bf16x2 words). H200,
 # L2-cold graph replay (tune_fp8_prefetch.json): the words decoder wins only where the
@@ -931,14 +852,14 @@ def act_quant_fp8(x: torch.Tensor) -> torch.Tensor:
 
 def _gemv_tiles(N: int, K: int, gated: bool = False):
     """(BN, BK, SPLIT_K, num_warps, num_stages) of the one-token CUDA-core path, or None if K does not tile.
-    num_stages is always 1: the kernel prefetches its k steps by hand.
+    num_stages is the k loop's pipeline (the kernel's PIPE: 1 none, n >= 2 Triton's n-stage cp.async).
     The [BN, BK] fp32 accumulator(s) live in registers: 64×128 (one) or 32×128 (gated: two) keep a
     thread at ~125 registers without spills under triton 3.6 (sm90 SASS)."""
     BN, BK = (32, 64) if interpreting() else ((32 if gated else 64), GEMV_BK)
     if K % BK:
         return None
     SK = 2 if interpreting() and K % (2 * BK) == 0 else _split_k(1, N, K, BN, BK, DECODE_PROGRAMS_PER_SM["gemv"])
-    return BN, BK, SK, 4, 1
+    return BN, BK, SK, 4, GEMV_PIPE
 
 
 # L2 prefetch of the weight rows (l2_prefetch.py): OFF by default. On the H200 (tune_fp8_prefetch.json) it made
@@ -994,20 +915,18 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
             raise ValueError(f"{name}: the gemv path always folds its split-K and has no weight decoder choice "
                              f"(fold={fold}, decode_w={decode_w})")
         BN, BK, SK, nw, ns = tiles or _gemv_tiles(N, K, gated) or (0, 0, 0, 0, 0)
-        if not BK or K % BK or not 1 <= SK <= K // BK or BN % 32 or ns != 1:
-            raise ValueError(f"{name}: gemv path needs K={K} divisible by BK={BK}, 1 <= SPLIT_K={SK} <= K/BK, "
-                             f"BN={BN} % 32 == 0 and num_stages={ns} == 1 (the kernel prefetches by hand)")
-        xb = x2.dtype == torch.bfloat16
-        if xb and x2.data_ptr() % 8:  # x is read as int64 words of four bf16
-            x2 = x2.clone()
+        if not BK or K % BK or not 1 <= SK <= K // BK or BN % 32:
+            raise ValueError(f"{name}: gemv path needs K={K} divisible by BK={BK}, 1 <= SPLIT_K={SK} <= K/BK and "
+                             f"BN={BN} % 32 == 0")
         part = torch.empty((SK, 1, (2 if gated else 1) * N), dtype=torch.float32, device=x.device) if SK > 1 else y
         grid = (triton.cdiv(N, BN), SK)
         cnt = counters(x.device, grid[0]) if SK > 1 else y  # no counters touched without a split
         pdl = pdl_for(x.device) and (pdl is None or bool(pdl))  # never where the device has no PDL
         pf = _prefetch_row_bytes(prefetch, x.device, wu, w3u, K // BK // SK * BK, BN * (1 + gated))
         fp8_gemv_kernel[grid](x2, wu, su, w3u, s3u, y, part, cnt, float(limit),
-                              N=N, K=K, BN=BN, BK=BK, SPLIT_K=SK, GATED=gated, X_BF16=xb, PDL=pdl, PREFETCH=pf,
-                              num_warps=nw, num_stages=1, **launch_kw(pdl))
+                              N=N, K=K, BN=BN, BK=BK, SPLIT_K=SK, GATED=gated,
+                              NATIVE_FP8=native_fp8_for(x.device), PDL=pdl, PREFETCH=pf, PIPE=ns,
+                              num_warps=nw, num_stages=ns, **launch_kw(pdl))
         return y.reshape(*x.shape[:-1], N)
     fold = FOLD_SPLIT_K if fold is None else fold
     BM, BN, BK, GM, SK, nw, ns = tiles or _tiles(M, N, K, gated)
@@ -1087,9 +1006,9 @@ def _gemm_variants(target: str, gated: bool) -> list:
             BN = 32 if gated else 64
             SK = _split_k(1, N, K, BN, GEMV_BK, DECODE_PROGRAMS_PER_SM["gemv"])
             ce = {"N": N, "K": K, "BN": BN, "BK": GEMV_BK, "SPLIT_K": SK, "GATED": gated,
-                  "X_BF16": True, "PDL": False, "PREFETCH": 0}
+                  "NATIVE_FP8": tr["native_fp8"], "PDL": False, "PREFETCH": 0, "PIPE": GEMV_PIPE}
             types = {k: v for k, v in _gemm_types("*bf16").items() if k != "M"}
-            out.append(aot_spec(fp8_gemv_kernel, f"{name}_gemv", types, ce, 4, 1,
+            out.append(aot_spec(fp8_gemv_kernel, f"{name}_gemv", types, ce, 4, GEMV_PIPE,
                                 {"linear": name, "mode": "gemv", "act": "bf16", **ce}))
     return out
 
@@ -1109,14 +1028,14 @@ register(KernelTemplate(
     name="fp8_gemm", module=__name__,
     summary="x · dequant(E4M3 W, UE8M0 32×32)ᵀ, fp32 accumulate (dense linears)",
     keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "SPLIT_K", "NATIVE_FP8", "GATED",
-          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "X_BF16"),
+          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE"),
     reference=fp8_gemm_reference, launch=fp8_gemm,
     specializations=lambda t: _gemm_variants(t, False)))
 register(KernelTemplate(
     name="fp8_gemm_swiglu", module=__name__,
     summary="shared expert gate/up: silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L), FP8 weights",
     keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "SPLIT_K", "NATIVE_FP8", "GATED",
-          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "X_BF16"),
+          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE"),
     reference=fp8_gemm_swiglu_reference, launch=fp8_gemm_swiglu,
     specializations=lambda t: _gemm_variants(t, True)))
 register(KernelTemplate(
