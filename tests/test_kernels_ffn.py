@@ -196,6 +196,32 @@ def test_fp8_decode_paths_agree(gated):
         fg._gemm(randn(g, 2, K), w1, s1, None, None, 0.0, False, None, "t", path="gemv")
 
 
+def test_decode_split_fills_one_wave(monkeypatch):
+    """The decode K splits (fp8_gemm._split_k, the router's _gemv_split): the largest grid that fits ONE
+    wave of resident programs on an H200-class GPU, at least MIN_SPLIT_STEPS k tiles a split (a split need
+    not divide the tile count)."""
+    per, sms = fg.DECODE_PROGRAMS_PER_SM, fg.N_SMS_HINT
+    cases = [  # (M, N, K, BN, kind, expected split)
+        (1, 5120, 8192, 64, "gemv", 6),  # wo_b: 80 tiles x 6 = 480 <= 528 programs
+        (8, 5120, 8192, 64, "mma", 8),  # 640 <= 660
+        (1, 2304, 5120, 32, "gemv", 7),  # shared w13 (gated gemv, BN 32): 504
+        (8, 2304, 5120, 64, "mma_gated", 11),  # 396 = 3 per SM
+        (1, 1280, 5120, 64, "gemv", 20),  # wq_a: capped at 2 k tiles a split
+        (1, 25600, 6144, 64, "gemv", 1),  # engram wkv: 400 tiles already fill the wave
+    ]
+    for M, N, K, BN, kind, want in cases:
+        sk = fg._split_k(M, N, K, BN, 128, per[kind])
+        assert sk == want, (N, K, kind, sk)
+        assert sk == 1 or (triton.cdiv(N, BN) * sk <= per[kind] * sms and K // 128 // sk >= fg.MIN_SPLIT_STEPS)
+    assert fg._split_k(32, 5120, 8192, 64, 128, 5) == 1  # prefill shapes never split
+    assert fg._split_k(1, 64, 200, 64, 128, 4) == 1  # K does not tile
+    from dsv41c.codegen.triton import moe_router as mr
+    monkeypatch.setattr(mr, "interpreting", lambda: False)
+    for T, E, want in ((1, 384, 10), (8, 384, 1), (1, 128, 10), (4, 384, 2)):
+        split, k_per = mr._gemv_split(T, E, 5120, 512)
+        assert split == want and (split - 1) * k_per < 5120 <= split * k_per, (T, E, split, k_per)
+
+
 def test_fp8_gemm_picks_gemv_for_one_token():
     assert fg._gemv_tiles(5120, 8192) is not None and fg.GEMV_MAX_M == 1
     assert fg._gemv_tiles(70, 160) is None  # K does not tile: the tensor-core path runs

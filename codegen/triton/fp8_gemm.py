@@ -75,10 +75,12 @@ register is one (2c, 2c+1) pair, a thread's words are contiguous (16-byte loads)
 are one 32-column scale block. Triton 3.6 keeps the reshape/permute register-only on sm90 (no shared-memory
 round trip for the decoded tile; check with the SASS of `_gemm_variants("cuda:sm90", ...)`).
 
-Split K: both decode paths (gemv and MMA) split K across programs (~2 programs per SM); the last
-program of each tile to arrive
-(`arrival.py`) adds the fp32 partials in split order and runs the epilogue, inside the same launch
-(`FOLD`; the separate `splitk_reduce_kernel` remains and gives the same bits).
+Split K: both decode paths (gemv and MMA) split K across programs so that the grid fills ONE wave of
+the GPU's resident program slots (`_split_k`: DECODE_PROGRAMS_PER_SM × SMs, at least MIN_SPLIT_STEPS k
+tiles a split); a split is a run of whole k tiles and need not divide K/BK (`split_bounds`). The last
+program of each tile to arrive (`arrival.py`) adds the fp32 partials in split order and runs the
+epilogue, inside the same launch (`FOLD`; the separate `splitk_reduce_kernel` remains and gives the
+same bits).
 
 Specialization keys: N, K (constexpr: the real linears of the published config, so the
 ahead-of-time build knows every stride and vectorizes), mode (prefill / decode / gemv), BM, BN, BK,
@@ -97,8 +99,20 @@ wo_b one token 18.7 µs (1.89×), wq_a 6.2 µs, shared w13 15.0 µs; wo_b eight 
 at eight tokens, now with the word decoder, 63.5 µs (1.71×). The one-token gemv's k loop is not
 pipelined (PIPE 1): asking Triton for 2-4 cp.async stages made every linear slower (wo_b 18.5 ->
 28.6 µs cold, shared w13 14.9 -> 21.1 µs: tune_fp8_decode.json): the staging through shared memory
-adds ~1.5 instructions per weight element (228 -> 328 SASS per loop step) and each program already
-keeps its step's 8 KB in flight with ~2 programs per SM.
+adds ~1.5 instructions per weight element (228 -> 328 SASS per loop step); on a GPU its accumulator
+also lands in another register layout, so its K sums differ in the last bit (1-2 of 2304 outputs).
+Nsight Compute (results/ncu_decode_before.txt, L2 flushed) then showed the decode grids, at ~2 programs
+per SM, filling 0.5-0.6 of one wave (wo_b one token: 320 programs, 2.4 of 16 warps per scheduler, DRAM
+45 % busy, stalls on L1TEX scoreboards): sizing the split to fill one wave (tune_fp8_split.json, same
+run, L2-cold) took wo_b one token 18.7 -> 15.7 µs (1.58×), shared w13 one token 15.2 -> 11.4 µs (2.05×),
+wo_b eight tokens 25.3 -> 21.6 µs (2.15×), shared w13 eight tokens 19.8 -> 18.4 µs; a grid one program
+past the wave is slower again (wo_b one token 640 programs: 19.4 µs). A gemv that decodes the E4M3
+bytes from 32-bit words by integer arithmetic (no conversion unit; x as int64 words of four bf16,
+prescaled by 2^64), keeps a [BN/32, 32, BK/4] accumulator and prefetches two k steps ahead by hand
+(sm90 SASS: no shared memory or barrier in the loop, 4.9 instructions per element, 128 registers) was
+no faster (tune_fp8_gemv_words.json: wo_b 16.0, shared w13 11.8, shared w2 8.5, wq_a 6.7 µs cold vs
+15.6 / 11.4 / 7.1 / 6.1) and was reverted (git history: "fp8 gemv: E4M3 bytes decoded from 32-bit
+words").
 
 Known gaps: no FP8×FP8 tensor-core path (wgmma e4m3 / MFMA fp8) — activations that are
 dynamically quantized still multiply in bf16 (same products, 2× the tensor-core time of FP8

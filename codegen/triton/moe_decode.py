@@ -84,7 +84,11 @@ cannot go below 32, a program owns whole h blocks). `ksplit` cuts that granulari
 programs, at most 7 half-size ones per SM = 3.5 full programs instead of 4; 4: 1728, 14 quarters = 3.5;
 5: 2160, 17 fifths = 3.4) for a workspace round trip and one more partial prologue per program. The
 H200 sweep (benchmarks/tune_moe_decode.py, results/tune_moe_decode.json) timed T = 1 at 62.3 µs without
-it, 58.5 / 58.8 / 57.1 µs with 2 / 4 / 5 (T = 8 within 1.5%), so 5 is the default.
+it, 58.5 / 58.8 / 57.1 µs with 2 / 4 / 5 (T = 8 within 1.5%), so 5 is the default. Nsight Compute
+(results/ncu_decode_*.txt, L2 flushed, T = 1): gate/up 37-38 µs at 56 % issue-busy with 3.7 of 4 resident warps
+per scheduler (registers: 126, 4 programs per SM), its 2160 programs 4 full waves plus 48; down 23 µs at 35 %
+DRAM, 0.91 waves of 8 programs per SM; prep 3 µs. Finer splits that end the partial wave were not faster
+(results/tune_moe_decode_ksplit.json, rotating graph: 5: 54.4 µs, 10: 54.9, 20: 59.1, 4: 56.5).
 The per-element cost is near its floor for this scheme: the SASS per 256 weight elements of a thread
 (gate/up loop) is 256 SHF + 233 IMAD(.SHL) + 259 LOP3 + 32 SGXT (the decode: 3 integer ops per
 element; the shift pair cannot merge because the E2M1 sign-to-m3 distance, 3 bits, differs from
