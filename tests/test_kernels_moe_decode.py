@@ -479,3 +479,42 @@ def test_gpu_pdl_chain_matches_serialized_launches(sparse_fp4_experts):
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(out, md.moe_experts_decode(x_src, idx_src, w, *ex, 10.0, tiles=off))
+
+
+@pytest.mark.gpu
+def test_gpu_moe_forward_shared_expert_overlap_keeps_the_bits(sparse_fp4_experts):
+    """moe_forward(overlap_shared=True) runs the shared expert on a side stream joined before the down
+    kernel: the same bits as the one-stream order, eagerly and replayed from a CUDA graph whose x is
+    rewritten inside the graph just before the FFN (a down kernel that did not wait for the side stream
+    would add a stale shared output)."""
+    def fp8_weight(g, N, K):
+        w, s = nx.quant_fp8_weight(torch.randn(N, K, generator=g) * 0.05)
+        return w, s
+    E, k = ROUTERS["backbone"]
+    g = gen(46)
+    gk = torch.Generator(device=DEV).manual_seed(47)
+    ex = sparse_fp4_experts(E, md.HIDDEN, md.MOE_INTER, torch.arange(E, device=DEV), gk, DEV)
+    gw = (torch.randn(E, md.HIDDEN, generator=g) * 0.02).bfloat16().to(DEV)
+    bias = (torch.randn(E, generator=g) * 0.01).to(DEV)
+    shared = tuple(t.to(DEV) for t in (*fp8_weight(g, md.MOE_INTER, md.HIDDEN), *fp8_weight(g, md.MOE_INTER, md.HIDDEN),
+                                       *fp8_weight(g, md.HIDDEN, md.MOE_INTER)))
+    kw = dict(top_k=k, route_scale=1.5, limit=10.0)
+    for T in (1, 8):
+        x_src = torch.randn(T, md.HIDDEN, generator=g).bfloat16().to(DEV)
+        x = x_src.clone()
+        ref = moe.moe_forward(x, gw, bias, *ex, shared, overlap_shared=False, **kw)
+        assert torch.equal(moe.moe_forward(x, gw, bias, *ex, shared, overlap_shared=True, **kw), ref)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            moe.moe_forward(x, gw, bias, *ex, shared, overlap_shared=True, **kw)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            x.copy_(x_src)
+            out = moe.moe_forward(x, gw, bias, *ex, shared, overlap_shared=True, **kw)
+        for _ in range(3):
+            x_src.copy_(torch.randn(T, md.HIDDEN, generator=g).bfloat16())
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, moe.moe_forward(x_src, gw, bias, *ex, shared, overlap_shared=False, **kw))

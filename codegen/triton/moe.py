@@ -455,6 +455,18 @@ def moe_combine_reference(partials, top_k: int, shared=None, out_dtype=torch.flo
     return y.to(out_dtype)
 
 
+def _shared_expert(x, shared, limit, act_quant):
+    sw1, ss1, sw3, ss3, sw2, ss2 = shared
+    return fp8_gemm(fp8_gemm_swiglu(x, sw1, ss1, sw3, ss3, limit, act_quant), sw2, ss2, act_quant)
+
+
+def _small_batch_for(x, top_k: int, small_batch) -> bool:
+    """`_small_batch` for the router's output before it exists: T·top_k slots."""
+    if small_batch is not None:
+        return bool(small_batch)
+    return x.shape[0] * top_k <= md.MAX_SLOTS
+
+
 def _small_batch(topk_idx, small_batch, dot_scaled, decode) -> bool:
     """THE dispatch between the decode path (moe_decode.py) and the grouped GEMMs: auto (None) takes the
     decode path for at most moe_decode.MAX_SLOTS slots unless a grouped-GEMM decoder was asked for."""
@@ -479,19 +491,50 @@ def moe_experts(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float, act_q
     return moe_combine(part, topk_idx.shape[1])
 
 
+# Decode: run the shared expert on a second CUDA stream, concurrently with the router and the routed
+# experts' prep and gate/up kernels; the down kernel (which adds it) waits for it. On by default up to
+# OVERLAP_SHARED_MAX_T tokens, from the H200 (benchmarks/tune_moe_ffn_overlap.py -> results/
+# tune_moe_ffn_overlap.json, CUDA-graph replay, same bits both ways): one token 80.4 -> 76.3 µs L2-cold
+# (78.8 -> 76.4 warm); eight tokens mixed, 406 -> 387 µs warm but 404 -> 417 µs cold, so it stays off there.
+OVERLAP_SHARED_MAX_T = 1
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device):
+    """One cached side stream per device (created on first use; CUDA-graph capture records the fork/join)."""
+    key = torch.device(device)
+    if key not in _SIDE_STREAMS:
+        _SIDE_STREAMS[key] = torch.cuda.Stream(key)
+    return _SIDE_STREAMS[key]
+
+
 def moe_forward(x, gate_w, bias, w1, s1, w3, s3, w2, s2, shared, *, top_k: int, route_scale: float,
                 limit: float, gate_temp: float = 1.0, bias_vl=None, image_mask=None, act_quant: bool = False,
-                small_batch=None):
+                small_batch=None, overlap_shared=None):
     """The whole FFN in Triton kernels: router, dispatch, gate/up, down, shared expert, combine
-    (small_batch as in moe_experts: few tokens take moe_decode's path)."""
-    tw, ti = router(x, gate_w, bias, top_k, route_scale, gate_temp, bias_vl, image_mask)
+    (small_batch as in moe_experts: few tokens take moe_decode's path).
+
+    overlap_shared (None: on up to OVERLAP_SHARED_MAX_T tokens; CUDA, decode path, shared expert): its two
+    GEMMs run on a side stream forked after x is ready, joined just before the routed down kernel, which adds
+    their output; same kernels, same inputs, same bits. Memory: every side-stream use starts by waiting for
+    the main stream, and the main stream waits for the side before the down kernel, so neither stream's
+    allocator can hand out a block the other still reads (no record_stream needed, also under graph capture)."""
+    small = _small_batch_for(x, top_k, small_batch)
+    side = None
+    overlap = x.shape[0] <= OVERLAP_SHARED_MAX_T if overlap_shared is None else overlap_shared
+    if shared is not None and small and x.is_cuda and overlap:
+        side = _side_stream(x.device)
+        side.wait_stream(torch.cuda.current_stream(x.device))
     sh = None
-    if shared is not None:
-        sw1, ss1, sw3, ss3, sw2, ss2 = shared
-        sh = fp8_gemm(fp8_gemm_swiglu(x, sw1, ss1, sw3, ss3, limit, act_quant), sw2, ss2, act_quant)
-    if _small_batch(ti, small_batch, None, None):
+    if shared is not None and side is not None:
+        with torch.cuda.stream(side):
+            sh = _shared_expert(x, shared, limit, act_quant)
+    tw, ti = router(x, gate_w, bias, top_k, route_scale, gate_temp, bias_vl, image_mask)
+    if shared is not None and side is None:
+        sh = _shared_expert(x, shared, limit, act_quant)
+    if small:
         return md.moe_experts_decode(x, ti, tw, w1, s1, w3, s3, w2, s2, limit, act_quant, None, x.dtype, shared=sh,
-                                     out_dtype=x.dtype)
+                                     out_dtype=x.dtype, shared_stream=side)
     part = _routed_partials(x, ti, tw, w1, s1, w3, s3, w2, s2, limit, act_quant, None, x.dtype, None, None)
     return moe_combine(part, top_k, sh, x.dtype)
 

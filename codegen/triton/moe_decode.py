@@ -519,14 +519,15 @@ def _u8(s):
 
 def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float, act_quant: bool = False,
                        inter_dtype=None, partial_dtype=None, shared=None, out_dtype=torch.float32,
-                       compute_dtype=torch.float32, tiles=None):
+                       compute_dtype=torch.float32, tiles=None, shared_stream=None):
     """Routed experts and the combine for a few tokens: -> y [T, D] in out_dtype.
 
     A drop-in for `moe.moe_experts` (same arguments; out_dtype fp32, shared None) and for
     `moe_combine(moe_down(moe_gate_up(...)), k, shared, x.dtype)` in `moe.moe_forward` (shared [T, D],
     out_dtype=x.dtype). Correct for any T·k; the fast path for T·k <= MAX_SLOTS. No host sync.
     `tiles`: a `decode_tiles` dict (tuning); its optional "pdl" key forces programmatic dependent launch
-    on or off (default: `pdl.pdl_for(x.device)`)."""
+    on or off (default: `pdl.pdl_for(x.device)`). `shared_stream`: the stream that computes `shared`; the
+    current stream waits for it just before the down kernel (moe.moe_forward's overlap)."""
     if compute_dtype != torch.float32:
         raise ValueError("moe_experts_decode: the kernels accumulate in float32 only")
     if x.dim() != 2:
@@ -590,6 +591,8 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
         xp, xf, idx, rw, _as_words(w1, "w1"), _u8(s1), _as_words(w3, "w3"), _u8(s3), hp, hf, float(limit),
         gws, cnt[T * ncnt:], K=D, N=I, TOPK=k, BN=gu["BN"], BKB=gu["BKB"], INTER=ROUND[inter_dtype],
         H_QUANT=act_quant, KSPLIT=ksplit, PDL=pdl, num_warps=gu["num_warps"], num_stages=1, **launch_kw(pdl))
+    if shared_stream is not None:
+        torch.cuda.current_stream(dev).wait_stream(shared_stream)
     sh = shared.contiguous() if shared is not None else y
     ws = torch.empty(T * k, D, dtype=torch.float32, device=dev) if split > 1 else y
     moe_decode_down_kernel[(T, n_tiles, split)](
