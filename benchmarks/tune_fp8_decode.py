@@ -40,7 +40,7 @@ SHAPES = [("wo_b", 5120, 8192, 1, False), ("wo_b", 5120, 8192, 8, False), ("wq_a
 # bf16x2 word decoder won at engram wkv only) and results/tune_fp8_decode.json (the one-token gemv's k-loop
 # pipeline, 2-4 cp.async stages: slower, PIPE 1 stays).
 # This (fifth) run: the K split, now that a split need not divide K/BK (`split_bounds`). Nsight Compute showed
-# the default grids at 0.5-0.6 waves of the resident program slots (wo_b one token: 320 programs, 2.4 of 16 warps
+# the default grids at 0.48-0.76 waves of the resident program slots (wo_b one token: 320 programs, 2.4 of 16 warps
 # per scheduler, DRAM 45 % busy, L1TEX scoreboard stalls), so each shape is timed with the split that gives
 # c programs per SM for c = 2..8 (the gemv also with BN 32 rows, fewer registers). TUNE_M=1 / 8 limits the run
 # to those shapes. Kept as results/tune_fp8_split.json; the same sweep at TUNE_M=1 over a word-decoding,

@@ -102,11 +102,11 @@ pipelined (PIPE 1): asking Triton for 2-4 cp.async stages made every linear slow
 adds ~1.5 instructions per weight element (228 -> 328 SASS per loop step); on a GPU its accumulator
 also lands in another register layout, so its K sums differ in the last bit (1-2 of 2304 outputs).
 Nsight Compute (results/ncu_decode_before.txt, L2 flushed) then showed the decode grids, at ~2 programs
-per SM, filling 0.5-0.6 of one wave (wo_b one token: 320 programs, 2.4 of 16 warps per scheduler, DRAM
+per SM, filling 0.48-0.76 of one wave (wo_b one token: 320 programs, 2.4 of 16 warps per scheduler, DRAM
 45 % busy, stalls on L1TEX scoreboards): sizing the split to fill one wave (tune_fp8_split.json, same
 run, L2-cold) took wo_b one token 18.7 -> 15.7 µs (1.58×), shared w13 one token 15.2 -> 11.4 µs (2.05×),
-wo_b eight tokens 25.3 -> 21.6 µs (2.15×), shared w13 eight tokens 19.8 -> 18.4 µs; a grid one program
-past the wave is slower again (wo_b one token 640 programs: 19.4 µs). A gemv that decodes the E4M3
+wo_b eight tokens 25.3 -> 21.6 µs (2.15×), shared w13 eight tokens 19.8 -> 18.4 µs; a grid past the
+528 resident slots is slower again (wo_b one token, 640 programs: 19.4 µs). A gemv that decodes the E4M3
 bytes from 32-bit words by integer arithmetic (no conversion unit; x as int64 words of four bf16,
 prescaled by 2^64), keeps a [BN/32, 32, BK/4] accumulator and prefetches two k steps ahead by hand
 (sm90 SASS: no shared memory or barrier in the loop, 4.9 instructions per element, 128 registers) was
@@ -139,6 +139,7 @@ import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, aot_spec, register  # noqa: F401 (aot_spec re-exported)
 from dsv41c.codegen.triton.arrival import arrive_last, counters, reset_counter
+from dsv41c.codegen.triton.kv_quant import sm_count
 from dsv41c.codegen.triton.l2_prefetch import l2_prefetch_for, prefetch_rows_l2
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 from dsv41c import formats as nx
@@ -442,8 +443,8 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     the program's weight rows over its K split into the L2 first (l2_prefetch.py), PDL then waits for the
     previous kernel (pdl.py) before x or any store.
 
-    x [M, K] and y [M, N] are contiguous. SPLIT_K > 1: program_id(1) takes K/SPLIT_K of the
-    reduction and writes fp32 partials part[split, M, N] (GATED: [split, M, 2N], g then u); with
+    x [M, K] and y [M, N] are contiguous. SPLIT_K > 1: program_id(1) takes a run of whole BK tiles of the
+    reduction (`split_bounds`) and writes fp32 partials part[split, M, N] (GATED: [split, M, 2N], g then u); with
     FOLD the last of the SPLIT_K programs of a tile (arrival counter cnt[pid]) sums them in split
     order and runs the epilogue, otherwise `splitk_reduce_kernel` does in a second launch.
     DECODE_W 1: the weight tile is decoded from 32-bit words by bf16x2 bit assembly (`e4m3_words_to_bf16`,
@@ -747,7 +748,8 @@ def fp8_gemm_swiglu_reference(x, w1, s1, w3, s3, limit: float, act_quant: bool =
 # ============================================================================ launchers
 
 
-N_SMS_HINT = 132  # SMs of an H100/H200-class GPU: the decode split-K fills their resident program slots
+N_SMS_HINT = 132  # SMs of an H100/H200-class GPU: what the ahead-of-time variants' split-K assumes (the JIT
+# launcher reads the running device's count, kv_quant.sm_count)
 # Resident programs per SM of each decode kernel on sm90 (Triton 3.6): the gemv 123-128 registers × 128 threads
 # -> 4; the tensor-core decode tile 95 registers and 41 KB of shared memory -> 5, gated 66 KB -> 3.
 DECODE_PROGRAMS_PER_SM = {"gemv": 4, "mma": 5, "mma_gated": 3}
@@ -819,26 +821,27 @@ def _decode_w(decode_w, M: int, N: int, K: int, BK: int, device) -> int:
     return int(decode_w)
 
 
-def _split_k(M: int, N: int, K: int, BN: int, BK: int, per_sm: int) -> int:
+def _split_k(M: int, N: int, K: int, BN: int, BK: int, per_sm: int, sms: int = N_SMS_HINT) -> int:
     """Decode: the largest K split whose grid still fits the GPU's resident program slots in ONE wave
-    (per_sm programs per SM), with at least MIN_SPLIT_STEPS k tiles per split; splits need not divide K/BK
-    (`split_bounds`). H200, L2-cold graph replay (tune_fp8_decode.json): a grid that fills one wave beats both
+    (per_sm programs on each of `sms` SMs), with at least MIN_SPLIT_STEPS k tiles per split; splits need not
+    divide K/BK (`split_bounds`). H200, L2-cold graph replay (tune_fp8_split.json): a grid that fills one wave
+    beats both
     the earlier ~2 programs per SM (wo_b one token 18.7 -> 15.7 µs, shared w13 one token 15.2 -> 11.4 µs,
-    wo_b 8 tokens 25.3 -> 21.6 µs) and any grid that spills into a second wave (wo_b one token: 480 programs
+    wo_b 8 tokens 25.3 -> 21.6 µs) and a grid that spills past the 528 slots (wo_b one token: 480 programs
     15.7 µs, 640 programs 19.4 µs; Nsight Compute: 320 programs kept 2.4 of 16 warps per scheduler, DRAM 45 %)."""
     if M > 16 or K % BK:
         return 1
     steps, progs = K // BK, triton.cdiv(N, BN)
-    return max(1, min(per_sm * N_SMS_HINT // progs, steps // MIN_SPLIT_STEPS))
+    return max(1, min(per_sm * sms // progs, steps // MIN_SPLIT_STEPS))
 
 
-def _tiles(M: int, N: int, K: int, gated: bool = False):
+def _tiles(M: int, N: int, K: int, gated: bool = False, sms: int = N_SMS_HINT):
     """(BM, BN, BK, GROUP_M, SPLIT_K, num_warps, num_stages) for a shape on the running device."""
     if interpreting():
         return 16, 32, 64, 4, (2 if K % 128 == 0 and M <= 16 else 1), 4, 1
     if M <= 16:  # H200 sweep (benchmarks/tune_fp8_decode.py): BK 128 beat 256 on every decode linear
         per_sm = DECODE_PROGRAMS_PER_SM["mma_gated" if gated else "mma"]
-        return 16, 64, DECODE_BK, 1, _split_k(M, N, K, 64, DECODE_BK, per_sm), 4, 4
+        return 16, 64, DECODE_BK, 1, _split_k(M, N, K, 64, DECODE_BK, per_sm, sms), 4, 4
     if M <= 64:
         return 64, 128, 128, 8, 1, 4, 3
     return 128, 128, 64, 8, 1, 8, 3
@@ -864,7 +867,7 @@ def act_quant_fp8(x: torch.Tensor) -> torch.Tensor:
     return y.reshape(x.shape)
 
 
-def _gemv_tiles(N: int, K: int, gated: bool = False):
+def _gemv_tiles(N: int, K: int, gated: bool = False, sms: int = N_SMS_HINT):
     """(BN, BK, SPLIT_K, num_warps, num_stages) of the one-token CUDA-core path, or None if K does not tile.
     num_stages is the k loop's pipeline (the kernel's PIPE: 1 none, n >= 2 Triton's n-stage cp.async).
     The [BN, BK] fp32 accumulator(s) live in registers: 64×128 (one) or 32×128 (gated: two) keep a
@@ -872,7 +875,7 @@ def _gemv_tiles(N: int, K: int, gated: bool = False):
     BN, BK = (32, 64) if interpreting() else ((32 if gated else 64), GEMV_BK)
     if K % BK:
         return None
-    SK = 2 if interpreting() and K % (2 * BK) == 0 else _split_k(1, N, K, BN, BK, DECODE_PROGRAMS_PER_SM["gemv"])
+    SK = 2 if interpreting() and K % (2 * BK) == 0 else _split_k(1, N, K, BN, BK, DECODE_PROGRAMS_PER_SM["gemv"], sms)
     return BN, BK, SK, 4, GEMV_PIPE
 
 
@@ -928,7 +931,7 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
         if fold is False or decode_w:
             raise ValueError(f"{name}: the gemv path always folds its split-K and has no weight decoder choice "
                              f"(fold={fold}, decode_w={decode_w})")
-        BN, BK, SK, nw, ns = tiles or _gemv_tiles(N, K, gated) or (0, 0, 0, 0, 0)
+        BN, BK, SK, nw, ns = tiles or _gemv_tiles(N, K, gated, sm_count(x.device)) or (0, 0, 0, 0, 0)
         if not BK or K % BK or not 1 <= SK <= K // BK or BN % 32:
             raise ValueError(f"{name}: gemv path needs K={K} divisible by BK={BK}, 1 <= SPLIT_K={SK} <= K/BK and "
                              f"BN={BN} % 32 == 0")
@@ -943,7 +946,7 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
                               num_warps=nw, num_stages=ns, **launch_kw(pdl))
         return y.reshape(*x.shape[:-1], N)
     fold = FOLD_SPLIT_K if fold is None else fold
-    BM, BN, BK, GM, SK, nw, ns = tiles or _tiles(M, N, K, gated)
+    BM, BN, BK, GM, SK, nw, ns = tiles or _tiles(M, N, K, gated, sm_count(x.device))
     if SK > 1 and (K % BK or SK > K // BK):
         raise ValueError(f"{name}: SPLIT_K={SK} needs K={K} divisible by BK={BK} and at most K/BK splits: each "
                          "split is a run of whole k tiles")

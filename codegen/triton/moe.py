@@ -518,7 +518,9 @@ def moe_forward(x, gate_w, bias, w1, s1, w3, s3, w2, s2, shared, *, top_k: int, 
     GEMMs run on a side stream forked after x is ready, joined just before the routed down kernel, which adds
     their output; same kernels, same inputs, same bits. Memory: every side-stream use starts by waiting for
     the main stream, and the main stream waits for the side before the down kernel, so neither stream's
-    allocator can hand out a block the other still reads (no record_stream needed, also under graph capture)."""
+    allocator can hand out a block the other still reads (no record_stream needed, also under graph capture).
+    That holds while each device's FFNs are called from one stream (or streams ordered with each other): the
+    side stream is shared per device, like arrival.py's counters."""
     small = _small_batch_for(x, top_k, small_batch)
     side = None
     overlap = x.shape[0] <= OVERLAP_SHARED_MAX_T if overlap_shared is None else overlap_shared
@@ -533,8 +535,11 @@ def moe_forward(x, gate_w, bias, w1, s1, w3, s3, w2, s2, shared, *, top_k: int, 
     if shared is not None and side is None:
         sh = _shared_expert(x, shared, limit, act_quant)
     if small:
-        return md.moe_experts_decode(x, ti, tw, w1, s1, w3, s3, w2, s2, limit, act_quant, None, x.dtype, shared=sh,
-                                     out_dtype=x.dtype, shared_stream=side)
+        y = md.moe_experts_decode(x, ti, tw, w1, s1, w3, s3, w2, s2, limit, act_quant, None, x.dtype, shared=sh,
+                                  out_dtype=x.dtype, shared_stream=side)
+        if side is not None:  # joined before the down kernel already; again for the T = 0 early return
+            torch.cuda.current_stream(x.device).wait_stream(side)
+        return y
     part = _routed_partials(x, ti, tw, w1, s1, w3, s3, w2, s2, limit, act_quant, None, x.dtype, None, None)
     return moe_combine(part, top_k, sh, x.dtype)
 

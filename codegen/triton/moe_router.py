@@ -31,22 +31,24 @@ import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, register
 from dsv41c.codegen.triton.fp8_gemm import aot_spec, fp32_dot_precision, interpreting, target_traits
+from dsv41c.codegen.triton.kv_quant import sm_count
 
 HIDDEN = 5120
 ROUTERS = {"backbone": (384, 6), "dspark": (128, 3)}  # (experts, top-k)
 GEMV_MAX_T = 8  # decode: tokens up to which the logits use the GEMV kernel
 GEMV_BE, GEMV_BK = 8, 512  # 384 experts -> 48 programs per token and K split, 8 KB of gate per k step
-GEMV_PROGRAMS = 4 * 132  # decode logits: split K until about this many programs (4 per SM of an H200)
+GEMV_PROGRAMS_PER_SM = 4  # decode logits: split K until about this many programs per SM
 
 
-def _gemv_split(T: int, E: int, K: int, BK: int):
+def _gemv_split(T: int, E: int, K: int, BK: int, interp=None, sms: int = 132):
     """(splits, K per split) of the decode logits GEMV: enough K splits (whole BK steps) that T·E/BE·splits
-    reaches ~GEMV_PROGRAMS. Nsight Compute, H200, one token: with one split (48 programs, 10 dependent 8 KB
+    reaches ~GEMV_PROGRAMS_PER_SM·sms (the running device's SMs; 132, an H200's, for the ahead-of-time
+    variant). interp (default: TRITON_INTERPRET) plans two splits for the interpreter. Nsight Compute, H200, one token: with one split (48 programs, 10 dependent 8 KB
     steps each) the logits took 20.6 µs L2-cold for a 0.9 µs bytes floor, DRAM 4 % busy."""
     steps = triton.cdiv(K, BK)
-    if interpreting():
+    if interpreting() if interp is None else interp:
         return (2, triton.cdiv(steps, 2) * BK) if steps >= 2 else (1, steps * BK)
-    want = max(1, min(steps, GEMV_PROGRAMS // max(1, T * triton.cdiv(E, GEMV_BE))))
+    want = max(1, min(steps, GEMV_PROGRAMS_PER_SM * sms // max(1, T * triton.cdiv(E, GEMV_BE))))
     per = triton.cdiv(steps, want)
     return triton.cdiv(steps, per), per * BK
 
@@ -194,7 +196,7 @@ def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: flo
     gw = gate_w.contiguous()
     if T <= GEMV_MAX_T:
         BK = min(GEMV_BK, triton.next_power_of_2(D))
-        split, k_per = _gemv_split(T, E, D, BK)
+        split, k_per = _gemv_split(T, E, D, BK, sms=sm_count(x.device))
         part = torch.empty(split, T, E, dtype=torch.float32, device=x.device)
         router_logits_gemv_kernel[(T, triton.cdiv(E, GEMV_BE), split)](x, gw, part, T, E=E, K=D, BE=GEMV_BE, BK=BK,
                                                                        K_PER_SPLIT=k_per, num_warps=4)
@@ -245,7 +247,7 @@ def _router_variants(target: str) -> list:
             ce = {"E": E, "K": HIDDEN, "K_PER_SPLIT": k_per, "BT": BT, "BE": BE, "BK": BK, "PREC": tr["fp32_prec"]}
             out.append(aot_spec(router_logits_kernel, f"logits_{name}_{mode}", lt, ce, 4, 3,
                                 {"router": name, "mode": mode, "TOPK": k, **ce}))
-        _, k_per = _gemv_split(1, E, HIDDEN, GEMV_BK)  # the one-token split
+        _, k_per = _gemv_split(1, E, HIDDEN, GEMV_BK, interp=False)  # the one-token split on an H200
         ce = {"E": E, "K": HIDDEN, "BE": GEMV_BE, "BK": GEMV_BK, "K_PER_SPLIT": k_per}
         out.append(aot_spec(router_logits_gemv_kernel, f"logits_{name}_decode_gemv",
                             {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32", "T": "i32"}, ce, 4, 1,
