@@ -460,19 +460,13 @@ def _shared_expert(x, shared, limit, act_quant):
     return fp8_gemm(fp8_gemm_swiglu(x, sw1, ss1, sw3, ss3, limit, act_quant), sw2, ss2, act_quant)
 
 
-def _small_batch_for(x, top_k: int, small_batch) -> bool:
-    """`_small_batch` for the router's output before it exists: T·top_k slots."""
-    if small_batch is not None:
-        return bool(small_batch)
-    return x.shape[0] * top_k <= md.MAX_SLOTS
-
-
-def _small_batch(topk_idx, small_batch, dot_scaled, decode) -> bool:
+def _small_batch(slots: int, small_batch, dot_scaled=None, decode=None) -> bool:
     """THE dispatch between the decode path (moe_decode.py) and the grouped GEMMs: auto (None) takes the
-    decode path for at most moe_decode.MAX_SLOTS slots unless a grouped-GEMM decoder was asked for."""
+    decode path for at most moe_decode.MAX_SLOTS routed slots (tokens × top-k) unless a grouped-GEMM decoder
+    was asked for."""
     if small_batch is not None:
         return bool(small_batch)
-    return dot_scaled is None and decode is None and topk_idx.numel() <= md.MAX_SLOTS
+    return dot_scaled is None and decode is None and slots <= md.MAX_SLOTS
 
 
 def moe_experts(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float, act_quant: bool = False,
@@ -483,7 +477,7 @@ def moe_experts(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float, act_q
     small_batch: None = auto (few slots -> moe_decode's GEMV path), True / False forces a path."""
     if compute_dtype != torch.float32:
         raise ValueError("moe_experts: the kernels accumulate in float32 only")
-    if _small_batch(topk_idx, small_batch, dot_scaled, decode):
+    if _small_batch(topk_idx.numel(), small_batch, dot_scaled, decode):
         return md.moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit, act_quant, inter_dtype,
                                      partial_dtype or x.dtype)
     part = _routed_partials(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit, act_quant, inter_dtype,
@@ -521,7 +515,7 @@ def moe_forward(x, gate_w, bias, w1, s1, w3, s3, w2, s2, shared, *, top_k: int, 
     allocator can hand out a block the other still reads (no record_stream needed, also under graph capture).
     That holds while each device's FFNs are called from one stream (or streams ordered with each other): the
     side stream is shared per device, like arrival.py's counters."""
-    small = _small_batch_for(x, top_k, small_batch)
+    small = _small_batch(x.shape[0] * top_k, small_batch)
     side = None
     overlap = x.shape[0] <= OVERLAP_SHARED_MAX_T if overlap_shared is None else overlap_shared
     if shared is not None and small and x.is_cuda and overlap:
