@@ -45,11 +45,8 @@ SHAPES = [("wo_b", 5120, 8192, 1, False), ("wo_b", 5120, 8192, 8, False), ("wq_a
 # c programs per SM for c = 2..8 (the gemv also with BN 32 rows, fewer registers). TUNE_M=1 / 8 limits the run
 # to those shapes. Kept as results/tune_fp8_split.json; the same sweep at TUNE_M=1 over a word-decoding,
 # hand-prefetched gemv (slower, reverted) as results/tune_fp8_gemv_words.json.
-N_SMS = 132
-
-
 def _sk_for(per_sm, tiles, steps):
-    return max(1, min(steps, per_sm * N_SMS // tiles))
+    return max(1, min(steps, per_sm * fg.N_SMS_HINT // tiles))
 
 
 def _variants(N, K, M, gated):

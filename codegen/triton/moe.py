@@ -522,7 +522,7 @@ def moe_forward(x, gate_w, bias, w1, s1, w3, s3, w2, s2, shared, *, top_k: int, 
         side = _side_stream(x.device)
         side.wait_stream(torch.cuda.current_stream(x.device))
     sh = None
-    if shared is not None and side is not None:
+    if side is not None:
         with torch.cuda.stream(side):
             sh = _shared_expert(x, shared, limit, act_quant)
     tw, ti = router(x, gate_w, bias, top_k, route_scale, gate_temp, bias_vl, image_mask)

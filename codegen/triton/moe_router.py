@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, register
-from dsv41c.codegen.triton.fp8_gemm import aot_spec, fp32_dot_precision, interpreting, target_traits
+from dsv41c.codegen.triton.fp8_gemm import N_SMS_HINT, aot_spec, fp32_dot_precision, interpreting, target_traits
 from dsv41c.codegen.triton.kv_quant import sm_count
 
 HIDDEN = 5120
@@ -40,10 +40,10 @@ GEMV_BE, GEMV_BK = 8, 512  # 384 experts -> 48 programs per token and K split, 8
 GEMV_PROGRAMS_PER_SM = 4  # decode logits: split K until about this many programs per SM
 
 
-def _gemv_split(T: int, E: int, K: int, BK: int, interp=None, sms: int = 132):
+def _gemv_split(T: int, E: int, K: int, BK: int, interp=None, sms: int = N_SMS_HINT):
     """(splits, K per split) of the decode logits GEMV: enough K splits (whole BK steps) that T·E/BE·splits
-    reaches ~GEMV_PROGRAMS_PER_SM·sms (the running device's SMs; 132, an H200's, for the ahead-of-time
-    variant). interp (default: TRITON_INTERPRET) plans two splits for the interpreter. Nsight Compute, H200, one token: with one split (48 programs, 10 dependent 8 KB
+    reaches ~GEMV_PROGRAMS_PER_SM·sms (the running device's SMs; N_SMS_HINT, an H200's, for the
+    ahead-of-time variant). interp (default: TRITON_INTERPRET) plans two splits for the interpreter. Nsight Compute, H200, one token: with one split (48 programs, 10 dependent 8 KB
     steps each) the logits took 20.6 µs L2-cold for a 0.9 µs bytes floor, DRAM 4 % busy."""
     steps = triton.cdiv(K, BK)
     if interpreting() if interp is None else interp:
