@@ -10,7 +10,7 @@
 #   tune_attention   benchmarks/tune_sparse_attention.py  -> tune_sparse_attention.json (batched decode attention)
 #   tune_topk        benchmarks/tune_indexer_topk.py      -> tune_indexer_topk.json (few-query selection)
 #   profile          benchmarks/profile_decode.py under Nsight Compute -> ncu_decode.txt (PROFILE_ONLY picks cases)
-#   tune_overlap     benchmarks/tune_moe_ffn_overlap.py -> tune_moe_ffn_overlap.json (shared expert on a side stream)
+#   tune_overlap     benchmarks/tune_moe_ffn_overlap.py -> tune_moe_ffn_chain.json (fused router, shared expert on a side stream)
 # STEPS picks the steps (default: tests bench_attention bench_ffn); STEP_TIMEOUT bounds each (s);
 # ATTN_ONLY / FFN_ONLY pass --only to the two benchmark scripts. The logs end up in logs.tgz (the
 # device tool brings back at most 8 files).
@@ -46,7 +46,7 @@ for step in $STEPS; do
              > "$OUT/tune_attention.txt" 2>&1 ;;
     tune_topk) timeout "$T" python3 benchmarks/tune_indexer_topk.py --out "$OUT/tune_indexer_topk.json" \
              > "$OUT/tune_topk.txt" 2>&1 ;;
-    tune_overlap) timeout "$T" python3 benchmarks/tune_moe_ffn_overlap.py --out "$OUT/tune_moe_ffn_overlap.json" \
+    tune_overlap) timeout "$T" python3 benchmarks/tune_moe_ffn_overlap.py --out "$OUT/tune_moe_ffn_chain.json" \
              > "$OUT/tune_overlap.txt" 2>&1 ;;
     profile) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
              timeout "$T" "$NCU" --profile-from-start off --clock-control none --print-kernel-base function \

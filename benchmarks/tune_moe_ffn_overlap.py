@@ -1,15 +1,18 @@
-"""Time the whole MoE FFN at decode with the shared expert on the main stream vs a side stream (moe_forward's
-`overlap_shared`), under CUDA-graph replay, warm and L2-cold; check that both give the same bits.
+"""Time the MoE FFN's decode chain under CUDA-graph replay, warm and L2-cold: the router in one launch
+(`moe_router.router(fused=True)`, the default) vs two (logits, then top-k), alone and inside the whole FFN,
+and the FFN's shared expert on the main stream vs a side stream (moe_forward's `overlap_shared`, with the
+side stream at the default or a high priority); check that every variant gives the same bits.
 
 At 1 and 8 tokens (hidden 5120, 384 experts top-6, inter 2304, the FP8 shared expert), with the same random
 weights and router as benchmarks/kernels_ffn.py. The floor is the bytes of the unique routed experts, the
 gate and the shared expert over the copy bandwidth measured here.
 
-    python benchmarks/tune_moe_ffn_overlap.py --out tune_moe_ffn_overlap.json
+    python benchmarks/tune_moe_ffn_overlap.py --out tune_moe_ffn_chain.json
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -22,7 +25,7 @@ if _ROOT not in sys.path:
 
 from benchmarks.common import env_info, measure_ceilings, ms_graph, write_json  # noqa: E402
 from benchmarks.kernels_ffn import D, E, I, K_TOP, _expert_bytes, fp4_experts, fp8_w, rnd  # noqa: E402
-from dsv41c.codegen.triton import moe  # noqa: E402
+from dsv41c.codegen.triton import moe, moe_router  # noqa: E402
 
 
 def main(argv=None):
@@ -38,25 +41,48 @@ def main(argv=None):
     gw, bias = rnd(E, D, scale=0.02), rnd(E, dtype=torch.float32, scale=0.01)
     shared = (*fp8_w(I, D), *fp8_w(I, D), *fp8_w(D, I))
     kw = dict(top_k=K_TOP, route_scale=1.5, limit=10.0)
+    fused_router = moe.router  # moe_forward calls moe.router: swapped below for the two-launch form
+    two_launch = functools.partial(moe_router.router, fused=False)
+
+    def timed(name, f, floor, **meta):
+        t = ms_graph(f)
+        cold = getattr(t, "cold", None)
+        row = {"case": name, **meta, "graph_ms": t if isinstance(t, float) else str(t), "graph_cold_ms": cold,
+               "floor_ms": floor, "cold_over_floor": cold / floor if isinstance(cold, float) and floor else None}
+        doc["rows"].append(row)
+        print(json.dumps(row), flush=True)
+
     for T in (1, 8):
         x = rnd(T, D)
         _, ti = moe.router(x, gw, bias, K_TOP)
+        rfloor = (E * D * 2 + T * D * 2) / (ceil["copy_TBps"] * 1e12) * 1e3
+        outs = {}
+        for fused in (True, False):
+            outs[fused] = moe_router.router(x, gw, bias, K_TOP, fused=fused)
+            timed("router", lambda fused=fused: moe_router.router(x, gw, bias, K_TOP, fused=fused), rfloor, T=T,
+                  fused_router=fused)
+        doc["rows"].append({"case": "router", "T": T, "same_bits": all(
+            torch.equal(a, b) for a, b in zip(outs[True], outs[False]))})
         floor = (_expert_bytes(ti) + E * D * 2 + 3 * I * D * (1 + 1 / 1024)) / (ceil["copy_TBps"] * 1e12) * 1e3
         outs = {}
-        for ov in (False, True):
-            f = lambda ov=ov: moe.moe_forward(x, gw, bias, w1, s1, w3, s3, w2, s2, shared, overlap_shared=ov, **kw)  # noqa: E731
-            outs[ov] = f()
-            t = ms_graph(f)
-            cold = getattr(t, "cold", None)
-            row = {"T": T, "overlap_shared": ov, "graph_ms": t if isinstance(t, float) else str(t),
-                   "graph_cold_ms": cold, "floor_ms": floor,
-                   "cold_over_floor": cold / floor if isinstance(cold, float) else None}
-            doc["rows"].append(row)
-            print(json.dumps(row), flush=True)
+        side = moe._side_stream(x.device)
+        high = torch.cuda.Stream(x.device, priority=-100)  # torch maps it to the device's highest priority
+        for fused, ov, prio in ((True, False, "default"), (True, True, "default"), (False, True, "default"),
+                                (True, True, "high")):
+            moe.router = fused_router if fused else two_launch
+            moe._SIDE_STREAMS[torch.device(x.device)] = high if prio == "high" else side
+            try:
+                f = lambda ov=ov: moe.moe_forward(x, gw, bias, w1, s1, w3, s3, w2, s2, shared, overlap_shared=ov, **kw)  # noqa: E731
+                outs[(fused, ov, prio)] = f()
+                timed("ffn", f, floor, T=T, fused_router=fused, overlap_shared=ov, side_priority=prio)
+            finally:
+                moe.router = fused_router
+                moe._SIDE_STREAMS[torch.device(x.device)] = side
         torch.cuda.synchronize()
-        same = bool(torch.equal(outs[False], outs[True]))
-        doc["rows"].append({"T": T, "same_bits": same})
-        print(json.dumps({"T": T, "same_bits": same}), flush=True)
+        ref = next(iter(outs.values()))
+        same = all(torch.equal(ref, o) for o in outs.values())
+        doc["rows"].append({"case": "ffn", "T": T, "same_bits": same})
+        print(json.dumps({"case": "ffn", "T": T, "same_bits": same}), flush=True)
     write_json(args.out, doc)
     return 0
 

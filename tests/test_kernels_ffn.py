@@ -267,6 +267,27 @@ def test_router_paths(T, E, D):
     torch.testing.assert_close(w, rw, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("T", [1, 3, 8])
+def test_router_fused_decode_matches_two_launches(T):
+    """The one-launch decode router (last arriver runs the top-k) gives the two-launch path's bits, with and
+    without the image bias, and leaves its counters at zero (a CUDA-graph replay starts clean)."""
+    from dsv41c.codegen.triton import arrival, moe_router
+
+    g = gen(13)
+    x, gw, bias = _router_inputs(g, T, 40, 1280)  # ragged experts (40 = 5 BE tiles), 3 k blocks, 2 splits
+    img = (torch.arange(T, device=DEV) % 2 == 1)
+    for kw in ({}, {"bias_vl": randn(g, 40, scale=0.5), "image_mask": img}):
+        wf, i_f = moe_router.router(x, gw, bias, 6, fused=True, **kw)
+        w2, i2 = moe_router.router(x, gw, bias, 6, fused=False, **kw)
+        assert torch.equal(i_f, i2) and torch.equal(wf, w2)
+        rw, ri = moe.router_reference(x, gw, bias, 6, **kw)
+        assert torch.equal(i_f, ri)
+        torch.testing.assert_close(wf, rw, rtol=1e-6, atol=1e-7)
+    assert int(arrival.counters(x.device, T, pool="router")[:T].abs().sum()) == 0
+    with pytest.raises(ValueError, match="fused=True is the decode path"):
+        moe_router.router(randn(g, moe_router.GEMV_MAX_T + 1, 1280, dtype=torch.bfloat16), gw, bias, 6, fused=True)
+
+
 def test_router_exact_ties_break_toward_lower_index():
     # integer-valued inputs: every logit is exact in fp32 whatever the summation order
     g = gen(8)
@@ -743,6 +764,34 @@ def test_gpu_fp8_prefetch_and_pdl_chain_keep_the_bits(M):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(yg, chain(x, pdl=False, prefetch=0)), f"replay {i}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 8])
+def test_gpu_router_fused_decode_under_graph_replay(T):
+    """The one-launch decode router at real widths (384 experts, 5120 channels, 480 programs a token) gives
+    the two-launch path's bits, also replayed from a CUDA graph in which the kernel just before it rewrites x
+    (a read of x before its PDL grid wait would show) and with its counters reset between replays."""
+    from dsv41c.codegen.triton import moe_router
+    g = gen(34)
+    E, D = 384, 5120
+    x = randn(g, T, D, dtype=torch.bfloat16)
+    gw = randn(g, E, D, scale=0.02, dtype=torch.bfloat16)
+    bias = randn(g, E, scale=0.01)
+    wf, i_f = moe_router.router(x, gw, bias, 6, fused=True)
+    w2, i2 = moe_router.router(x, gw, bias, 6, fused=False)
+    assert torch.equal(i_f, i2) and torch.equal(wf, w2)
+    xs = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        xs.copy_(x)
+        wg, ig = moe_router.router(xs, gw, bias, 6, fused=True)
+    for r in range(3):
+        x.copy_(randn(g, T, D, dtype=torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        w2, i2 = moe_router.router(x, gw, bias, 6, fused=False)
+        assert torch.equal(ig, i2) and torch.equal(wg, w2), f"replay {r}"
 
 
 @pytest.mark.gpu

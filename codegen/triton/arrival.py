@@ -13,9 +13,10 @@ before the releasing atomic, whose release is cumulative over what the CTA barri
 visible to the issuing thread; the last program reads partials with `.cg` loads (L2, not the
 non-coherent L1, which may hold lines from a previous replay).
 
-Known gaps: the counters live in a per-device buffer owned by this module (`counters`), so two
-launches that use the same counters must not run concurrently on different streams; the
-runtime's memory planner will own them once it exists. Under TRITON_INTERPRET programs run one
+Known gaps: the counters live in per-device buffers owned by this module (`counters`), so two
+launches that use the same buffer must not run concurrently on different streams: users that may
+(the shared expert's FP8 GEMMs on moe_forward's side stream vs the fused router on the main one)
+take different `pool`s. The runtime's memory planner will own them once it exists. Under TRITON_INTERPRET programs run one
 after another, so the last ticket is simply the last program.
 """
 from __future__ import annotations
@@ -44,10 +45,11 @@ def reset_counter(counter_ptr):
 _RETIRED: list = []
 
 
-def counters(device, n: int) -> torch.Tensor:
-    """n zeroed int32 counters on `device` (kernels leave them zeroed; grown, never shrunk). A buffer
-    that is outgrown is kept alive, never freed: a CUDA graph captured earlier still points at it."""
-    key = (torch.device(device).type, torch.device(device).index)
+def counters(device, n: int, pool: str = "split") -> torch.Tensor:
+    """n zeroed int32 counters on `device` from buffer `pool` (kernels leave them zeroed; grown, never
+    shrunk). A buffer that is outgrown is kept alive, never freed: a CUDA graph captured earlier still
+    points at it. Kernels that may run concurrently on two streams must use different pools."""
+    key = (torch.device(device).type, torch.device(device).index, pool)
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < n:
         if buf is not None:

@@ -5,21 +5,26 @@ What (spec §3.5, §7.1): logits = x_f32 · W_gateᵀ / temp (fp32), s = sqrt(so
 underflows), top-k of s + b (b = `bias`, or `bias_vl` for image-span tokens), ties toward the
 LOWER expert index; weights = s[idx] / (Σ + 1e-20) · route_scale.
 
-Algorithm: logits first, then `router_topk_kernel`, which sums the logit partials in a fixed
-order and selects top-k by k rounds of (max, lowest index attaining it) — exactly a stable
-descending sort's first k. Logits come from one of two kernels:
+Algorithm: logits first, then the top-k (`topk_rows`: `router_topk_kernel`, or the fused kernel's last
+program), which sums the logit partials in a fixed order and selects top-k by k rounds of (max, lowest
+index attaining it) — exactly a stable descending sort's first k. Logits come from one of three kernels:
 - `router_logits_kernel` (prefill, and decode up to GEMV_MAX_T tokens excluded): tiles of
   tokens × experts × optional K split, fp32 tl.dot with input_precision ieee / tf32x3;
 - `router_logits_gemv_kernel` (decode, <= GEMV_MAX_T tokens): one program per (token, BE
   experts, K split), fp32 multiply-and-sum, no padded MMA rows. (H200, before the GEMV form: 20 µs under a
   CUDA graph at one token, against a 0.9 µs bytes floor; the GEMV without a K split: 48 programs, 20.6 µs
   L2-cold under Nsight Compute, so K is now split until ~4 programs per SM.)
+- `router_decode_kernel` (decode, the default up to GEMV_MAX_T tokens): the GEMV's programs, then the
+  last of a token's programs to arrive (arrival.py) runs the top-k for it, in the same launch; the
+  partials are the GEMV's and are added in the same order, so the bits are the two-launch path's.
+  Programmatic dependent launch on sm90+ (pdl.py: it waits before reading x, releases at once).
 
 Specialization keys: router (backbone 384 experts top-6 / DSpark 128 top-3), E, K (5120), TOPK,
-mode (decode_gemv / decode / prefill), BT, BE, BK, K_PER_SPLIT, PREC; top-k: E_PAD, K_PAD,
-HAS_VL, NORM.
+mode (decode_fused / decode_gemv / decode / prefill), BT, BE, BK, K_PER_SPLIT, PREC; top-k: E_PAD, K_PAD,
+HAS_VL, NORM; PDL (the fused kernel; off in the ahead-of-time variant).
 
-Known gaps: logits and top-k are two launches (a fused single-token kernel would save one);
+Known gaps: the prefill path is two launches (logits, then top-k); the fused decode kernel's per-token
+counter takes one atomic from each of its (E/BE)·splits programs (480 at one token);
 the GEMV sums in a different order than the fp32 matmul of the reference, so an exact tie in
 s + b between two experts can flip (the benchmark reports the fraction of identical rows).
 """
@@ -30,8 +35,10 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, register
+from dsv41c.codegen.triton.arrival import arrive_last, counters, reset_counter
 from dsv41c.codegen.triton.fp8_gemm import N_SMS_HINT, aot_spec, fp32_dot_precision, interpreting, target_traits
 from dsv41c.codegen.triton.kv_quant import sm_count
+from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 
 HIDDEN = 5120
 ROUTERS = {"backbone": (384, 6), "dspark": (128, 3)}  # (experts, top-k)
@@ -94,18 +101,23 @@ def sqrtsoftplus_f32(x):
 
 
 @triton.jit
-def router_topk_kernel(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, T, n_split,
-                       inv_temp, route_scale, E: tl.constexpr,
-                       BT: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr, K_PAD: tl.constexpr,
-                       HAS_VL: tl.constexpr, NORM: tl.constexpr):
-    rt = tl.program_id(0) * BT + tl.arange(0, BT)
+def topk_rows(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, rt, T, n_split, inv_temp, route_scale,
+              E: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr, K_PAD: tl.constexpr, HAS_VL: tl.constexpr,
+              NORM: tl.constexpr, CG: tl.constexpr):
+    """Rows rt of the router's output from the logit partials part [n_split, T, E]: the splits added in order,
+    sqrtsoftplus, biased top-k by TOPK rounds of (max, lowest index attaining it), normalized × route_scale.
+    CG: read the partials from L2 (`.cg`: other programs of the same launch wrote them; arrival.py)."""
     re = tl.arange(0, E_PAD)
     t_ok = rt < T
     e_ok = re < E
     m2 = t_ok[:, None] & e_ok[None, :]
-    logits = tl.zeros((BT, E_PAD), dtype=tl.float32)
+    logits = tl.zeros((rt.shape[0], E_PAD), dtype=tl.float32)
     for sp in range(0, n_split):
-        logits += tl.load(part_ptr + (sp * T + rt[:, None]).to(tl.int64) * E + re[None, :], mask=m2, other=0.0)
+        src = part_ptr + (sp * T + rt[:, None]).to(tl.int64) * E + re[None, :]
+        if CG:
+            logits += tl.load(src, mask=m2, other=0.0, cache_modifier=".cg")
+        else:
+            logits += tl.load(src, mask=m2, other=0.0)
     s = sqrtsoftplus_f32(logits * inv_temp)
     b = tl.load(bias_ptr + re, mask=e_ok, other=0.0)
     sel = s + b[None, :]
@@ -115,8 +127,8 @@ def router_topk_kernel(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_ou
         sel = tl.where(img[:, None], s + bvl[None, :], sel)
     sel = tl.where(e_ok[None, :], sel + 0.0, float("-inf"))  # +0.0: -0.0 and +0.0 tie
     rk = tl.arange(0, K_PAD)
-    top_i = tl.zeros((BT, K_PAD), dtype=tl.int32)
-    top_w = tl.zeros((BT, K_PAD), dtype=tl.float32)
+    top_i = tl.zeros((rt.shape[0], K_PAD), dtype=tl.int32)
+    top_w = tl.zeros((rt.shape[0], K_PAD), dtype=tl.float32)
     for j in tl.static_range(TOPK):
         best = tl.max(sel, axis=1)
         idx = tl.min(tl.where(sel == best[:, None], re[None, :], E_PAD), axis=1)
@@ -135,6 +147,30 @@ def router_topk_kernel(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_ou
 
 
 @triton.jit
+def router_topk_kernel(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, T, n_split,
+                       inv_temp, route_scale, E: tl.constexpr,
+                       BT: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr, K_PAD: tl.constexpr,
+                       HAS_VL: tl.constexpr, NORM: tl.constexpr):
+    rt = tl.program_id(0) * BT + tl.arange(0, BT)
+    topk_rows(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, rt, T, n_split, inv_temp, route_scale,
+              E, E_PAD, TOPK, K_PAD, HAS_VL, NORM, False)
+
+
+@triton.jit
+def gemv_partial(x_row, w_ptr, re, e_ok, k_lo, K: tl.constexpr, BK: tl.constexpr, K_PER_SPLIT: tl.constexpr):
+    """Σ_{k in [k_lo, k_lo + K_PER_SPLIT)} x[k]·W[e, k] for the experts re, fp32 multiply-and-sum."""
+    acc = tl.zeros(re.shape, dtype=tl.float32)
+    for k0 in range(k_lo, tl.minimum(k_lo + K_PER_SPLIT, K), BK):
+        rk = k0 + tl.arange(0, BK)
+        k_ok = rk < K
+        xk = tl.load(x_row + rk, mask=k_ok, other=0.0).to(tl.float32)
+        wt = tl.load(w_ptr + re[:, None].to(tl.int64) * K + rk[None, :], mask=e_ok[:, None] & k_ok[None, :],
+                     other=0.0).to(tl.float32)
+        acc += tl.sum(wt * xk[None, :], axis=1)
+    return acc
+
+
+@triton.jit
 def router_logits_gemv_kernel(x_ptr, w_ptr, part_ptr, T, E: tl.constexpr, K: tl.constexpr, BE: tl.constexpr,
                               BK: tl.constexpr, K_PER_SPLIT: tl.constexpr):
     """Decode: part[split, t, e] = Σ_{k in split} x[t, k]·W[e, k] for one token and BE experts, fp32
@@ -147,16 +183,33 @@ def router_logits_gemv_kernel(x_ptr, w_ptr, part_ptr, T, E: tl.constexpr, K: tl.
     re = tl.program_id(1) * BE + tl.arange(0, BE)
     split = tl.program_id(2)
     e_ok = re < E
-    acc = tl.zeros((BE,), dtype=tl.float32)
-    x_row = x_ptr + t.to(tl.int64) * K
-    for k0 in range(split * K_PER_SPLIT, tl.minimum(split * K_PER_SPLIT + K_PER_SPLIT, K), BK):
-        rk = k0 + tl.arange(0, BK)
-        k_ok = rk < K
-        xk = tl.load(x_row + rk, mask=k_ok, other=0.0).to(tl.float32)
-        wt = tl.load(w_ptr + re[:, None].to(tl.int64) * K + rk[None, :], mask=e_ok[:, None] & k_ok[None, :],
-                     other=0.0).to(tl.float32)
-        acc += tl.sum(wt * xk[None, :], axis=1)
+    acc = gemv_partial(x_ptr + t.to(tl.int64) * K, w_ptr, re, e_ok, split * K_PER_SPLIT, K, BK, K_PER_SPLIT)
     tl.store(part_ptr + (split * T + t).to(tl.int64) * E + re, acc, mask=e_ok)
+
+
+@triton.jit
+def router_decode_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, T,
+                         inv_temp, route_scale, E: tl.constexpr, K: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
+                         K_PER_SPLIT: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr, K_PAD: tl.constexpr,
+                         HAS_VL: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr = False):
+    """Decode, one launch: the logits GEMV of router_logits_gemv_kernel, then the last of the token's
+    (E/BE)·splits programs to arrive (arrival.py; counter cnt[t], left at 0) runs `topk_rows` for it.
+    Same partials, same order, so the same bits as the two-launch path.
+
+    PDL: x is the predecessor's output, so the program waits first; it releases the next kernel at once
+    (pdl.py's contract; the MoE prep that follows waits for this kernel to complete)."""
+    grid_wait(PDL)
+    grid_release(PDL)
+    t = tl.program_id(0)
+    re = tl.program_id(1) * BE + tl.arange(0, BE)
+    split = tl.program_id(2)
+    e_ok = re < E
+    acc = gemv_partial(x_ptr + t.to(tl.int64) * K, w_ptr, re, e_ok, split * K_PER_SPLIT, K, BK, K_PER_SPLIT)
+    tl.store(part_ptr + (split * T + t).to(tl.int64) * E + re, acc, mask=e_ok)
+    if arrive_last(cnt_ptr + t, tl.num_programs(1) * tl.num_programs(2)):
+        topk_rows(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, t + tl.arange(0, 1), T,
+                  tl.num_programs(2), inv_temp, route_scale, E, E_PAD, TOPK, K_PAD, HAS_VL, NORM, True)
+        reset_counter(cnt_ptr + t)
 
 
 # ============================================================================ reference
@@ -180,26 +233,45 @@ def router_reference(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate
 
 
 def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: float = 1.0, bias_vl=None,
-           image_mask=None, norm_topk_prob: bool = True):
-    """Triton router: -> (weights [T, k] fp32, expert ids [T, k] int32)."""
+           image_mask=None, norm_topk_prob: bool = True, fused=None):
+    """Triton router: -> (weights [T, k] fp32, expert ids [T, k] int32).
+
+    fused (None: on up to GEMV_MAX_T tokens): the decode logits and top-k in one launch
+    (`router_decode_kernel`; same bits as the two launches, which fused=False keeps)."""
     T, D = x.shape
     E = gate_w.shape[0]
     if gate_w.shape[1] != D or bias.shape != (E,):
         raise ValueError(f"router: gate {tuple(gate_w.shape)} / bias {tuple(bias.shape)} do not fit x {tuple(x.shape)}")
     if top_k > E:
         raise ValueError(f"router: top_k={top_k} > {E} experts")
+    gemv = T <= GEMV_MAX_T
+    if fused and not gemv:
+        raise ValueError(f"router: fused=True is the decode path (T <= {GEMV_MAX_T}), got T={T}")
+    fused = gemv if fused is None else bool(fused)
     wts = torch.empty(T, top_k, dtype=torch.float32, device=x.device)
     ids = torch.empty(T, top_k, dtype=torch.int32, device=x.device)
     if T == 0:
         return wts, ids
     x = x.contiguous()
     gw = gate_w.contiguous()
-    if T <= GEMV_MAX_T:
+    has_vl = bias_vl is not None and image_mask is not None
+    img = image_mask.to(torch.uint8).contiguous() if has_vl else ids
+    b = bias.float().contiguous()
+    b_vl = bias_vl.float().contiguous() if has_vl else b
+    topk_ce = dict(E=E, E_PAD=triton.next_power_of_2(E), TOPK=top_k, K_PAD=triton.next_power_of_2(top_k),
+                   HAS_VL=has_vl, NORM=norm_topk_prob)
+    if gemv:
         BK = min(GEMV_BK, triton.next_power_of_2(D))
         split, k_per = _gemv_split(T, E, D, BK, sms=sm_count(x.device))
         part = torch.empty(split, T, E, dtype=torch.float32, device=x.device)
-        router_logits_gemv_kernel[(T, triton.cdiv(E, GEMV_BE), split)](x, gw, part, T, E=E, K=D, BE=GEMV_BE, BK=BK,
-                                                                       K_PER_SPLIT=k_per, num_warps=4)
+        grid = (T, triton.cdiv(E, GEMV_BE), split)
+        if fused:
+            pdl = pdl_for(x.device)
+            router_decode_kernel[grid](x, gw, part, counters(x.device, T, pool="router"), b, b_vl, img, wts, ids, T,
+                                       1.0 / gate_temp, float(route_scale), K=D, BE=GEMV_BE, BK=BK, K_PER_SPLIT=k_per,
+                                       PDL=pdl, num_warps=4, **topk_ce, **launch_kw(pdl))
+            return wts, ids
+        router_logits_gemv_kernel[grid](x, gw, part, T, E=E, K=D, BE=GEMV_BE, BK=BK, K_PER_SPLIT=k_per, num_warps=4)
     else:
         if interpreting():
             BT, BE, BK = 16, 64, 64
@@ -214,13 +286,9 @@ def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: flo
         router_logits_kernel[(triton.cdiv(T, BT), triton.cdiv(E, BE), split)](
             x, gw, part, T, E=E, K=D, K_PER_SPLIT=k_per, BT=BT, BE=BE, BK=BK, PREC=fp32_dot_precision(x.device),
             num_warps=4, num_stages=1 if interpreting() else 3)
-    has_vl = bias_vl is not None and image_mask is not None
-    img = image_mask.to(torch.uint8).contiguous() if has_vl else ids
     BT2 = min(4 if interpreting() else 8, triton.next_power_of_2(T))
-    router_topk_kernel[(triton.cdiv(T, BT2),)](
-        part, bias.float().contiguous(), bias_vl.float().contiguous() if has_vl else bias, img, wts, ids, T, split,
-        1.0 / gate_temp, float(route_scale), E=E, BT=BT2, E_PAD=triton.next_power_of_2(E), TOPK=top_k,
-        K_PAD=triton.next_power_of_2(top_k), HAS_VL=has_vl, NORM=norm_topk_prob, num_warps=4)
+    router_topk_kernel[(triton.cdiv(T, BT2),)](part, b, b_vl, img, wts, ids, T, split, 1.0 / gate_temp,
+                                                float(route_scale), BT=BT2, num_warps=4, **topk_ce)
     return wts, ids
 
 
@@ -256,6 +324,13 @@ def _router_variants(target: str) -> list:
               "HAS_VL": True, "NORM": True}
         out.append(aot_spec(router_topk_kernel, f"topk_{name}_e{E}_k{k}", tt, ce, 4, 1,
                             {"router": name, "TOPK": k, **ce}))
+        fce = {"E": E, "K": HIDDEN, "BE": GEMV_BE, "BK": GEMV_BK, "K_PER_SPLIT": k_per,
+               **{c: ce[c] for c in ("E_PAD", "TOPK", "K_PAD", "HAS_VL", "NORM")}, "PDL": False}
+        ft = {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32", "cnt_ptr": "*i32",
+              **{a: tt[a] for a in ("bias_ptr", "bias_vl_ptr", "img_ptr", "w_out_ptr", "i_out_ptr", "T", "inv_temp",
+                                    "route_scale")}}
+        out.append(aot_spec(router_decode_kernel, f"decode_fused_{name}", ft, fce, 4, 1,
+                            {"router": name, "mode": "decode_fused", **fce}))
     return out
 
 
@@ -263,6 +338,6 @@ register(KernelTemplate(
     name="moe_router", module=__name__,
     summary="fp32 gate logits, sqrtsoftplus, biased top-k (ties -> lower index), normalized ×scale weights",
     keys=("router", "E", "K", "TOPK", "mode", "BT", "BE", "BK", "K_PER_SPLIT", "PREC", "E_PAD", "K_PAD", "HAS_VL",
-          "NORM"), reference=router_reference,
+          "NORM", "PDL"), reference=router_reference,
     launch=router,
     specializations=_router_variants))
