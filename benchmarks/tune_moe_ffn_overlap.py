@@ -1,7 +1,10 @@
 """Time the MoE FFN's decode chain under CUDA-graph replay, warm and L2-cold: the router in one launch
-(`moe_router.router(fused=True)`, the default) vs two (logits, then top-k), alone and inside the whole FFN,
-and the FFN's shared expert on the main stream vs a side stream (moe_forward's `overlap_shared`, with the
-side stream at the default or a high priority); check that every variant gives the same bits.
+(`moe_router.router(fused=True)`, the default) vs two (logits, then top-k), alone and inside the whole FFN;
+in the FFN also the router and the experts' prep in one launch (`moe_decode.route_and_prep`, the default),
+and the shared expert on the main stream vs a side stream (moe_forward's `overlap_shared`); check that every
+variant gives the same bits. (The first run of this script also timed the side stream at the highest priority:
+no difference, 73.1 vs 73.1 µs cold at one token; kept as results/tune_moe_ffn_chain_run1.json.) The FFN variants are timed --repeat times, interleaved
+(the run-to-run spread is ~1 µs), each row kept.
 
 At 1 and 8 tokens (hidden 5120, 384 experts top-6, inter 2304, the FP8 shared expert), with the same random
 weights and router as benchmarks/kernels_ffn.py. The floor is the bytes of the unique routed experts, the
@@ -25,12 +28,13 @@ if _ROOT not in sys.path:
 
 from benchmarks.common import env_info, measure_ceilings, ms_graph, write_json  # noqa: E402
 from benchmarks.kernels_ffn import D, E, I, K_TOP, _expert_bytes, fp4_experts, fp8_w, rnd  # noqa: E402
-from dsv41c.codegen.triton import moe, moe_router  # noqa: E402
+from dsv41c.codegen.triton import moe, moe_decode as md, moe_router  # noqa: E402
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--repeat", type=int, default=3, help="times each FFN variant is timed, interleaved")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     ceil = measure_ceilings()
@@ -65,19 +69,20 @@ def main(argv=None):
             torch.equal(a, b) for a, b in zip(outs[True], outs[False]))})
         floor = (_expert_bytes(ti) + E * D * 2 + 3 * I * D * (1 + 1 / 1024)) / (ceil["copy_TBps"] * 1e12) * 1e3
         outs = {}
-        side = moe._side_stream(x.device)
-        high = torch.cuda.Stream(x.device, priority=-100)  # torch maps it to the device's highest priority
-        for fused, ov, prio in ((True, False, "default"), (True, True, "default"), (False, True, "default"),
-                                (True, True, "high")):
+        for rep, (label, prep, fused, ov) in [(r, v) for r in range(args.repeat) for v in (
+                ("router+prep one launch", True, True, True), ("router+prep one launch, no overlap", True, True, False),
+                ("router one launch, prep own launch", False, True, True),
+                ("router two launches, prep own launch", False, False, True))]:
             moe.router = fused_router if fused else two_launch
-            moe._SIDE_STREAMS[torch.device(x.device)] = high if prio == "high" else side
+            md.FUSE_ROUTE_PREP = prep
             try:
                 f = lambda ov=ov: moe.moe_forward(x, gw, bias, w1, s1, w3, s3, w2, s2, shared, overlap_shared=ov, **kw)  # noqa: E731
-                outs[(fused, ov, prio)] = f()
-                timed("ffn", f, floor, T=T, fused_router=fused, overlap_shared=ov, side_priority=prio)
+                outs[label] = f()
+                timed("ffn", f, floor, T=T, variant=label, fuse_route_prep=prep, fused_router=fused,
+                      overlap_shared=ov, repeat=rep)
             finally:
                 moe.router = fused_router
-                moe._SIDE_STREAMS[torch.device(x.device)] = side
+                md.FUSE_ROUTE_PREP = True
         torch.cuda.synchronize()
         ref = next(iter(outs.values()))
         same = all(torch.equal(ref, o) for o in outs.values())
