@@ -1,8 +1,8 @@
 """Time the MoE FFN's decode chain under CUDA-graph replay, warm and L2-cold: the router in one launch
 (`moe_router.router(fused=True)`, the default) vs two (logits, then top-k), alone and inside the whole FFN;
-in the FFN also the router and the experts' prep in one launch (`moe_decode.route_and_prep`, the default),
-and the shared expert on the main stream vs a side stream (moe_forward's `overlap_shared`); check that every
-variant gives the same bits. (The first run of this script also timed the side stream at the highest priority:
+in the FFN also the router and the experts' prep in one launch (`moe_decode.route_and_prep`), the fused
+router's PDL release at its start or at its exit (`moe_router.EARLY_RELEASE`), and the shared expert on the
+main stream vs a side stream (moe_forward's `overlap_shared`); check that every variant gives the same bits. (The first run of this script also timed the side stream at the highest priority:
 no difference, 73.1 vs 73.1 µs cold at one token; kept as results/tune_moe_ffn_chain_run1.json.) The FFN variants are timed --repeat times, interleaved
 (the run-to-run spread is ~1 µs), each row kept.
 
@@ -69,20 +69,24 @@ def main(argv=None):
             torch.equal(a, b) for a, b in zip(outs[True], outs[False]))})
         floor = (_expert_bytes(ti) + E * D * 2 + 3 * I * D * (1 + 1 / 1024)) / (ceil["copy_TBps"] * 1e12) * 1e3
         outs = {}
-        for rep, (label, prep, fused, ov) in [(r, v) for r in range(args.repeat) for v in (
-                ("router+prep one launch", True, True, True), ("router+prep one launch, no overlap", True, True, False),
-                ("router one launch, prep own launch", False, True, True),
-                ("router two launches, prep own launch", False, False, True))]:
+        for rep, (label, prep, fused, ov, early) in [(r, v) for r in range(args.repeat) for v in (
+                ("router+prep one launch", True, True, True, True),
+                ("router+prep one launch, late release", True, True, True, False),
+                ("router one launch, prep own launch", False, True, True, True),
+                ("router one launch (late release), prep own launch", False, True, True, False),
+                ("router two launches, prep own launch", False, False, True, True))]:
             moe.router = fused_router if fused else two_launch
             md.FUSE_ROUTE_PREP = prep
+            moe_router.EARLY_RELEASE = early
             try:
                 f = lambda ov=ov: moe.moe_forward(x, gw, bias, w1, s1, w3, s3, w2, s2, shared, overlap_shared=ov, **kw)  # noqa: E731
                 outs[label] = f()
                 timed("ffn", f, floor, T=T, variant=label, fuse_route_prep=prep, fused_router=fused,
-                      overlap_shared=ov, repeat=rep)
+                      overlap_shared=ov, early_release=early, repeat=rep)
             finally:
                 moe.router = fused_router
                 md.FUSE_ROUTE_PREP = True
+                moe_router.EARLY_RELEASE = True
         torch.cuda.synchronize()
         ref = next(iter(outs.values()))
         same = all(torch.equal(ref, o) for o in outs.values())

@@ -350,13 +350,15 @@ def moe_decode_route_kernel(x_ptr, gw_ptr, part_ptr, rcnt_ptr, bias_ptr, bias_vl
                             BE: tl.constexpr, BK: tl.constexpr, K_PER_SPLIT: tl.constexpr, E_PAD: tl.constexpr,
                             TOPK: tl.constexpr, K_PAD: tl.constexpr, HAS_VL: tl.constexpr, NORM: tl.constexpr,
                             ACT_QUANT: tl.constexpr, NCNT: tl.constexpr, NCNT_P: tl.constexpr,
-                            NGCNT: tl.constexpr = 0, NGCNT_P: tl.constexpr = 1, PDL: tl.constexpr = False):
+                            NGCNT: tl.constexpr = 0, NGCNT_P: tl.constexpr = 1, PDL: tl.constexpr = False,
+                            EARLY_RELEASE: tl.constexpr = True):
     """The router and the prep in one launch: every program is one of moe_router.router_decode_kernel's (the
     logits GEMV, the last arriver of a token runs its top-k); the programs of the first expert tile (one per K
     split) also run the prep over their K range (x -> x', f), and the first of them zeroes the token's counters
     (as moe_decode_prep_kernel). The gate/up kernel after it must wait before reading the ids (WAIT_FIRST)."""
     mr.route_decode_program(x_ptr, gw_ptr, part_ptr, rcnt_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr,
-                            T, inv_temp, route_scale, E, K, BE, BK, K_PER_SPLIT, E_PAD, TOPK, K_PAD, HAS_VL, NORM, PDL)
+                            T, inv_temp, route_scale, E, K, BE, BK, K_PER_SPLIT, E_PAD, TOPK, K_PAD, HAS_VL, NORM, PDL,
+                            EARLY_RELEASE)
     if tl.program_id(1) == 0:
         t = tl.program_id(0).to(tl.int64)
         prep_range(x_ptr + t * K, xp_ptr + t * K, f_ptr + t * (K // 32), tl.program_id(2) * K_PER_SPLIT, K_PER_SPLIT,
@@ -600,7 +602,8 @@ def route_and_prep(x, gate_w, bias, top_k: int, route_scale: float, gate_temp: f
         x, gate_w.contiguous(), part, counters(dev, T, pool="router"), b, b_vl, img, wts, ids, T, 1.0 / gate_temp,
         float(route_scale), xp, xf, cnt, K=D, BE=mr.GEMV_BE, BK=BK, K_PER_SPLIT=k_per, ACT_QUANT=act_quant,
         NCNT=ncnt, NCNT_P=triton.next_power_of_2(max(ncnt, 1)), NGCNT=ngcnt,
-        NGCNT_P=triton.next_power_of_2(max(ngcnt, 1)), PDL=pdl, num_warps=4, **topk_ce, **launch_kw(pdl))
+        NGCNT_P=triton.next_power_of_2(max(ngcnt, 1)), PDL=pdl, EARLY_RELEASE=mr.EARLY_RELEASE, num_warps=4,
+        **topk_ce, **launch_kw(pdl))
     return wts, ids, {"xp": xp, "xf": xf, "cnt": cnt, "plan": (T, D, ncnt, ngcnt, act_quant)}
 
 
@@ -734,7 +737,7 @@ def _route_variants(target: str) -> list:
             ce = {"E": E, "K": HIDDEN, "BE": mr.GEMV_BE, "BK": mr.GEMV_BK, "K_PER_SPLIT": k_per,
                   "E_PAD": triton.next_power_of_2(E), "TOPK": k, "K_PAD": triton.next_power_of_2(k), "HAS_VL": True,
                   "NORM": True, "ACT_QUANT": aq, "NCNT": ncnt, "NCNT_P": triton.next_power_of_2(ncnt), "NGCNT": 0,
-                  "NGCNT_P": 1, "PDL": False}
+                  "NGCNT_P": 1, "PDL": False, "EARLY_RELEASE": True}
             out.append(aot_spec(moe_decode_route_kernel, f"{name}_k{k}" + ("_aq" if aq else ""), types, ce, 4, 1,
                                 {"router": name, **ce}))
     return out
@@ -790,7 +793,7 @@ register(KernelTemplate(
     name="moe_decode_route", module=__name__,
     summary="decode MoE: the router (logits GEMV, last-arriver top-k) and the experts' prep in one launch",
     keys=("router", "E", "K", "BE", "BK", "K_PER_SPLIT", "E_PAD", "TOPK", "K_PAD", "HAS_VL", "NORM", "ACT_QUANT",
-          "NCNT", "NCNT_P", "NGCNT", "NGCNT_P", "PDL"),
+          "NCNT", "NCNT_P", "NGCNT", "NGCNT_P", "PDL", "EARLY_RELEASE"),
     reference=moe_experts_decode_reference, launch=route_and_prep, specializations=_route_variants))
 register(KernelTemplate(
     name="moe_decode_gate_up_fp4", module=__name__,

@@ -45,6 +45,7 @@ ROUTERS = {"backbone": (384, 6), "dspark": (128, 3)}  # (experts, top-k)
 GEMV_MAX_T = 8  # decode: tokens up to which the logits use the GEMV kernel
 GEMV_BE, GEMV_BK = 8, 512  # 384 experts -> 48 programs per token and K split, 8 KB of gate per k step
 GEMV_PROGRAMS_PER_SM = 4  # decode logits: split K until about this many programs per SM
+EARLY_RELEASE = True  # the fused decode router releases the next PDL kernel at its start (else at its exit)
 
 
 def _gemv_split(T: int, E: int, K: int, BK: int, interp=None, sms: int = N_SMS_HINT):
@@ -191,10 +192,12 @@ def router_logits_gemv_kernel(x_ptr, w_ptr, part_ptr, T, E: tl.constexpr, K: tl.
 def route_decode_program(x_ptr, w_ptr, part_ptr, cnt_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, T,
                          inv_temp, route_scale, E: tl.constexpr, K: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
                          K_PER_SPLIT: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr, K_PAD: tl.constexpr,
-                         HAS_VL: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
-    """One program (token, BE experts, K split) of the one-launch decode router (see router_decode_kernel)."""
+                         HAS_VL: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr, EARLY_RELEASE: tl.constexpr):
+    """One program (token, BE experts, K split) of the one-launch decode router (see router_decode_kernel).
+    EARLY_RELEASE: release the next PDL kernel right after the wait (else when the program exits)."""
     grid_wait(PDL)
-    grid_release(PDL)
+    if EARLY_RELEASE:
+        grid_release(PDL)
     t = tl.program_id(0)
     re = tl.program_id(1) * BE + tl.arange(0, BE)
     split = tl.program_id(2)
@@ -211,7 +214,8 @@ def route_decode_program(x_ptr, w_ptr, part_ptr, cnt_ptr, bias_ptr, bias_vl_ptr,
 def router_decode_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, T,
                          inv_temp, route_scale, E: tl.constexpr, K: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
                          K_PER_SPLIT: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr, K_PAD: tl.constexpr,
-                         HAS_VL: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr = False):
+                         HAS_VL: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr = False,
+                         EARLY_RELEASE: tl.constexpr = True):
     """Decode, one launch: the logits GEMV of router_logits_gemv_kernel, then the last of the token's
     (E/BE)·splits programs to arrive (arrival.py; counter cnt[t], left at 0) runs `topk_rows` for it.
     Same partials, same order, so the same bits as the two-launch path.
@@ -219,7 +223,8 @@ def router_decode_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, bias_ptr, bias_vl_ptr,
     PDL: x is the predecessor's output, so the program waits first; it releases the next kernel at once
     (pdl.py's contract: the kernel after it must wait before reading the ids)."""
     route_decode_program(x_ptr, w_ptr, part_ptr, cnt_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, T,
-                         inv_temp, route_scale, E, K, BE, BK, K_PER_SPLIT, E_PAD, TOPK, K_PAD, HAS_VL, NORM, PDL)
+                         inv_temp, route_scale, E, K, BE, BK, K_PER_SPLIT, E_PAD, TOPK, K_PAD, HAS_VL, NORM, PDL,
+                         EARLY_RELEASE)
 
 
 # ============================================================================ reference
@@ -297,7 +302,7 @@ def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: flo
             pdl = pdl_for(x.device)
             router_decode_kernel[grid](x, gw, part, counters(x.device, T, pool="router"), b, b_vl, img, wts, ids, T,
                                        1.0 / gate_temp, float(route_scale), K=D, BE=GEMV_BE, BK=BK, K_PER_SPLIT=k_per,
-                                       PDL=pdl, num_warps=4, **topk_ce, **launch_kw(pdl))
+                                       PDL=pdl, EARLY_RELEASE=EARLY_RELEASE, num_warps=4, **topk_ce, **launch_kw(pdl))
             return wts, ids
         router_logits_gemv_kernel[grid](x, gw, part, T, E=E, K=D, BE=GEMV_BE, BK=BK, K_PER_SPLIT=k_per, num_warps=4)
     else:
@@ -353,7 +358,7 @@ def _router_variants(target: str) -> list:
         out.append(aot_spec(router_topk_kernel, f"topk_{name}_e{E}_k{k}", tt, ce, 4, 1,
                             {"router": name, "TOPK": k, **ce}))
         fce = {"E": E, "K": HIDDEN, "BE": GEMV_BE, "BK": GEMV_BK, "K_PER_SPLIT": k_per,
-               **{c: ce[c] for c in ("E_PAD", "TOPK", "K_PAD", "HAS_VL", "NORM")}, "PDL": False}
+               **{c: ce[c] for c in ("E_PAD", "TOPK", "K_PAD", "HAS_VL", "NORM")}, "PDL": False, "EARLY_RELEASE": True}
         ft = {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32", "cnt_ptr": "*i32",
               **{a: tt[a] for a in ("bias_ptr", "bias_vl_ptr", "img_ptr", "w_out_ptr", "i_out_ptr", "T", "inv_temp",
                                     "route_scale")}}
@@ -366,6 +371,6 @@ register(KernelTemplate(
     name="moe_router", module=__name__,
     summary="fp32 gate logits, sqrtsoftplus, biased top-k (ties -> lower index), normalized ×scale weights",
     keys=("router", "E", "K", "TOPK", "mode", "BT", "BE", "BK", "K_PER_SPLIT", "PREC", "E_PAD", "K_PAD", "HAS_VL",
-          "NORM", "PDL"), reference=router_reference,
+          "NORM", "PDL", "EARLY_RELEASE"), reference=router_reference,
     launch=router,
     specializations=_router_variants))
