@@ -34,7 +34,7 @@ from dsv41c.codegen.triton import moe, moe_decode as md, moe_router  # noqa: E40
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--repeat", type=int, default=3, help="times each FFN variant is timed, interleaved")
+    ap.add_argument("--repeat", type=int, default=2, help="times each FFN variant is timed, interleaved")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     ceil = measure_ceilings()
@@ -69,12 +69,13 @@ def main(argv=None):
             torch.equal(a, b) for a, b in zip(outs[True], outs[False]))})
         floor = (_expert_bytes(ti) + E * D * 2 + 3 * I * D * (1 + 1 / 1024)) / (ceil["copy_TBps"] * 1e12) * 1e3
         outs = {}
-        for rep, (label, prep, fused, ov, early) in [(r, v) for r in range(args.repeat) for v in (
-                ("router+prep one launch", True, True, True, True),
-                ("router+prep one launch, late release", True, True, True, False),
-                ("router one launch, prep own launch", False, True, True, True),
-                ("router one launch (late release), prep own launch", False, True, True, False),
-                ("router two launches, prep own launch", False, False, True, True))]:
+        variants = [(f"router+prep one launch ({'early' if early else 'late'} release), "
+                     f"{'overlap' if ov else 'one stream'}", True, True, ov, early)
+                    for ov in (True, False) for early in (True, False)]
+        variants += [(f"router one launch, prep own launch, {'overlap' if ov else 'one stream'}", False, True, ov, True)
+                     for ov in (True, False)]
+        variants += [("router two launches, prep own launch, overlap", False, False, True, True)]
+        for rep, (label, prep, fused, ov, early) in [(r, v) for r in range(args.repeat) for v in variants]:
             moe.router = fused_router if fused else two_launch
             md.FUSE_ROUTE_PREP = prep
             moe_router.EARLY_RELEASE = early
