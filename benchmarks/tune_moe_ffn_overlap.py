@@ -1,16 +1,20 @@
 """Time the MoE FFN's decode chain under CUDA-graph replay, warm and L2-cold: the router in one launch
-(`moe_router.router(fused=True)`, the default) vs two (logits, then top-k), alone and inside the whole FFN;
-in the FFN also the router and the experts' prep in one launch (`moe_decode.route_and_prep`), the fused
-router's PDL release at its start or at its exit (`moe_router.EARLY_RELEASE`), and the shared expert on the
-main stream vs a side stream (moe_forward's `overlap_shared`); check that every variant gives the same bits. (The first run of this script also timed the side stream at the highest priority:
-no difference, 73.1 vs 73.1 µs cold at one token; kept as results/tune_moe_ffn_chain_run1.json.) The FFN variants are timed --repeat times, interleaved
-(the run-to-run spread is ~1 µs), each row kept.
+(`moe_router.router(fused=True)`, the default) vs two (logits, then top-k), alone and inside the whole FFN,
+with the shared expert on the main stream or on a side stream (moe_forward's `overlap_shared`); check that
+every variant gives the same bits. Each FFN variant is timed --repeat times, interleaved (the run-to-run
+spread is ~1 µs), each row kept.
 
 At 1 and 8 tokens (hidden 5120, 384 experts top-6, inter 2304, the FP8 shared expert), with the same random
 weights and router as benchmarks/kernels_ffn.py. The floor is the bytes of the unique routed experts, the
 gate and the shared expert over the copy bandwidth measured here.
 
     python benchmarks/tune_moe_ffn_overlap.py --out tune_moe_ffn_chain.json
+
+Earlier runs (results/tune_moe_ffn_chain_run1..4.json) also timed the side stream at the highest priority (run 1:
+no difference) and, with code since reverted (git history: "router + MoE prep in one launch"), the router and
+the experts' prep kernel in one launch with the fused router's PDL release at its start or exit (runs 2-4):
+no better than the best configuration without it at either token count (run 4, L2-cold: one token 72.5 vs
+72.9 µs, eight tokens 400.6 vs 399.8 µs), and 7 µs worse at one token with the early release.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ if _ROOT not in sys.path:
 
 from benchmarks.common import env_info, measure_ceilings, ms_graph, write_json  # noqa: E402
 from benchmarks.kernels_ffn import D, E, I, K_TOP, _expert_bytes, fp4_experts, fp8_w, rnd  # noqa: E402
-from dsv41c.codegen.triton import moe, moe_decode as md, moe_router  # noqa: E402
+from dsv41c.codegen.triton import moe, moe_router  # noqa: E402
 
 
 def main(argv=None):
@@ -69,25 +73,16 @@ def main(argv=None):
             torch.equal(a, b) for a, b in zip(outs[True], outs[False]))})
         floor = (_expert_bytes(ti) + E * D * 2 + 3 * I * D * (1 + 1 / 1024)) / (ceil["copy_TBps"] * 1e12) * 1e3
         outs = {}
-        variants = [(f"router+prep one launch ({'early' if early else 'late'} release), "
-                     f"{'overlap' if ov else 'one stream'}", True, True, ov, early)
-                    for ov in (True, False) for early in (True, False)]
-        variants += [(f"router one launch, prep own launch, {'overlap' if ov else 'one stream'}", False, True, ov, True)
-                     for ov in (True, False)]
-        variants += [("router two launches, prep own launch, overlap", False, False, True, True)]
-        for rep, (label, prep, fused, ov, early) in [(r, v) for r in range(args.repeat) for v in variants]:
+        variants = [(f"router {'one launch' if fused else 'two launches'}, {'overlap' if ov else 'one stream'}",
+                     fused, ov) for fused in (True, False) for ov in (True, False)]
+        for rep, (label, fused, ov) in [(r, v) for r in range(args.repeat) for v in variants]:
             moe.router = fused_router if fused else two_launch
-            md.FUSE_ROUTE_PREP = prep
-            moe_router.EARLY_RELEASE = early
             try:
                 f = lambda ov=ov: moe.moe_forward(x, gw, bias, w1, s1, w3, s3, w2, s2, shared, overlap_shared=ov, **kw)  # noqa: E731
                 outs[label] = f()
-                timed("ffn", f, floor, T=T, variant=label, fuse_route_prep=prep, fused_router=fused,
-                      overlap_shared=ov, early_release=early, repeat=rep)
+                timed("ffn", f, floor, T=T, variant=label, fused_router=fused, overlap_shared=ov, repeat=rep)
             finally:
                 moe.router = fused_router
-                md.FUSE_ROUTE_PREP = True
-                moe_router.EARLY_RELEASE = True
         torch.cuda.synchronize()
         ref = next(iter(outs.values()))
         same = all(torch.equal(ref, o) for o in outs.values())

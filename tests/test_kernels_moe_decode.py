@@ -139,51 +139,6 @@ def test_swiglu_clamp_and_shared_expert_forward_semantics(experts):
     assert rel_err(unclamped, ref) > 0.1
 
 
-@pytest.mark.parametrize("T,act_quant", [(1, False), (3, True)])
-def test_route_and_prep_is_router_plus_prep(experts, T, act_quant):
-    """One launch for the router and the prep (moe_decode_route_kernel): the router's ids and weights bit for bit,
-    the prep kernel's x' / f bit for bit (K split across the programs of the first expert tile), counters zeroed,
-    and moe_forward's FFN the same bits with the fusion on and off."""
-    from dsv41c.codegen.triton import moe_router as mr
-    g = gen(60 + T)
-    E, D = E_T, 1280  # 3 GEMV k steps of 512 (the last one ragged), 2 K splits in the interpreter
-    x = (torch.randn(T, D, generator=g)).bfloat16().to(DEV)
-    gw = (torch.randn(E, D, generator=g) * 0.1).bfloat16().to(DEV)
-    bias = (torch.randn(E, generator=g) * 0.05).to(DEV)
-    w, i, prepped = md.route_and_prep(x, gw, bias, K_T, 1.5, 1.0, None, None, I_T, act_quant, tiles=MULTI)
-    rw, ri = mr.router(x, gw, bias, K_T, fused=False)
-    assert torch.equal(i, ri) and torch.equal(w, rw)
-    xp = torch.empty(T, D, dtype=torch.float32, device=DEV)
-    xf = torch.empty(T, D // 32, dtype=torch.float32, device=DEV)
-    ncnt, ngcnt = md._counter_plan(D, I_T, K_T, MULTI)
-    cnt = torch.full((T * max(ncnt + ngcnt, 1),), 7, dtype=torch.int32, device=DEV)
-    md.moe_decode_prep_kernel[(T, triton.cdiv(D // 32, 8))](x, xp, xf, cnt, K=D, BKB=8, ACT_QUANT=act_quant,
-                                                             NCNT=ncnt, NCNT_P=triton.next_power_of_2(max(ncnt, 1)))
-    assert torch.equal(prepped["xp"], xp) and torch.equal(prepped["xf"], xf)
-    assert ncnt > 0 and int(prepped["cnt"][:T * ncnt].abs().sum()) == 0
-    with pytest.raises(ValueError, match="prepped for"):
-        md.moe_experts_decode(x[:, :D_T], i, w, *experts, limit=10.0, prepped=prepped)
-
-
-def test_moe_forward_route_prep_fusion_keeps_the_bits(experts):
-    def fp8_w(g, N, K):
-        return tuple(t.to(DEV) for t in nx.quant_fp8_weight(torch.randn(N, K, generator=g) * 0.05))
-    g = gen(64)
-    x = torch.randn(2, D_T, generator=g).bfloat16().to(DEV)
-    gw = (torch.randn(E_T, D_T, generator=g) * 0.1).bfloat16().to(DEV)
-    bias = (torch.randn(E_T, generator=g) * 0.05).to(DEV)
-    shared = (*fp8_w(g, I_T, D_T), *fp8_w(g, I_T, D_T), *fp8_w(g, D_T, I_T))
-    kw = dict(top_k=K_T, route_scale=1.5, limit=10.0)
-    fused = moe.moe_forward(x, gw, bias, *experts, shared, **kw)
-    try:
-        md.FUSE_ROUTE_PREP = False
-        plain = moe.moe_forward(x, gw, bias, *experts, shared, **kw)
-    finally:
-        md.FUSE_ROUTE_PREP = True
-    assert torch.equal(fused, plain)
-    assert rel_err(fused, moe.moe_forward_reference(x, gw, bias, *experts, shared, **kw)) < 4 * BF16_ULP
-
-
 @pytest.mark.parametrize("split", [1, 3])
 def test_ragged_tiles_and_split_down(split):
     """hidden 160 / inter 96: gate/up BN 64 leaves 32 rows of its second tile past the end, BKB 2 leaves a
@@ -531,8 +486,7 @@ def test_gpu_moe_forward_shared_expert_overlap_keeps_the_bits(sparse_fp4_experts
     """moe_forward(overlap_shared=True) runs the shared expert on a side stream joined before the down
     kernel: the same bits as the one-stream order, eagerly and replayed from a CUDA graph whose x is
     rewritten inside the graph just before the FFN (a down kernel that did not wait for the side stream
-    would add a stale shared output; a gate/up kernel that read its ids before its PDL wait, stale experts).
-    The router + prep in one launch (md.FUSE_ROUTE_PREP, the default) gives the two-launch bits too."""
+    would add a stale shared output)."""
     def fp8_weight(g, N, K):
         w, s = nx.quant_fp8_weight(torch.randn(N, K, generator=g) * 0.05)
         return w, s
@@ -550,11 +504,6 @@ def test_gpu_moe_forward_shared_expert_overlap_keeps_the_bits(sparse_fp4_experts
         x = x_src.clone()
         ref = moe.moe_forward(x, gw, bias, *ex, shared, overlap_shared=False, **kw)
         assert torch.equal(moe.moe_forward(x, gw, bias, *ex, shared, overlap_shared=True, **kw), ref)
-        try:  # the router + prep launch (PDL: the gate/up kernel waits before reading its ids) vs two launches
-            md.FUSE_ROUTE_PREP = False
-            assert torch.equal(moe.moe_forward(x, gw, bias, *ex, shared, overlap_shared=True, **kw), ref)
-        finally:
-            md.FUSE_ROUTE_PREP = True
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):

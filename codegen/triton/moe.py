@@ -72,7 +72,7 @@ from dsv41c.codegen.triton.fp8_gemm import (
     fp8_gemm_reference, fp8_gemm_swiglu, fp8_gemm_swiglu_reference, interpreting, target_traits)
 from dsv41c.codegen.triton.fp4_unpack import DECODERS, fp4_tile, permute_cols_tile, permute_k, unpermute_k
 from dsv41c.codegen.triton import moe_decode as md
-from dsv41c.codegen.triton.moe_router import GEMV_MAX_T, ROUTERS, router, router_reference  # noqa: F401 (re-exported)
+from dsv41c.codegen.triton.moe_router import ROUTERS, router, router_reference  # noqa: F401 (re-exported)
 from dsv41c import formats as nx
 
 HIDDEN = 5120
@@ -487,9 +487,11 @@ def moe_experts(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float, act_q
 
 # Decode: run the shared expert on a second CUDA stream, concurrently with the router and the routed
 # experts' prep and gate/up kernels; the down kernel (which adds it) waits for it. On by default up to
-# OVERLAP_SHARED_MAX_T tokens, from the H200 (benchmarks/tune_moe_ffn_overlap.py -> results/
-# tune_moe_ffn_overlap.json, CUDA-graph replay, same bits both ways): one token 80.4 -> 76.3 µs L2-cold
-# (78.8 -> 76.4 warm); eight tokens mixed, 406 -> 387 µs warm but 404 -> 417 µs cold, so it stays off there.
+# OVERLAP_SHARED_MAX_T tokens, from the H200 (benchmarks/tune_moe_ffn_overlap.py, CUDA-graph replay, same
+# bits both ways). Two-launch router (results/tune_moe_ffn_overlap.json): one token 80.4 -> 76.3 µs L2-cold;
+# eight tokens 406 -> 387 µs warm but 404 -> 417 µs cold. With the one-launch router (results/
+# tune_moe_ffn_chain_run4.json, two repeats each): one token 78.3 -> 72.9 µs cold, eight tokens 399.8 ->
+# 419.2 µs cold (407 -> 386 warm): so on at one token, off at eight.
 OVERLAP_SHARED_MAX_T = 1
 _SIDE_STREAMS: dict = {}
 
@@ -525,17 +527,12 @@ def moe_forward(x, gate_w, bias, w1, s1, w3, s3, w2, s2, shared, *, top_k: int, 
     if side is not None:
         with torch.cuda.stream(side):
             sh = _shared_expert(x, shared, limit, act_quant)
-    prepped = None
-    if small and md.FUSE_ROUTE_PREP and 0 < x.shape[0] <= GEMV_MAX_T:  # one launch: router + the experts' prep
-        tw, ti, prepped = md.route_and_prep(x, gate_w, bias, top_k, route_scale, gate_temp, bias_vl, image_mask,
-                                            w1.shape[1], act_quant)
-    else:
-        tw, ti = router(x, gate_w, bias, top_k, route_scale, gate_temp, bias_vl, image_mask)
+    tw, ti = router(x, gate_w, bias, top_k, route_scale, gate_temp, bias_vl, image_mask)
     if shared is not None and side is None:
         sh = _shared_expert(x, shared, limit, act_quant)
     if small:
         y = md.moe_experts_decode(x, ti, tw, w1, s1, w3, s3, w2, s2, limit, act_quant, None, x.dtype, shared=sh,
-                                  out_dtype=x.dtype, shared_stream=side, prepped=prepped)
+                                  out_dtype=x.dtype, shared_stream=side)
         if side is not None:  # joined before the down kernel already; again for the T = 0 early return
             torch.cuda.current_stream(x.device).wait_stream(side)
         return y

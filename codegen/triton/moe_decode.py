@@ -132,8 +132,6 @@ import triton.language as tl
 from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
 from dsv41c.codegen.triton.arrival import arrive_last
 from dsv41c.codegen.triton.fp8_gemm import HIDDEN, MOE_INTER, fake_quant_e4m3_pow2, interpreting, target_traits
-from dsv41c.codegen.triton import moe_router as mr
-from dsv41c.codegen.triton.arrival import counters
 from dsv41c.codegen.triton.moe_router import ROUTERS
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 
@@ -334,62 +332,20 @@ def moe_decode_prep_kernel(x_ptr, xp_ptr, f_ptr, cnt_ptr, K: tl.constexpr, BKB: 
 
 
 @triton.jit
-def prep_range(x_row, xp_row, f_row, k_lo, K_PER: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-               ACT_QUANT: tl.constexpr):
-    """x[k_lo .. k_lo + K_PER) of one row -> x' and f (`store_prescaled`), BK columns (whole blocks) a step."""
-    RB: tl.constexpr = BK // 32
-    for k0 in range(k_lo, tl.minimum(k_lo + K_PER, K), BK):
-        blk = k0 // 32 + tl.arange(0, RB)
-        v = tl.load(x_row + blk[:, None] * 32 + tl.arange(0, 32)[None, :], mask=(blk < K // 32)[:, None], other=0.0)
-        store_prescaled(v.to(tl.float32), xp_row, f_row, k0 // 32, K // 32, RB, ACT_QUANT)
-
-
-@triton.jit
-def moe_decode_route_kernel(x_ptr, gw_ptr, part_ptr, rcnt_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, T,
-                            inv_temp, route_scale, xp_ptr, f_ptr, cnt_ptr, E: tl.constexpr, K: tl.constexpr,
-                            BE: tl.constexpr, BK: tl.constexpr, K_PER_SPLIT: tl.constexpr, E_PAD: tl.constexpr,
-                            TOPK: tl.constexpr, K_PAD: tl.constexpr, HAS_VL: tl.constexpr, NORM: tl.constexpr,
-                            ACT_QUANT: tl.constexpr, NCNT: tl.constexpr, NCNT_P: tl.constexpr,
-                            NGCNT: tl.constexpr = 0, NGCNT_P: tl.constexpr = 1, PDL: tl.constexpr = False,
-                            EARLY_RELEASE: tl.constexpr = True):
-    """The router and the prep in one launch: every program is one of moe_router.router_decode_kernel's (the
-    logits GEMV, the last arriver of a token runs its top-k); the programs of the first expert tile (one per K
-    split) also run the prep over their K range (x -> x', f), and the first of them zeroes the token's counters
-    (as moe_decode_prep_kernel). The gate/up kernel after it must wait before reading the ids (WAIT_FIRST)."""
-    mr.route_decode_program(x_ptr, gw_ptr, part_ptr, rcnt_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr,
-                            T, inv_temp, route_scale, E, K, BE, BK, K_PER_SPLIT, E_PAD, TOPK, K_PAD, HAS_VL, NORM, PDL,
-                            EARLY_RELEASE)
-    if tl.program_id(1) == 0:
-        t = tl.program_id(0).to(tl.int64)
-        prep_range(x_ptr + t * K, xp_ptr + t * K, f_ptr + t * (K // 32), tl.program_id(2) * K_PER_SPLIT, K_PER_SPLIT,
-                   K, BK, ACT_QUANT)
-        if tl.program_id(2) == 0:
-            if NCNT > 0:
-                i = tl.arange(0, NCNT_P)
-                tl.store(cnt_ptr + t * NCNT + i, tl.zeros_like(i), mask=i < NCNT)
-            if NGCNT > 0:
-                i = tl.arange(0, NGCNT_P)
-                tl.store(cnt_ptr + tl.num_programs(0) * NCNT + t * NGCNT + i, tl.zeros_like(i), mask=i < NGCNT)
-
-
-@triton.jit
 def moe_decode_gate_up_kernel(xp_ptr, xf_ptr, idx_ptr, rw_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, hp_ptr, hf_ptr, limit,
                               ws_ptr, cnt_ptr, K: tl.constexpr, N: tl.constexpr, TOPK: tl.constexpr,
                               BN: tl.constexpr, BKB: tl.constexpr, INTER: tl.constexpr, H_QUANT: tl.constexpr,
-                              KSPLIT: tl.constexpr = 1, PDL: tl.constexpr = False, WAIT_FIRST: tl.constexpr = False):
+                              KSPLIT: tl.constexpr = 1, PDL: tl.constexpr = False):
     """h'[slot, rows] for BN rows of expert topk_idx[slot]: SwiGLU of the w1/w3 GEMVs, stored like x'.
 
     PDL: the expert id (written before the prep kernel, two launches back) and the first weight chunks
     are read before the grid dependency wait, x' (the prep's output) after it (pdl.py's contract).
-    WAIT_FIRST: the ids come from the launch just before (moe_decode_route_kernel), so wait first.
 
     KSPLIT > 1 (grid axis 2): program (slot, n, z) runs the z-th of KSPLIT equal ranges of K's chunks
     (KSPLIT divides them: checked by the launcher), writes its g / u row sums to ws [T·k, KSPLIT, 2, N],
     and the last of the KSPLIT programs of (slot, n) to arrive (an acq_rel counter cnt[slot·N/BN + n],
     zeroed by the prep) adds them in z order and finishes the tile. Smaller programs, KSPLIT× as many:
     a finer last wave over the SMs (T = 1: 432 -> 432·KSPLIT programs); the g / u sums change order."""
-    if WAIT_FIRST:
-        grid_wait(PDL)
     slot = tl.program_id(0).to(tl.int64)
     pid_n = tl.program_id(1)
     e = tl.load(idx_ptr + slot).to(tl.int64)
@@ -561,55 +517,9 @@ def _u8(s):
     return s if s.dtype == torch.uint8 else s.view(torch.uint8)
 
 
-def _counter_plan(D: int, I: int, k: int, tt: dict):
-    """(down counters, gate/up split counters) per token for these tiles."""
-    ncnt = triton.cdiv(D, tt["down"]["BN"]) if tt["down"]["split"] > 1 else 0
-    ngcnt = k * triton.cdiv(I, tt["gate_up"]["BN"]) if tt["gate_up"].get("ksplit", 1) > 1 else 0
-    return ncnt, ngcnt
-
-
-# moe.moe_forward's decode path routes with `route_and_prep` (one launch for the router and the prep) when on.
-FUSE_ROUTE_PREP = True
-
-
-def route_and_prep(x, gate_w, bias, top_k: int, route_scale: float, gate_temp: float, bias_vl, image_mask, I: int,
-                   act_quant: bool = False, norm_topk_prob: bool = True, tiles=None):
-    """The router (moe_router.router's decode numbers, bit for bit) and moe_experts_decode's prep in ONE launch
-    (`moe_decode_route_kernel`): -> (weights [T, k] fp32, ids [T, k] int32, prepped), where `prepped` goes to
-    moe_experts_decode(prepped=) with the same x, I (the experts' inter width), act_quant and tiles.
-    T must be 1..GEMV_MAX_T (the decode router); the hidden width a multiple of 32."""
-    mr.check_router_args(x, gate_w, bias, top_k, "route_and_prep")
-    T, D = x.shape
-    E = gate_w.shape[0]
-    if not 0 < T <= mr.GEMV_MAX_T:
-        raise ValueError(f"route_and_prep: the decode router takes 1..{mr.GEMV_MAX_T} tokens, got {T}")
-    if D % 32 or I % 32:
-        raise ValueError(f"route_and_prep: hidden {D} and inter {I} must be multiples of 32 (MXFP4 blocks)")
-    dev = x.device
-    tt = tiles or decode_tiles(D, I, top_k)
-    ncnt, ngcnt = _counter_plan(D, I, top_k, tt)
-    x = x.contiguous()
-    wts = torch.empty(T, top_k, dtype=torch.float32, device=dev)
-    ids = torch.empty(T, top_k, dtype=torch.int32, device=dev)
-    b, b_vl, img, topk_ce = mr.topk_args(bias, bias_vl, image_mask, E, top_k, norm_topk_prob, ids)
-    BK, split, k_per, grid = mr.decode_plan(T, E, D, dev)
-    part = torch.empty(split, T, E, dtype=torch.float32, device=dev)
-    xp = torch.empty(T, D, dtype=torch.float32, device=dev)
-    xf = torch.empty(T, D // 32, dtype=torch.float32, device=dev)
-    cnt = torch.empty(T * max(ncnt + ngcnt, 1), dtype=torch.int32, device=dev)
-    pdl = pdl_for(dev) and (tt.get("pdl") is None or bool(tt["pdl"]))
-    moe_decode_route_kernel[grid](
-        x, gate_w.contiguous(), part, counters(dev, T, pool="router"), b, b_vl, img, wts, ids, T, 1.0 / gate_temp,
-        float(route_scale), xp, xf, cnt, K=D, BE=mr.GEMV_BE, BK=BK, K_PER_SPLIT=k_per, ACT_QUANT=act_quant,
-        NCNT=ncnt, NCNT_P=triton.next_power_of_2(max(ncnt, 1)), NGCNT=ngcnt,
-        NGCNT_P=triton.next_power_of_2(max(ngcnt, 1)), PDL=pdl, EARLY_RELEASE=mr.EARLY_RELEASE, num_warps=4,
-        **topk_ce, **launch_kw(pdl))
-    return wts, ids, {"xp": xp, "xf": xf, "cnt": cnt, "plan": (T, D, ncnt, ngcnt, act_quant)}
-
-
 def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float, act_quant: bool = False,
                        inter_dtype=None, partial_dtype=None, shared=None, out_dtype=torch.float32,
-                       compute_dtype=torch.float32, tiles=None, shared_stream=None, prepped=None):
+                       compute_dtype=torch.float32, tiles=None, shared_stream=None):
     """Routed experts and the combine for a few tokens: -> y [T, D] in out_dtype.
 
     A drop-in for `moe.moe_experts` (same arguments; out_dtype fp32, shared None) and for
@@ -617,8 +527,7 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     out_dtype=x.dtype). Correct for any T·k; the fast path for T·k <= MAX_SLOTS. No host sync.
     `tiles`: a `decode_tiles` dict (tuning); its optional "pdl" key forces programmatic dependent launch
     on or off (default: `pdl.pdl_for(x.device)`). `shared_stream`: the stream that computes `shared`; the
-    current stream waits for it just before the down kernel (moe.moe_forward's overlap). `prepped`: what
-    `route_and_prep` returned for this x (its launch ran the prep, so none is launched here)."""
+    current stream waits for it just before the down kernel (moe.moe_forward's overlap)."""
     if compute_dtype != torch.float32:
         raise ValueError("moe_experts_decode: the kernels accumulate in float32 only")
     if x.dim() != 2:
@@ -663,31 +572,25 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     rw = topk_w.to(torch.float32).contiguous()
     n_tiles = triton.cdiv(D, dn["BN"])
     split = dn["split"]
+    ncnt = n_tiles if split > 1 else 0
     gu_tiles = triton.cdiv(I, gu["BN"])
     ksplit = gu.get("ksplit", 1)
-    ncnt, ngcnt = _counter_plan(D, I, k, tt)
+    ngcnt = k * gu_tiles if ksplit > 1 else 0
+    xp = torch.empty(T, D, dtype=torch.float32, device=dev)
+    xf = torch.empty(T, D // 32, dtype=torch.float32, device=dev)
+    cnt = torch.empty(T * max(ncnt + ngcnt, 1), dtype=torch.int32, device=dev)
     pdl = pdl_for(dev) and (tt.get("pdl") is None or bool(tt["pdl"]))  # never where the device has no PDL
-    if prepped is not None:  # route_and_prep's launch did the prep
-        xp, xf, cnt = prepped["xp"], prepped["xf"], prepped["cnt"]
-        if prepped["plan"] != (T, D, ncnt, ngcnt, act_quant):
-            raise ValueError(f"moe_experts_decode: prepped for {prepped['plan']} (T, D, counters, act_quant), called "
-                             f"with {(T, D, ncnt, ngcnt, act_quant)}")
-    else:
-        xp = torch.empty(T, D, dtype=torch.float32, device=dev)
-        xf = torch.empty(T, D // 32, dtype=torch.float32, device=dev)
-        cnt = torch.empty(T * max(ncnt + ngcnt, 1), dtype=torch.int32, device=dev)
-        moe_decode_prep_kernel[(T, triton.cdiv(D // 32, tt["prep"]))](
-            x.contiguous(), xp, xf, cnt, K=D, BKB=tt["prep"], ACT_QUANT=act_quant, NCNT=ncnt,
-            NCNT_P=triton.next_power_of_2(max(ncnt, 1)), NGCNT=ngcnt, NGCNT_P=triton.next_power_of_2(max(ngcnt, 1)),
-            PDL=pdl, num_warps=4, **launch_kw(pdl))
+    moe_decode_prep_kernel[(T, triton.cdiv(D // 32, tt["prep"]))](
+        x.contiguous(), xp, xf, cnt, K=D, BKB=tt["prep"], ACT_QUANT=act_quant, NCNT=ncnt,
+        NCNT_P=triton.next_power_of_2(max(ncnt, 1)), NGCNT=ngcnt, NGCNT_P=triton.next_power_of_2(max(ngcnt, 1)),
+        PDL=pdl, num_warps=4, **launch_kw(pdl))
     hp = torch.empty(T * k, I, dtype=torch.float32, device=dev)
     hf = torch.empty(T * k, I // 32, dtype=torch.float32, device=dev)
     gws = torch.empty(T * k * ksplit * 2, I, dtype=torch.float32, device=dev) if ksplit > 1 else hp
     moe_decode_gate_up_kernel[(T * k, gu_tiles, ksplit)](
         xp, xf, idx, rw, _as_words(w1, "w1"), _u8(s1), _as_words(w3, "w3"), _u8(s3), hp, hf, float(limit),
         gws, cnt[T * ncnt:], K=D, N=I, TOPK=k, BN=gu["BN"], BKB=gu["BKB"], INTER=ROUND[inter_dtype],
-        H_QUANT=act_quant, KSPLIT=ksplit, PDL=pdl, WAIT_FIRST=prepped is not None, num_warps=gu["num_warps"],
-        num_stages=1, **launch_kw(pdl))
+        H_QUANT=act_quant, KSPLIT=ksplit, PDL=pdl, num_warps=gu["num_warps"], num_stages=1, **launch_kw(pdl))
     if shared_stream is not None:
         torch.cuda.current_stream(dev).wait_stream(shared_stream)
     sh = shared.contiguous() if shared is not None else y
@@ -722,27 +625,6 @@ def _prep_variants(target: str) -> list:
     return out
 
 
-def _route_variants(target: str) -> list:
-    tr = target_traits(target)
-    if tr is None:
-        return []
-    ncnt = triton.cdiv(HIDDEN, _aot_tiles(tr)["down"]["BN"])
-    types = {"x_ptr": "*bf16", "gw_ptr": "*bf16", "part_ptr": "*fp32", "rcnt_ptr": "*i32", "bias_ptr": "*fp32",
-             "bias_vl_ptr": "*fp32", "img_ptr": "*u8", "w_out_ptr": "*fp32", "i_out_ptr": "*i32", "T": "i32",
-             "inv_temp": "fp32", "route_scale": "fp32", "xp_ptr": "*fp32", "f_ptr": "*fp32", "cnt_ptr": "*i32"}
-    out = []
-    for name, (E, k) in ROUTERS.items():
-        _, k_per = mr._gemv_split(1, E, HIDDEN, mr.GEMV_BK, interp=False)  # the one-token split on an H200
-        for aq in (False, True):
-            ce = {"E": E, "K": HIDDEN, "BE": mr.GEMV_BE, "BK": mr.GEMV_BK, "K_PER_SPLIT": k_per,
-                  "E_PAD": triton.next_power_of_2(E), "TOPK": k, "K_PAD": triton.next_power_of_2(k), "HAS_VL": True,
-                  "NORM": True, "ACT_QUANT": aq, "NCNT": ncnt, "NCNT_P": triton.next_power_of_2(ncnt), "NGCNT": 0,
-                  "NGCNT_P": 1, "PDL": False, "EARLY_RELEASE": True}
-            out.append(aot_spec(moe_decode_route_kernel, f"{name}_k{k}" + ("_aq" if aq else ""), types, ce, 4, 1,
-                                {"router": name, **ce}))
-    return out
-
-
 def _gate_up_variants(target: str) -> list:
     tr = target_traits(target)
     if tr is None:
@@ -757,7 +639,7 @@ def _gate_up_variants(target: str) -> list:
             ce = {"K": HIDDEN, "N": MOE_INTER, "TOPK": k, "BN": g["BN"], "BKB": g["BKB"],
                   # KSPLIT 1 ahead of time: a K split needs a prep variant that also zeroes this router's
                   # k·I/BN gate/up counters per token (NGCNT), and the prep variants are not keyed by router yet.
-                  "INTER": ROUND[torch.bfloat16], "H_QUANT": hq, "KSPLIT": 1, "PDL": False, "WAIT_FIRST": False}
+                  "INTER": ROUND[torch.bfloat16], "H_QUANT": hq, "KSPLIT": 1, "PDL": False}
             out.append(aot_spec(moe_decode_gate_up_kernel, f"{name}_k{k}" + ("_aq" if hq else ""), types, ce,
                                 g["num_warps"], 1, {"router": name, "E": E, **ce}))
     return out
@@ -790,15 +672,9 @@ register(KernelTemplate(
     reference=moe_experts_decode_reference,
     launch=moe_experts_decode, specializations=_prep_variants))
 register(KernelTemplate(
-    name="moe_decode_route", module=__name__,
-    summary="decode MoE: the router (logits GEMV, last-arriver top-k) and the experts' prep in one launch",
-    keys=("router", "E", "K", "BE", "BK", "K_PER_SPLIT", "E_PAD", "TOPK", "K_PAD", "HAS_VL", "NORM", "ACT_QUANT",
-          "NCNT", "NCNT_P", "NGCNT", "NGCNT_P", "PDL", "EARLY_RELEASE"),
-    reference=moe_experts_decode_reference, launch=route_and_prep, specializations=_route_variants))
-register(KernelTemplate(
     name="moe_decode_gate_up_fp4", module=__name__,
     summary="decode MoE: per-slot MXFP4 w1/w3 GEMVs (no dispatch) + clamped SwiGLU × routing weight",
-    keys=("router", "E", "K", "N", "TOPK", "BN", "BKB", "INTER", "H_QUANT", "KSPLIT", "PDL", "WAIT_FIRST"),
+    keys=("router", "E", "K", "N", "TOPK", "BN", "BKB", "INTER", "H_QUANT", "KSPLIT", "PDL"),
     reference=moe_experts_decode_reference, launch=moe_experts_decode, specializations=_gate_up_variants))
 register(KernelTemplate(
     name="moe_decode_down_fp4", module=__name__,
