@@ -60,6 +60,18 @@ def main(argv=None):
         doc["rows"].append(row)
         print(json.dumps(row), flush=True)
 
+    per_sm0 = moe_router.GEMV_PROGRAMS_PER_SM
+    for T in (1, 2, 4, 8):  # the fused router's K split: ~c programs per SM for c = 4, 8, 16
+        x = rnd(T, D)
+        rfloor = (E * D * 2 + T * D * 2) / (ceil["copy_TBps"] * 1e12) * 1e3
+        for c in (4, 8, 16):
+            moe_router.GEMV_PROGRAMS_PER_SM = c
+            try:
+                split = moe_router._gemv_split(T, E, D, moe_router.GEMV_BK)[0]
+                timed("router_split", lambda: moe_router.router(x, gw, bias, K_TOP), rfloor, T=T, programs_per_sm=c,
+                      split=split)
+            finally:
+                moe_router.GEMV_PROGRAMS_PER_SM = per_sm0
     for T in (1, 8):
         x = rnd(T, D)
         _, ti = moe.router(x, gw, bias, K_TOP)
