@@ -216,7 +216,7 @@ def test_decode_split_fills_one_wave():
     assert fg._split_k(32, 5120, 8192, 64, 128, 5) == 1  # prefill shapes never split
     assert fg._split_k(1, 64, 200, 64, 128, 4) == 1  # K does not tile
     from dsv41c.codegen.triton import moe_router as mr
-    for T, E, want in ((1, 384, 10), (8, 384, 1), (1, 128, 10), (4, 384, 2)):
+    for T, E, want in ((1, 384, 10), (8, 384, 2), (1, 128, 10), (4, 384, 5)):
         split, k_per = mr._gemv_split(T, E, 5120, 512, interp=False)
         assert split == want and (split - 1) * k_per < 5120 <= split * k_per, (T, E, split, k_per)
 

@@ -47,7 +47,10 @@ HIDDEN = 5120
 ROUTERS = {"backbone": (384, 6), "dspark": (128, 3)}  # (experts, top-k)
 GEMV_MAX_T = 8  # decode: tokens up to which the logits use the GEMV kernel
 GEMV_BE, GEMV_BK = 8, 512  # 384 experts -> 48 programs per token and K split, 8 KB of gate per k step
-GEMV_PROGRAMS_PER_SM = 4  # decode logits: split K until about this many programs per SM
+# decode logits: split K until about this many programs per SM (32 registers a thread: 16 fit). H200, fused
+# router, L2-cold (results/tune_moe_ffn_chain.json): 8 tokens 27.4 / 15.8 / 15.6 µs at 4 / 8 / 16 (splits 1 / 2
+# / 5), 4 tokens 15.7 / 11.2 / 12.1, one token 8.8 / 8.6 / 8.9 (split 10 = one k step a program, all three).
+GEMV_PROGRAMS_PER_SM = 8
 
 
 def _gemv_split(T: int, E: int, K: int, BK: int, interp=None, sms: int = N_SMS_HINT):
