@@ -13,14 +13,15 @@ index attaining it) — exactly a stable descending sort's first k. Logits come 
 - `router_logits_gemv_kernel` (decode, <= GEMV_MAX_T tokens): one program per (token, BE
   experts, K split), fp32 multiply-and-sum, no padded MMA rows. (H200, before the GEMV form: 20 µs under a
   CUDA graph at one token, against a 0.9 µs bytes floor; the GEMV without a K split: 48 programs, 20.6 µs
-  L2-cold under Nsight Compute, so K is now split until ~4 programs per SM.)
+  L2-cold under Nsight Compute, so K is now split until ~GEMV_PROGRAMS_PER_SM programs per SM.)
 - `router_decode_kernel` (decode, the default up to GEMV_MAX_T tokens): the GEMV's programs, then the
   last of a token's programs to arrive (arrival.py) runs the top-k for it, in the same launch; the
   partials are the GEMV's and are added in the same order, so the bits are the two-launch path's.
   Programmatic dependent launch on sm90+ (pdl.py: it waits before reading x, releases at once).
   H200, CUDA-graph replay, L2-cold (results/tune_moe_ffn_chain_run4.json): alone 9.1 -> 8.7 µs at one
-  token, 28.9 -> 27.6 µs at eight; inside the whole MoE FFN at one token (shared expert overlapped)
-  76.2 -> 72.9 µs, where the launch it saves sits on the critical path.
+  token, 28.9 -> 27.6 µs at eight (15.8 µs with the 8-per-SM split, tune_moe_ffn_chain.json); inside the
+  whole MoE FFN at one token (shared expert overlapped) 76.2 -> 72.9 µs, where the launch it saves sits
+  on the critical path.
 
 Specialization keys: router (backbone 384 experts top-6 / DSpark 128 top-3), E, K (5120), TOPK,
 mode (decode_fused / decode_gemv / decode / prefill), BT, BE, BK, K_PER_SPLIT, PREC; top-k: E_PAD, K_PAD,
