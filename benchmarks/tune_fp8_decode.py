@@ -45,7 +45,8 @@ SHAPES = [("wo_b", 5120, 8192, 1, False), ("wo_b", 5120, 8192, 8, False), ("wq_a
 # c programs per SM for c = 2..8 (the gemv also with BN 32 rows, fewer registers). TUNE_M=1 / 8 limits the run
 # to those shapes. Kept as results/tune_fp8_split.json; the same sweep at TUNE_M=1 over a word-decoding,
 # hand-prefetched gemv (slower, reverted) as results/tune_fp8_gemv_words.json. Sixth run (TUNE_M=8, kept as
-# results/tune_fp8_bn128.json): the tensor-core tile at BN 128 rows, 4 and 8 warps, 2-4 programs per SM.
+# results/tune_fp8_bn128.json, TUNE_BN128=1): the tensor-core tile at BN 128 rows, 4 and 8 warps, 2-4 programs
+# per SM. Seventh (TUNE_M=8, results/tune_fp8_stages.json): the tensor-core k loop at 2, 3, 5, 6 stages.
 def _sk_for(per_sm, tiles, steps):
     return max(1, min(steps, per_sm * fg.N_SMS_HINT // tiles))
 
@@ -66,7 +67,9 @@ def _variants(N, K, M, gated):
         tiles = triton.cdiv(N, BN) * triton.cdiv(M, BM)
         for sk in sorted({_sk_for(c, tiles, K // BK) for c in (2, 3, 4, 5, 6, 8)}):
             out.append((f"mma_sk{sk}", {"tiles": (BM, BN, BK, GM, sk, nw, ns)}))
-        if N % 128 == 0:  # wider weight tiles: the per-k-step wgmma / scale overhead over twice the rows
+        for ns2 in (2, 3, 5, 6):  # the k loop's cp.async pipeline depth at the default split
+            out.append((f"mma_sk{SK}_ns{ns2}", {"tiles": (BM, BN, BK, GM, SK, nw, ns2)}))
+        if os.environ.get("TUNE_BN128") and N % 128 == 0:  # wider weight tiles (slower: tune_fp8_bn128.json)
             tiles = triton.cdiv(N, 128) * triton.cdiv(M, BM)
             for nw2 in (4, 8):
                 for sk in sorted({_sk_for(c, tiles, K // BK) for c in (2, 3, 4)}):
