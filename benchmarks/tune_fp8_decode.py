@@ -63,7 +63,7 @@ def _variants(N, K, M, gated):
                 for sk in sorted({_sk_for(c, tiles, K // BK) for c in (2, 3, 4, 5, 6, 8)}):
                     out.append((f"gemv_bn{bn}_sk{sk}", {"path": "gemv", "tiles": (bn, BK, sk, nw, pipe)}))
     else:
-        BM, BN, BK, GM, SK, nw, ns = fg._tiles(M, N, K)
+        BM, BN, BK, GM, SK, nw, ns = fg._tiles(M, N, K, gated)
         tiles = triton.cdiv(N, BN) * triton.cdiv(M, BM)
         for sk in sorted({_sk_for(c, tiles, K // BK) for c in (2, 3, 4, 5, 6, 8)}):
             out.append((f"mma_sk{sk}", {"tiles": (BM, BN, BK, GM, sk, nw, ns)}))

@@ -274,9 +274,9 @@ def test_router_fused_decode_matches_two_launches(T):
     from dsv41c.codegen.triton import arrival, moe_router
 
     g = gen(13)
-    x, gw, bias = _router_inputs(g, T, 40, 1280)  # ragged experts (40 = 5 BE tiles), 3 k blocks, 2 splits
-    img = (torch.arange(T, device=DEV) % 2 == 1)
-    for kw in ({}, {"bias_vl": randn(g, 40, scale=0.5), "image_mask": img}):
+    x, gw, bias = _router_inputs(g, T, 44, 1280)  # ragged experts (44 = 5.5 tiles of 8), 3 k blocks (the last
+    img = (torch.arange(T, device=DEV) % 2 == 1)  # ragged), 2 K splits in the interpreter
+    for kw in ({}, {"bias_vl": randn(g, 44, scale=0.5), "image_mask": img}):
         wf, i_f = moe_router.router(x, gw, bias, 6, fused=True, **kw)
         w2, i2 = moe_router.router(x, gw, bias, 6, fused=False, **kw)
         assert torch.equal(i_f, i2) and torch.equal(wf, w2)
