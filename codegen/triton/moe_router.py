@@ -48,7 +48,8 @@ HIDDEN = 5120
 ROUTERS = {"backbone": (384, 6), "dspark": (128, 3)}  # (experts, top-k)
 GEMV_MAX_T = 8  # decode: tokens up to which the logits use the GEMV kernel
 GEMV_BE, GEMV_BK = 8, 512  # 384 experts -> 48 programs per token and K split, 8 KB of gate per k step
-# decode logits: split K until about this many programs per SM (32 registers a thread: 16 fit). H200, fused
+# decode logits: split K until about this many programs per SM (the fused kernel: 38 / 47 registers a thread
+# under Triton 3.9 / 3.6 on sm90, no local memory, so 10-13 programs of 4 warps fit an SM). H200, fused
 # router, L2-cold (results/tune_moe_ffn_chain.json): 8 tokens 27.4 / 15.8 / 15.6 µs at 4 / 8 / 16 (splits 1 / 2
 # / 5), 4 tokens 15.7 / 11.2 / 12.1, one token 8.8 / 8.6 / 8.9 (split 10 = one k step a program, all three).
 GEMV_PROGRAMS_PER_SM = 8
