@@ -165,17 +165,24 @@ def router_topk_kernel(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_ou
 
 
 @triton.jit
-def gemv_partial(x_row, w_ptr, re, e_ok, k_lo, K: tl.constexpr, BK: tl.constexpr, K_PER_SPLIT: tl.constexpr):
-    """Σ_{k in [k_lo, k_lo + K_PER_SPLIT)} x[k]·W[e, k] for the experts re, fp32 multiply-and-sum."""
-    acc = tl.zeros(re.shape, dtype=tl.float32)
-    for k0 in range(k_lo, tl.minimum(k_lo + K_PER_SPLIT, K), BK):
+def logits_partial_program(x_ptr, w_ptr, part_ptr, T, E: tl.constexpr, K: tl.constexpr, BE: tl.constexpr,
+                           BK: tl.constexpr, K_PER_SPLIT: tl.constexpr):
+    """Program (token t, BE experts, K split): part[split, t, e] = Σ_{k in split} x[t, k]·W[e, k], fp32
+    multiply-and-sum."""
+    t = tl.program_id(0)
+    re = tl.program_id(1) * BE + tl.arange(0, BE)
+    split = tl.program_id(2)
+    e_ok = re < E
+    x_row = x_ptr + t.to(tl.int64) * K
+    acc = tl.zeros((BE,), dtype=tl.float32)
+    for k0 in range(split * K_PER_SPLIT, tl.minimum(split * K_PER_SPLIT + K_PER_SPLIT, K), BK):
         rk = k0 + tl.arange(0, BK)
         k_ok = rk < K
         xk = tl.load(x_row + rk, mask=k_ok, other=0.0).to(tl.float32)
         wt = tl.load(w_ptr + re[:, None].to(tl.int64) * K + rk[None, :], mask=e_ok[:, None] & k_ok[None, :],
                      other=0.0).to(tl.float32)
         acc += tl.sum(wt * xk[None, :], axis=1)
-    return acc
+    tl.store(part_ptr + (split * T + t).to(tl.int64) * E + re, acc, mask=e_ok)
 
 
 @triton.jit
@@ -187,12 +194,7 @@ def router_logits_gemv_kernel(x_ptr, w_ptr, part_ptr, T, E: tl.constexpr, K: tl.
     At a few tokens the [16-token, BK]·[BK, BE] fp32 MMAs of router_logits_kernel are 15/16 padding and
     tf32x3 triples them; a GEMV over [BE, BK] weight tiles streams the 3.9 MB gate at memory speed, once
     there are enough programs to keep it in flight (program_id(2) splits K: `_gemv_split`)."""
-    t = tl.program_id(0)
-    re = tl.program_id(1) * BE + tl.arange(0, BE)
-    split = tl.program_id(2)
-    e_ok = re < E
-    acc = gemv_partial(x_ptr + t.to(tl.int64) * K, w_ptr, re, e_ok, split * K_PER_SPLIT, K, BK, K_PER_SPLIT)
-    tl.store(part_ptr + (split * T + t).to(tl.int64) * E + re, acc, mask=e_ok)
+    logits_partial_program(x_ptr, w_ptr, part_ptr, T, E, K, BE, BK, K_PER_SPLIT)
 
 
 @triton.jit
@@ -208,12 +210,8 @@ def router_decode_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, bias_ptr, bias_vl_ptr,
     (pdl.py's contract; the MoE prep that follows waits for this kernel to complete)."""
     grid_wait(PDL)
     grid_release(PDL)
+    logits_partial_program(x_ptr, w_ptr, part_ptr, T, E, K, BE, BK, K_PER_SPLIT)
     t = tl.program_id(0)
-    re = tl.program_id(1) * BE + tl.arange(0, BE)
-    split = tl.program_id(2)
-    e_ok = re < E
-    acc = gemv_partial(x_ptr + t.to(tl.int64) * K, w_ptr, re, e_ok, split * K_PER_SPLIT, K, BK, K_PER_SPLIT)
-    tl.store(part_ptr + (split * T + t).to(tl.int64) * E + re, acc, mask=e_ok)
     if arrive_last(cnt_ptr + t, tl.num_programs(1) * tl.num_programs(2)):
         topk_rows(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, t + tl.arange(0, 1), T,
                   tl.num_programs(2), inv_temp, route_scale, E, E_PAD, TOPK, K_PAD, HAS_VL, NORM, True)
