@@ -38,7 +38,7 @@ def fp8_case(N, K, M, gated=False):
     return lambda: fg.fp8_gemm(x, w, s)
 
 
-def moe_case(T, whole=False, mma=None):
+def moe_case(T, whole=False):
     w1, s1 = fp4_experts(E, I, D)
     w3, s3 = fp4_experts(E, I, D)
     w2, s2 = fp4_experts(E, D, I)
@@ -49,12 +49,6 @@ def moe_case(T, whole=False, mma=None):
         return lambda: moe.moe_forward(x, gw, bias, w1, s1, w3, s3, w2, s2, shared, top_k=K_TOP, route_scale=1.5,
                                        limit=10.0)
     tw, ti = moe.router(x, gw, bias, K_TOP)
-    if mma is not None:  # moe_decode directly, the gate/up on the tensor cores or not
-        from dsv41c.codegen.triton import moe_decode as md
-        t = md.decode_tiles(D, I, K_TOP)
-        if mma:
-            t["gate_up"] = dict(mma)
-        return lambda: md.moe_experts_decode(x, ti, tw, w1, s1, w3, s3, w2, s2, 10.0, tiles=t)
     return lambda: moe.moe_experts(x, ti, tw, w1, s1, w3, s3, w2, s2, 10.0)
 
 
@@ -72,7 +66,6 @@ CASES = {
     "fp8_shared_w2_M8": lambda: fp8_case(D, I, 8),
     "moe_T1": lambda: moe_case(1),
     "moe_ffn_T1": lambda: moe_case(1, whole=True),
-    "moe_mma_T1": lambda: moe_case(1, mma={"mma": True, "BN": 64, "num_warps": 4, "ksplit": 4, "num_stages": 3}),
     "compressor_r1_T1": lambda: compressor_case(1, 1),
 }
 

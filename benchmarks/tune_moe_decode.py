@@ -49,12 +49,6 @@ ROTATE = 8  # disjoint expert sets in the rotating graph
 # slots plus a partial one of 48, so the finer splits 10 and 20 (2 and 1 chunks a program: the whole program's
 # weights are loaded before its grid dependency wait) and 4 (3.27 waves) are timed against it.
 GATE_UP = [None, (32, 8, 4, 4), (32, 8, 4, 10), (32, 8, 4, 20)]
-# The tensor-core gate/up (moe_decode_mma.py): dicts taken as the gate/up tiles; TUNE_MMA=1 times only these
-# beside the FMA default (and the first of them with act_quant).
-GATE_UP_MMA = [{"mma": True, "BN": 64, "num_warps": 4, "ksplit": ks, "num_stages": ns, "pre": pre, "sub": sub}
-               for ks, ns, pre, sub in ((4, 3, False, 256), (4, 3, False, 64), (2, 3, False, 64), (5, 3, False, 64),
-                                        (1, 3, False, 64), (4, 4, False, 64), (10, 3, False, 64), (4, 3, True, 64),
-                                        (2, 4, True, 64))]
 # (BN, BKB, num_warps, split); split None = top_k; the first is the default (only its gate/up rows run it).
 # (16, 8, 4) of the earlier runs is dropped for time (it never led).
 DOWN = [(32, 8, 2, None), (32, 8, 4, None)]
@@ -63,9 +57,7 @@ DOWN = [(32, 8, 2, None), (32, 8, 4, None)]
 def tiles_with(k, D, I, gate_up=None, down=None, pdl=None):
     t = md.decode_tiles(D, I, k)
     t["pdl"] = pdl  # None: the default (on for sm90+ CUDA devices)
-    if isinstance(gate_up, dict):
-        t["gate_up"] = dict(gate_up)
-    elif gate_up:
+    if gate_up:
         t["gate_up"] = {"BN": gate_up[0], "BKB": gate_up[1], "num_warps": gate_up[2],
                         "ksplit": gate_up[3] if len(gate_up) > 3 else 1}
     if down:
@@ -75,10 +67,7 @@ def tiles_with(k, D, I, gate_up=None, down=None, pdl=None):
 
 def label(t):
     g, d = t["gate_up"], t["down"]
-    gl = (f"gu MMA BN{g['BN']} w{g['num_warps']} k{g.get('ksplit', 1)} ns{g.get('num_stages', 3)}"
-          f"{' pre' if g.get('pre') else ''} sub{g.get('sub', 256)}" if g.get("mma")
-          else f"gu BN{g['BN']} BKB{g['BKB']} w{g['num_warps']} k{g.get('ksplit', 1)}")
-    return (f"{gl} | "
+    return (f"gu BN{g['BN']} BKB{g['BKB']} w{g['num_warps']} k{g.get('ksplit', 1)} | "
             f"dn BN{d['BN']} BKB{d['BKB']} w{d['num_warps']} "
             f"s{d['split']}" + ("" if t.get("pdl") is None else f" | pdl {'on' if t['pdl'] else 'off'}"))
 
@@ -246,7 +235,7 @@ def main(argv=None):
         ceil = measure_ceilings()
         doc = {**env_info(), "ceilings": ceil, "rows": []}
         try:  # converts in a loop are no-ops when Triton picks equal layouts; the tuning rows tell
-            doc["static"] = {} if os.environ.get("TUNE_MMA") == "1" else static_info()
+            doc["static"] = static_info()
         except Exception as e:  # noqa: BLE001 - informational only
             doc["static"] = {"error": f"{type(e).__name__}: {e}"[:300]}
         print(json.dumps({"static": doc["static"]}), flush=True)
@@ -271,12 +260,8 @@ def main(argv=None):
                 refs[aq] = md.moe_experts_decode_reference(x, idx, w, *ex, LIMIT, act_quant=aq)
             return refs[aq]
         # (gate/up, down, act_quant, pdl): pdl None = the default; the explicit off row is the control
-        if os.environ.get("TUNE_MMA") == "1" and not smoke:
-            configs = ([(None, None, False, None)] + [(g, None, False, None) for g in GATE_UP_MMA]
-                       + [(GATE_UP_MMA[0], None, True, None), (None, None, True, None)])
-        else:
-            configs = ([(g, None, False, None) for g in gate_ups] + [(None, None, False, False)]
-                       + [(None, d, False, None) for d in downs[1:]] + [(None, None, True, None)])
+        configs = ([(g, None, False, None) for g in gate_ups] + [(None, None, False, False)]
+                   + [(None, d, False, None) for d in downs[1:]] + [(None, None, True, None)])
         for g, d, aq, pdl in configs:
             t = tiles_with(k, D, I, g, d, pdl)
 

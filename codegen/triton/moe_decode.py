@@ -464,7 +464,7 @@ def _fit(KB: int, BKB: int) -> int:
     return b if KB % b == 0 else BKB
 
 
-def decode_tiles(D: int = HIDDEN, I: int = MOE_INTER, top_k: int = 6, interp=None, mma=None) -> dict:
+def decode_tiles(D: int = HIDDEN, I: int = MOE_INTER, top_k: int = 6, interp=None) -> dict:
     """Launch parameters: prep BKB; gate_up {BN, BKB, num_warps, ksplit}; down {BN, BKB, num_warps, split}.
 
     sm90: gate/up BN = 32 (a program owns whole h blocks), BKB = 8 (8 lanes across the blocks of a
@@ -559,22 +559,14 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
         return y
     tt = tiles or decode_tiles(D, I, k)
     gu, dn = tt["gate_up"], tt["down"]
+    _check_tiles("gate/up", gu)
     _check_tiles("down", dn, k)
     if gu["BN"] % 32:
         raise ValueError(f"moe_experts_decode: gate/up BN={gu['BN']} is not a multiple of 32 (whole h blocks)")
-    # fp32 activations are not fp16 values: the tensor-core path would round them (2^-12); they keep the FMAs
-    use_mma = bool(gu.get("mma")) and (act_quant or x.dtype in (torch.bfloat16, torch.float16))
-    if gu.get("mma") and not use_mma:
-        gu = decode_tiles(D, I, k, mma=False)["gate_up"]
-    if use_mma:
-        from dsv41c.codegen.triton import moe_decode_mma as mma  # it imports this module's jit helpers
-        mma.check_tiles(gu, D, I)
-    else:
-        _check_tiles("gate/up", gu)
-        gu_chunks = triton.cdiv(D // 32, gu["BKB"])
-        if gu.get("ksplit", 1) < 1 or gu_chunks % gu.get("ksplit", 1):
-            raise ValueError(f"moe_experts_decode: gate/up ksplit={gu.get('ksplit')} does not divide the "
-                             f"{gu_chunks} chunks of BKB={gu['BKB']} blocks of hidden {D}")
+    gu_chunks = triton.cdiv(D // 32, gu["BKB"])
+    if gu.get("ksplit", 1) < 1 or gu_chunks % gu.get("ksplit", 1):
+        raise ValueError(f"moe_experts_decode: gate/up ksplit={gu.get('ksplit')} does not divide the {gu_chunks} "
+                         f"chunks of BKB={gu['BKB']} blocks of hidden {D}")
     dev = x.device
     idx = topk_idx.to(torch.int32).contiguous()
     rw = topk_w.to(torch.float32).contiguous()
@@ -584,35 +576,21 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     gu_tiles = triton.cdiv(I, gu["BN"])
     ksplit = gu.get("ksplit", 1)
     ngcnt = k * gu_tiles if ksplit > 1 else 0
+    xp = torch.empty(T, D, dtype=torch.float32, device=dev)
     xf = torch.empty(T, D // 32, dtype=torch.float32, device=dev)
     cnt = torch.empty(T * max(ncnt + ngcnt, 1), dtype=torch.int32, device=dev)
     pdl = pdl_for(dev) and (tt.get("pdl") is None or bool(tt["pdl"]))  # never where the device has no PDL
-    counters = dict(NCNT=ncnt, NCNT_P=triton.next_power_of_2(max(ncnt, 1)), NGCNT=ngcnt,
-                    NGCNT_P=triton.next_power_of_2(max(ngcnt, 1)))
-    if use_mma:  # x as the block-diagonal fp16 B of the tensor-core GEMVs (moe_decode_mma.py)
-        xp = torch.empty(T, D * mma.COLS, dtype=torch.float16, device=dev)
-        mma.moe_decode_mma_prep_kernel[(T, D // mma.STEP)](
-            x.contiguous(), xp, xf, cnt, K=D, ACT_QUANT=act_quant, **counters, PDL=pdl, SUB=gu.get("sub", 256),
-            num_warps=4,
-            **launch_kw(pdl))
-    else:
-        xp = torch.empty(T, D, dtype=torch.float32, device=dev)
-        moe_decode_prep_kernel[(T, triton.cdiv(D // 32, tt["prep"]))](
-            x.contiguous(), xp, xf, cnt, K=D, BKB=tt["prep"], ACT_QUANT=act_quant, **counters, PDL=pdl, num_warps=4,
-            **launch_kw(pdl))
+    moe_decode_prep_kernel[(T, triton.cdiv(D // 32, tt["prep"]))](
+        x.contiguous(), xp, xf, cnt, K=D, BKB=tt["prep"], ACT_QUANT=act_quant, NCNT=ncnt,
+        NCNT_P=triton.next_power_of_2(max(ncnt, 1)), NGCNT=ngcnt, NGCNT_P=triton.next_power_of_2(max(ngcnt, 1)),
+        PDL=pdl, num_warps=4, **launch_kw(pdl))
     hp = torch.empty(T * k, I, dtype=torch.float32, device=dev)
     hf = torch.empty(T * k, I // 32, dtype=torch.float32, device=dev)
     gws = torch.empty(T * k * ksplit * 2, I, dtype=torch.float32, device=dev) if ksplit > 1 else hp
-    gu_args = (xp, xf, idx, rw, _as_words(w1, "w1"), _u8(s1), _as_words(w3, "w3"), _u8(s3), hp, hf, float(limit), gws,
-               cnt[T * ncnt:])
-    gu_kw = dict(K=D, N=I, TOPK=k, BN=gu["BN"], INTER=ROUND[inter_dtype], H_QUANT=act_quant, KSPLIT=ksplit, PDL=pdl,
-                 num_warps=gu["num_warps"], **launch_kw(pdl))
-    if use_mma:
-        mma.moe_decode_gate_up_mma_kernel[(T * k, gu_tiles, ksplit)](*gu_args, **gu_kw, PRE=bool(gu.get("pre")),
-                                                                     SUB=gu.get("sub", 256),
-                                                                     num_stages=gu.get("num_stages", 3))
-    else:
-        moe_decode_gate_up_kernel[(T * k, gu_tiles, ksplit)](*gu_args, BKB=gu["BKB"], **gu_kw, num_stages=1)
+    moe_decode_gate_up_kernel[(T * k, gu_tiles, ksplit)](
+        xp, xf, idx, rw, _as_words(w1, "w1"), _u8(s1), _as_words(w3, "w3"), _u8(s3), hp, hf, float(limit),
+        gws, cnt[T * ncnt:], K=D, N=I, TOPK=k, BN=gu["BN"], BKB=gu["BKB"], INTER=ROUND[inter_dtype],
+        H_QUANT=act_quant, KSPLIT=ksplit, PDL=pdl, num_warps=gu["num_warps"], num_stages=1, **launch_kw(pdl))
     if shared_stream is not None:
         torch.cuda.current_stream(dev).wait_stream(shared_stream)
     sh = shared.contiguous() if shared is not None else y
