@@ -65,8 +65,12 @@ def _variants(N, K, M, gated):
     else:
         BM, BN, BK, GM, SK, nw, ns = fg._tiles(M, N, K, gated)
         tiles = triton.cdiv(N, BN) * triton.cdiv(M, BM)
-        for sk in sorted({_sk_for(c, tiles, K // BK) for c in (2, 3, 4, 5, 6, 8)}):
+        stages_only = os.environ.get("TUNE_STAGES_ONLY") == "1"  # the default and 3 stages (plus 3 again, last)
+        for sk in () if stages_only else sorted({_sk_for(c, tiles, K // BK) for c in (2, 3, 4, 5, 6, 8)}):
             out.append((f"mma_sk{sk}", {"tiles": (BM, BN, BK, GM, sk, nw, ns)}))
+        if stages_only:
+            return out + [(f"mma_sk{SK}_ns3", {"tiles": (BM, BN, BK, GM, SK, nw, 3)}), ("default_again", {}),
+                          (f"mma_sk{SK}_ns3_again", {"tiles": (BM, BN, BK, GM, SK, nw, 3)})]
         for ns2 in (2, 3, 5, 6):  # the k loop's cp.async pipeline depth at the default split
             out.append((f"mma_sk{SK}_ns{ns2}", {"tiles": (BM, BN, BK, GM, SK, nw, ns2)}))
         if os.environ.get("TUNE_BN128") and N % 128 == 0:  # wider weight tiles (slower: tune_fp8_bn128.json)

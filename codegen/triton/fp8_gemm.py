@@ -751,7 +751,8 @@ def fp8_gemm_swiglu_reference(x, w1, s1, w3, s3, limit: float, act_quant: bool =
 N_SMS_HINT = 132  # SMs of an H100/H200-class GPU: what the ahead-of-time variants' split-K assumes (the JIT
 # launcher reads the running device's count, kv_quant.sm_count)
 # Resident programs per SM of each decode kernel on sm90 (Triton 3.6): the gemv 123-128 registers × 128 threads
-# -> 4; the tensor-core decode tile 95 registers and 41 KB of shared memory -> 5, gated 66 KB -> 3.
+# -> 4; the tensor-core decode tile 95 registers and 41 KB of shared memory -> 5, gated 66 KB -> 3 (at 4 cp.async
+# stages; `_tiles` now runs 3, smaller, and keeps these splits, the ones its stage sweep was timed at).
 DECODE_PROGRAMS_PER_SM = {"gemv": 4, "mma": 5, "mma_gated": 3}
 MIN_SPLIT_STEPS = 2  # k tiles per split at least: below it the partials' round trip costs more than it spreads
 DECODE_BK = 128  # decode (M <= 16) k tile
@@ -839,9 +840,11 @@ def _tiles(M: int, N: int, K: int, gated: bool = False, sms: int = N_SMS_HINT):
     """(BM, BN, BK, GROUP_M, SPLIT_K, num_warps, num_stages) for a shape on the running device."""
     if interpreting():
         return 16, 32, 64, 4, (2 if K % 128 == 0 and M <= 16 else 1), 4, 1
-    if M <= 16:  # H200 sweep (benchmarks/tune_fp8_decode.py): BK 128 beat 256 on every decode linear
+    if M <= 16:  # H200 sweep (benchmarks/tune_fp8_decode.py): BK 128 beat 256 on every decode linear;
+        # 3 cp.async stages, not 4 (results/tune_fp8_stages_ns3.json, 8 tokens, L2-cold, each timed twice):
+        # engram wkv 61.7 -> 55.0 µs, wo_b 21.1 -> 20.4, shared w13 18.5 -> 18.1, shared w2 / wq_a equal
         per_sm = DECODE_PROGRAMS_PER_SM["mma_gated" if gated else "mma"]
-        return 16, 64, DECODE_BK, 1, _split_k(M, N, K, 64, DECODE_BK, per_sm, sms), 4, 4
+        return 16, 64, DECODE_BK, 1, _split_k(M, N, K, 64, DECODE_BK, per_sm, sms), 4, 3
     if M <= 64:
         return 64, 128, 128, 8, 1, 4, 3
     return 128, 128, 64, 8, 1, 8, 3
