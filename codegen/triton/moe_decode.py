@@ -102,7 +102,17 @@ fp32 result) compiled to 3.44 SASS instructions per element under Triton 3.6, a 
 shared-memory conversion of the decoded tile into the wgmma operand layout (24 STS + 16 LDSM per 128
 elements); with a k order matched to that layout, or int8 IMMA (a `prmt` lookup of 4 magnitudes per
 instruction, positive and negative codes as two operands, x as fixed-point int8 pieces in B's spare
-columns) the estimate is 1.3-2.2 per element. Not built here.
+columns) the estimate is 1.3-2.2 per element. Built and measured, then reverted (commit c549507, results
+tune_moe_decode_mma*.json, ncu_decode_mma.txt): fp16 operands decoded in the k order of
+fp4_unpack's DECODE 2 (2 shifts + 2 LOP3 per two values, no scale), x as a block-diagonal fp16 B
+[256, 8] written by its own prep (column n = the step's 32-block n, so each column's sum is one
+(row, block) partial, scaled after the MMA), Triton's cp.async pipeline for both operands. Its sm90
+loop ran 3.0 SASS instructions per element (Triton 3.6: mma.sync, 112 registers) and ncu counted 34 %
+fewer instructions than this kernel, yet the gate/up took 40.7 µs against 37.7 (37.5 % issue-busy,
+0.67 eligible warps per scheduler: the cp.async -> LDS -> decode -> MMA chain at 4 programs per SM),
+and the whole step at T = 1 stayed at 58-66 µs against 54.3 over every split, stage count, a
+prefetch of the scale bytes and 64-wide independent MMA chains; at T = 8 the best was 342 µs
+against 336.
 
 Measured (all before the gate/up `ksplit` option; H200, torch 2.11 / Triton 3.6, one graph of 8 steps
 over disjoint expert sets, so nothing is reused from L2; floor = unique experts' w1 + w3 + w2 bytes / 4.22 TB/s;
