@@ -52,6 +52,11 @@ GATE_UP = [None, (32, 8, 4, 4), (32, 8, 4, 10), (32, 8, 4, 20)]
 # (BN, BKB, num_warps, split); split None = top_k; the first is the default (only its gate/up rows run it).
 # (16, 8, 4) of the earlier runs is dropped for time (it never led).
 DOWN = [(32, 8, 2, None), (32, 8, 4, None)]
+# TUNE_DOWN=1: the down kernel alone is 2.7x its own bytes floor at T = 1 (ncu: 22.6 us for ~35 MB, 36 % DRAM,
+# 0.91 waves of 8 programs of 2 warps per SM): fewer rows or warps per program (more, smaller programs; fewer
+# registers) and shorter chunks against the default.
+DOWN_SWEEP = [(16, 8, 2, None), (16, 8, 1, None), (32, 4, 2, None), (64, 8, 4, None), (32, 8, 1, None),
+              (16, 4, 1, None), (32, 8, 2, None)]
 
 
 def tiles_with(k, D, I, gate_up=None, down=None, pdl=None):
@@ -260,8 +265,11 @@ def main(argv=None):
                 refs[aq] = md.moe_experts_decode_reference(x, idx, w, *ex, LIMIT, act_quant=aq)
             return refs[aq]
         # (gate/up, down, act_quant, pdl): pdl None = the default; the explicit off row is the control
-        configs = ([(g, None, False, None) for g in gate_ups] + [(None, None, False, False)]
-                   + [(None, d, False, None) for d in downs[1:]] + [(None, None, True, None)])
+        if os.environ.get("TUNE_DOWN") == "1" and not smoke:  # the down kernel's tiles only (gate/up default)
+            configs = [(None, None, False, None)] + [(None, d, False, None) for d in DOWN_SWEEP]
+        else:
+            configs = ([(g, None, False, None) for g in gate_ups] + [(None, None, False, False)]
+                       + [(None, d, False, None) for d in downs[1:]] + [(None, None, True, None)])
         for g, d, aq, pdl in configs:
             t = tiles_with(k, D, I, g, d, pdl)
 
