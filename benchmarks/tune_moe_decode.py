@@ -74,7 +74,8 @@ def label(t):
     g, d = t["gate_up"], t["down"]
     return (f"gu BN{g['BN']} BKB{g['BKB']} w{g['num_warps']} k{g.get('ksplit', 1)} | "
             f"dn BN{d['BN']} BKB{d['BKB']} w{d['num_warps']} "
-            f"s{d['split']}" + ("" if t.get("pdl") is None else f" | pdl {'on' if t['pdl'] else 'off'}"))
+            f"s{d['split']}" + ("" if t.get("pdl") is None else f" | pdl {'on' if t['pdl'] else 'off'}")
+            + ("" if t.get("fine") is None else f" | per-slot handoff {'on' if t['fine'] else 'off'}"))
 
 
 def make_weights(E, D, I, used, dev, seed=0):
@@ -265,13 +266,17 @@ def main(argv=None):
                 refs[aq] = md.moe_experts_decode_reference(x, idx, w, *ex, LIMIT, act_quant=aq)
             return refs[aq]
         # (gate/up, down, act_quant, pdl): pdl None = the default; the explicit off row is the control
-        if os.environ.get("TUNE_DOWN") == "1" and not smoke:  # the down kernel's tiles only (gate/up default)
+        if os.environ.get("TUNE_FINE") == "1" and not smoke:  # the per-slot gate/up -> down handoff on / off, twice
+            configs = [(None, None, False, None), ("fine_off", None, False, None)] * 2 + [(None, None, True, None)]
+        elif os.environ.get("TUNE_DOWN") == "1" and not smoke:  # the down kernel's tiles only (gate/up default)
             configs = [(None, None, False, None)] + [(None, d, False, None) for d in DOWN_SWEEP]
         else:
             configs = ([(g, None, False, None) for g in gate_ups] + [(None, None, False, False)]
                        + [(None, d, False, None) for d in downs[1:]] + [(None, None, True, None)])
         for g, d, aq, pdl in configs:
-            t = tiles_with(k, D, I, g, d, pdl)
+            t = tiles_with(k, D, I, None if g == "fine_off" else g, d, pdl)
+            if g == "fine_off":
+                t["fine"] = False
 
             def case(t=t, aq=aq):
                 step = lambda i, wi: md.moe_experts_decode(x, i, wi, *ex, LIMIT, act_quant=aq, tiles=t)  # noqa: E731

@@ -181,6 +181,27 @@ def test_gate_up_k_split(D, BKB, ksplit, dt):
         assert torch.equal(y, md.moe_experts_decode(x, idx, w, *ex, tiles=tiles, **kw))
 
 
+def test_per_slot_handoff_keeps_the_bits():
+    """tiles["fine"]: the gate/up counts each slot's finished tiles (numbered slot-major) and the down kernel
+    waits per slot on that count instead of on the whole gate/up grid (moe_decode_down_kernel's FINE). The
+    interpreter runs the kernels one after another, so the waits return at once: this checks the counter
+    zeroing, the slot-major renumbering with a K split and the count the down kernel waits for, against the
+    same call without it, bit for bit (and again, so the counters are re-zeroed per call)."""
+    E, D, I = 8, 256, 96
+    ex = experts_for(39, E, D, I)
+    g = gen(40)
+    T = 2
+    x = torch.randn(T, D, generator=g).bfloat16().to(DEV)
+    idx, w = routing(g, T, k=3, E=E)
+    ys = []
+    for fine in (False, True, True):
+        tiles = {"prep": 2, "gate_up": {"BN": 32, "BKB": 2, "num_warps": 4, "ksplit": 2},
+                 "down": {"BN": 64, "BKB": 2, "num_warps": 2, "split": 3}, "fine": fine}
+        ys.append(md.moe_experts_decode(x, idx, w, *ex, limit=10.0, tiles=tiles))
+    assert torch.equal(ys[0], ys[1]) and torch.equal(ys[1], ys[2])
+    check(ys[1], md.moe_experts_decode_reference(x, idx, w, *ex, limit=10.0), False)
+
+
 def test_topk3_and_int64_ids_and_fp16(experts):
     g = gen(34)
     x = torch.randn(2, D_T, generator=g).half().to(DEV)
@@ -446,7 +467,9 @@ def test_gpu_decode_cuda_graph_replay(sparse_fp4_experts):
 def test_gpu_pdl_chain_matches_serialized_launches(sparse_fp4_experts):
     """Programmatic dependent launch (sm90+): the three kernels overlap their predecessors' tails, read
     the expert ids and weights before their grid waits; the ids and x are written by the kernels just
-    before the chain (inside the captured graph), so an early read of either would show as a difference."""
+    before the chain (inside the captured graph), so an early read of either would show as a difference.
+    With PDL the down kernel waits per slot on the gate/up's tile counts (the default, "fine") — a wait
+    that returned early would read a stale h' — and, as a control, on the whole grid."""
     from dsv41c.codegen.triton.pdl import pdl_for
     if not pdl_for(torch.device(DEV)):
         pytest.skip("PDL needs an sm90+ CUDA device")
@@ -458,11 +481,13 @@ def test_gpu_pdl_chain_matches_serialized_launches(sparse_fp4_experts):
         x_src = torch.randn(T, md.HIDDEN, generator=g).bfloat16().to(DEV)
         idx_src, w = routing(g, T, k=k, E=E)
         idx_src = idx_src.to(torch.int32)
-        on, off = md.decode_tiles(top_k=k), md.decode_tiles(top_k=k)
+        on, off, grid = md.decode_tiles(top_k=k), md.decode_tiles(top_k=k), md.decode_tiles(top_k=k)
         on["pdl"], off["pdl"] = True, False
+        grid["pdl"], grid["fine"] = True, False  # PDL, the down kernel waiting on the whole gate/up grid
         x, idx = x_src.clone(), idx_src.clone()
         ref = md.moe_experts_decode(x, idx, w, *ex, 10.0, tiles=off)
         assert torch.equal(md.moe_experts_decode(x, idx, w, *ex, 10.0, tiles=on), ref)
+        assert torch.equal(md.moe_experts_decode(x, idx, w, *ex, 10.0, tiles=grid), ref)
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):

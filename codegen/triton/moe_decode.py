@@ -161,6 +161,23 @@ def e8m0_f32(e):
 
 
 @triton.jit
+def signal_done(counter_ptr):
+    """After a program's stores of one finished tile: count it (the CTA barrier orders every thread's
+    stores before the gpu-scope release, as in arrival.arrive_last)."""
+    tl.debug_barrier()
+    tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def wait_count(counter_ptr, n):
+    """Spin until the counter reaches n (gpu-scope acquire: the counted programs' stores are visible to
+    this program's loads after it)."""
+    c = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    while c < n:
+        c = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+
+
+@triton.jit
 def round_to(v, MODE: tl.constexpr):
     """fp32 v rounded to fp32 (MODE 0), bf16 (1, integer round-to-nearest-even) or fp16 (2), as fp32."""
     if MODE == 1:
@@ -260,12 +277,13 @@ def fp4_fma_chunk(acc_a, acc_b, wa, sa, wb, sb, xa_ptr, fa_ptr, xb_ptr, fb_ptr, 
 @triton.jit
 def fp4_gemv(wa_ptr, sa_ptr, wb_ptr, sb_ptr, xa_ptr, fa_ptr, xb_ptr, fb_ptr, row0, K: tl.constexpr, N: tl.constexpr,
              BN: tl.constexpr, BKB: tl.constexpr, TWO: tl.constexpr, SAME_X: tl.constexpr, ch0=0,
-             NCHP: tl.constexpr = 0, PDL: tl.constexpr = False):
+             NCHP: tl.constexpr = 0, PDL: tl.constexpr = False, ready_ptr=None, READY: tl.constexpr = 0):
     """Row sums [BN] (row = row0 + i) of x·dequant(W)ᵀ over all K, for W = a (and b when TWO).
 
     NCHP > 0: only the NCHP chunks of BKB blocks from chunk ch0 on (a K split; the caller keeps them
     inside K's chunks), else all of K. PDL: the first two weight chunks are loaded before the grid
-    dependency wait (pdl.py: weights are static), x after it.
+    dependency wait (pdl.py: weights are static), x after it. READY > 0: instead of that wait, spin
+    until the counter at ready_ptr reaches READY (`wait_count`: x's producer counts its finished tiles).
 
     The tile is P = BN·BKB (row, block) pairs, p = BKB·row + lane-order(block), each a [4]-word vector
     (16 bytes, one 32-block): every tensor in the loop is [P, 4] or [P], so Triton's coalescing gives
@@ -296,7 +314,10 @@ def fp4_gemv(wa_ptr, sa_ptr, wb_ptr, sb_ptr, xa_ptr, fa_ptr, xb_ptr, fb_ptr, row
     aw, asc, bw, bsc = fp4_load_chunk(wa_ptr, sa_ptr, wb_ptr, sb_ptr, w_row, s_row, r_ok, lanes, K, TWO, MASKED)
     aw1, asc1, bw1, bsc1 = fp4_load_chunk(wa_ptr, sa_ptr, wb_ptr, sb_ptr, w_row, s_row, r_ok,
                                           tl.minimum(1, NCH - 1) * BKB + lanes, K, TWO, MASKED)
-    grid_wait(PDL)
+    if READY > 0:
+        wait_count(ready_ptr, READY)
+    else:
+        grid_wait(PDL)
     grid_release(PDL)
     for c in range(0, NCH - 1, 2):
         acc_a, acc_b = fp4_fma_chunk(acc_a, acc_b, aw, asc, bw, bsc, xa_ptr, fa_ptr, xb_ptr, fb_ptr, c * BKB + lanes, K,
@@ -319,9 +340,11 @@ def fp4_gemv(wa_ptr, sa_ptr, wb_ptr, sb_ptr, xa_ptr, fa_ptr, xb_ptr, fb_ptr, row
 @triton.jit
 def moe_decode_prep_kernel(x_ptr, xp_ptr, f_ptr, cnt_ptr, K: tl.constexpr, BKB: tl.constexpr,
                            ACT_QUANT: tl.constexpr, NCNT: tl.constexpr, NCNT_P: tl.constexpr,
-                           NGCNT: tl.constexpr = 0, NGCNT_P: tl.constexpr = 1, PDL: tl.constexpr = False):
+                           NGCNT: tl.constexpr = 0, NGCNT_P: tl.constexpr = 1, PDL: tl.constexpr = False,
+                           NDCNT: tl.constexpr = 0, NDCNT_P: tl.constexpr = 1):
     """x [T, K] -> x' fp32 [T, K] and f [T, K/32] (`store_prescaled`); zeroes the token's NCNT down counters
-    (cnt[t·NCNT..]) and its NGCNT gate/up split counters (cnt[T·NCNT + t·NGCNT..], after all down ones).
+    (cnt[t·NCNT..]), its NGCNT gate/up split counters (cnt[T·NCNT + t·NGCNT..], after all down ones) and its
+    NDCNT per-slot tile counters of the gate/up -> down handoff (cnt[T·(NCNT + NGCNT) + t·NDCNT..]).
     PDL: waits for its predecessor first (x is its output), then releases the gate/up kernel."""
     grid_wait(PDL)
     grid_release(PDL)
@@ -339,14 +362,24 @@ def moe_decode_prep_kernel(x_ptr, xp_ptr, f_ptr, cnt_ptr, K: tl.constexpr, BKB: 
         if tl.program_id(1) == 0:
             i = tl.arange(0, NGCNT_P)
             tl.store(cnt_ptr + tl.num_programs(0) * NCNT + t * NGCNT + i, tl.zeros_like(i), mask=i < NGCNT)
+    if NDCNT > 0:
+        if tl.program_id(1) == 0:
+            i = tl.arange(0, NDCNT_P)
+            tl.store(cnt_ptr + tl.num_programs(0) * (NCNT + NGCNT) + t * NDCNT + i, tl.zeros_like(i), mask=i < NDCNT)
 
 
 @triton.jit
 def moe_decode_gate_up_kernel(xp_ptr, xf_ptr, idx_ptr, rw_ptr, w1_ptr, s1_ptr, w3_ptr, s3_ptr, hp_ptr, hf_ptr, limit,
                               ws_ptr, cnt_ptr, K: tl.constexpr, N: tl.constexpr, TOPK: tl.constexpr,
                               BN: tl.constexpr, BKB: tl.constexpr, INTER: tl.constexpr, H_QUANT: tl.constexpr,
-                              KSPLIT: tl.constexpr = 1, PDL: tl.constexpr = False):
+                              KSPLIT: tl.constexpr = 1, PDL: tl.constexpr = False, done_ptr=None,
+                              DONE: tl.constexpr = False):
     """h'[slot, rows] for BN rows of expert topk_idx[slot]: SwiGLU of the w1/w3 GEMVs, stored like x'.
+
+    Programs are numbered slot-major (the launch order runs through all tiles and K parts of slot 0
+    first), so the slots' h' complete one after another. DONE: each finished tile adds 1 to
+    done[slot] (`signal_done`; zeroed by the prep), which the down kernel waits on per slot instead of
+    on this whole grid (moe_decode_down_kernel's FINE).
 
     PDL: the expert id (written before the prep kernel, two launches back) and the first weight chunks
     are read before the grid dependency wait, x' (the prep's output) after it (pdl.py's contract).
@@ -356,8 +389,12 @@ def moe_decode_gate_up_kernel(xp_ptr, xf_ptr, idx_ptr, rw_ptr, w1_ptr, s1_ptr, w
     and the last of the KSPLIT programs of (slot, n) to arrive (an acq_rel counter cnt[slot·N/BN + n],
     zeroed by the prep) adds them in z order and finishes the tile. Smaller programs, KSPLIT× as many:
     a finer last wave over the SMs (T = 1: 432 -> 432·KSPLIT programs); the g / u sums change order."""
-    slot = tl.program_id(0).to(tl.int64)
-    pid_n = tl.program_id(1)
+    # linear launch order (axis 0 fastest) -> (slot, tile, K part), slot slowest
+    n_t = tl.num_programs(1)
+    lin = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + n_t * tl.program_id(2))
+    slot = (lin // (n_t * KSPLIT)).to(tl.int64)
+    pid_n = (lin // KSPLIT) % n_t
+    z = lin % KSPLIT
     e = tl.load(idx_ptr + slot).to(tl.int64)
     tok = slot // TOPK
     wo = e * N * (K // 8)
@@ -370,12 +407,12 @@ def moe_decode_gate_up_kernel(xp_ptr, xf_ptr, idx_ptr, rw_ptr, w1_ptr, s1_ptr, w
     else:
         NCHP: tl.constexpr = (K // 32 + BKB - 1) // BKB // KSPLIT
         gp, up = fp4_gemv(w1_ptr + wo, s1_ptr + so, w3_ptr + wo, s3_ptr + so, xa, fa, xa, fa, pid_n * BN, K, N, BN,
-                          BKB, True, True, tl.program_id(2) * NCHP, NCHP, PDL)
+                          BKB, True, True, z * NCHP, NCHP, PDL)
         rows = pid_n * BN + tl.arange(0, BN)
-        wsp = ws_ptr + (slot * KSPLIT + tl.program_id(2)) * (2 * N) + rows
+        wsp = ws_ptr + (slot * KSPLIT + z) * (2 * N) + rows
         tl.store(wsp, gp, mask=rows < N)
         tl.store(wsp + N, up, mask=rows < N)
-        last = arrive_last(cnt_ptr + slot * tl.num_programs(1) + pid_n, KSPLIT)  # counters zeroed by the prep
+        last = arrive_last(cnt_ptr + slot * n_t + pid_n, KSPLIT)  # counters zeroed by the prep
         if last:
             g = tl.zeros((BN,), dtype=tl.float32)
             u = tl.zeros((BN,), dtype=tl.float32)
@@ -384,8 +421,12 @@ def moe_decode_gate_up_kernel(xp_ptr, xf_ptr, idx_ptr, rw_ptr, w1_ptr, s1_ptr, w
                 g += tl.load(src, mask=rows < N, other=0.0, cache_modifier=".cg")
                 u += tl.load(src + N, mask=rows < N, other=0.0, cache_modifier=".cg")
             swiglu_store(g, u, limit, rw_ptr, hp_ptr, hf_ptr, slot, pid_n, N, BN, INTER, H_QUANT)
+            if DONE:
+                signal_done(done_ptr + slot)
     if KSPLIT == 1:
         swiglu_store(g, u, limit, rw_ptr, hp_ptr, hf_ptr, slot, pid_n, N, BN, INTER, H_QUANT)
+        if DONE:
+            signal_done(done_ptr + slot)
 
 
 @triton.jit
@@ -406,11 +447,16 @@ def moe_decode_down_kernel(hp_ptr, hf_ptr, idx_ptr, w2_ptr, s2_ptr, shared_ptr, 
                            K: tl.constexpr, N: tl.constexpr, TOPK: tl.constexpr, BN: tl.constexpr,
                            BKB: tl.constexpr, SPLIT: tl.constexpr,
                            PARTIAL: tl.constexpr, OUT: tl.constexpr, HAS_SHARED: tl.constexpr,
-                           PDL: tl.constexpr = False):
+                           PDL: tl.constexpr = False, done_ptr=None, FINE: tl.constexpr = 0):
     """y[t, rows] = Σ_j round(h'_{t,j}·w2[e_j]ᵀ) in slot order (+ shared[t, rows]), fp32 sums -> y's dtype.
 
     PDL: the expert ids (three launches back) and the first w2 chunks are read before the grid
-    dependency wait, h' (the gate/up kernel's output) after it.
+    dependency wait, h' (the gate/up kernel's output) after it. FINE = the gate/up's tiles per slot
+    (> 0 with its DONE): per slot, wait until done[slot] counts them all instead of waiting for the
+    whole gate/up grid, so that the down GEMVs of the first slots run beside the gate/up's last ones.
+    pdl.py's contract still holds: everything else this kernel reads or writes was produced or
+    released before the gate/up kernel passed its own grid wait (all of its programs have, or this
+    grid would not have been launched), and this program releases its dependents only after its waits.
 
     SPLIT = 1: the program runs the k slots itself. SPLIT > 1: program (t, n, p) runs slots
     p·k/SPLIT.., writes their rounded partials to ws [T·k, N], and the last of the SPLIT programs of
@@ -427,12 +473,13 @@ def moe_decode_down_kernel(hp_ptr, hf_ptr, idx_ptr, w2_ptr, s2_ptr, shared_ptr, 
         xa = hp_ptr + slot * K
         fa = hf_ptr + slot * (K // 32)
         part, _ = fp4_gemv(w2_ptr + e * N * (K // 8), s2_ptr + e * N * (K // 32), w2_ptr, s2_ptr, xa, fa, xa, fa,
-                           pid_n * BN, K, N, BN, BKB, False, True, 0, 0, PDL)
+                           pid_n * BN, K, N, BN, BKB, False, True, 0, 0, PDL, done_ptr + slot, FINE)
         if SPLIT == 1:
             y += round_to(part, PARTIAL)
         else:
             tl.store(ws_ptr + slot * N + rows, round_to(part, PARTIAL), mask=r_ok)
-    grid_wait(PDL)  # fp4_gemv waited already, unless the program had no slot (top_k 0): no store before it
+    if FINE == 0:
+        grid_wait(PDL)  # fp4_gemv waited already, unless the program had no slot (top_k 0): no store before it
     last = True
     if SPLIT > 1:
         last = arrive_last(cnt_ptr + t * tl.num_programs(1) + pid_n, SPLIT)  # counters zeroed by the prep
@@ -588,19 +635,24 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     ngcnt = k * gu_tiles if ksplit > 1 else 0
     xp = torch.empty(T, D, dtype=torch.float32, device=dev)
     xf = torch.empty(T, D // 32, dtype=torch.float32, device=dev)
-    cnt = torch.empty(T * max(ncnt + ngcnt, 1), dtype=torch.int32, device=dev)
     pdl = pdl_for(dev) and (tt.get("pdl") is None or bool(tt["pdl"]))  # never where the device has no PDL
+    # the per-slot handoff from the gate/up to the down kernel: by default where PDL lets them overlap
+    fine = pdl if tt.get("fine") is None else bool(tt["fine"])
+    ndcnt = k if fine else 0
+    cnt = torch.empty(T * max(ncnt + ngcnt + ndcnt, 1), dtype=torch.int32, device=dev)
+    done = cnt[T * (ncnt + ngcnt):] if fine else cnt
     moe_decode_prep_kernel[(T, triton.cdiv(D // 32, tt["prep"]))](
         x.contiguous(), xp, xf, cnt, K=D, BKB=tt["prep"], ACT_QUANT=act_quant, NCNT=ncnt,
         NCNT_P=triton.next_power_of_2(max(ncnt, 1)), NGCNT=ngcnt, NGCNT_P=triton.next_power_of_2(max(ngcnt, 1)),
-        PDL=pdl, num_warps=4, **launch_kw(pdl))
+        PDL=pdl, NDCNT=ndcnt, NDCNT_P=triton.next_power_of_2(max(ndcnt, 1)), num_warps=4, **launch_kw(pdl))
     hp = torch.empty(T * k, I, dtype=torch.float32, device=dev)
     hf = torch.empty(T * k, I // 32, dtype=torch.float32, device=dev)
     gws = torch.empty(T * k * ksplit * 2, I, dtype=torch.float32, device=dev) if ksplit > 1 else hp
     moe_decode_gate_up_kernel[(T * k, gu_tiles, ksplit)](
         xp, xf, idx, rw, _as_words(w1, "w1"), _u8(s1), _as_words(w3, "w3"), _u8(s3), hp, hf, float(limit),
         gws, cnt[T * ncnt:], K=D, N=I, TOPK=k, BN=gu["BN"], BKB=gu["BKB"], INTER=ROUND[inter_dtype],
-        H_QUANT=act_quant, KSPLIT=ksplit, PDL=pdl, num_warps=gu["num_warps"], num_stages=1, **launch_kw(pdl))
+        H_QUANT=act_quant, KSPLIT=ksplit, PDL=pdl, done_ptr=done, DONE=fine, num_warps=gu["num_warps"], num_stages=1,
+        **launch_kw(pdl))
     if shared_stream is not None:
         torch.cuda.current_stream(dev).wait_stream(shared_stream)
     sh = shared.contiguous() if shared is not None else y
@@ -608,7 +660,8 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     moe_decode_down_kernel[(T, n_tiles, split)](
         hp, hf, idx, _as_words(w2, "w2"), _u8(s2), sh, y, ws, cnt, K=I, N=D, TOPK=k, BN=dn["BN"],
         BKB=dn["BKB"], SPLIT=split, PARTIAL=ROUND[partial_dtype], OUT=ROUND[out_dtype],
-        HAS_SHARED=shared is not None, PDL=pdl, num_warps=dn["num_warps"], num_stages=1, **launch_kw(pdl))
+        HAS_SHARED=shared is not None, PDL=pdl, done_ptr=done, FINE=gu_tiles if fine else 0,
+        num_warps=dn["num_warps"], num_stages=1, **launch_kw(pdl))
     return y
 
 
@@ -628,7 +681,7 @@ def _prep_variants(target: str) -> list:
     out = []
     for aq in (False, True):
         ce = {"K": HIDDEN, "BKB": t["prep"], "ACT_QUANT": aq, "NCNT": ncnt, "NCNT_P": triton.next_power_of_2(ncnt),
-              "NGCNT": 0, "NGCNT_P": 1, "PDL": False}
+              "NGCNT": 0, "NGCNT_P": 1, "PDL": False, "NDCNT": 0, "NDCNT_P": 1}
         out.append(aot_spec(moe_decode_prep_kernel, "aq" if aq else "plain",
                             {"x_ptr": "*bf16", "xp_ptr": "*fp32", "f_ptr": "*fp32", "cnt_ptr": "*i32"}, ce, 4, 1,
                             {"act": "bf16", **ce}))
@@ -642,14 +695,14 @@ def _gate_up_variants(target: str) -> list:
     g = _aot_tiles(tr)["gate_up"]
     types = {"xp_ptr": "*fp32", "xf_ptr": "*fp32", "idx_ptr": "*i32", "rw_ptr": "*fp32", "w1_ptr": "*i32",
              "s1_ptr": "*u8", "w3_ptr": "*i32", "s3_ptr": "*u8", "hp_ptr": "*fp32", "hf_ptr": "*fp32", "limit": "fp32",
-             "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
+             "ws_ptr": "*fp32", "cnt_ptr": "*i32", "done_ptr": "*i32"}
     out = []
     for name, (E, k) in ROUTERS.items():
         for hq in (False, True):
             ce = {"K": HIDDEN, "N": MOE_INTER, "TOPK": k, "BN": g["BN"], "BKB": g["BKB"],
                   # KSPLIT 1 ahead of time: a K split needs a prep variant that also zeroes this router's
                   # k·I/BN gate/up counters per token (NGCNT), and the prep variants are not keyed by router yet.
-                  "INTER": ROUND[torch.bfloat16], "H_QUANT": hq, "KSPLIT": 1, "PDL": False}
+                  "INTER": ROUND[torch.bfloat16], "H_QUANT": hq, "KSPLIT": 1, "PDL": False, "DONE": False}
             out.append(aot_spec(moe_decode_gate_up_kernel, f"{name}_k{k}" + ("_aq" if hq else ""), types, ce,
                                 g["num_warps"], 1, {"router": name, "E": E, **ce}))
     return out
@@ -665,11 +718,11 @@ def _down_variants(target: str) -> list:
         # "experts": moe_experts' fp32 sum; "forward": moe_forward's bf16 output with the shared expert
         for mode, out_t, has_sh in (("experts", "*fp32", False), ("forward", "*bf16", True)):
             types = {"hp_ptr": "*fp32", "hf_ptr": "*fp32", "idx_ptr": "*i32", "w2_ptr": "*i32", "s2_ptr": "*u8",
-                     "shared_ptr": "*bf16", "y_ptr": out_t, "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
+                     "shared_ptr": "*bf16", "y_ptr": out_t, "ws_ptr": "*fp32", "cnt_ptr": "*i32", "done_ptr": "*i32"}
             ce = {"K": MOE_INTER, "N": HIDDEN, "TOPK": k, "BN": d["BN"], "BKB": d["BKB"],
                   "SPLIT": k, "PARTIAL": ROUND[torch.bfloat16], "OUT": ROUND[torch.float32 if out_t == "*fp32" else
                                                                              torch.bfloat16], "HAS_SHARED": has_sh,
-                  "PDL": False}
+                  "PDL": False, "FINE": 0}
             out.append(aot_spec(moe_decode_down_kernel, f"{name}_k{k}_{mode}", types, ce, d["num_warps"], 1,
                                 {"router": name, "E": E, "mode": mode, **ce}))
     return out
@@ -678,16 +731,17 @@ def _down_variants(target: str) -> list:
 register(KernelTemplate(
     name="moe_decode_prep", module=__name__,
     summary="decode MoE: x (optionally FP8 fake-quantized) -> per-32 prescaled fp32 in nibble-major order",
-    keys=("act", "K", "BKB", "ACT_QUANT", "NCNT", "NCNT_P", "NGCNT", "NGCNT_P", "PDL"),
+    keys=("act", "K", "BKB", "ACT_QUANT", "NCNT", "NCNT_P", "NGCNT", "NGCNT_P", "PDL", "NDCNT", "NDCNT_P"),
     reference=moe_experts_decode_reference,
     launch=moe_experts_decode, specializations=_prep_variants))
 register(KernelTemplate(
     name="moe_decode_gate_up_fp4", module=__name__,
     summary="decode MoE: per-slot MXFP4 w1/w3 GEMVs (no dispatch) + clamped SwiGLU × routing weight",
-    keys=("router", "E", "K", "N", "TOPK", "BN", "BKB", "INTER", "H_QUANT", "KSPLIT", "PDL"),
+    keys=("router", "E", "K", "N", "TOPK", "BN", "BKB", "INTER", "H_QUANT", "KSPLIT", "PDL", "DONE"),
     reference=moe_experts_decode_reference, launch=moe_experts_decode, specializations=_gate_up_variants))
 register(KernelTemplate(
     name="moe_decode_down_fp4", module=__name__,
     summary="decode MoE: per-token MXFP4 w2 GEMVs over the k slots, rounded partials summed in slot order",
-    keys=("router", "E", "mode", "K", "N", "TOPK", "BN", "BKB", "SPLIT", "PARTIAL", "OUT", "HAS_SHARED", "PDL"),
+    keys=("router", "E", "mode", "K", "N", "TOPK", "BN", "BKB", "SPLIT", "PARTIAL", "OUT", "HAS_SHARED", "PDL",
+          "FINE"),
     reference=moe_experts_decode_reference, launch=moe_experts_decode, specializations=_down_variants))
