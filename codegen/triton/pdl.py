@@ -19,6 +19,9 @@ The contract every PDL kernel in this package keeps (so that chains of them stay
 3. before its wait a kernel may read static data (weights, scales) and data written at least two
    launches earlier (e.g. the routed experts' ids, produced before the MoE prep kernel), never
    its immediate predecessor's output.
+One kernel replaces rule 1's wait with finer ones: moe_decode's down kernel (with its per-slot handoff)
+waits per slot on a counter the gate/up kernel releases after each finished tile, and releases its own
+dependents only after those waits (its docstring gives the argument).
 A kernel that is not PDL-launched (torch's own, or PDL off) simply serializes as usual, and
 `griddepcontrol.wait` without a pending dependency returns at once, so mixing is safe.
 
