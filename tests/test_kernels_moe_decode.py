@@ -181,12 +181,14 @@ def test_gate_up_k_split(D, BKB, ksplit, dt):
         assert torch.equal(y, md.moe_experts_decode(x, idx, w, *ex, tiles=tiles, **kw))
 
 
-def test_per_slot_handoff_keeps_the_bits():
+@pytest.mark.parametrize("split", [3, 1])
+def test_per_slot_handoff_keeps_the_bits(split):
     """tiles["fine"]: the gate/up counts each slot's finished tiles (numbered slot-major) and the down kernel
     waits per slot on that count instead of on the whole gate/up grid (moe_decode_down_kernel's FINE). The
     interpreter runs the kernels one after another, so the waits return at once: this checks the counter
     zeroing, the slot-major renumbering with a K split and the count the down kernel waits for, against the
-    same call without it, bit for bit (and again, so the counters are re-zeroed per call)."""
+    same call without it, bit for bit (and again, so the counters are re-zeroed per call); split 1: one
+    down program waits on all three slots (and releases its dependents after the last wait)."""
     E, D, I = 8, 256, 96
     ex = experts_for(39, E, D, I)
     g = gen(40)
@@ -196,7 +198,7 @@ def test_per_slot_handoff_keeps_the_bits():
     ys = []
     for fine in (False, True, True):
         tiles = {"prep": 2, "gate_up": {"BN": 32, "BKB": 2, "num_warps": 4, "ksplit": 2},
-                 "down": {"BN": 64, "BKB": 2, "num_warps": 2, "split": 3}, "fine": fine}
+                 "down": {"BN": 64, "BKB": 2, "num_warps": 2, "split": split}, "fine": fine}
         ys.append(md.moe_experts_decode(x, idx, w, *ex, limit=10.0, tiles=tiles))
     assert torch.equal(ys[0], ys[1]) and torch.equal(ys[1], ys[2])
     check(ys[1], md.moe_experts_decode_reference(x, idx, w, *ex, limit=10.0), False)

@@ -12,16 +12,18 @@ Algorithm (three launches; no sort, no host sync, CUDA-graph capturable):
    32-block, c = clamp(227 - amax exponent field, 0, 227), stored nibble-major (k = 32b + 8q + s at
    s·K/8 + 4b + q: nibble s of packed word 4b + q meets it); zeroes the down kernel's counters (and
    the gate/up split's, when ksplit > 1).
-2. `moe_decode_gate_up_kernel`, grid (slot, I/BN): e = topk_idx[slot]; streams BN rows of w1[e] and
+2. `moe_decode_gate_up_kernel`, T·k·I/BN programs (grid (T·k, I/BN), numbered slot-major, below): e = topk_idx[slot]; streams BN rows of w1[e] and
    w3[e] as int32 words against x' (`fp4_gemv`), then the clamped SwiGLU × routing weight, the
    inter_dtype rounding, the optional h fake quant (BN is a multiple of 32: whole h blocks per
    program) and the prep's prescale/order, into h' [T·k, I] and its f. Option `ksplit` (KSPLIT; default
    5 where it divides K's chunks, else 1; the interpreter 1):
-   grid (slot, I/BN, KSPLIT), each program one of KSPLIT equal ranges of K's chunks, g / u partials to a
+   KSPLIT times the programs (grid (T·k, I/BN, KSPLIT)), each one of KSPLIT equal ranges of K's chunks, g / u partials to a
    [T·k, KSPLIT, 2, I] workspace, the last of the KSPLIT programs of a tile (an acq_rel counter zeroed by
    the prep) adds them in range order and finishes the tile (deterministic; the fp32 sum order changes).
-   Programs are numbered slot-major (all of slot 0's tiles and K parts launch first); with the per-slot
-   handoff (`tiles["fine"]`, the default where PDL is on) each finished tile counts itself in done[slot].
+   Programs are numbered (slot, tile, K part) slot-major from the linear block index, so that slot 0's tiles
+   and K parts dispatch first (in practice: CUDA does not promise the order, only the speed depends on it);
+   with the per-slot handoff (`tiles["fine"]`, the default where PDL is on) each finished tile counts itself
+   in done[slot].
 3. `moe_decode_down_kernel`, grid (token, D/BN, SPLIT): w2[e_j] against h'_j for the program's slots
    (with the handoff: each slot's h' read only once done[slot] holds all of its gate/up tiles, so the down
    GEMVs of the first slots overlap the gate/up's last programs instead of waiting for the whole grid;
@@ -115,8 +117,8 @@ fp4_unpack's DECODE 2 (2 shifts + 2 LOP3 per two values, no scale), x as a block
 loop ran 3.0 SASS instructions per element (Triton 3.6: mma.sync, 112 registers) and ncu counted 34 %
 fewer instructions than this kernel, yet the gate/up took 40.7 µs against 37.7 (37.5 % issue-busy,
 0.67 eligible warps per scheduler: the cp.async -> LDS -> decode -> MMA chain at 4 programs per SM),
-and the whole step at T = 1 stayed at 58-66 µs against 54.3 over every split, stage count, a
-prefetch of the scale bytes and 64-wide independent MMA chains; at T = 8 the best was 342 µs
+and the whole step at T = 1 stayed at 58.9-74.3 µs against 54.3-55.7 over every split, stage count,
+BN, a prefetch of the scale bytes and 64-wide independent MMA chains; at T = 8 the best was 345 µs
 against 336.
 
 Measured (all before the gate/up `ksplit` option; H200, torch 2.11 / Triton 3.6, one graph of 8 steps
@@ -176,7 +178,8 @@ def signal_done(counter_ptr):
 @triton.jit
 def wait_count(counter_ptr, n):
     """Spin until the counter reaches n (gpu-scope acquire: the counted programs' stores are visible to
-    this program's loads after it)."""
+    this program's loads after it). Written as an atomic add of 0; LLVM turns that into an acquire load
+    (sm90 SASS: LDG.E.STRONG.GPU then CCTL.IVALL, the L1 invalidate), so polling adds no atomics."""
     c = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
     while c < n:
         c = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
@@ -282,13 +285,15 @@ def fp4_fma_chunk(acc_a, acc_b, wa, sa, wb, sb, xa_ptr, fa_ptr, xb_ptr, fb_ptr, 
 @triton.jit
 def fp4_gemv(wa_ptr, sa_ptr, wb_ptr, sb_ptr, xa_ptr, fa_ptr, xb_ptr, fb_ptr, row0, K: tl.constexpr, N: tl.constexpr,
              BN: tl.constexpr, BKB: tl.constexpr, TWO: tl.constexpr, SAME_X: tl.constexpr, ch0=0,
-             NCHP: tl.constexpr = 0, PDL: tl.constexpr = False, ready_ptr=None, READY: tl.constexpr = 0):
+             NCHP: tl.constexpr = 0, PDL: tl.constexpr = False, ready_ptr=None, READY: tl.constexpr = 0,
+             RELEASE: tl.constexpr = True):
     """Row sums [BN] (row = row0 + i) of x·dequant(W)ᵀ over all K, for W = a (and b when TWO).
 
     NCHP > 0: only the NCHP chunks of BKB blocks from chunk ch0 on (a K split; the caller keeps them
     inside K's chunks), else all of K. PDL: the first two weight chunks are loaded before the grid
     dependency wait (pdl.py: weights are static), x after it. READY > 0: instead of that wait, spin
     until the counter at ready_ptr reaches READY (`wait_count`: x's producer counts its finished tiles).
+    RELEASE: release the dependent grid after that wait (a caller with more waits to come releases itself).
 
     The tile is P = BN·BKB (row, block) pairs, p = BKB·row + lane-order(block), each a [4]-word vector
     (16 bytes, one 32-block): every tensor in the loop is [P, 4] or [P], so Triton's coalescing gives
@@ -323,7 +328,8 @@ def fp4_gemv(wa_ptr, sa_ptr, wb_ptr, sb_ptr, xa_ptr, fa_ptr, xb_ptr, fb_ptr, row
         wait_count(ready_ptr, READY)
     else:
         grid_wait(PDL)
-    grid_release(PDL)
+    if RELEASE:
+        grid_release(PDL)
     for c in range(0, NCH - 1, 2):
         acc_a, acc_b = fp4_fma_chunk(acc_a, acc_b, aw, asc, bw, bsc, xa_ptr, fa_ptr, xb_ptr, fb_ptr, c * BKB + lanes, K,
                                      TWO, SAME_X, MASKED)
@@ -381,15 +387,17 @@ def moe_decode_gate_up_kernel(xp_ptr, xf_ptr, idx_ptr, rw_ptr, w1_ptr, s1_ptr, w
                               DONE: tl.constexpr = False):
     """h'[slot, rows] for BN rows of expert topk_idx[slot]: SwiGLU of the w1/w3 GEMVs, stored like x'.
 
-    Programs are numbered slot-major (the launch order runs through all tiles and K parts of slot 0
-    first), so the slots' h' complete one after another. DONE: each finished tile adds 1 to
+    Programs are numbered slot-major from their linear block index (slot slowest, then tile, then K part), so
+    that, as the GPU dispatches blocks in about linear order (CUDA does not promise it; only the speed depends
+    on it), the slots' h' complete one after another. DONE: each finished tile adds 1 to
     done[slot] (`signal_done`; zeroed by the prep), which the down kernel waits on per slot instead of
     on this whole grid (moe_decode_down_kernel's FINE).
 
     PDL: the expert id (written before the prep kernel, two launches back) and the first weight chunks
     are read before the grid dependency wait, x' (the prep's output) after it (pdl.py's contract).
 
-    KSPLIT > 1 (grid axis 2): program (slot, n, z) runs the z-th of KSPLIT equal ranges of K's chunks
+    KSPLIT > 1 (grid axis 2): program (slot, n, z) (numbered as above, not by grid axis) runs the z-th of
+    KSPLIT equal ranges of K's chunks
     (KSPLIT divides them: checked by the launcher), writes its g / u row sums to ws [T·k, KSPLIT, 2, N],
     and the last of the KSPLIT programs of (slot, n) to arrive (an acq_rel counter cnt[slot·N/BN + n],
     zeroed by the prep) adds them in z order and finishes the tile. Smaller programs, KSPLIT× as many:
@@ -477,13 +485,17 @@ def moe_decode_down_kernel(hp_ptr, hf_ptr, idx_ptr, w2_ptr, s2_ptr, shared_ptr, 
         e = tl.load(idx_ptr + slot).to(tl.int64)
         xa = hp_ptr + slot * K
         fa = hf_ptr + slot * (K // 32)
+        # with the per-slot waits, a program of several slots releases its dependents after the last one
         part, _ = fp4_gemv(w2_ptr + e * N * (K // 8), s2_ptr + e * N * (K // 32), w2_ptr, s2_ptr, xa, fa, xa, fa,
-                           pid_n * BN, K, N, BN, BKB, False, True, 0, 0, PDL, done_ptr + slot, FINE)
+                           pid_n * BN, K, N, BN, BKB, False, True, 0, 0, PDL, done_ptr + slot, FINE,
+                           FINE == 0 or SPP == 1)
         if SPLIT == 1:
             y += round_to(part, PARTIAL)
         else:
             tl.store(ws_ptr + slot * N + rows, round_to(part, PARTIAL), mask=r_ok)
-    if FINE == 0:
+    if FINE > 0 and SPP > 1:
+        grid_release(PDL)
+    if FINE == 0 or SPP == 0:
         grid_wait(PDL)  # fp4_gemv waited already, unless the program had no slot (top_k 0): no store before it
     last = True
     if SPLIT > 1:
@@ -642,7 +654,7 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     xf = torch.empty(T, D // 32, dtype=torch.float32, device=dev)
     pdl = pdl_for(dev) and (tt.get("pdl") is None or bool(tt["pdl"]))  # never where the device has no PDL
     # the per-slot handoff from the gate/up to the down kernel: by default where PDL lets them overlap
-    fine = pdl if tt.get("fine") is None else bool(tt["fine"])
+    fine = (pdl if tt.get("fine") is None else bool(tt["fine"])) and k > 0
     ndcnt = k if fine else 0
     cnt = torch.empty(T * max(ncnt + ngcnt + ndcnt, 1), dtype=torch.int32, device=dev)
     done = cnt[T * (ncnt + ngcnt):] if fine else cnt
