@@ -11,14 +11,14 @@ Algorithm (three launches; no sort, no host sync, CUDA-graph capturable):
 1. `moe_decode_prep_kernel`, grid (token, blocks/BKB): x -> x' = x·2^c (fp32) and f = 2^(126-c) per
    32-block, c = clamp(227 - amax exponent field, 0, 227), stored nibble-major (k = 32b + 8q + s at
    s·K/8 + 4b + q: nibble s of packed word 4b + q meets it); zeroes the down kernel's counters (and
-   the gate/up split's, when ksplit > 1).
-2. `moe_decode_gate_up_kernel`, T·k·I/BN programs (grid (T·k, I/BN), numbered slot-major, below): e = topk_idx[slot]; streams BN rows of w1[e] and
-   w3[e] as int32 words against x' (`fp4_gemv`), then the clamped SwiGLU × routing weight, the
-   inter_dtype rounding, the optional h fake quant (BN is a multiple of 32: whole h blocks per
-   program) and the prep's prescale/order, into h' [T·k, I] and its f. Option `ksplit` (KSPLIT; default
-   5 where it divides K's chunks, else 1; the interpreter 1):
-   KSPLIT times the programs (grid (T·k, I/BN, KSPLIT)), each one of KSPLIT equal ranges of K's chunks, g / u partials to a
-   [T·k, KSPLIT, 2, I] workspace, the last of the KSPLIT programs of a tile (an acq_rel counter zeroed by
+   the gate/up split's, when ksplit > 1, and the handoff's per-slot ones).
+2. `moe_decode_gate_up_kernel`, T·k·I/BN programs (grid (T·k, I/BN), numbered slot-major, below):
+   e = topk_idx[slot]; streams BN rows of w1[e] and w3[e] as int32 words against x' (`fp4_gemv`), then
+   the clamped SwiGLU × routing weight, the inter_dtype rounding, the optional h fake quant (BN is a
+   multiple of 32: whole h blocks per program) and the prep's prescale/order, into h' [T·k, I] and its
+   f. Option `ksplit` (KSPLIT; default 5 where it divides K's chunks, else 1; the interpreter 1): KSPLIT
+   times the programs (grid (T·k, I/BN, KSPLIT)), each one of KSPLIT equal ranges of K's chunks, g / u
+   partials to a [T·k, KSPLIT, 2, I] workspace, the last of the KSPLIT programs of a tile (an acq_rel counter zeroed by
    the prep) adds them in range order and finishes the tile (deterministic; the fp32 sum order changes).
    Programs are numbered (slot, tile, K part) slot-major from the linear block index, so that slot 0's tiles
    and K parts dispatch first (in practice: CUDA does not promise the order, only the speed depends on it);
@@ -165,6 +165,14 @@ def e8m0_f32(e):
     """UE8M0 bytes -> 2^(e-127) fp32: e = 0 -> the subnormal 2^-127 (max with its bits), 255 -> NaN."""
     b = tl.maximum(e.to(tl.int32) << 23, 0x00400000)
     return tl.where(e == 255, float("nan"), b.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def zero_ints(ptr, N: tl.constexpr, N_P: tl.constexpr):
+    """ptr[0..N) = 0 (N_P: the next power of two; nothing for N = 0)."""
+    if N > 0:
+        i = tl.arange(0, N_P)
+        tl.store(ptr + i, tl.zeros_like(i), mask=i < N)
 
 
 @triton.jit
@@ -365,18 +373,11 @@ def moe_decode_prep_kernel(x_ptr, xp_ptr, f_ptr, cnt_ptr, K: tl.constexpr, BKB: 
     v = tl.load(x_ptr + t * K + blk[:, None] * 32 + tl.arange(0, 32)[None, :], mask=(blk < K // 32)[:, None],
                 other=0.0)
     store_prescaled(v.to(tl.float32), xp_ptr + t * K, f_ptr + t * (K // 32), blk0, K // 32, BKB, ACT_QUANT)
-    if NCNT > 0:
-        if tl.program_id(1) == 0:
-            i = tl.arange(0, NCNT_P)
-            tl.store(cnt_ptr + t * NCNT + i, tl.zeros_like(i), mask=i < NCNT)
-    if NGCNT > 0:
-        if tl.program_id(1) == 0:
-            i = tl.arange(0, NGCNT_P)
-            tl.store(cnt_ptr + tl.num_programs(0) * NCNT + t * NGCNT + i, tl.zeros_like(i), mask=i < NGCNT)
-    if NDCNT > 0:
-        if tl.program_id(1) == 0:
-            i = tl.arange(0, NDCNT_P)
-            tl.store(cnt_ptr + tl.num_programs(0) * (NCNT + NGCNT) + t * NDCNT + i, tl.zeros_like(i), mask=i < NDCNT)
+    if tl.program_id(1) == 0:  # the token's counters, in the three regions of cnt
+        n_tok = tl.num_programs(0)
+        zero_ints(cnt_ptr + t * NCNT, NCNT, NCNT_P)
+        zero_ints(cnt_ptr + n_tok * NCNT + t * NGCNT, NGCNT, NGCNT_P)
+        zero_ints(cnt_ptr + n_tok * (NCNT + NGCNT) + t * NDCNT, NDCNT, NDCNT_P)
 
 
 @triton.jit
