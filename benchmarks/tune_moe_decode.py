@@ -59,9 +59,11 @@ DOWN_SWEEP = [(16, 8, 2, None), (16, 8, 1, None), (32, 4, 2, None), (64, 8, 4, N
               (16, 4, 1, None), (32, 8, 2, None)]
 
 
-def tiles_with(k, D, I, gate_up=None, down=None, pdl=None):
+def tiles_with(k, D, I, gate_up=None, down=None, pdl=None, fine=None):
     t = md.decode_tiles(D, I, k)
     t["pdl"] = pdl  # None: the default (on for sm90+ CUDA devices)
+    if fine is not None:  # the per-slot gate/up -> down handoff (default: with PDL)
+        t["fine"] = fine
     if gate_up:
         t["gate_up"] = {"BN": gate_up[0], "BKB": gate_up[1], "num_warps": gate_up[2],
                         "ksplit": gate_up[3] if len(gate_up) > 3 else 1}
@@ -265,18 +267,17 @@ def main(argv=None):
             if aq not in refs:
                 refs[aq] = md.moe_experts_decode_reference(x, idx, w, *ex, LIMIT, act_quant=aq)
             return refs[aq]
-        # (gate/up, down, act_quant, pdl): pdl None = the default; the explicit off row is the control
+        # (gate/up, down, act_quant, pdl, fine): None = the default; the explicit off rows are the controls
         if os.environ.get("TUNE_FINE") == "1" and not smoke:  # the per-slot gate/up -> down handoff on / off, twice
-            configs = [(None, None, False, None), ("fine_off", None, False, None)] * 2 + [(None, None, True, None)]
+            configs = [(None, None, False, None, None), (None, None, False, None, False)] * 2 \
+                + [(None, None, True, None, None)]
         elif os.environ.get("TUNE_DOWN") == "1" and not smoke:  # the down kernel's tiles only (gate/up default)
-            configs = [(None, None, False, None)] + [(None, d, False, None) for d in DOWN_SWEEP]
+            configs = [(None, None, False, None, None)] + [(None, d, False, None, None) for d in DOWN_SWEEP]
         else:
-            configs = ([(g, None, False, None) for g in gate_ups] + [(None, None, False, False)]
-                       + [(None, d, False, None) for d in downs[1:]] + [(None, None, True, None)])
-        for g, d, aq, pdl in configs:
-            t = tiles_with(k, D, I, None if g == "fine_off" else g, d, pdl)
-            if g == "fine_off":
-                t["fine"] = False
+            configs = ([(g, None, False, None, None) for g in gate_ups] + [(None, None, False, False, None)]
+                       + [(None, d, False, None, None) for d in downs[1:]] + [(None, None, True, None, None)])
+        for g, d, aq, pdl, fine in configs:
+            t = tiles_with(k, D, I, g, d, pdl, fine)
 
             def case(t=t, aq=aq):
                 step = lambda i, wi: md.moe_experts_decode(x, i, wi, *ex, LIMIT, act_quant=aq, tiles=t)  # noqa: E731
