@@ -6,8 +6,9 @@ underflows), top-k of s + b (b = `bias`, or `bias_vl` for image-span tokens), ti
 LOWER expert index; weights = s[idx] / (Σ + 1e-20) · route_scale.
 
 Algorithm: logits first, then the top-k (`topk_rows`: `router_topk_kernel`, or the fused kernel's last
-program), which sums the logit partials in a fixed order and selects top-k by k rounds of (max, lowest
-index attaining it) — exactly a stable descending sort's first k. Logits come from one of three kernels:
+program), which sums the logit partials in a fixed order and selects top-k by k rounds of one max over int64 keys
+(the score's order-preserving bits, then the complement of the index: the max is the largest score at its
+lowest index) — exactly a stable descending sort's first k. Logits come from one of three kernels:
 - `router_logits_kernel` (prefill, and decode up to GEMV_MAX_T tokens excluded): tiles of
   tokens × experts × optional K split, fp32 tl.dot with input_precision ieee / tf32x3;
 - `router_logits_gemv_kernel` (decode, <= GEMV_MAX_T tokens): one program per (token, BE
@@ -113,7 +114,7 @@ def topk_rows(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, rt
               E: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr, K_PAD: tl.constexpr, HAS_VL: tl.constexpr,
               NORM: tl.constexpr, CG: tl.constexpr):
     """Rows rt of the router's output from the logit partials part [n_split, T, E]: the splits added in order,
-    sqrtsoftplus, biased top-k by TOPK rounds of (max, lowest index attaining it), normalized × route_scale.
+    sqrtsoftplus, biased top-k by TOPK rounds of one int64-key max (score, then lowest index), normalized × route_scale.
     CG: read the partials from L2 (`.cg`: other programs of the same launch wrote them; arrival.py)."""
     re = tl.arange(0, E_PAD)
     t_ok = rt < T
@@ -134,17 +135,20 @@ def topk_rows(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, rt
         img = tl.load(img_ptr + rt, mask=t_ok, other=0) != 0
         sel = tl.where(img[:, None], s + bvl[None, :], sel)
     sel = tl.where(e_ok[None, :], sel + 0.0, float("-inf"))  # +0.0: -0.0 and +0.0 tie
+    # one int64 key per expert whose descending order is (descending sel, ascending index): the float's
+    # order-preserving int32 in the high half, E_PAD-1-index in the low half. A round is then ONE max
+    # reduction (was three: max, lowest index attaining it, its s); the TOPK weights are gathered after.
+    sb = sel.to(tl.int32, bitcast=True)
+    key = (tl.where(sb >= 0, sb, sb ^ 0x7FFFFFFF).to(tl.int64) << 32) | (E_PAD - 1 - re[None, :]).to(tl.int64)
     rk = tl.arange(0, K_PAD)
     top_i = tl.zeros((rt.shape[0], K_PAD), dtype=tl.int32)
-    top_w = tl.zeros((rt.shape[0], K_PAD), dtype=tl.float32)
     for j in tl.static_range(TOPK):
-        best = tl.max(sel, axis=1)
-        idx = tl.min(tl.where(sel == best[:, None], re[None, :], E_PAD), axis=1)
-        hit = re[None, :] == idx[:, None]
-        wj = tl.sum(tl.where(hit, s, 0.0), axis=1)
+        best = tl.max(key, axis=1)
+        idx = E_PAD - 1 - (best & 0xFFFFFFFF).to(tl.int32)
         top_i = tl.where(rk[None, :] == j, idx[:, None], top_i)
-        top_w = tl.where(rk[None, :] == j, wj[:, None], top_w)
-        sel = tl.where(hit, float("-inf"), sel)
+        key = tl.where(re[None, :] == idx[:, None], -9223372036854775808, key)
+    hit = (re[None, None, :] == top_i[:, :, None]) & (rk < TOPK)[None, :, None]
+    top_w = tl.sum(tl.where(hit, s[:, None, :], 0.0), axis=2)
     if NORM:
         total = tl.sum(top_w, axis=1)
         top_w = top_w / (total[:, None] + 1e-20)
