@@ -2,11 +2,13 @@
 
 Interpreter tier: small rows (N <= 4096) with small chunks, so every row runs over many programs
 and each path of the radix select is taken: the threshold bucket ranked pairwise after level 1, 2
-or 3, exact score ties resolved in index order, rows without valid scores, k >= N. Each case
+or 3, or refined to one exact score at level 4, exact score ties resolved in index order, rows without valid scores, k >= N. Each case
 asserts the same indices in the same order as `topk_select_ref` (torch's stable descending sort)
-and, where it matters, which path the row took (the kernel's state: shift 21 / 10 = refined to
-level 1 / 2, shift 0 = one exact score). GPU tier: the decode shapes (top-512 of 131,072 scores,
-top-2048 of 16,384 pinned block maxima) at S = 1 and 4, also replayed from a CUDA graph.
+and, where it matters, which path the row took (the kernel's state: shift 24 / 16 / 8 = stopped after level 1 / 2 / 3,
+0 = one exact score; every call also checks it against the same radix select recomputed in PyTorch). The interpreter runs the six-launch form (its programs run one
+after another, so the one-launch form's grid barriers would never open). GPU tier: the same cases through
+both forms (one launch with grid barriers, and six launches), and the decode shapes (top-512 of 131,072
+scores, top-2048 of 16,384 pinned block maxima) at S = 1 and 4, also replayed from a CUDA graph.
 """
 import pytest
 import torch
@@ -17,6 +19,32 @@ from dsv41c.codegen.triton.arrival import counters
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _radix_path(row, k, cap, pin=-1):
+    """The radix select's end state for one row, recomputed in PyTorch: (shift, above, h) of the level at
+    which the threshold bucket first holds <= cap keys (or the last level, or no valid score)."""
+    x = row.detach().double().cpu().float().clone()
+    if pin >= 0:
+        x[pin] = float("inf")
+    valid = x != float("-inf")
+    x = torch.where(x == 0, torch.zeros_like(x), x)
+    u = x.view(torch.int32).long()
+    key = u ^ ((u >> 31) & 0x7FFFFFFF)
+    ku = (key & 0xFFFFFFFF) ^ 0x80000000  # the kernel's unsigned order key
+    kk = min(int(valid.sum()), k)
+    above, prefix, bits = 0, 0, tk._BITS
+    for level in range(1, 32 // bits + 1):
+        lo = 32 - bits * level
+        m = valid if level == 1 else valid & ((ku >> (lo + bits)) == prefix)
+        h = torch.bincount(((ku >> lo) & ((1 << bits) - 1))[m], minlength=1 << bits)
+        suf = h.flip(0).cumsum(0).flip(0)
+        d = int(torch.nonzero(suf >= kk - above).max())
+        hd = int(h[d])
+        above += int(suf[d]) - hd
+        prefix = (prefix << bits) | d
+        if hd <= cap or level == 32 // bits or kk == 0:
+            return lo, above, hd
+
+
 def _split(s, k, pin=None, **kw):
     state = torch.empty((s.shape[0], 8), dtype=torch.int32, device=s.device)
     a = tk.topk_select_split(s, k, pin, state=state, **kw)
@@ -25,8 +53,15 @@ def _split(s, k, pin=None, **kw):
     if not torch.equal(a, b):
         bad = (a != b).nonzero()[:8].tolist()
         raise AssertionError(f"split top-{k} differs from the reference at {bad}; state {state.tolist()}")
+    for r in range(s.shape[0]):  # the path each row took: the level it stopped at, keys above, bucket size
+        want = _radix_path(s[r], k, kw.get("cap", tk.SPLIT_CAP), -1 if pin is None else int(pin[r]))
+        assert tuple(state[r, 1:4].tolist()) == want, (r, state[r].tolist(), want)
     # the kernels leave their workspace zeroed for the next launch / graph replay
-    hist, slots = tk._split_workspace(s.device, s.shape[0])
+    fused = kw.get("fused")
+    if fused is None:
+        chunk = kw.get("chunk") or tk.split_chunk(s.shape[1], s.shape[0], s.device)
+        fused = tk.fused_for(s.device, s.shape[0] * -(-s.shape[1] // chunk))
+    hist, slots = tk._split_workspace(s.device, s.shape[0], 3 if fused else 1)
     assert int(hist.abs().sum()) == 0 and int(slots.abs().sum()) == 0
     assert int(counters(s.device, s.shape[0]).abs().sum()) == 0
     return a, state
@@ -43,8 +78,8 @@ def _ties(S, N, seed):
 @pytest.mark.parametrize("S,N,k,chunk", [(1, 4096, 64, 256), (2, 4096, 512, 512), (3, 3000, 100, 128)])
 def test_split_random_rows_level1(S, N, k, chunk):
     s = torch.randn(S, N, generator=torch.Generator().manual_seed(N + k)).to(DEV)
-    _, st = _split(s, k, chunk=chunk)
-    assert (st[:, 1] == 21).all() and (st[:, 5] == 1).all()  # the first level's bucket was small enough
+    _, st = _split(s, k, chunk=chunk, cap=4096)
+    assert (st[:, 1] == 24).all() and (st[:, 5] == 1).all()  # the first level's bucket was small enough
 
 
 @pytest.mark.parametrize("cap", [64, 0])
@@ -54,7 +89,7 @@ def test_split_refines_full_buckets(cap):
     s = (1.0 + 0.25 * torch.rand(2, 4096, generator=g)).to(DEV)
     s[1, 100:3000] = 1.24  # row 1: a long run of one score at the threshold
     _, st = _split(s, 300, chunk=256, cap=cap)
-    assert int(st[0, 1]) == (10 if cap else 0), st.tolist()  # level 2 suffices / cap 0: down to one score
+    assert 0 < int(st[0, 1]) < 24 if cap else int(st[0, 1]) == 0, st.tolist()  # refined / cap 0: to one score
     assert int(st[1, 1]) == 0, st.tolist()  # the tied run: exact ties in index order
 
 
@@ -70,8 +105,8 @@ def test_split_ties_masked_rows_and_pin():
     for p in (None, pin):
         a, st = _split(s, k, p, chunk=256, cap=1024)
         assert int(st[1, 1]) == 0  # the all-equal row (> cap ties): exact ties in index order
-        a, st = _split(s, k, p, chunk=256)
-        assert int(st[1, 1]) == 21  # <= cap ties: ranked pairwise on the unique (score, index) keys
+        a, st = _split(s, k, p, chunk=256, cap=4096)
+        assert int(st[1, 1]) == 24  # <= cap ties: ranked pairwise on the unique (score, index) keys
     a, _ = _split(s, k, chunk=256)
     assert torch.equal(a[1], torch.arange(k, dtype=torch.int32, device=DEV))
     assert (a[2, 96:] == -1).all()
@@ -139,10 +174,12 @@ def test_gpu_split_decode_sizes(S):
     bm = sc.view(S, NB, 8).amax(-1)
     pin = torch.full((S,), NB - 126, dtype=torch.int32, device="cuda")
     cases = ((sc, 512, None), (bm, 2048, pin), (sc.round(decimals=1), 512, None), (bm.round(decimals=1), 2048, pin))
+    assert tk.fused_for(sc.device, S * (T // tk.split_chunk(T, S, sc.device)))  # the default here: one launch
     for x, k, p in cases:
         a = tk.topk_select_split(x, k, p)
         assert torch.equal(a, tk.topk_select_ref(x, k, p))
         assert torch.equal(tk.topk_select(x, k, p), a)
+        assert torch.equal(tk.topk_select_split(x, k, p, fused=False), a)
     # replayed from a CUDA graph: the workspace comes back zeroed, so every replay is exact
     x = sc.clone()
     tk.topk_select(x, 512)
@@ -155,3 +192,34 @@ def test_gpu_split_decode_sizes(S):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, tk.topk_select_ref(x, 512))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [True, False])
+def test_gpu_split_paths_both_forms(fused):
+    """The interpreter tier's paths on the GPU, in the one-launch form (grid barriers between the phases)
+    and in the five-launch form: refinement to levels 2 and 3, exact ties, pins, masked rows, k >= N."""
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(5)
+    s = (1.0 + 0.25 * torch.rand(2, 4096, generator=g))
+    s[1, 100:3000] = 1.24
+    for cap in (64, 0):
+        _, st = _split(s.to(dev), 300, chunk=256, cap=cap, fused=fused)
+        assert (0 < int(st[0, 1]) < 24 if cap else int(st[0, 1]) == 0) and int(st[1, 1]) == 0, st.tolist()
+    t = _ties(3, 4096, seed=7)
+    t[0, 2048:] = float("-inf")
+    t[1] = 1.0
+    t[2, :] = float("-inf")
+    t[2, 4000:] = 3.0
+    pin = torch.tensor([4095, 17, -1], dtype=torch.int32, device=dev)
+    for p in (None, pin):
+        _, st = _split(t.to(dev), 256, p, chunk=256, cap=1024, fused=fused)
+        assert int(st[1, 1]) == 0
+        _, st = _split(t.to(dev), 256, p, chunk=256, cap=4096, fused=fused)
+        assert int(st[1, 1]) == 24
+        _split(t.to(dev), 256, p, chunk=256, fused=fused)
+    for N, k in ((300, 512), (1000, 1000), (1000, 1), (130, 2048)):
+        _split(_ties(2, N, seed=N).to(dev), k, chunk=128, fused=fused)
+    big = torch.randn(4, 131072, generator=g).to(dev)
+    for k, cap in ((16, 0), (512, 8), (64, 8), (2048, 512)):  # repeated calls: the workspace and the barrier
+        _split(big, k, chunk=4096, cap=cap, fused=fused)  # counters come back zeroed

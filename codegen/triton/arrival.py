@@ -42,6 +42,16 @@ def reset_counter(counter_ptr):
     tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
 
 
+@triton.jit
+def wait_count(counter_ptr, n):
+    """Spin until the counter reaches n (gpu-scope acquire: the counted programs' stores are visible to
+    this program's loads after it). Written as an atomic add of 0; LLVM turns that into an acquire load
+    (sm90 SASS: LDG.E.STRONG.GPU then CCTL.IVALL, the L1 invalidate), so polling adds no atomics."""
+    c = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    while c < n:
+        c = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+
+
 _RETIRED: list = []
 
 

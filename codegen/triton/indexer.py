@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, register
 from dsv41c.codegen.triton.indexer_score import (  # noqa: F401 (re-exported)
@@ -29,6 +31,37 @@ from dsv41c.codegen.triton.indexer_score import (  # noqa: F401 (re-exported)
     int8_rows_ok, score_block_q, score_specs, visible_counts)
 from dsv41c.codegen.triton.indexer_topk import (  # noqa: F401 (re-exported)
     MERGE, topk_select, topk_select_ref, topk_specs)
+
+
+@triton.jit
+def _step_prep_kernel(qpos_ptr, w_ptr, nvis_ptr, pin_ptr, wq_ptr, T, ratio, cand_block, scale,
+                      H: tl.constexpr, HP: tl.constexpr):
+    """One query's step inputs in one launch (were ~11 small PyTorch ops, ~1-1.5 µs each under CUDA-graph
+    replay at one query): nvis = min((p+1) // ratio, T) visible entries, the pinned newest candidate block
+    (nvis-1) // cand_block (-1 with none visible) and wq = w · scale in fp32 (the same single rounding as
+    `w.float() * scale`). qpos < -1 counts as nothing visible, as the clamped reference does downstream."""
+    s = tl.program_id(0)
+    nv = tl.minimum(tl.maximum(tl.load(qpos_ptr + s).to(tl.int64) + 1, 0) // ratio, T)
+    tl.store(nvis_ptr + s, nv.to(tl.int32))
+    tl.store(pin_ptr + s, tl.where(nv > 0, (nv - 1) // cand_block, -1).to(tl.int32))
+    h = tl.arange(0, HP)
+    w = tl.load(w_ptr + s * H + h, mask=h < H, other=0.0).to(tl.float32)
+    tl.store(wq_ptr + s * H + h, w * scale, mask=h < H)
+
+
+def step_prep(qpos, w, ratio: int, T: int, cand_block: int, scale: float):
+    """(nvis int32 [S], pin int32 [S], wq fp32 [S, H]) of `_step_prep_kernel` (see there)."""
+    S, H = w.shape
+    if qpos.shape != (S,):
+        raise ValueError(f"indexer: qpos must be [S] = [{S}] (one position per query), got {tuple(qpos.shape)}")
+    dev = w.device
+    nvis = torch.empty(S, dtype=torch.int32, device=dev)
+    pin = torch.empty(S, dtype=torch.int32, device=dev)
+    wq = torch.empty((S, H), dtype=torch.float32, device=dev)
+    if S:
+        _step_prep_kernel[(S,)](qpos.contiguous(), w.contiguous(), nvis, pin, wq, T, ratio, cand_block, scale, H=H,
+                                HP=triton.next_power_of_2(H))
+    return nvis, pin, wq
 
 
 @dataclass
@@ -50,15 +83,13 @@ def indexer_topk(q_codes, q_exps, w, k_codes, k_exps, qpos, *, ratio: int, topk:
     block_q: scoring kernel (1 heads kernel, 16 queries-as-rows, None: by S); block_t: key tile."""
     CI = q_codes.shape[-1] * 2
     T = k_codes.shape[0]
-    wq = w.float() * (CI ** -0.5)
-    nvis = visible_counts(qpos, ratio, T)
+    nvis, pin, wq = step_prep(qpos, w, ratio, T, cand_block, CI ** -0.5)
     counters = torch.zeros(2, dtype=torch.int32, device=q_codes.device) if with_stats else None
     scores, bmax = index_scores(q_codes, q_exps, wq, k_codes, k_exps, nvis, cand_mask=cand_mask,
                                 cand_block=cand_block, block_max=candidate_blocks > 0, block_q=block_q,
                                 block_t=block_t, counters=counters)
     cands = None
     if candidate_blocks > 0:
-        pin = torch.where(nvis > 0, (nvis - 1) // cand_block, -1).to(torch.int32)
         cands = topk_select(bmax, candidate_blocks, pin, chunk=chunk)
     idx = topk_select(scores, topk, chunk=chunk)
     stats = {}

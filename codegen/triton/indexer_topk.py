@@ -61,7 +61,8 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import aot_spec
-from dsv41c.codegen.triton.arrival import arrive_last, reset_counter
+from dsv41c.codegen.triton.kv_quant import interpreting, sm_count
+from dsv41c.codegen.triton.arrival import arrive_last, reset_counter, wait_count
 
 
 @triton.jit
@@ -162,36 +163,69 @@ def _row_keys(s_ptr, pin_ptr, row, i, N, stride_s, USE_PIN: tl.constexpr):
 
 
 @triton.jit
+def _level_digits(ku, valid, prefix, LEVEL: tl.constexpr, BITS: tl.constexpr):
+    """(digit, mask) of radix level LEVEL: bits [32 - BITS·LEVEL, 32 - BITS·(LEVEL-1)) of the unsigned key,
+    over the keys whose known prefix (the higher levels' digits) equals the threshold bucket's."""
+    LO: tl.constexpr = 32 - BITS * LEVEL
+    dig = ((ku >> LO) & ((1 << BITS) - 1)).to(tl.int32)
+    if LEVEL == 1:
+        return dig, valid
+    else:
+        return dig, valid & ((ku >> (LO + BITS)) == prefix)
+
+
+@triton.jit
+def _pick_digit(h, b, kk, above, prefix, cap, LEVEL: tl.constexpr, BITS: tl.constexpr):
+    """From a level's row histogram h [2^BITS]: the digit holding the kk-th largest key. Returns the new
+    threshold state (prefix, shift, above, h_bucket, done): the bucket is the keys with key >> shift ==
+    prefix, `above` keys lie in higher buckets; done once the bucket holds <= cap keys, at the last level
+    (one exact score) or with no valid score."""
+    need = kk - above  # >= 1 unless the row has no valid score
+    suf = tl.cumsum(h, axis=0, reverse=True)  # keys in this digit or above
+    d = tl.max(tl.where(suf >= need, b, -1), axis=0)
+    hd = tl.sum(tl.where(b == d, h, 0), axis=0)
+    above = above + tl.sum(tl.where(b == d, suf, 0), axis=0) - hd
+    if LEVEL == 1:
+        prefix = d.to(tl.uint32)
+    else:
+        prefix = (prefix << BITS) | d.to(tl.uint32)
+    shift = hd * 0 + (32 - BITS * LEVEL)  # a tensor, like the other results (the fused kernel's branches agree)
+    done = ((hd <= cap) | (LEVEL == 32 // BITS) | (kk == 0)).to(tl.int32)
+    return prefix, shift, above, hd, done
+
+
+@triton.jit
+def _store_state(st, prefix, shift, above, hd, kk, done):
+    tl.store(st, prefix.to(tl.int32, bitcast=True))
+    tl.store(st + 1, shift)
+    tl.store(st + 2, above)
+    tl.store(st + 3, hd)
+    tl.store(st + 4, kk)
+    tl.store(st + 5, done)
+
+
+@triton.jit
 def _split_hist_kernel(s_ptr, pin_ptr, hist_ptr, state_ptr, cnt_ptr, N, stride_s, k, cap, n_prog,
-                       CHUNK: tl.constexpr, NB: tl.constexpr, LEVEL: tl.constexpr, USE_PIN: tl.constexpr):
-    """One radix level of a row's kk-th largest key: the histogram of the next digit (bits 31..21,
-    20..10, 9..0 at LEVEL 1, 2, 3) over the keys whose known prefix equals the threshold bucket's,
-    summed over the row's programs by atomics; the last arriver picks the digit holding the kk-th key.
-    state[row] = (prefix, shift, above, h, kk, done): the threshold bucket is the keys with
-    key >> shift == prefix (h of them), `above` keys lie in higher buckets; done once h <= cap, at
-    LEVEL 3 (the bucket is one score: exact ties) or with no valid score."""
+                       CHUNK: tl.constexpr, BITS: tl.constexpr, LEVEL: tl.constexpr, USE_PIN: tl.constexpr):
+    """One radix level of a row's kk-th largest key: the histogram of the next digit (`_level_digits`)
+    summed over the row's programs by atomics; the last arriver picks the digit holding the kk-th key
+    (`_pick_digit`). state[row] = (prefix, shift, above, h, kk, done): the threshold bucket is the keys
+    with key >> shift == prefix (h of them), `above` keys lie in higher buckets."""
     p = tl.program_id(0)
     row = tl.program_id(1)
     st = state_ptr + row * 8
     if LEVEL == 1:
         go = True
+        prefix = tl.zeros((), tl.uint32)
     else:
         go = tl.load(st + 5) == 0
+        prefix = tl.load(st).to(tl.uint32, bitcast=True)
     if go:
         i = p * CHUNK + tl.arange(0, CHUNK)
         key, ku, valid = _row_keys(s_ptr, pin_ptr, row, i, N, stride_s, USE_PIN)
-        if LEVEL == 1:
-            m = valid
-            dig = ku >> 21
-        elif LEVEL == 2:
-            prefix = tl.load(st).to(tl.uint32, bitcast=True)
-            m = valid & ((ku >> 21) == prefix)
-            dig = (ku >> 10) & 0x7FF
-        else:
-            prefix = tl.load(st).to(tl.uint32, bitcast=True)
-            m = valid & ((ku >> 10) == prefix)
-            dig = ku & 0x3FF
-        hl = tl.histogram(dig.to(tl.int32), NB, mask=m)
+        NB: tl.constexpr = 1 << BITS
+        dig, m = _level_digits(ku, valid, prefix, LEVEL, BITS)
+        hl = tl.histogram(dig, NB, mask=m)
         b = tl.arange(0, NB)
         hrow = hist_ptr + row.to(tl.int64) * NB + b
         tl.atomic_add(hrow, hl, mask=hl > 0, sem="relaxed")  # at most min(CHUNK, NB) atomics a program
@@ -200,48 +234,21 @@ def _split_hist_kernel(s_ptr, pin_ptr, hist_ptr, state_ptr, cnt_ptr, N, stride_s
             if LEVEL == 1:
                 kk = tl.minimum(tl.sum(h, axis=0), k)
                 above = kk * 0
-                prefix = tl.zeros((), tl.uint32)
             else:
                 kk = tl.load(st + 4)
                 above = tl.load(st + 2)
-            need = kk - above  # >= 1 unless the row has no valid score
-            suf = tl.cumsum(h, axis=0, reverse=True)  # keys in this digit or above
-            d = tl.max(tl.where(suf >= need, b, -1), axis=0)
-            hd = tl.sum(tl.where(b == d, h, 0), axis=0)
-            above = above + tl.sum(tl.where(b == d, suf, 0), axis=0) - hd
-            if LEVEL == 1:
-                prefix = d.to(tl.uint32)
-                shift = 21
-            elif LEVEL == 2:
-                prefix = (prefix << 11) | d.to(tl.uint32)
-                shift = 10
-            else:
-                prefix = (prefix << 10) | d.to(tl.uint32)
-                shift = 0
-            done = ((hd <= cap) | (LEVEL == 3) | (kk == 0)).to(tl.int32)
-            tl.store(st, prefix.to(tl.int32, bitcast=True))
-            tl.store(st + 1, shift)
-            tl.store(st + 2, above)
-            tl.store(st + 3, hd)
-            tl.store(st + 4, kk)
-            tl.store(st + 5, done)
+            prefix, shift, above, hd, done = _pick_digit(h, b, kk, above, prefix, cap, LEVEL, BITS)
+            _store_state(st, prefix, shift, above, hd, kk, done)
             reset_counter(cnt_ptr + row)
 
 
 @triton.jit
-def _split_gather_kernel(s_ptr, pin_ptr, state_ptr, slot_ptr, sure_ptr, bkt_ptr, ties_ptr, N, stride_s, n_prog,
-                         K: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr, USE_PIN: tl.constexpr):
-    """Keys above the threshold bucket -> sure[row] (fewer than kk <= K), as unique int64 keys
-    (score key << 32 | 2^31-1-index); the bucket's keys -> bkt[row] (h <= CAP of them) or, when the
+def _gather_lists(key, ku, valid, i, prefix, shift, slot_ptr, sure_ptr, bkt_ptr, ties_ptr, row, p, n_prog,
+                  K: tl.constexpr, CAP: tl.constexpr):
+    """This program's keys above the threshold bucket -> sure[row] (fewer than kk <= K), as unique int64
+    keys (score key << 32 | 2^31-1-index); the bucket's keys -> bkt[row] (h <= CAP of them) or, when the
     bucket is one exact score, only this program's count of them -> ties[row, p]. Slots come from a
     per-row atomic counter: the order in the lists is arbitrary (the rank pass sorts by unique key)."""
-    p = tl.program_id(0)
-    row = tl.program_id(1)
-    st = state_ptr + row * 8
-    prefix = tl.load(st).to(tl.uint32, bitcast=True)
-    shift = tl.load(st + 1).to(tl.uint32)
-    i = p * CHUNK + tl.arange(0, CHUNK)
-    key, ku, valid = _row_keys(s_ptr, pin_ptr, row, i, N, stride_s, USE_PIN)
     hi = ku >> shift
     comp = (key.to(tl.int64) << 32) | (2147483647 - i).to(tl.int64)
     sure = valid & (hi > prefix)
@@ -261,36 +268,43 @@ def _split_gather_kernel(s_ptr, pin_ptr, state_ptr, slot_ptr, sure_ptr, bkt_ptr,
 
 
 @triton.jit
+def _split_gather_kernel(s_ptr, pin_ptr, state_ptr, slot_ptr, sure_ptr, bkt_ptr, ties_ptr, N, stride_s, n_prog,
+                         K: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr, USE_PIN: tl.constexpr):
+    """`_gather_lists` for every program of every row, the threshold from state[row]."""
+    p = tl.program_id(0)
+    row = tl.program_id(1)
+    st = state_ptr + row * 8
+    prefix = tl.load(st).to(tl.uint32, bitcast=True)
+    shift = tl.load(st + 1).to(tl.uint32)
+    i = p * CHUNK + tl.arange(0, CHUNK)
+    key, ku, valid = _row_keys(s_ptr, pin_ptr, row, i, N, stride_s, USE_PIN)
+    _gather_lists(key, ku, valid, i, prefix, shift, slot_ptr, sure_ptr, bkt_ptr, ties_ptr, row, p, n_prog, K, CAP)
+
+
+@triton.jit
 def _rank_list(lst_ptr, n, j0, R: tl.constexpr, TB: tl.constexpr):
     """Entries j0 .. j0+R of the n unique int64 keys at lst_ptr and, for each, how many of the n keys
-    are larger (its rank in descending order): R x TB pairwise comparisons per step."""
+    are larger (its rank in descending order): R x TB pairwise comparisons per step. `.cg` loads: the
+    lists were written by other programs (in the fused kernel, of the same launch)."""
     j = j0 + tl.arange(0, R)
-    a = tl.load(lst_ptr + j, mask=j < n, other=-9223372036854775808)
+    a = tl.load(lst_ptr + j, mask=j < n, other=-9223372036854775808, cache_modifier=".cg")
     r = tl.zeros((R,), tl.int32)
-    for t in range(0, n, TB):
+    for t in tl.range(0, n, TB, num_stages=3):  # the list's loads pipelined: L2 latency, not the compare, bounds it
         tt = t + tl.arange(0, TB)
-        bb = tl.load(lst_ptr + tt, mask=tt < n, other=-9223372036854775808)
+        bb = tl.load(lst_ptr + tt, mask=tt < n, other=-9223372036854775808, cache_modifier=".cg")
         r += tl.sum((bb[None, :] > a[:, None]).to(tl.int32), axis=1)
     idx = 2147483647 - (a & 0xFFFFFFFF).to(tl.int32)
     return j < n, r, idx
 
 
 @triton.jit
-def _split_rank_kernel(idx_ptr, s_ptr, pin_ptr, state_ptr, slot_ptr, sure_ptr, bkt_ptr, ties_ptr, N, stride_s, k,
-                       n_prog, K: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr,
-                       TB: tl.constexpr, USE_PIN: tl.constexpr):
-    """Every output position of the row: a sure key's position is its rank among the sure keys; a
-    bucket key's is above + its rank in the bucket (kept when < kk); an exact tie's is above + the
-    ties in earlier programs + its rank in this chunk (index order); -1 from kk to k. Each program
-    takes R-entry slices of the lists, strided over the row's programs."""
-    p = tl.program_id(0)
-    row = tl.program_id(1)
-    st = state_ptr + row * 8
-    prefix = tl.load(st).to(tl.uint32, bitcast=True)
-    shift = tl.load(st + 1)
-    above = tl.load(st + 2)
-    h = tl.load(st + 3)
-    kk = tl.load(st + 4)
+def _rank_outputs(idx_ptr, s_ptr, pin_ptr, slot_ptr, sure_ptr, bkt_ptr, ties_ptr, N, stride_s, k, n_prog, row, p,
+                  prefix, shift, above, h, kk, K: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr,
+                  R: tl.constexpr, TB: tl.constexpr, USE_PIN: tl.constexpr):
+    """This program's share of the row's output positions: a sure key's position is its rank among the
+    sure keys; a bucket key's is above + its rank in the bucket (kept when < kk); an exact tie's is above
+    + the ties in earlier programs + its rank in this chunk (index order); -1 from kk to k. R-entry
+    slices of the lists, strided over the row's programs."""
     out = idx_ptr + row.to(tl.int64) * k
     for j0 in range(p * R, k, n_prog * R):
         j = j0 + tl.arange(0, R)
@@ -307,7 +321,8 @@ def _split_rank_kernel(idx_ptr, s_ptr, pin_ptr, state_ptr, slot_ptr, sure_ptr, b
         before = above
         for t in range(0, p, 128):
             tt = t + tl.arange(0, 128)
-            before += tl.sum(tl.load(ties_ptr + row.to(tl.int64) * n_prog + tt, mask=tt < p, other=0), axis=0)
+            before += tl.sum(tl.load(ties_ptr + row.to(tl.int64) * n_prog + tt, mask=tt < p, other=0,
+                                     cache_modifier=".cg"), axis=0)
         if before < kk:  # some of this chunk's ties are taken (the lowest indices overall)
             i = p * CHUNK + tl.arange(0, CHUNK)
             key, ku, valid = _row_keys(s_ptr, pin_ptr, row, i, N, stride_s, USE_PIN)
@@ -318,11 +333,114 @@ def _split_rank_kernel(idx_ptr, s_ptr, pin_ptr, state_ptr, slot_ptr, sure_ptr, b
         tl.store(slot_ptr + row * 2 + tl.arange(0, 2), tl.zeros((2,), tl.int32))
 
 
+@triton.jit
+def _split_rank_kernel(idx_ptr, s_ptr, pin_ptr, state_ptr, slot_ptr, sure_ptr, bkt_ptr, ties_ptr, N, stride_s, k,
+                       n_prog, K: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr,
+                       TB: tl.constexpr, USE_PIN: tl.constexpr):
+    """`_rank_outputs` for every program of every row, the threshold state from state[row]."""
+    p = tl.program_id(0)
+    row = tl.program_id(1)
+    st = state_ptr + row * 8
+    _rank_outputs(idx_ptr, s_ptr, pin_ptr, slot_ptr, sure_ptr, bkt_ptr, ties_ptr, N, stride_s, k, n_prog, row, p,
+                  tl.load(st).to(tl.uint32, bitcast=True), tl.load(st + 1), tl.load(st + 2), tl.load(st + 3),
+                  tl.load(st + 4), K, CAP, CHUNK, R, TB, USE_PIN)
+
+
+# ----------------------------------------------------------------------------- the same in one launch
+
+
+@triton.jit
+def _grid_sync(cnt_ptr, target):
+    """Barrier over a row's programs (all resident: the launcher checks the grid fits the SMs): count this
+    program in (the CTA barrier orders every thread's stores and atomics before the gpu-scope release, as
+    in arrival.arrive_last), then spin until `target` programs have (gpu-scope acquire; moe_decode's
+    wait_count). The counter only grows within a launch; the last program out resets it."""
+    tl.debug_barrier()
+    tl.atomic_add(cnt_ptr, 1, sem="release", scope="gpu")
+    wait_count(cnt_ptr, target)
+
+
+@triton.jit
+def _fused_level(ku, valid, b, hist_ptr, cnt_ptr, n_prog, n_sync, kk, above, prefix, cap,
+                 BITS: tl.constexpr, LEVEL: tl.constexpr):
+    """One radix level inside the fused kernel: this program's histogram added to the row's (level
+    LEVEL's own NB bins), a barrier, then every program reads the whole histogram and picks the digit
+    itself (the same integers in every program, so the same state): no last arriver, no state round trip."""
+    NB: tl.constexpr = 1 << BITS
+    dig, m = _level_digits(ku, valid, prefix, LEVEL, BITS)
+    hl = tl.histogram(dig, NB, mask=m)
+    hrow = hist_ptr + (LEVEL - 1) * NB + b
+    tl.atomic_add(hrow, hl, mask=hl > 0, sem="relaxed")
+    _grid_sync(cnt_ptr, n_sync * n_prog)
+    h = tl.load(hrow, cache_modifier=".cg")
+    if LEVEL == 1:
+        kk = tl.minimum(tl.sum(h, axis=0), kk)  # kk came in as k
+        above = kk * 0
+    prefix, shift, above, hd, done = _pick_digit(h, b, kk, above, prefix, cap, LEVEL, BITS)
+    return kk, prefix, shift, above, hd, done
+
+
+@triton.jit
+def _split_fused_kernel(idx_ptr, s_ptr, pin_ptr, hist_ptr, state_ptr, slot_ptr, sure_ptr, bkt_ptr, ties_ptr,
+                        cnt_ptr, N, stride_s, k, cap, n_prog, K: tl.constexpr, CAP: tl.constexpr,
+                        CHUNK: tl.constexpr, BITS: tl.constexpr, R: tl.constexpr, TB: tl.constexpr,
+                        USE_PIN: tl.constexpr):
+    """The split path's launches in one: the same phases (`_level_digits` / `_pick_digit`, `_gather_lists`,
+    `_rank_outputs`) separated by per-row grid barriers (`_grid_sync`) instead of kernel boundaries, the
+    row's keys kept in registers from the first phase to the last. Levels 2..4 run only while the bucket is
+    fuller than cap (the same decision in every program of the row). Every program must be resident at
+    once: the launcher runs it only when rows × programs <= the GPU's SMs (one program per SM always fits).
+    hist [S, 4, 2^BITS] (one histogram per level: a level's bins are read by every program after its
+    barrier, so they are zeroed only at the end, by program 0), the slot counters and the barrier counter
+    are left at zero for the next launch / graph replay."""
+    tl.static_assert(BITS == 8, "the fused kernel unrolls four radix levels of 8 bits")
+    NB: tl.constexpr = 1 << BITS
+    p = tl.program_id(0)
+    row = tl.program_id(1)
+    cnt = cnt_ptr + row
+    hist = hist_ptr + row.to(tl.int64) * (4 * NB)
+    i = p * CHUNK + tl.arange(0, CHUNK)
+    key, ku, valid = _row_keys(s_ptr, pin_ptr, row, i, N, stride_s, USE_PIN)
+    b = tl.arange(0, NB)
+    kk, prefix, shift, above, hd, done = _fused_level(ku, valid, b, hist, cnt, n_prog, 1, k, 0,
+                                                      tl.zeros((), tl.uint32), cap, BITS, 1)
+    n_sync = p * 0 + 1
+    if done == 0:
+        kk, prefix, shift, above, hd, done = _fused_level(ku, valid, b, hist, cnt, n_prog, 2, kk, above, prefix,
+                                                          cap, BITS, 2)
+        n_sync = p * 0 + 2
+        if done == 0:
+            kk, prefix, shift, above, hd, done = _fused_level(ku, valid, b, hist, cnt, n_prog, 3, kk, above,
+                                                              prefix, cap, BITS, 3)
+            n_sync = p * 0 + 3
+            if done == 0:
+                kk, prefix, shift, above, hd, done = _fused_level(ku, valid, b, hist, cnt, n_prog, 4, kk, above,
+                                                                  prefix, cap, BITS, 4)
+                n_sync = p * 0 + 4
+    _gather_lists(key, ku, valid, i, prefix, shift.to(tl.uint32), slot_ptr, sure_ptr, bkt_ptr, ties_ptr, row, p,
+                  n_prog, K, CAP)
+    _grid_sync(cnt, (n_sync + 1) * n_prog)
+    _rank_outputs(idx_ptr, s_ptr, pin_ptr, slot_ptr, sure_ptr, bkt_ptr, ties_ptr, N, stride_s, k, n_prog, row, p,
+                  prefix, shift, above, hd, kk, K, CAP, CHUNK, R, TB, USE_PIN)
+    if p == 0:  # every program read every histogram before the gather barrier: zero them for the next launch
+        for lv in range(0, n_sync):
+            tl.store(hist + lv * NB + b, tl.zeros((NB,), tl.int32))
+        _store_state(state_ptr + row * 8, prefix, shift, above, hd, kk, done)
+    # the last program out leaves the barrier counter at 0 (every program has passed every barrier by then)
+    if arrive_last(cnt, (n_sync + 2) * n_prog):
+        reset_counter(cnt)
+
+
 MERGE = 16384  # keys one merge program selects from (MERGE / K lists)
 SPLIT_MAX_S = 4  # rows up to which topk_select splits each row over many programs (H200: faster at S <= 4, slower at 8)
 SPLIT_MIN_N = 8192  # shorter rows: the one-program-per-chunk path is already one or two short launches
-SPLIT_CAP = 4096  # largest threshold bucket ranked pairwise; a fuller one is refined one more level
-_NB = 2048  # histogram bins of one radix level (digits of 11, 11, 10 bits)
+SPLIT_CAP = 512  # largest threshold bucket ranked pairwise (h^2 work); a fuller one is refined one more level
+RANK_R = 16  # list entries a program ranks per step (k = 2048 sure keys: 128 slices, about one per program)
+_BITS = 8  # radix digit width: four levels of 8 bits, 256 bins each. Triton's tl.histogram combines its warps'
+# bins through shared-memory atomics, so its cost grows with the bins: on the H200 (triton 3.6, in-kernel clock
+# reads) a 2048-bin histogram of 128..1024 keys took 17-22 k cycles a program, most of the one-row selection
+_LEVELS = 32 // _BITS
+_NB = 1 << _BITS
 
 
 def topk_select(scores: torch.Tensor, k: int, pin: torch.Tensor | None = None, chunk: int = 4096,
@@ -380,17 +498,29 @@ def _pin_i32(pin):
 _SPLIT_WS: dict = {}
 
 
-def _split_workspace(dev, S: int):
-    """(hist [S, _NB], slots [S, 2]) int32, zeroed once and left zeroed by the kernels (the last arriver
-    of a radix level exchanges the histogram for zeros; the rank pass zeroes the slot counters), so a
-    CUDA-graph replay needs no memset. Grown, never shrunk; allocate (first call) before capture."""
-    key = (dev.type, dev.index)
+def _split_workspace(dev, S: int, levels: int = 1):
+    """(hist [S, levels·_NB], slots [S, 2]) int32, zeroed once and left zeroed by the kernels (the five-launch
+    path's last arriver of a radix level exchanges its histogram for zeros, the fused kernel's program 0
+    zeroes its three; the rank pass zeroes the slot counters), so a CUDA-graph replay needs no memset. One
+    buffer per `levels` (1: the five launches, 3: the fused kernel); grown, never shrunk; allocate (first
+    call) before capture."""
+    key = (dev.type, dev.index, levels)
     ws = _SPLIT_WS.get(key)
     if ws is None or ws[0].shape[0] < S:
         n = max(S, 8)
-        ws = (torch.zeros((n, _NB), dtype=torch.int32, device=dev), torch.zeros((n, 2), dtype=torch.int32, device=dev))
+        ws = (torch.zeros((n, levels * _NB), dtype=torch.int32, device=dev),
+              torch.zeros((n, 2), dtype=torch.int32, device=dev))
         _SPLIT_WS[key] = ws
     return ws
+
+
+def fused_for(dev, programs: int) -> bool:
+    """Whether the one-launch split kernel may run: CUDA (not the interpreter, whose programs run one after
+    another and would wait forever at the first barrier; not ROCm, untested) and a grid that is resident all
+    at once, which one program per SM guarantees (`programs` <= the SM count)."""
+    if interpreting() or dev.type != "cuda" or torch.version.hip is not None:
+        return False
+    return programs <= sm_count(dev)
 
 
 def split_chunk(N: int, S: int, dev) -> int:
@@ -403,11 +533,13 @@ def split_chunk(N: int, S: int, dev) -> int:
 
 
 def topk_select_split(scores: torch.Tensor, k: int, pin: torch.Tensor | None = None, chunk: int | None = None,
-                      cap: int = SPLIT_CAP, state: torch.Tensor | None = None) -> torch.Tensor:
+                      cap: int = SPLIT_CAP, state: torch.Tensor | None = None, fused: bool | None = None
+                      ) -> torch.Tensor:
     """`topk_select` for few long rows: each row split over P = ceil(N / chunk) programs (module
-    docstring: three radix-histogram levels, a gather, a pairwise-rank pass; five launches).
-    `state` (int32 [S, 8], optional): where the per-row threshold state is left (prefix, shift,
-    above, h, kk, done), for tests that check which path a row took."""
+    docstring: three radix-histogram levels, a gather, a pairwise-rank pass). fused (None: `fused_for`):
+    all of it in one launch with grid barriers (`_split_fused_kernel`), else five launches; the same
+    indices either way. `state` (int32 [S, 8], optional): where the per-row threshold state is left
+    (prefix, shift, above, h, kk, done), for tests that check which path a row took."""
     from dsv41c.codegen.triton.arrival import counters
 
     if scores.dim() != 2:
@@ -433,7 +565,12 @@ def topk_select_split(scores: torch.Tensor, k: int, pin: torch.Tensor | None = N
     out = torch.empty((S, k), dtype=torch.int32, device=dev)
     use_pin = pin is not None
     pin_t = _pin_i32(pin) if use_pin else out
-    hist, slots = _split_workspace(dev, S)
+    if fused is None:
+        fused = fused_for(dev, P * S)
+    elif fused and not fused_for(dev, P * S):
+        raise ValueError(f"topk_select_split: fused needs a CUDA GPU with at least {P * S} SMs (rows × programs: "
+                         f"every program must be resident at once), got {dev}")
+    hist, slots = _split_workspace(dev, S, _LEVELS if fused else 1)
     cnt = counters(dev, S)
     if state is None:
         state = torch.empty((S, 8), dtype=torch.int32, device=dev)
@@ -444,13 +581,18 @@ def topk_select_split(scores: torch.Tensor, k: int, pin: torch.Tensor | None = N
     ties = torch.empty((S, P), dtype=torch.int32, device=dev)
     nw = 8 if CHUNK >= 4096 else 4
     grid = (P, S)
-    for level in (1, 2, 3):
+    if fused:
+        _split_fused_kernel[grid](out, scores, pin_t, hist, state, slots, sure, bkt, ties, cnt, N, scores.stride(0),
+                                  k, cap, P, K=K, CAP=CAP, CHUNK=CHUNK, BITS=_BITS, R=RANK_R, TB=256,
+                                  USE_PIN=use_pin, num_warps=nw)
+        return out
+    for level in range(1, _LEVELS + 1):
         _split_hist_kernel[grid](scores, pin_t, hist, state, cnt, N, scores.stride(0), k, cap, P,
-                                 CHUNK=CHUNK, NB=_NB, LEVEL=level, USE_PIN=use_pin, num_warps=nw)
+                                 CHUNK=CHUNK, BITS=_BITS, LEVEL=level, USE_PIN=use_pin, num_warps=nw)
     _split_gather_kernel[grid](scores, pin_t, state, slots, sure, bkt, ties, N, scores.stride(0), P,
                                K=K, CAP=CAP, CHUNK=CHUNK, USE_PIN=use_pin, num_warps=nw)
     _split_rank_kernel[grid](out, scores, pin_t, state, slots, sure, bkt, ties, N, scores.stride(0), k, P,
-                             K=K, CAP=CAP, CHUNK=CHUNK, R=32, TB=256, USE_PIN=use_pin, num_warps=nw)
+                             K=K, CAP=CAP, CHUNK=CHUNK, R=RANK_R, TB=256, USE_PIN=use_pin, num_warps=nw)
     return out
 
 
@@ -491,13 +633,13 @@ def topk_specs(target):
         pin = k == c.candidate_topk_blocks
         schunk = 128 if pin else 1024
         row = {"s_ptr": "*fp32", "pin_ptr": "*i32", "N": "i32", "stride_s": "i32", "state_ptr": "*i32"}
-        for level in (1, 2, 3):
+        for level in range(1, _LEVELS + 1):
             out.append(aot_spec(_split_hist_kernel, f"split_hist{level}_k{K}_c{schunk}",
                                 {**row, "hist_ptr": "*i32", "cnt_ptr": "*i32", "k": "i32", "cap": "i32", "n_prog": "i32"},
-                                {"CHUNK": schunk, "NB": _NB, "LEVEL": level, "USE_PIN": pin}, num_warps=4))
+                                {"CHUNK": schunk, "BITS": _BITS, "LEVEL": level, "USE_PIN": pin}, num_warps=4))
         lists = {"slot_ptr": "*i32", "sure_ptr": "*i64", "bkt_ptr": "*i64", "ties_ptr": "*i32", "n_prog": "i32"}
         out.append(aot_spec(_split_gather_kernel, f"split_gather_k{K}_c{schunk}", {**row, **lists},
                             {"K": K, "CAP": SPLIT_CAP, "CHUNK": schunk, "USE_PIN": pin}, num_warps=4))
         out.append(aot_spec(_split_rank_kernel, f"split_rank_k{K}_c{schunk}", {**row, **lists, "idx_ptr": "*i32", "k": "i32"},
-                            {"K": K, "CAP": SPLIT_CAP, "CHUNK": schunk, "R": 32, "TB": 256, "USE_PIN": pin}, num_warps=4))
+                            {"K": K, "CAP": SPLIT_CAP, "CHUNK": schunk, "R": RANK_R, "TB": 256, "USE_PIN": pin}, num_warps=4))
     return out

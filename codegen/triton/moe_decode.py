@@ -147,7 +147,7 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
-from dsv41c.codegen.triton.arrival import arrive_last
+from dsv41c.codegen.triton.arrival import arrive_last, wait_count
 from dsv41c.codegen.triton.fp8_gemm import HIDDEN, MOE_INTER, fake_quant_e4m3_pow2, interpreting, target_traits
 from dsv41c.codegen.triton.moe_router import ROUTERS
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
@@ -181,16 +181,6 @@ def signal_done(counter_ptr):
     stores before the gpu-scope release, as in arrival.arrive_last)."""
     tl.debug_barrier()
     tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
-
-
-@triton.jit
-def wait_count(counter_ptr, n):
-    """Spin until the counter reaches n (gpu-scope acquire: the counted programs' stores are visible to
-    this program's loads after it). Written as an atomic add of 0; LLVM turns that into an acquire load
-    (sm90 SASS: LDG.E.STRONG.GPU then CCTL.IVALL, the L1 invalidate), so polling adds no atomics."""
-    c = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-    while c < n:
-        c = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
 
 
 @triton.jit

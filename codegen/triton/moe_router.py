@@ -136,19 +136,21 @@ def topk_rows(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, rt
         sel = tl.where(img[:, None], s + bvl[None, :], sel)
     sel = tl.where(e_ok[None, :], sel + 0.0, float("-inf"))  # +0.0: -0.0 and +0.0 tie
     # one int64 key per expert whose descending order is (descending sel, ascending index): the float's
-    # order-preserving int32 in the high half, E_PAD-1-index in the low half. A round is then ONE max
-    # reduction (was three: max, lowest index attaining it, its s); the TOPK weights are gathered after.
+    # order-preserving int32 in the high half, E_PAD-1-index in the low half. A round is then one max
+    # reduction for the winner (was two: max, then the lowest index attaining it) and one for its s.
     sb = sel.to(tl.int32, bitcast=True)
     key = (tl.where(sb >= 0, sb, sb ^ 0x7FFFFFFF).to(tl.int64) << 32) | (E_PAD - 1 - re[None, :]).to(tl.int64)
     rk = tl.arange(0, K_PAD)
     top_i = tl.zeros((rt.shape[0], K_PAD), dtype=tl.int32)
+    top_w = tl.zeros((rt.shape[0], K_PAD), dtype=tl.float32)
     for j in tl.static_range(TOPK):
         best = tl.max(key, axis=1)
         idx = E_PAD - 1 - (best & 0xFFFFFFFF).to(tl.int32)
+        hit = re[None, :] == idx[:, None]
+        wj = tl.sum(tl.where(hit, s, 0.0), axis=1)
         top_i = tl.where(rk[None, :] == j, idx[:, None], top_i)
-        key = tl.where(re[None, :] == idx[:, None], -9223372036854775808, key)
-    hit = (re[None, None, :] == top_i[:, :, None]) & (rk < TOPK)[None, :, None]
-    top_w = tl.sum(tl.where(hit, s[:, None, :], 0.0), axis=2)
+        top_w = tl.where(rk[None, :] == j, wj[:, None], top_w)  # this layout: the fused and two-launch sums agree
+        key = tl.where(hit, -9223372036854775808, key)
     if NORM:
         total = tl.sum(top_w, axis=1)
         top_w = top_w / (total[:, None] + 1e-20)
