@@ -13,9 +13,14 @@ templates:
 - `indexer_topk.py`: stable top-k by per-chunk bitwise threshold search on order-preserving keys,
   then merges of the chunk lists.
 
-`indexer_topk` runs scoring -> (candidate blocks) -> top-k and reports the fallback counts.
+`indexer_topk` runs the step: one prep launch (`step_prep`: visible counts, the pinned newest candidate
+block, the scaled head weights), scoring, the candidate blocks (at the source layer), the top-k, and
+reports the fallback counts. H200, CUDA-graph replay at one query over 131,072 entries with candidates
+(benchmarks/results/kernels_attention.json): 89.2 -> 47.6 µs (L2-cold 95.8 -> 54.4) from the one-launch
+top-k (indexer_topk.py) and the prep kernel, which replaced ~11 small PyTorch ops.
 Specialization keys and variants: see the two modules. Known gaps: the scores [S, T] round-trip
-through memory between scoring and top-k.
+through memory between scoring and top-k; the candidate and top-k selections are independent but run
+one after the other (each one-launch selection fills the GPU's SMs with its own barrier grid).
 """
 from __future__ import annotations
 
@@ -128,4 +133,4 @@ register(KernelTemplate(
 register(KernelTemplate(
     name="indexer_topk", module=__name__,
     summary="stable top-k (descending score, ascending index) by int64 key sort + merge",
-    keys=("K", "CHUNK", "USE_PIN", "CAP", "FINAL", "LEVEL", "NB", "R", "TB"), reference=topk_select_ref, launch=topk_select, specializations=topk_specs))
+    keys=("K", "CHUNK", "USE_PIN", "CAP", "FINAL", "LEVEL", "BITS", "R", "TB"), reference=topk_select_ref, launch=topk_select, specializations=topk_specs))

@@ -19,40 +19,53 @@ past the valid ones). A row of 131,072 scores is two launches: 32 chunk programs
 program, which alone walks 16,384 keys: at one row that serial program dominates.
 
 Split (S <= SPLIT_MAX_S rows of N >= SPLIT_MIN_N): each row over P = N / CHUNK programs (about one
-per SM, `split_chunk`), five launches, every one over all P programs of every row:
-1-3. radix levels on the unsigned key (digits of bits 31..21, 20..10, 9..0): each program's local
-   tl.histogram (2048 bins) of the keys inside the current threshold bucket, added to a per-row
-   global histogram by atomics (at most min(CHUNK, 2048) a program, so exact ties do not pile up on
-   one address); the last program to arrive (arrival.py) exchanges the histogram for zeros and
-   picks the digit holding the kk-th key (kk = min(k, valid)): the threshold bucket (h keys),
-   `above` keys in higher buckets. Levels 2 and 3 run only while h > cap (SPLIT_CAP); otherwise
-   their programs read the row state and exit.
-4. gather: keys above the bucket -> a sure list (fewer than kk), the bucket's keys -> a bucket list
-   (h <= cap), slots from per-row atomic counters (unordered); after level 3 the bucket is one
+per SM, `split_chunk`). Phases, each over all P programs of every row:
+1-4. radix levels on the unsigned key, 8 bits each (bits 31..24, 23..16, 15..8, 7..0): each program's
+   local tl.histogram (256 bins) of the keys inside the current threshold bucket, added to a per-row
+   global histogram by atomics (at most min(CHUNK, 256) a program, so exact ties do not pile up on
+   one address); then the digit holding the kk-th key (kk = min(k, valid)) is picked: the threshold
+   bucket (h keys), `above` keys in higher buckets. Levels 2-4 run only while h > cap (SPLIT_CAP).
+5. gather: keys above the bucket -> a sure list (fewer than kk), the bucket's keys -> a bucket list
+   (h <= cap), slots from per-row atomic counters (unordered); after level 4 the bucket is one
    exact score: only each program's count of it is stored.
-5. rank: a sure key's output position is the number of larger sure keys, a bucket key's is above +
+6. rank: a sure key's output position is the number of larger sure keys, a bucket key's is above +
    the number of larger bucket keys (kept when < kk), pairwise over unique keys (so equal scores
-   order by index); exact ties go in index order: above + ties in earlier programs + the rank in
-   the chunk. Positions kk..k get -1. Every position is written once: no fill, no sort.
-Workspace: the per-row histogram and slot counters are zeroed once and left zeroed by the kernels
+   order by index; the list loads pipelined); exact ties go in index order: above + ties in earlier
+   programs + the rank in the chunk. Positions kk..k get -1. Every position is written once.
+Two forms, the same indices (`topk_select_split(fused=)`):
+- one launch (`_split_fused_kernel`, the default on CUDA when rows × P <= the SMs, so every program is
+  resident): the phases are separated by per-row grid barriers (a release increment of a counter, then
+  acquire polling), every program reads each level's whole histogram and picks the digit itself (the
+  same integers everywhere, so the same decisions), the keys stay in registers throughout;
+- six launches (a kernel per level, gather, rank; the interpreter, ROCm, larger grids): the last program
+  of a level to arrive (arrival.py) exchanges the histogram for zeros and stores the row's state; later
+  levels' programs read it and exit when the row is done.
+Workspace: the per-row histograms and slot counters are zeroed once and left zeroed by the kernels
 (no memset in a CUDA graph); allocate them (a first call) before capture.
 
 Specialization keys: chunked K (512 / 2048), CHUNK (4096 per chunk program; MERGE = 16384 per merge
-program, 16 warps), USE_PIN, FINAL; split CHUNK (128..4096 by N and S), NB = 2048, LEVEL, K, CAP,
-USE_PIN.
+program, 16 warps), USE_PIN, FINAL; split CHUNK (128..4096 by N and S), BITS = 8, LEVEL, K, CAP, R,
+TB, USE_PIN; the fused form on CUDA targets.
 
-Measured (H200, torch 2.11 / triton 3.6, graph replay, `benchmarks/results/tune_indexer_topk.json`):
-top-512 of 131,072 at one row 48.6 -> 24.2 µs (chunked -> split), candidate-2048 of 16,384 blocks
-63.4 -> 29.0 µs; four rows 48.9 -> 36.1 and 63.6 -> 38.6 µs; at eight rows the split path is slower
-(61.8 vs 52.4 µs), hence SPLIT_MAX_S = 4. Ties and all-equal rows: 23.5-39 µs (chunked 66-81 µs).
-Five launches are most of the one-row time (each ~2-4 µs with its dependent atomics).
+Measured (H200, torch 2.11 / triton 3.6, graph replay): before, `benchmarks/results/tune_indexer_topk.json`:
+top-512 of 131,072 at one row 48.6 -> 24.2 µs (chunked -> five launches of 11-bit digits), candidate-2048
+of 16,384 blocks 63.4 -> 29.0 µs; four rows 48.9 -> 36.1 and 63.6 -> 38.6 µs; at eight rows the split
+path is slower (61.8 vs 52.4 µs), hence SPLIT_MAX_S = 4. Then (`results/topk_phase_times.json`, clock64
+reads between the phases of one program): one launch with the 11-bit digits saved only ~2 µs (22.3 /
+28.1 µs), because Triton's 2048-bin tl.histogram took 17-22 k cycles a program (its warps' bins are
+combined through shared-memory atomics, 2048 per warp); with 256-bin levels a level costs ~3 µs (the
+barrier included) and the rows refine one level more. Now (`results/kernels_attention.json`): top-512
+14.0 µs (cold 20.3), candidate-2048 16.3 µs (cold 18.5); the six-launch form of the same code 17.5 /
+20.1 µs. What is left of the one-row time, in program cycles: two levels ~12 k, gather + barrier
+~5 k, rank ~0.4 k for top-512 but ~10.6 k for the 2,030 sure keys of the candidates (pairwise).
 
 Known gaps: the chunked path at one row fills 32 of the 132 SMs and the merge one, both bounded by
-their 32 sequential counting steps. The split path pays five launches even when level 1 suffices
-(levels 2-3 are empty launches then); the pairwise rank costs h^2 comparisons for a bucket of h <=
-cap keys; its workspace and the arrival counters are shared per device, so two split selections
-must not run concurrently on different streams. NaN scores are not handled specially by either
-path.
+their 32 sequential counting steps. The pairwise rank costs n^2 comparisons for n sure or bucket keys
+(the candidate selection's 2,030 sure keys: ~5 µs). The one-launch form relies on every program being
+resident, which one program per SM gives unless the GPU is partitioned (MPS / green contexts with fewer
+SMs than `sm_count` reports): there it would wait forever; force `fused=False`. Its workspace and the
+arrival counters are shared per device, so two split selections must not run concurrently on
+different streams. NaN scores are not handled specially by either path.
 """
 from __future__ import annotations
 
@@ -642,4 +655,12 @@ def topk_specs(target):
                             {"K": K, "CAP": SPLIT_CAP, "CHUNK": schunk, "USE_PIN": pin}, num_warps=4))
         out.append(aot_spec(_split_rank_kernel, f"split_rank_k{K}_c{schunk}", {**row, **lists, "idx_ptr": "*i32", "k": "i32"},
                             {"K": K, "CAP": SPLIT_CAP, "CHUNK": schunk, "R": RANK_R, "TB": 256, "USE_PIN": pin}, num_warps=4))
+        if target.startswith("cuda:"):  # the one-launch form (its grid barriers are only exercised on CUDA)
+            out.append(aot_spec(_split_fused_kernel, f"split_fused_k{K}_c{schunk}",
+                                {"idx_ptr": "*i32", "s_ptr": "*fp32", "pin_ptr": "*i32", "hist_ptr": "*i32",
+                                 "state_ptr": "*i32", "slot_ptr": "*i32", "sure_ptr": "*i64", "bkt_ptr": "*i64",
+                                 "ties_ptr": "*i32", "cnt_ptr": "*i32", "N": "i32", "stride_s": "i32", "k": "i32",
+                                 "cap": "i32", "n_prog": "i32"},
+                                {"K": K, "CAP": SPLIT_CAP, "CHUNK": schunk, "BITS": _BITS, "R": RANK_R, "TB": 256,
+                                 "USE_PIN": pin}, num_warps=4))
     return out
