@@ -20,8 +20,8 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _radix_path(row, k, cap, pin=-1):
-    """The radix select's end state for one row, recomputed in PyTorch: (shift, above, h) of the level at
-    which the threshold bucket first holds <= cap keys (or the last level, or no valid score)."""
+    """The radix select's end state for one row, recomputed in PyTorch: (prefix, shift, above, h) of the
+    level at which the threshold bucket first holds <= cap keys (or the last level, or no valid score)."""
     x = row.detach().double().cpu().float().clone()
     if pin >= 0:
         x[pin] = float("inf")
@@ -41,8 +41,8 @@ def _radix_path(row, k, cap, pin=-1):
         hd = int(h[d])
         above += int(suf[d]) - hd
         prefix = (prefix << bits) | d
-        if hd <= cap or level == 32 // bits or kk == 0:
-            return lo, above, hd
+        if hd <= cap or level == 32 // bits or kk == 0:  # the kernel's state: (prefix as int32, shift, above, h)
+            return (prefix - (1 << 32) if prefix >= 1 << 31 else prefix), lo, above, hd
 
 
 def _split(s, k, pin=None, **kw):
@@ -55,13 +55,13 @@ def _split(s, k, pin=None, **kw):
         raise AssertionError(f"split top-{k} differs from the reference at {bad}; state {state.tolist()}")
     for r in range(s.shape[0]):  # the path each row took: the level it stopped at, keys above, bucket size
         want = _radix_path(s[r], k, kw.get("cap", tk.SPLIT_CAP), -1 if pin is None else int(pin[r]))
-        assert tuple(state[r, 1:4].tolist()) == want, (r, state[r].tolist(), want)
+        assert tuple(state[r, :4].tolist()) == want, (r, state[r].tolist(), want)
     # the kernels leave their workspace zeroed for the next launch / graph replay
     fused = kw.get("fused")
     if fused is None:
         chunk = kw.get("chunk") or tk.split_chunk(s.shape[1], s.shape[0], s.device)
         fused = tk.fused_for(s.device, s.shape[0] * -(-s.shape[1] // chunk))
-    hist, slots = tk._split_workspace(s.device, s.shape[0], 3 if fused else 1)
+    hist, slots = tk._split_workspace(s.device, s.shape[0], tk._LEVELS if fused else 1)
     assert int(hist.abs().sum()) == 0 and int(slots.abs().sum()) == 0
     assert int(counters(s.device, s.shape[0]).abs().sum()) == 0
     return a, state
@@ -198,7 +198,7 @@ def test_gpu_split_decode_sizes(S):
 @pytest.mark.parametrize("fused", [True, False])
 def test_gpu_split_paths_both_forms(fused):
     """The interpreter tier's paths on the GPU, in the one-launch form (grid barriers between the phases)
-    and in the five-launch form: refinement to levels 2 and 3, exact ties, pins, masked rows, k >= N."""
+    and in the six-launch form: refinement to levels 2 and 3, exact ties, pins, masked rows, k >= N."""
     dev = torch.device("cuda")
     g = torch.Generator().manual_seed(5)
     s = (1.0 + 0.25 * torch.rand(2, 4096, generator=g))

@@ -50,14 +50,16 @@ TB, USE_PIN; the fused form on CUDA targets.
 Measured (H200, torch 2.11 / triton 3.6, graph replay): before, `benchmarks/results/tune_indexer_topk.json`:
 top-512 of 131,072 at one row 48.6 -> 24.2 µs (chunked -> five launches of 11-bit digits), candidate-2048
 of 16,384 blocks 63.4 -> 29.0 µs; four rows 48.9 -> 36.1 and 63.6 -> 38.6 µs; at eight rows the split
-path is slower (61.8 vs 52.4 µs), hence SPLIT_MAX_S = 4. Then (`results/topk_phase_times.json`, clock64
-reads between the phases of one program): one launch with the 11-bit digits saved only ~2 µs (22.3 /
-28.1 µs), because Triton's 2048-bin tl.histogram took 17-22 k cycles a program (its warps' bins are
-combined through shared-memory atomics, 2048 per warp); with 256-bin levels a level costs ~3 µs (the
-barrier included) and the rows refine one level more. Now (`results/kernels_attention.json`): top-512
-14.0 µs (cold 20.3), candidate-2048 16.3 µs (cold 18.5); the six-launch form of the same code 17.5 /
-20.1 µs. What is left of the one-row time, in program cycles: two levels ~12 k, gather + barrier
-~5 k, rank ~0.4 k for top-512 but ~10.6 k for the 2,030 sure keys of the candidates (pairwise).
+path is slower (61.8 vs 52.4 µs), hence SPLIT_MAX_S = 4. The one-launch form with those 11-bit digits
+saved only ~2 µs (`results/topk_phase_times_11bit.json`: 22.3 / 28.1 µs against 24.0 / 29.3 for the five
+launches, 20 calls a replay; `results/kernels_attention_fused11bit.json`: 24.1 / 33.8 µs), and clock64
+reads between its phases showed why: Triton's 2048-bin tl.histogram took 17-22 k cycles a program (its
+warps' bins are combined through shared-memory atomics, 2048 per warp). With 256-bin levels a level costs
+~5.5 k cycles, barrier included, and the rows refine one level more. Now (`results/kernels_attention.json`):
+top-512 14.0 µs (cold 20.3), candidate-2048 16.3 µs (cold 18.5); the six-launch form of the same code
+17.5 / 20.1 µs warm (`results/topk_phase_times.json`). What is left of the one-row time, in program
+cycles: two levels ~12 k, gather + barrier ~5 k, rank ~0.4 k for top-512 but ~10.6 k for the 2,030 sure
+keys of the candidates (pairwise).
 
 Known gaps: the chunked path at one row fills 32 of the 132 SMs and the merge one, both bounded by
 their 32 sequential counting steps. The pairwise rank costs n^2 comparisons for n sure or bucket keys
@@ -366,8 +368,8 @@ def _split_rank_kernel(idx_ptr, s_ptr, pin_ptr, state_ptr, slot_ptr, sure_ptr, b
 def _grid_sync(cnt_ptr, target):
     """Barrier over a row's programs (all resident: the launcher checks the grid fits the SMs): count this
     program in (the CTA barrier orders every thread's stores and atomics before the gpu-scope release, as
-    in arrival.arrive_last), then spin until `target` programs have (gpu-scope acquire; moe_decode's
-    wait_count). The counter only grows within a launch; the last program out resets it."""
+    in arrival.arrive_last), then spin until `target` programs have (gpu-scope acquire: arrival.wait_count).
+    The counter only grows within a launch; the last program out resets it."""
     tl.debug_barrier()
     tl.atomic_add(cnt_ptr, 1, sem="release", scope="gpu")
     wait_count(cnt_ptr, target)
@@ -512,11 +514,11 @@ _SPLIT_WS: dict = {}
 
 
 def _split_workspace(dev, S: int, levels: int = 1):
-    """(hist [S, levels·_NB], slots [S, 2]) int32, zeroed once and left zeroed by the kernels (the five-launch
-    path's last arriver of a radix level exchanges its histogram for zeros, the fused kernel's program 0
-    zeroes its three; the rank pass zeroes the slot counters), so a CUDA-graph replay needs no memset. One
-    buffer per `levels` (1: the five launches, 3: the fused kernel); grown, never shrunk; allocate (first
-    call) before capture."""
+    """(hist [S, levels·_NB], slots [S, 2]) int32, zeroed once and left zeroed by the kernels (the six-launch
+    path's last arriver of a radix level exchanges its histogram for zeros, the one-launch kernel's program 0
+    zeroes its _LEVELS histograms; the rank pass zeroes the slot counters), so a CUDA-graph replay needs no
+    memset. One buffer per `levels` (1: the six launches, _LEVELS: the one launch); grown, never shrunk;
+    allocate (first call) before capture."""
     key = (dev.type, dev.index, levels)
     ws = _SPLIT_WS.get(key)
     if ws is None or ws[0].shape[0] < S:
@@ -537,8 +539,9 @@ def fused_for(dev, programs: int) -> bool:
 
 
 def split_chunk(N: int, S: int, dev) -> int:
-    """Scores per program of the split path: about one program per SM over all rows, 128..4096 (the
-    2048-bin histogram spills at 8192 on sm90)."""
+    """Scores per program of the split path: about one program per SM over all rows (so the one-launch form's
+    grid is resident), 128..4096 (with 11-bit digits the 2048-bin histogram spilled at 8192 on sm90; not
+    re-measured with 8-bit ones)."""
     from dsv41c.codegen.triton.kv_quant import sm_count
 
     per_row = max(1, sm_count(dev) // max(S, 1))
@@ -549,9 +552,9 @@ def topk_select_split(scores: torch.Tensor, k: int, pin: torch.Tensor | None = N
                       cap: int = SPLIT_CAP, state: torch.Tensor | None = None, fused: bool | None = None
                       ) -> torch.Tensor:
     """`topk_select` for few long rows: each row split over P = ceil(N / chunk) programs (module
-    docstring: three radix-histogram levels, a gather, a pairwise-rank pass). fused (None: `fused_for`):
-    all of it in one launch with grid barriers (`_split_fused_kernel`), else five launches; the same
-    indices either way. `state` (int32 [S, 8], optional): where the per-row threshold state is left
+    docstring: four 8-bit radix levels, a gather, a pairwise-rank pass). fused (None: `fused_for`): all of
+    it in one launch with grid barriers (`_split_fused_kernel`), else six launches; the same indices either
+    way. `state` (int32 [S, 8], optional): where the per-row threshold state is left
     (prefix, shift, above, h, kk, done), for tests that check which path a row took."""
     from dsv41c.codegen.triton.arrival import counters
 
@@ -581,8 +584,10 @@ def topk_select_split(scores: torch.Tensor, k: int, pin: torch.Tensor | None = N
     if fused is None:
         fused = fused_for(dev, P * S)
     elif fused and not fused_for(dev, P * S):
-        raise ValueError(f"topk_select_split: fused needs a CUDA GPU with at least {P * S} SMs (rows × programs: "
-                         f"every program must be resident at once), got {dev}")
+        why = ("the Triton interpreter runs programs one after another" if interpreting() else
+               f"{dev} is not a CUDA GPU" if dev.type != "cuda" or torch.version.hip is not None else
+               f"{P * S} programs (rows × programs, which must all be resident) exceed the GPU's {sm_count(dev)} SMs")
+        raise ValueError(f"topk_select_split: fused=True is not possible here: {why}; use fused=False")
     hist, slots = _split_workspace(dev, S, _LEVELS if fused else 1)
     cnt = counters(dev, S)
     if state is None:
@@ -645,6 +650,7 @@ def topk_specs(target):
         # the split path at one decode row: 131,072 scores / 16,384 blocks over ~128 programs (split_chunk)
         pin = k == c.candidate_topk_blocks
         schunk = 128 if pin else 1024
+        n_row = 16384 if pin else 131072
         row = {"s_ptr": "*fp32", "pin_ptr": "*i32", "N": "i32", "stride_s": "i32", "state_ptr": "*i32"}
         for level in range(1, _LEVELS + 1):
             out.append(aot_spec(_split_hist_kernel, f"split_hist{level}_k{K}_c{schunk}",
@@ -656,11 +662,15 @@ def topk_specs(target):
         out.append(aot_spec(_split_rank_kernel, f"split_rank_k{K}_c{schunk}", {**row, **lists, "idx_ptr": "*i32", "k": "i32"},
                             {"K": K, "CAP": SPLIT_CAP, "CHUNK": schunk, "R": RANK_R, "TB": 256, "USE_PIN": pin}, num_warps=4))
         if target.startswith("cuda:"):  # the one-launch form (its grid barriers are only exercised on CUDA)
+            fused_ce = {"K": K, "CAP": SPLIT_CAP, "CHUNK": schunk, "BITS": _BITS, "R": RANK_R, "TB": 256, "USE_PIN": pin}
             out.append(aot_spec(_split_fused_kernel, f"split_fused_k{K}_c{schunk}",
                                 {"idx_ptr": "*i32", "s_ptr": "*fp32", "pin_ptr": "*i32", "hist_ptr": "*i32",
                                  "state_ptr": "*i32", "slot_ptr": "*i32", "sure_ptr": "*i64", "bkt_ptr": "*i64",
                                  "ties_ptr": "*i32", "cnt_ptr": "*i32", "N": "i32", "stride_s": "i32", "k": "i32",
                                  "cap": "i32", "n_prog": "i32"},
-                                {"K": K, "CAP": SPLIT_CAP, "CHUNK": schunk, "BITS": _BITS, "R": RANK_R, "TB": 256,
-                                 "USE_PIN": pin}, num_warps=4))
+                                fused_ce, num_warps=4,
+                                # the grid's programs must all be resident (its barriers wait on each other): a
+                                # runtime launches this variant only on a GPU with at least that many SMs, the
+                                # six-launch variants elsewhere
+                                keys={**fused_ce, "RESIDENT_PROGRAMS": n_row // schunk}))
     return out
