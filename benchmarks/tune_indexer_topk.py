@@ -1,6 +1,7 @@
 """Time the indexer's selection kernels at few queries: the chunked path (one program per chunk, then
 one merge program per row) against the split path (each row over ~all SMs: radix histogram levels,
-gather, pairwise rank; `codegen/triton/indexer_topk.py`), on one GPU.
+gather, pairwise rank; `codegen/triton/indexer_topk.py`) in its default form (one launch with grid
+barriers where the grid fits the SMs) and its six-launch form, on one GPU.
 
 Cases, each at S = 1, 4, 8, 16, 32 rows:
 - topk512: top-512 of 131,072 fp32 scores (randn, the last 1,000 not visible = -inf);
@@ -8,7 +9,8 @@ Cases, each at S = 1, 4, 8, 16, 32 rows:
 and at S = 1 the adversarial rows (scores rounded to 0.1: many exact ties; one value everywhere), a
 chunk sweep of the split path and its refinement bound `cap`.
 For each: CUDA-graph replay median (triton.testing.do_bench_cudagraph) and plain do_bench median
-of `topk_select_chunked` (old), `topk_select_split` (new) and `topk_select` (the dispatch), and
+of `topk_select_chunked` (old), `topk_select_split` (new: its default form; split_six: fused=False) and
+`topk_select` (the dispatch), and
 whether each output is identical (indices and order) to `topk_select_ref`. The JSON is rewritten
 after every case; every case runs in its own try/except.
 
@@ -78,10 +80,13 @@ def main():
     ap.add_argument("--rows", default="1,4,8,16,32")
     ap.add_argument("--budget", type=float, default=150.0, help="seconds of cases before the rest are skipped")
     a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/tune_indexer_topk.py needs a CUDA GPU")
     doc = {"env": env_info(), "defaults": {"SPLIT_MAX_S": tk.SPLIT_MAX_S, "SPLIT_MIN_N": tk.SPLIT_MIN_N,
                                            "SPLIT_CAP": tk.SPLIT_CAP}, "cases": []}
     paths = {"old_chunked": lambda x, k, p: tk.topk_select_chunked(x, k, p),
              "new_split": lambda x, k, p: tk.topk_select_split(x, k, p),
+             "split_six": lambda x, k, p: tk.topk_select_split(x, k, p, fused=False),
              "dispatch": lambda x, k, p: tk.topk_select(x, k, p)}
     jobs = []
     for S in [int(s) for s in a.rows.split(",")]:
@@ -96,7 +101,7 @@ def main():
     for chunk in (64, 128, 256, 512):
         jobs.append((f"cand2048_S1_split_chunk{chunk}", 1, "randn", "cand",
                      {"new_split": lambda x, k, p, c=chunk: tk.topk_select_split(x, k, p, chunk=c)}, {"chunk": chunk}))
-    for cap in (1024, 2048, 8192):
+    for cap in (128, 256, 1024, 4096):  # the default is SPLIT_CAP (512)
         jobs.append((f"topk512_S1_split_cap{cap}", 1, "randn", "topk",
                      {"new_split": lambda x, k, p, c=cap: tk.topk_select_split(x, k, p, cap=c)}, {"cap": cap}))
         jobs.append((f"cand2048_S1_split_cap{cap}", 1, "randn", "cand",
