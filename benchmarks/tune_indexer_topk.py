@@ -7,7 +7,7 @@ Cases, each at S = 1, 4, 8, 16, 32 rows:
 - topk512: top-512 of 131,072 fp32 scores (randn, the last 1,000 not visible = -inf);
 - cand2048: top-2048 of 16,384 block maxima (max over 8 of those scores), the newest visible block pinned;
 and at S = 1 the adversarial rows (scores rounded to 0.1: many exact ties; one value everywhere), a
-chunk sweep of the split path and its refinement bound `cap`.
+chunk sweep of the split path, its refinement bound `cap` and the rank's entries per step (RANK_R).
 For each: CUDA-graph replay median (triton.testing.do_bench_cudagraph) and plain do_bench median
 of `topk_select_chunked` (old), `topk_select_split` (new: its default form; split_six: fused=False) and
 `topk_select` (the dispatch), and
@@ -106,6 +106,18 @@ def main():
                      {"new_split": lambda x, k, p, c=cap: tk.topk_select_split(x, k, p, cap=c)}, {"cap": cap}))
         jobs.append((f"cand2048_S1_split_cap{cap}", 1, "randn", "cand",
                      {"new_split": lambda x, k, p, c=cap: tk.topk_select_split(x, k, p, cap=c)}, {"cap": cap}))
+    def with_rank_r(r):  # topk_select_split reads RANK_R at each call (a graph keeps what it captured)
+        def run(x, k, p):
+            keep, tk.RANK_R = tk.RANK_R, r
+            try:
+                return tk.topk_select_split(x, k, p)
+            finally:
+                tk.RANK_R = keep
+        return run
+
+    for r in (8, 32):  # list entries ranked per program step (default RANK_R = 16)
+        jobs.append((f"topk512_S1_split_rank_r{r}", 1, "randn", "topk", {"new_split": with_rank_r(r)}, {"rank_r": r}))
+        jobs.append((f"cand2048_S1_split_rank_r{r}", 1, "randn", "cand", {"new_split": with_rank_r(r)}, {"rank_r": r}))
     t0 = time.time()
     for name, S, kind, what, pths, extra in jobs:
         e = {"name": name, "S": S, "data": kind, **extra}
