@@ -43,6 +43,14 @@ def reset_counter(counter_ptr):
 
 
 @triton.jit
+def signal_done(counter_ptr):
+    """After a program's stores: count it in (the CTA barrier orders every thread's stores before the
+    gpu-scope release, as in `arrive_last`). The other half of `wait_count`."""
+    tl.debug_barrier()
+    tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
+
+
+@triton.jit
 def wait_count(counter_ptr, n):
     """Spin until the counter reaches n (gpu-scope acquire: the counted programs' stores are visible to
     this program's loads after it). Written as an atomic add of 0; LLVM turns that into an acquire load

@@ -77,7 +77,7 @@ import triton.language as tl
 
 from dsv41c.codegen.templates import aot_spec
 from dsv41c.codegen.triton.kv_quant import interpreting, sm_count
-from dsv41c.codegen.triton.arrival import arrive_last, reset_counter, wait_count
+from dsv41c.codegen.triton.arrival import arrive_last, reset_counter, signal_done, wait_count
 
 
 @triton.jit
@@ -367,11 +367,10 @@ def _split_rank_kernel(idx_ptr, s_ptr, pin_ptr, state_ptr, slot_ptr, sure_ptr, b
 @triton.jit
 def _grid_sync(cnt_ptr, target):
     """Barrier over a row's programs (all resident: the launcher checks the grid fits the SMs): count this
-    program in (the CTA barrier orders every thread's stores and atomics before the gpu-scope release, as
-    in arrival.arrive_last), then spin until `target` programs have (gpu-scope acquire: arrival.wait_count).
-    The counter only grows within a launch; the last program out resets it."""
-    tl.debug_barrier()
-    tl.atomic_add(cnt_ptr, 1, sem="release", scope="gpu")
+    program in (arrival.signal_done: CTA barrier, gpu-scope release), then spin until `target` programs have
+    (arrival.wait_count: gpu-scope acquire). The counter only grows within a launch; the last program out
+    resets it."""
+    signal_done(cnt_ptr)
     wait_count(cnt_ptr, target)
 
 
@@ -542,8 +541,6 @@ def split_chunk(N: int, S: int, dev) -> int:
     """Scores per program of the split path: about one program per SM over all rows (so the one-launch form's
     grid is resident), 128..4096 (with 11-bit digits the 2048-bin histogram spilled at 8192 on sm90; not
     re-measured with 8-bit ones)."""
-    from dsv41c.codegen.triton.kv_quant import sm_count
-
     per_row = max(1, sm_count(dev) // max(S, 1))
     return min(4096, max(128, triton.next_power_of_2(triton.cdiv(N, per_row))))
 

@@ -147,7 +147,7 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
-from dsv41c.codegen.triton.arrival import arrive_last, wait_count
+from dsv41c.codegen.triton.arrival import arrive_last, signal_done, wait_count
 from dsv41c.codegen.triton.fp8_gemm import HIDDEN, MOE_INTER, fake_quant_e4m3_pow2, interpreting, target_traits
 from dsv41c.codegen.triton.moe_router import ROUTERS
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
@@ -173,14 +173,6 @@ def zero_ints(ptr, N: tl.constexpr, N_P: tl.constexpr):
     if N > 0:
         i = tl.arange(0, N_P)
         tl.store(ptr + i, tl.zeros_like(i), mask=i < N)
-
-
-@triton.jit
-def signal_done(counter_ptr):
-    """After a program's stores of one finished tile: count it (the CTA barrier orders every thread's
-    stores before the gpu-scope release, as in arrival.arrive_last)."""
-    tl.debug_barrier()
-    tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
 
 
 @triton.jit
