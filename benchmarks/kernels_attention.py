@@ -261,6 +261,11 @@ def case_indexer(ceil, quick):
                       bytes_, flops, "int8", err)
             if S == 1:
                 decode_goal(e, ceil, ms_graph(f))
+                # the two selections one after the other on one stream (overlap_selections=False), same run
+                seq = ms_graph(lambda: ix.indexer_topk(qp, qe, w, kp, ke, qpos, with_stats=False,
+                                                       overlap_selections=False, **kw))
+                e["sequential_graph_ms"] = seq if isinstance(seq, str) else float(seq)
+                e["sequential_graph_cold_ms"] = getattr(seq, "cold", None)
             return e
         yield f"indexer_source_step_S{S}", step
         st.clear()

@@ -218,6 +218,17 @@ def test_indexer_reindex_candidate_mask_and_single_query(block_q):
     assert set((sel // 8).tolist()) <= {9, 0, 3} and a.stats["fallback_tiles"] == 1
 
 
+def test_indexer_overlap_needs_cuda():
+    args = _indexer_inputs(1, 4, 64, seed=2)
+    qpos = torch.tensor([63], dtype=torch.int32, device=DEV)
+    kw = dict(ratio=1, topk=8, candidate_blocks=2, block_t=64, chunk=64, overlap_selections=False)
+    a = ix.indexer_topk(*args, qpos, **kw)
+    assert torch.equal(a.candidates, ix.indexer_topk_ref(*args, qpos, **kw).candidates)
+    if DEV == "cpu":
+        with pytest.raises(ValueError, match="CUDA"):
+            ix.indexer_topk(*args, qpos, **{**kw, "overlap_selections": True})
+
+
 def test_indexer_step_prep_matches_the_torch_glue():
     """The one-launch step prep (visible counts, pinned newest block, scaled head weights) gives the bits of
     the PyTorch expressions it replaced, at positions with nothing visible, on block edges and past T."""
@@ -387,6 +398,27 @@ def test_gpu_indexer_decode_heads_kernel(S):
     mask = ix.candidate_mask(a.candidates, -(-T // 8))
     _check_indexer(args, qpos, ratio=2, topk=512, cand_mask=mask, block_q=1)
     _check_indexer(args, qpos, ratio=1, topk=512, block_q=1, block_t=64, programs=7)
+
+
+@pytest.mark.gpu
+def test_gpu_indexer_step_overlapped_selections():
+    """The decode step at its real size (one query over 131,072 entries, candidate-2048 + top-512): the two
+    selections on two streams (the CUDA default) give the sequential path's indices, also from a CUDA graph."""
+    H, T = 32, 131072
+    args = _indexer_inputs(1, H, T, seed=13, dup=[(10, 100000)])
+    qpos = torch.tensor([T - 1], dtype=torch.int32, device=DEV)
+    kw = dict(ratio=1, topk=512, candidate_blocks=2048, block_q=1, with_stats=False)
+    a = _check_indexer(args, qpos, **kw)  # overlapped (the default on CUDA) against the reference
+    b = ix.indexer_topk(*args, qpos, overlap_selections=False, **kw)
+    assert torch.equal(a.topk, b.topk) and torch.equal(a.candidates, b.candidates)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        c = ix.indexer_topk(*args, qpos, **kw)
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(c.topk, a.topk) and torch.equal(c.candidates, a.candidates)
 
 
 @pytest.mark.gpu

@@ -58,12 +58,13 @@ def _split(s, k, pin=None, **kw):
         assert tuple(state[r, :4].tolist()) == want, (r, state[r].tolist(), want)
     # the kernels leave their workspace zeroed for the next launch / graph replay
     fused = kw.get("fused")
+    share, pool = kw.get("share", 1), kw.get("pool", "split")
     if fused is None:
-        chunk = kw.get("chunk") or tk.split_chunk(s.shape[1], s.shape[0], s.device)
-        fused = tk.fused_for(s.device, s.shape[0] * -(-s.shape[1] // chunk))
-    hist, slots = tk._split_workspace(s.device, s.shape[0], tk._LEVELS if fused else 1)
+        chunk = kw.get("chunk") or tk.split_chunk(s.shape[1], s.shape[0], s.device, share)
+        fused = tk.fused_for(s.device, s.shape[0] * -(-s.shape[1] // chunk) * share)
+    hist, slots = tk._split_workspace(s.device, s.shape[0], tk._LEVELS if fused else 1, pool)
     assert int(hist.abs().sum()) == 0 and int(slots.abs().sum()) == 0
-    assert int(counters(s.device, s.shape[0]).abs().sum()) == 0
+    assert int(counters(s.device, s.shape[0], pool=pool).abs().sum()) == 0
     return a, state
 
 
@@ -146,6 +147,17 @@ def test_split_repeated_calls_leave_workspace_clean():
         _split(s, k, chunk=256, cap=8 if k > 16 else 0)
 
 
+def test_split_own_pool_and_half_the_sms():
+    # the side-stream selection of indexer_topk: its own workspace / counters (pool), a grid planned for half
+    # the SMs (share=2: a chunk twice as long); same indices, and its pool comes back zeroed too
+    s = _ties(2, 8192, seed=3).to(DEV)
+    assert tk.split_chunk(8192, 2, s.device, share=2) == min(4096, 2 * tk.split_chunk(8192, 2, s.device))
+    _split(s, 300, pool="test_side", share=2)
+    _split(s, 300, pin=torch.tensor([5, -1], dtype=torch.int32, device=DEV), pool="test_side", share=2, cap=64)
+    with pytest.raises(ValueError, match="share"):
+        tk.topk_select_split(s, 8, share=0)
+
+
 def test_dispatch_uses_split_for_few_long_rows():
     s = torch.randn(1, tk.SPLIT_MIN_N, generator=torch.Generator().manual_seed(2)).to(DEV)
     assert torch.equal(tk.topk_select(s, 128), tk.topk_select_ref(s, 128))
@@ -192,6 +204,43 @@ def test_gpu_split_decode_sizes(S):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, tk.topk_select_ref(x, 512))
+
+
+@pytest.mark.gpu
+def test_gpu_split_two_selections_at_once():
+    """indexer_topk's overlap: top-512 on the main stream and candidate-2048 on the side stream, each with
+    share=2 (both one-launch grids resident together) and its own pool; eagerly and from one CUDA graph."""
+    g = torch.Generator(device="cuda").manual_seed(9)
+    T, NB = 131072, 16384
+    sc = torch.randn(1, T, device="cuda", generator=g)
+    sc[:, 3000:3300] = sc[:, 10:11]  # exact ties
+    bm = sc.view(1, NB, 8).amax(-1)
+    pin = torch.tensor([NB - 1], dtype=torch.int32, device="cuda")
+    assert tk.fused_for(sc.device, 2 * (T // tk.split_chunk(T, 1, sc.device, share=2)))
+    assert tk.fused_for(sc.device, 2 * (NB // tk.split_chunk(NB, 1, sc.device, share=2)))
+    side = torch.cuda.Stream()
+
+    def both():
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            c = tk.topk_select(bm, 2048, pin, pool="test_side", share=2)
+        i = tk.topk_select(sc, 512, share=2)
+        torch.cuda.current_stream().wait_stream(side)
+        return i, c
+
+    for _ in range(3):
+        i, c = both()
+        assert torch.equal(i, tk.topk_select_ref(sc, 512)) and torch.equal(c, tk.topk_select_ref(bm, 2048, pin))
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        i, c = both()
+    for seed in range(3):
+        sc.copy_(torch.randn(1, T, device="cuda", generator=g).round(decimals=seed))
+        bm.copy_(sc.view(1, NB, 8).amax(-1))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(i, tk.topk_select_ref(sc, 512)) and torch.equal(c, tk.topk_select_ref(bm, 2048, pin))
 
 
 @pytest.mark.gpu

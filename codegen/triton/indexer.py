@@ -36,6 +36,9 @@ from dsv41c.codegen.triton.indexer_score import (  # noqa: F401 (re-exported)
     int8_rows_ok, score_block_q, score_specs, visible_counts)
 from dsv41c.codegen.triton.indexer_topk import (  # noqa: F401 (re-exported)
     MERGE, topk_select, topk_select_ref, topk_specs)
+from dsv41c.codegen.triton.streams import side_stream
+
+SIDE_POOL = "topk_side"  # workspace / counter pool of the candidate selection on the side stream
 
 
 @triton.jit
@@ -80,12 +83,17 @@ class IndexerOut:
 
 def indexer_topk(q_codes, q_exps, w, k_codes, k_exps, qpos, *, ratio: int, topk: int = 512,
                  cand_mask=None, candidate_blocks: int = 0, cand_block: int = 8, with_stats: bool = True,
-                 block_q: int | None = None, block_t: int = 128, chunk: int = 4096) -> IndexerOut:
+                 block_q: int | None = None, block_t: int = 128, chunk: int = 4096,
+                 overlap_selections: bool | None = None) -> IndexerOut:
     """Indexer for S queries at positions qpos over T compressed entries (see module docstring).
 
     w [S, H] = weights_proj(x)·H^-0.5 (fp32). cand_mask [S, ceil(T/8)] uint8 at Reindex layers.
     candidate_blocks > 0 at the candidate source: also select that many blocks (pinned newest).
-    block_q: scoring kernel (1 heads kernel, 16 queries-as-rows, None: by S); block_t: key tile."""
+    block_q: scoring kernel (1 heads kernel, 16 queries-as-rows, None: by S); block_t: key tile.
+    overlap_selections (None: on for CUDA tensors): with candidate_blocks, the candidate selection runs on a
+    side stream (streams.py) concurrently with the top-k, each planned for half the SMs (`topk_select`'s
+    share=2, so both one-launch grids are resident together) and with its own workspace (SIDE_POOL); the
+    same indices either way."""
     CI = q_codes.shape[-1] * 2
     T = k_codes.shape[0]
     nvis, pin, wq = step_prep(qpos, w, ratio, T, cand_block, CI ** -0.5)
@@ -94,9 +102,22 @@ def indexer_topk(q_codes, q_exps, w, k_codes, k_exps, qpos, *, ratio: int, topk:
                                 cand_block=cand_block, block_max=candidate_blocks > 0, block_q=block_q,
                                 block_t=block_t, counters=counters)
     cands = None
+    side = None
     if candidate_blocks > 0:
-        cands = topk_select(bmax, candidate_blocks, pin, chunk=chunk)
-    idx = topk_select(scores, topk, chunk=chunk)
+        overlap = q_codes.is_cuda if overlap_selections is None else overlap_selections
+        if overlap and not q_codes.is_cuda:
+            raise ValueError("indexer_topk: overlap_selections=True needs a CUDA device (it runs the candidate "
+                             f"selection on a second stream), got {q_codes.device}")
+        if overlap:  # the candidate blocks on the side stream, beside the top-k (streams.py's contract)
+            side = side_stream(q_codes.device)
+            side.wait_stream(torch.cuda.current_stream(q_codes.device))
+            with torch.cuda.stream(side):
+                cands = topk_select(bmax, candidate_blocks, pin, chunk=chunk, pool=SIDE_POOL, share=2)
+        else:
+            cands = topk_select(bmax, candidate_blocks, pin, chunk=chunk)
+    idx = topk_select(scores, topk, chunk=chunk, share=2 if side is not None else 1)
+    if side is not None:
+        torch.cuda.current_stream(q_codes.device).wait_stream(side)
     stats = {}
     if with_stats:
         stats = {"fallback_heads": int((~int8_rows_ok(q_codes, q_exps)).sum()),
@@ -106,7 +127,10 @@ def indexer_topk(q_codes, q_exps, w, k_codes, k_exps, qpos, *, ratio: int, topk:
 
 def indexer_topk_ref(q_codes, q_exps, w, k_codes, k_exps, qpos, *, ratio: int, topk: int = 512,
                      cand_mask=None, candidate_blocks: int = 0, cand_block: int = 8, with_stats: bool = True,
-                     block_q: int | None = None, block_t: int = 128, chunk: int = 4096) -> IndexerOut:
+                     block_q: int | None = None, block_t: int = 128, chunk: int = 4096,
+                     overlap_selections: bool | None = None) -> IndexerOut:
+    """The float32 reference of `indexer_topk` (same signature; block_q / block_t / chunk / overlap_selections
+    only shape the expected fallback counts or do not apply)."""
     CI = q_codes.shape[-1] * 2
     T = k_codes.shape[0]
     wq = w.float() * (CI ** -0.5)

@@ -66,8 +66,8 @@ their 32 sequential counting steps. The pairwise rank costs n^2 comparisons for 
 (the candidate selection's 2,030 sure keys: ~5 µs). The one-launch form relies on every program being
 resident, which one program per SM gives unless the GPU is partitioned (MPS / green contexts with fewer
 SMs than `sm_count` reports): there it would wait forever; force `fused=False`. Its workspace and the
-arrival counters are shared per device, so two split selections must not run concurrently on
-different streams. NaN scores are not handled specially by either path.
+arrival counters are shared per device and `pool`: two split selections that run concurrently on
+different streams need different pools (and share=2, so that both one-launch grids fit together). NaN scores are not handled specially by either path.
 """
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ import triton.language as tl
 
 from dsv41c.codegen.templates import aot_spec
 from dsv41c.codegen.triton.kv_quant import interpreting, sm_count
-from dsv41c.codegen.triton.arrival import arrive_last, reset_counter, signal_done, wait_count
+from dsv41c.codegen.triton.arrival import arrive_last, counters, reset_counter, signal_done, wait_count
 
 
 @triton.jit
@@ -458,7 +458,7 @@ _NB = 1 << _BITS
 
 
 def topk_select(scores: torch.Tensor, k: int, pin: torch.Tensor | None = None, chunk: int = 4096,
-                merge: int = MERGE) -> torch.Tensor:
+                merge: int = MERGE, pool: str = "split", share: int = 1) -> torch.Tensor:
     """Top-k indices of each row of scores [S, N] (fp32): descending score, ties toward the lower
     index; `pin` [S] (int32, -1 = none) is forced to +inf first; -1 where the score is -inf or
     fewer than k entries exist. Returns int32 [S, k].
@@ -467,10 +467,14 @@ def topk_select(scores: torch.Tensor, k: int, pin: torch.Tensor | None = None, c
     Otherwise chunks of `chunk` scores each keep their k best (threshold search on the
     order-preserving score key, threshold ties by lowest index); groups of merge/K lists are merged
     the same way on the unique int64 (score, index) keys; the last pass orders its K keys and writes
-    every position."""
+    every position.
+
+    pool / share (the split path): the workspace and counters to use, and the fraction 1/share of the SMs
+    to plan its grid for; a caller that runs two selections at once on two streams gives each its own pool
+    and share=2, so that both one-launch grids are resident together (indexer.indexer_topk)."""
     S, N = scores.shape
     if 0 < S <= SPLIT_MAX_S and N >= SPLIT_MIN_N and k > 0:
-        return topk_select_split(scores, k, pin)
+        return topk_select_split(scores, k, pin, pool=pool, share=share)
     return topk_select_chunked(scores, k, pin, chunk=chunk, merge=merge)
 
 
@@ -512,13 +516,14 @@ def _pin_i32(pin):
 _SPLIT_WS: dict = {}
 
 
-def _split_workspace(dev, S: int, levels: int = 1):
+def _split_workspace(dev, S: int, levels: int = 1, pool: str = "split"):
     """(hist [S, levels·_NB], slots [S, 2]) int32, zeroed once and left zeroed by the kernels (the six-launch
     path's last arriver of a radix level exchanges its histogram for zeros, the one-launch kernel's program 0
     zeroes its _LEVELS histograms; the rank pass zeroes the slot counters), so a CUDA-graph replay needs no
-    memset. One buffer per `levels` (1: the six launches, _LEVELS: the one launch); grown, never shrunk;
-    allocate (first call) before capture."""
-    key = (dev.type, dev.index, levels)
+    memset. One buffer per `levels` (1: the six launches, _LEVELS: the one launch) and `pool` (selections that
+    may run concurrently on two streams use different pools); grown, never shrunk; allocate (first call)
+    before capture."""
+    key = (dev.type, dev.index, levels, pool)
     ws = _SPLIT_WS.get(key)
     if ws is None or ws[0].shape[0] < S:
         n = max(S, 8)
@@ -537,24 +542,26 @@ def fused_for(dev, programs: int) -> bool:
     return programs <= sm_count(dev)
 
 
-def split_chunk(N: int, S: int, dev) -> int:
+def split_chunk(N: int, S: int, dev, share: int = 1) -> int:
     """Scores per program of the split path: about one program per SM over all rows (so the one-launch form's
-    grid is resident), 128..4096 (with 11-bit digits the 2048-bin histogram spilled at 8192 on sm90; not
-    re-measured with 8-bit ones)."""
-    per_row = max(1, sm_count(dev) // max(S, 1))
+    grid is resident), or per 1/share of the SMs (two selections running at once: both grids together then
+    fit one program per SM), 128..4096 (with 11-bit digits the 2048-bin histogram spilled at 8192 on sm90;
+    not re-measured with 8-bit ones)."""
+    per_row = max(1, sm_count(dev) // (max(S, 1) * max(share, 1)))
     return min(4096, max(128, triton.next_power_of_2(triton.cdiv(N, per_row))))
 
 
 def topk_select_split(scores: torch.Tensor, k: int, pin: torch.Tensor | None = None, chunk: int | None = None,
-                      cap: int = SPLIT_CAP, state: torch.Tensor | None = None, fused: bool | None = None
-                      ) -> torch.Tensor:
+                      cap: int = SPLIT_CAP, state: torch.Tensor | None = None, fused: bool | None = None,
+                      pool: str = "split", share: int = 1) -> torch.Tensor:
     """`topk_select` for few long rows: each row split over P = ceil(N / chunk) programs (module
     docstring: four 8-bit radix levels, a gather, a pairwise-rank pass). fused (None: `fused_for`): all of
     it in one launch with grid barriers (`_split_fused_kernel`), else six launches; the same indices either
     way. `state` (int32 [S, 8], optional): where the per-row threshold state is left
-    (prefix, shift, above, h, kk, done), for tests that check which path a row took."""
-    from dsv41c.codegen.triton.arrival import counters
-
+    (prefix, shift, above, h, kk, done), for tests that check which path a row took. pool: the workspace and
+    arrival counters (`_split_workspace`, arrival.counters); share: plan the default chunk for 1/share of the
+    SMs (`split_chunk`), and allow the one-launch form only for grids of at most SMs / share programs, so
+    that `share` such selections running at once on different streams (different pools) are all resident."""
     if scores.dim() != 2:
         raise ValueError(f"topk_select_split: scores must be [S, N], got shape {tuple(scores.shape)}")
     S, N = scores.shape
@@ -569,7 +576,9 @@ def topk_select_split(scores: torch.Tensor, k: int, pin: torch.Tensor | None = N
         raise ValueError(f"topk_select_split: pin must be [S] = [{S}], got shape {tuple(pin.shape)}")
     if scores.stride(1) != 1:
         scores = scores.contiguous()
-    CHUNK = triton.next_power_of_2(chunk if chunk is not None else split_chunk(N, S, dev))
+    if share < 1:
+        raise ValueError(f"topk_select_split: share must be >= 1, got {share}")
+    CHUNK = triton.next_power_of_2(chunk if chunk is not None else split_chunk(N, S, dev, share))
     if cap < 0:
         raise ValueError(f"topk_select_split: cap must be >= 0, got {cap}")
     CAP = triton.next_power_of_2(max(cap, 2))  # bucket list size; cap itself is the refinement bound
@@ -579,14 +588,15 @@ def topk_select_split(scores: torch.Tensor, k: int, pin: torch.Tensor | None = N
     use_pin = pin is not None
     pin_t = _pin_i32(pin) if use_pin else out
     if fused is None:
-        fused = fused_for(dev, P * S)
-    elif fused and not fused_for(dev, P * S):
+        fused = fused_for(dev, P * S * share)
+    elif fused and not fused_for(dev, P * S * share):
         why = ("the Triton interpreter runs programs one after another" if interpreting() else
                f"{dev} is not a CUDA GPU" if dev.type != "cuda" or torch.version.hip is not None else
-               f"{P * S} programs (rows × programs, which must all be resident) exceed the GPU's {sm_count(dev)} SMs")
+               f"{P * S} programs (rows × programs, which must all be resident) × share {share} exceed the GPU's "
+               f"{sm_count(dev)} SMs")
         raise ValueError(f"topk_select_split: fused=True is not possible here: {why}; use fused=False")
-    hist, slots = _split_workspace(dev, S, _LEVELS if fused else 1)
-    cnt = counters(dev, S)
+    hist, slots = _split_workspace(dev, S, _LEVELS if fused else 1, pool)
+    cnt = counters(dev, S, pool=pool)
     if state is None:
         state = torch.empty((S, 8), dtype=torch.int32, device=dev)
     elif state.shape != (S, 8) or state.dtype != torch.int32 or not state.is_contiguous():

@@ -73,6 +73,7 @@ from dsv41c.codegen.triton.fp8_gemm import (
 from dsv41c.codegen.triton.fp4_unpack import DECODERS, fp4_tile, permute_cols_tile, permute_k, unpermute_k
 from dsv41c.codegen.triton import moe_decode as md
 from dsv41c.codegen.triton.moe_router import ROUTERS, router, router_reference  # noqa: F401 (re-exported)
+from dsv41c.codegen.triton.streams import side_stream
 from dsv41c import formats as nx
 
 HIDDEN = 5120
@@ -493,15 +494,6 @@ def moe_experts(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float, act_q
 # tune_moe_ffn_chain_run4.json, two repeats each): one token 78.3 -> 72.9 µs cold, eight tokens 399.8 ->
 # 419.2 µs cold (407 -> 386 warm): so on at one token, off at eight.
 OVERLAP_SHARED_MAX_T = 1
-_SIDE_STREAMS: dict = {}
-
-
-def _side_stream(device):
-    """One cached side stream per device (created on first use; CUDA-graph capture records the fork/join)."""
-    key = torch.device(device)
-    if key not in _SIDE_STREAMS:
-        _SIDE_STREAMS[key] = torch.cuda.Stream(key)
-    return _SIDE_STREAMS[key]
 
 
 def moe_forward(x, gate_w, bias, w1, s1, w3, s3, w2, s2, shared, *, top_k: int, route_scale: float,
@@ -521,7 +513,7 @@ def moe_forward(x, gate_w, bias, w1, s1, w3, s3, w2, s2, shared, *, top_k: int, 
     side = None
     overlap = x.shape[0] <= OVERLAP_SHARED_MAX_T if overlap_shared is None else overlap_shared
     if shared is not None and small and x.is_cuda and overlap:
-        side = _side_stream(x.device)
+        side = side_stream(x.device)
         side.wait_stream(torch.cuda.current_stream(x.device))
     sh = None
     if side is not None:
