@@ -47,8 +47,6 @@ SHAPES = [("wo_b", 5120, 8192, 1, False), ("wo_b", 5120, 8192, 8, False), ("wq_a
 # hand-prefetched gemv (slower, reverted) as results/tune_fp8_gemv_words.json. Sixth run (TUNE_M=8, kept as
 # results/tune_fp8_bn128.json, TUNE_BN128=1): the tensor-core tile at BN 128 rows, 4 and 8 warps, 2-4 programs
 # per SM. Seventh (TUNE_M=8, results/tune_fp8_stages.json): the tensor-core k loop at 2, 3, 5, 6 stages.
-# TUNE_RPF=1 (with TUNE_M=1): the one-token gemv with and without the register prefetch of the next k tile, at
-# BK 64 and 128, 3 / 4 / 6 programs per SM, with and without a register cap (results/tune_fp8_rpf.json).
 def _sk_for(per_sm, tiles, steps):
     return max(1, min(steps, per_sm * fg.N_SMS_HINT // tiles))
 
@@ -58,20 +56,8 @@ def _variants(N, K, M, gated):
     out = [("default", {})]
     if M == 1:
         t = fg._gemv_tiles(N, K, gated)
-        if t and os.environ.get("TUNE_RPF") == "1":  # register prefetch (RPF), k tile, programs per SM, maxnreg
-            BN, BK, SK, nw, pipe, _ = t
-            sk = lambda c, bk: _sk_for(c, triton.cdiv(N, BN), K // bk)  # noqa: E731
-            # sm90 / triton 3.6 registers (a thread): BK 128 ~150 (3 programs an SM), 128 with maxnreg (4; gated 8
-            # spilled words), RPF 210-230; BK 64 ungated 79 (RPF 124: 4 an SM), gated 128 (RPF 190)
-            for label, bk, rpf, c, mr in (("bk128_c4_maxnreg128", 128, 0, 4, 128), ("bk128_c3", 128, 0, 3, None),
-                                          ("bk128_rpf_c3_maxnreg168", 128, 1, 3, 168),
-                                          ("bk64_c4", 64, 0, 4, None), ("bk64_c6", 64, 0, 6, None),
-                                          ("bk64_rpf_c4", 64, 1, 4, None), ("bk64_rpf_c4_maxnreg128", 64, 1, 4, 128),
-                                          ("bk64_rpf_c3", 64, 1, 3, None)):
-                out.append((f"gemv_{label}", {"path": "gemv", "tiles": (BN, bk, sk(c, bk), nw, 1, rpf, mr)}))
-            return out + [("default_again", {})]
         if t:
-            BN, BK, SK, nw, pipe, _ = t
+            BN, BK, SK, nw, pipe = t
             for bn in sorted({BN, 32}):
                 tiles = triton.cdiv(N, bn)
                 for sk in sorted({_sk_for(c, tiles, K // BK) for c in (2, 3, 4, 5, 6, 8)}):

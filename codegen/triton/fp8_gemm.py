@@ -595,7 +595,7 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo,
 def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_ptr, limit,
                     N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
                     GATED: tl.constexpr, NATIVE_FP8: tl.constexpr, PDL: tl.constexpr = False,
-                    PREFETCH: tl.constexpr = 0, PIPE: tl.constexpr = 1, RPF: tl.constexpr = 0):
+                    PREFETCH: tl.constexpr = 0, PIPE: tl.constexpr = 1):
     """One token (M = 1): y = x·Wᵀ on the CUDA cores, no tensor-core padding to 16 rows.
 
     PREFETCH (sm90+, bytes per row, 0 = off): the first PREFETCH bytes of each of the program's weight rows
@@ -614,6 +614,7 @@ def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     RG: tl.constexpr = BN // 32
+    KS: tl.constexpr = K // 32
     k_lo, k_hi = split_bounds(split, K, BK, SPLIT_K)
     g = pid_n * RG + tl.arange(0, RG)  # 32-row groups (= scale rows)
     r = tl.arange(0, 32)
@@ -625,28 +626,27 @@ def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
         prefetch_rows_l2(w3_ptr + rows_pf, PREFETCH, PREFETCH > 0)
     grid_wait(PDL)
     grid_release(PDL)
+    kk = tl.arange(0, BK)
+    sk = tl.arange(0, BK // 32)
     w_rows = rn3.to(tl.int64) * K
-    g_ok = g[:, None] < (N + 31) // 32
     acc = tl.zeros((RG, 32, BK), dtype=tl.float32)
     acc3 = tl.zeros((RG, 32, BK), dtype=tl.float32)
-    if RPF:
-        # register prefetch: tile k+1's weights, scales and x are requested before tile k is multiplied, so
-        # every program keeps one tile's loads in flight while it computes (one more tile of registers)
-        x, sc, w, sc3, w3 = _gemv_tile_loads(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, k_lo, k_hi, w_rows, g, g_ok,
-                                             n_ok3, K, BK, GATED, True)
-        for k0 in tl.range(k_lo, k_hi, BK):
-            xn, scn, wn, sc3n, w3n = _gemv_tile_loads(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, k0 + BK, k_hi,
-                                                      w_rows, g, g_ok, n_ok3, K, BK, GATED, True)
-            acc, acc3 = _gemv_tile_fma(acc, acc3, x, sc, w, sc3, w3, RG, BK, GATED, NATIVE_FP8)
-            x, sc, w, sc3, w3 = xn, scn, wn, sc3n, w3n
-    else:
-        # PIPE >= 2 asks Triton to pipeline the k loop's loads (PIPE stages of cp.async into shared memory; it
-        # pipelines loads that feed no tl.dot only when the loop asks). The default, 1, does not: measured
-        # faster (GEMV_PIPE).
-        for k0 in tl.range(k_lo, k_hi, BK, num_stages=PIPE):
-            x, sc, w, sc3, w3 = _gemv_tile_loads(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, k0, k_hi, w_rows, g,
-                                                 g_ok, n_ok3, K, BK, GATED, False)
-            acc, acc3 = _gemv_tile_fma(acc, acc3, x, sc, w, sc3, w3, RG, BK, GATED, NATIVE_FP8)
+    # PIPE >= 2 asks Triton to pipeline the k loop's loads (PIPE stages of cp.async into shared memory; it
+    # pipelines loads that feed no tl.dot only when the loop asks). The default, 1, does not: measured faster
+    # (GEMV_PIPE).
+    for k0 in tl.range(k_lo, k_hi, BK, num_stages=PIPE):
+        x = tl.load(x_ptr + k0 + kk).to(tl.float32)
+        s_off = g[:, None] * KS + k0 // 32 + sk[None, :]  # [RG, BK/32]
+        g_ok = g[:, None] < (N + 31) // 32
+        xs = tl.reshape(tl.broadcast_to(tl.reshape(x, (1, BK // 32, 32)), (RG, BK // 32, 32)) *
+                        e8m0_to_f32(tl.load(ws_ptr + s_off, mask=g_ok, other=127))[:, :, None], (RG, 1, BK))
+        w = e4m3_to_f32(tl.load(w_ptr + w_rows + k0 + kk[None, None, :], mask=n_ok3, other=0), NATIVE_FP8)
+        acc += w * xs
+        if GATED:
+            xs3 = tl.reshape(tl.broadcast_to(tl.reshape(x, (1, BK // 32, 32)), (RG, BK // 32, 32)) *
+                             e8m0_to_f32(tl.load(ws3_ptr + s_off, mask=g_ok, other=127))[:, :, None], (RG, 1, BK))
+            w3 = e4m3_to_f32(tl.load(w3_ptr + w_rows + k0 + kk[None, None, :], mask=n_ok3, other=0), NATIVE_FP8)
+            acc3 += w3 * xs3
     rn = pid_n * BN + tl.arange(0, BN)
     n_ok = rn < N
     y1 = tl.reshape(tl.sum(acc, axis=2), (BN,))
@@ -662,48 +662,6 @@ def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
         if arrive_last(cnt_ptr + pid_n, SPLIT_K):
             _fold_splits(part_ptr, y_ptr, tl.arange(0, 1), rn, 1, limit, N, SPLIT_K, GATED)
             reset_counter(cnt_ptr + pid_n)
-
-
-@triton.jit
-def _gemv_tile_loads(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, k0, k_hi, w_rows, g, g_ok, n_ok3, K: tl.constexpr,
-                     BK: tl.constexpr, GATED: tl.constexpr, AHEAD: tl.constexpr):
-    """The loads of one k tile of the gemv: x[k0:k0+BK] (fp32), the [RG, BK/32] scale bytes and the [RG, 32, BK]
-    E4M3 bytes of w (and w3). AHEAD (a prefetch, which may lie past the split): masked off from k_hi on."""
-    KS: tl.constexpr = K // 32
-    kk = tl.arange(0, BK)
-    sk = tl.arange(0, BK // 32)
-    s_off = g[:, None] * KS + k0 // 32 + sk[None, :]  # [RG, BK/32]
-    w_off = w_rows + k0 + kk[None, None, :]
-    if AHEAD:
-        k_ok = k0 + kk < k_hi  # a tile lies wholly inside or outside the split
-        x = tl.load(x_ptr + k0 + kk, mask=k_ok, other=0.0).to(tl.float32)
-        s_ok = g_ok & (k0 + sk * 32 < k_hi)[None, :]
-        w_ok = n_ok3 & k_ok[None, None, :]
-    else:
-        x = tl.load(x_ptr + k0 + kk).to(tl.float32)
-        s_ok = g_ok
-        w_ok = n_ok3
-    sc = tl.load(ws_ptr + s_off, mask=s_ok, other=127)
-    w = tl.load(w_ptr + w_off, mask=w_ok, other=0)
-    sc3 = sc
-    w3 = w
-    if GATED:
-        sc3 = tl.load(ws3_ptr + s_off, mask=s_ok, other=127)
-        w3 = tl.load(w3_ptr + w_off, mask=w_ok, other=0)
-    return x, sc, w, sc3, w3
-
-
-@triton.jit
-def _gemv_tile_fma(acc, acc3, x, sc, w, sc3, w3, RG: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr,
-                   NATIVE_FP8: tl.constexpr):
-    """acc += w · (x × the block scale), elementwise (the scale multiplies x: BN/32 · BK products, not BN · BK).
-    (Summing each thread's 16 consecutive products before the accumulator, [RG, 32, BK/16], did not lower the
-    registers: sm90 / triton 3.6, 152 -> 165 at BK 128 gated.)"""
-    xb = tl.broadcast_to(tl.reshape(x, (1, BK // 32, 32)), (RG, BK // 32, 32))
-    acc += e4m3_to_f32(w, NATIVE_FP8) * tl.reshape(xb * e8m0_to_f32(sc)[:, :, None], (RG, 1, BK))
-    if GATED:
-        acc3 += e4m3_to_f32(w3, NATIVE_FP8) * tl.reshape(xb * e8m0_to_f32(sc3)[:, :, None], (RG, 1, BK))
-    return acc, acc3
 
 
 @triton.jit
@@ -801,7 +759,6 @@ DECODE_BK = 128  # decode (M <= 16) k tile
 GEMV_MAX_M = 1  # tokens that take the CUDA-core path (fp8_gemv_kernel)
 GEMV_BK = 128  # its k tile
 GEMV_PIPE = 1  # its k loop's pipeline stages (the kernel's PIPE); 2-4 were slower on the H200 (tune_fp8_decode.json)
-GEMV_RPF = 0  # its register prefetch of the next k tile (the kernel's RPF)
 FOLD_SPLIT_K = True  # split-K epilogue by the last-arriving program (one launch) rather than a reduce kernel
 # weight decoder of the M <= 16 tensor-core path on CUDA (0: per element via fp32; 1: bf16x2 words). H200,
 # L2-cold graph replay (tune_fp8_prefetch.json): the words decoder wins only where the
@@ -914,16 +871,15 @@ def act_quant_fp8(x: torch.Tensor) -> torch.Tensor:
 
 
 def _gemv_tiles(N: int, K: int, gated: bool = False, sms: int = N_SMS_HINT):
-    """(BN, BK, SPLIT_K, num_warps, num_stages, RPF) of the one-token CUDA-core path, or None if K does not tile.
-    num_stages is the k loop's pipeline (the kernel's PIPE: 1 none, n >= 2 Triton's n-stage cp.async); RPF 1
-    loads the next k tile into registers before the current one is multiplied.
+    """(BN, BK, SPLIT_K, num_warps, num_stages) of the one-token CUDA-core path, or None if K does not tile.
+    num_stages is the k loop's pipeline (the kernel's PIPE: 1 none, n >= 2 Triton's n-stage cp.async).
     The [BN, BK] fp32 accumulator(s) live in registers: 64×128 (one) or 32×128 (gated: two) keep a
     thread at ~125 registers without spills under triton 3.6 (sm90 SASS)."""
     BN, BK = (32, 64) if interpreting() else ((32 if gated else 64), GEMV_BK)
     if K % BK:
         return None
     SK = 2 if interpreting() and K % (2 * BK) == 0 else _split_k(1, N, K, BN, BK, DECODE_PROGRAMS_PER_SM["gemv"], sms)
-    return BN, BK, SK, 4, GEMV_PIPE, GEMV_RPF
+    return BN, BK, SK, 4, GEMV_PIPE
 
 
 # L2 prefetch of the weight rows (l2_prefetch.py): OFF by default. On the H200 (tune_fp8_prefetch.json) it made
@@ -950,7 +906,7 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
     (gemv for M <= GEMV_MAX_M when K tiles). fold: split-K epilogue inside the GEMM launch
     (last-arriver) instead of a second launch; default on. tiles overrides the path's tile tuple
     (sweeps): mma (BM, BN, BK, GROUP_M, SPLIT_K, num_warps, num_stages), gemv (BN, BK, SPLIT_K,
-    num_warps, num_stages[, RPF[, maxnreg]]). decode_w: the mma path's weight decoder, 0 or 1 (DECODE_W; 1 permutes x's
+    num_warps, num_stages). decode_w: the mma path's weight decoder, 0 or 1 (DECODE_W; 1 permutes x's
     columns to k_order_w(BK) here, once per call); None: `_decode_w`'s default. pdl / prefetch: programmatic
     dependent launch (pdl.py) and the L2 prefetch of the weight rows (l2_prefetch.py); None: on for decode
     shapes on sm90+ CUDA devices; prefetch off unless asked for (`_prefetch_row_bytes`)."""
@@ -978,10 +934,7 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
         if fold is False or decode_w:
             raise ValueError(f"{name}: the gemv path always folds its split-K and has no weight decoder choice "
                              f"(fold={fold}, decode_w={decode_w})")
-        t = tuple(tiles or _gemv_tiles(N, K, gated, sm_count(x.device)) or (0, 0, 0, 0, 0, 0))
-        BN, BK, SK, nw, ns = t[:5]
-        rpf = t[5] if len(t) > 5 else GEMV_RPF
-        regs = {"maxnreg": t[6]} if len(t) > 6 and t[6] and not interpreting() else {}  # ptxas register cap
+        BN, BK, SK, nw, ns = tiles or _gemv_tiles(N, K, gated, sm_count(x.device)) or (0, 0, 0, 0, 0)
         if not BK or K % BK or not 1 <= SK <= K // BK or BN % 32:
             raise ValueError(f"{name}: gemv path needs K={K} divisible by BK={BK}, 1 <= SPLIT_K={SK} <= K/BK and "
                              f"BN={BN} % 32 == 0")
@@ -992,8 +945,8 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
         pf = _prefetch_row_bytes(prefetch, x.device, wu, w3u, K // BK // SK * BK, BN * (1 + gated))
         fp8_gemv_kernel[grid](x2, wu, su, w3u, s3u, y, part, cnt, float(limit),
                               N=N, K=K, BN=BN, BK=BK, SPLIT_K=SK, GATED=gated,
-                              NATIVE_FP8=native_fp8_for(x.device), PDL=pdl, PREFETCH=pf, PIPE=ns, RPF=int(rpf),
-                              num_warps=nw, num_stages=ns, **regs, **launch_kw(pdl))
+                              NATIVE_FP8=native_fp8_for(x.device), PDL=pdl, PREFETCH=pf, PIPE=ns,
+                              num_warps=nw, num_stages=ns, **launch_kw(pdl))
         return y.reshape(*x.shape[:-1], N)
     fold = FOLD_SPLIT_K if fold is None else fold
     BM, BN, BK, GM, SK, nw, ns = tiles or _tiles(M, N, K, gated, sm_count(x.device))
@@ -1073,7 +1026,7 @@ def _gemm_variants(target: str, gated: bool) -> list:
             BN = 32 if gated else 64
             SK = _split_k(1, N, K, BN, GEMV_BK, DECODE_PROGRAMS_PER_SM["gemv"])
             ce = {"N": N, "K": K, "BN": BN, "BK": GEMV_BK, "SPLIT_K": SK, "GATED": gated,
-                  "NATIVE_FP8": tr["native_fp8"], "PDL": False, "PREFETCH": 0, "PIPE": GEMV_PIPE, "RPF": GEMV_RPF}
+                  "NATIVE_FP8": tr["native_fp8"], "PDL": False, "PREFETCH": 0, "PIPE": GEMV_PIPE}
             types = {k: v for k, v in _gemm_types("*bf16").items() if k != "M"}
             out.append(aot_spec(fp8_gemv_kernel, f"{name}_gemv", types, ce, 4, GEMV_PIPE,
                                 {"linear": name, "mode": "gemv", "act": "bf16", **ce}))
@@ -1095,14 +1048,14 @@ register(KernelTemplate(
     name="fp8_gemm", module=__name__,
     summary="x · dequant(E4M3 W, UE8M0 32×32)ᵀ, fp32 accumulate (dense linears)",
     keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "SPLIT_K", "NATIVE_FP8", "GATED",
-          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE", "RPF"),
+          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE"),
     reference=fp8_gemm_reference, launch=fp8_gemm,
     specializations=lambda t: _gemm_variants(t, False)))
 register(KernelTemplate(
     name="fp8_gemm_swiglu", module=__name__,
     summary="shared expert gate/up: silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L), FP8 weights",
     keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "SPLIT_K", "NATIVE_FP8", "GATED",
-          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE", "RPF"),
+          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE"),
     reference=fp8_gemm_swiglu_reference, launch=fp8_gemm_swiglu,
     specializations=lambda t: _gemm_variants(t, True)))
 register(KernelTemplate(
