@@ -47,6 +47,8 @@ SHAPES = [("wo_b", 5120, 8192, 1, False), ("wo_b", 5120, 8192, 8, False), ("wq_a
 # hand-prefetched gemv (slower, reverted) as results/tune_fp8_gemv_words.json. Sixth run (TUNE_M=8, kept as
 # results/tune_fp8_bn128.json, TUNE_BN128=1): the tensor-core tile at BN 128 rows, 4 and 8 warps, 2-4 programs
 # per SM. Seventh (TUNE_M=8, results/tune_fp8_stages.json): the tensor-core k loop at 2, 3, 5, 6 stages.
+# Eighth (results/tune_fp8_rpf.json; the script as of commit c2ec43b, TUNE_M=1 TUNE_RPF=1): the one-token gemv
+# with a register prefetch of the next k tile, BK 64 / 128 and a register cap (slower or equal; reverted).
 def _sk_for(per_sm, tiles, steps):
     return max(1, min(steps, per_sm * fg.N_SMS_HINT // tiles))
 
