@@ -115,23 +115,34 @@ def sqrtsoftplus_f32(x):
 
 
 @triton.jit
+def _load_part(part_ptr, sp, rt, re, T, m2, E: tl.constexpr, CG: tl.constexpr):
+    """Split sp's logit partials of rows rt [rows, E_PAD] (0 where masked)."""
+    src = part_ptr + (sp * T + rt[:, None]).to(tl.int64) * E + re[None, :]
+    if CG:
+        return tl.load(src, mask=m2, other=0.0, cache_modifier=".cg")
+    return tl.load(src, mask=m2, other=0.0)
+
+
+@triton.jit
 def topk_rows(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, rt, T, n_split, inv_temp, route_scale,
               E: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr, K_PAD: tl.constexpr, HAS_VL: tl.constexpr,
-              NORM: tl.constexpr, CG: tl.constexpr):
+              NORM: tl.constexpr, CG: tl.constexpr, N_SPLIT: tl.constexpr = 0):
     """Rows rt of the router's output from the logit partials part [n_split, T, E]: the splits added in order,
     sqrtsoftplus, biased top-k by TOPK rounds of one int64-key max (score, then lowest index), normalized × route_scale.
-    CG: read the partials from L2 (`.cg`: other programs of the same launch wrote them; arrival.py)."""
+    CG: read the partials from L2 (`.cg`: other programs of the same launch wrote them; arrival.py). N_SPLIT > 0:
+    n_split as a constexpr, so the loop unrolls and every partial's load is in flight at once (a runtime loop
+    waits for one L2 round trip per split); the same adds in the same order."""
     re = tl.arange(0, E_PAD)
     t_ok = rt < T
     e_ok = re < E
     m2 = t_ok[:, None] & e_ok[None, :]
     logits = tl.zeros((rt.shape[0], E_PAD), dtype=tl.float32)
-    for sp in range(0, n_split):
-        src = part_ptr + (sp * T + rt[:, None]).to(tl.int64) * E + re[None, :]
-        if CG:
-            logits += tl.load(src, mask=m2, other=0.0, cache_modifier=".cg")
-        else:
-            logits += tl.load(src, mask=m2, other=0.0)
+    if N_SPLIT > 0:
+        for sp in tl.static_range(N_SPLIT):
+            logits += _load_part(part_ptr, sp, rt, re, T, m2, E, CG)
+    else:
+        for sp in range(0, n_split):
+            logits += _load_part(part_ptr, sp, rt, re, T, m2, E, CG)
     s = sqrtsoftplus_f32(logits * inv_temp)
     b = tl.load(bias_ptr + re, mask=e_ok, other=0.0)
     sel = s + b[None, :]
@@ -254,8 +265,9 @@ def router_decode_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, bias_ptr, bias_vl_ptr,
     logits_partial_program(x_ptr, w_ptr, part_ptr, T, E, K, BE, BK, K_PER_SPLIT)
     t = tl.program_id(0)
     if arrive_last(cnt_ptr + t, tl.num_programs(1) * tl.num_programs(2)):
+        NS: tl.constexpr = (K + K_PER_SPLIT - 1) // K_PER_SPLIT  # = num_programs(2), as a constexpr
         topk_rows(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, t + tl.arange(0, 1), T,
-                  tl.num_programs(2), inv_temp, route_scale, E, E_PAD, TOPK, K_PAD, HAS_VL, NORM, True)
+                  NS, inv_temp, route_scale, E, E_PAD, TOPK, K_PAD, HAS_VL, NORM, True, NS)
         reset_counter(cnt_ptr + t)
 
 
@@ -280,15 +292,14 @@ def router_decode_tokens_kernel(x_ptr, w_ptr, part_ptr, logit_ptr, cnt_ptr, bias
     grid_release(PDL)
     logits_partial_tokens(x_ptr, w_ptr, part_ptr, T, E, K, BE, BK, K_PER_SPLIT, T_PAD)
     eb = tl.program_id(1)
-    n_split = tl.num_programs(2)
-    if arrive_last(cnt_ptr + eb, n_split):
+    NS: tl.constexpr = (K + K_PER_SPLIT - 1) // K_PER_SPLIT  # = num_programs(2), as a constexpr: unrolled loads
+    if arrive_last(cnt_ptr + eb, NS):
         re = eb * BE + tl.arange(0, BE)
         rt = tl.arange(0, T_PAD)
         m = (rt < T)[:, None] & (re < E)[None, :]
         lg = tl.zeros((T_PAD, BE), dtype=tl.float32)
-        for sp in range(0, n_split):
-            lg += tl.load(part_ptr + (sp * T + rt[:, None]).to(tl.int64) * E + re[None, :], mask=m, other=0.0,
-                          cache_modifier=".cg")
+        for sp in tl.static_range(NS):
+            lg += _load_part(part_ptr, sp, rt, re, T, m, E, True)
         tl.store(logit_ptr + rt[:, None].to(tl.int64) * E + re[None, :], lg, mask=m)
         reset_counter(cnt_ptr + eb)
         n_eb = tl.num_programs(1)
@@ -299,7 +310,7 @@ def router_decode_tokens_kernel(x_ptr, w_ptr, part_ptr, logit_ptr, cnt_ptr, bias
             wait_count(cnt_ptr + n_eb, n_eb)
             for tt in range(t, T, R):
                 topk_rows(logit_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, tt + tl.arange(0, 1), T, 1,
-                          inv_temp, route_scale, E, E_PAD, TOPK, K_PAD, HAS_VL, NORM, True)
+                          inv_temp, route_scale, E, E_PAD, TOPK, K_PAD, HAS_VL, NORM, True, 1)
             if arrive_last(cnt_ptr + n_eb + 1, R):
                 reset_counter(cnt_ptr + n_eb)
                 reset_counter(cnt_ptr + n_eb + 1)
@@ -361,6 +372,7 @@ def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: flo
     if gemv and tokens:  # one program per (experts, K split) for all the tokens
         BK = min(TOKENS_BK, triton.next_power_of_2(D))
         split, k_per = _gemv_split(1, E, D, BK, sms=sm_count(x.device))
+        assert split == triton.cdiv(D, k_per)  # the fused kernels recompute it as a constexpr
         part = torch.empty(split, T, E, dtype=torch.float32, device=x.device)
         grid = (1, triton.cdiv(E, GEMV_BE), split)
         tk = dict(E=E, K=D, BE=GEMV_BE, BK=BK, K_PER_SPLIT=k_per, T_PAD=triton.next_power_of_2(T), num_warps=4)
@@ -376,6 +388,7 @@ def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: flo
     elif gemv:
         BK = min(GEMV_BK, triton.next_power_of_2(D))
         split, k_per = _gemv_split(T, E, D, BK, sms=sm_count(x.device))
+        assert split == triton.cdiv(D, k_per)  # the fused kernel recomputes it as a constexpr
         part = torch.empty(split, T, E, dtype=torch.float32, device=x.device)
         grid = (T, triton.cdiv(E, GEMV_BE), split)
         if fused:
