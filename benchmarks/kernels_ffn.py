@@ -38,7 +38,6 @@ from dsv41c.codegen.triton import engram as en  # noqa: E402
 from dsv41c.codegen.triton import fp8_gemm as fg  # noqa: E402
 from dsv41c.codegen.triton import mhc  # noqa: E402
 from dsv41c.codegen.triton import moe  # noqa: E402
-from dsv41c.codegen.triton import moe_router  # noqa: E402
 from dsv41c.codegen.triton import rmsnorm as rn  # noqa: E402
 from dsv41c import formats as nx  # noqa: E402
 
@@ -171,16 +170,11 @@ def case_router(ceil, quick):
             w, i = moe.router(x, gw, bias, K_TOP)
             rw, ri = moe.router_reference(x, gw, bias, K_TOP)
             same = (i == ri).all(-1)
-            e = entry(ceil, f"moe_router_T{T}", [T, E, D], ms(lambda: moe.router(x, gw, bias, K_TOP)),
-                      ms(lambda: moe.router_reference(x, gw, bias, K_TOP)), E * D * 2 + T * D * 2,
-                      2 * T * E * D, rel_err(w[same], rw[same]), "floor<=2x" if T <= 8 else None,
-                      rows_identical=float(same.float().mean()),
-                      graph_ms=ms_graph(lambda: moe.router(x, gw, bias, K_TOP)) if T <= 8 else None)
-            if 2 <= T <= 8:  # the one-program-per-token grid (tokens=False), same run
-                g = ms_graph(lambda: moe_router.router(x, gw, bias, K_TOP, tokens=False))
-                e["per_token_graph_ms"] = g if isinstance(g, str) else float(g)
-                e["per_token_graph_cold_ms"] = getattr(g, "cold", None)
-            return e
+            return entry(ceil, f"moe_router_T{T}", [T, E, D], ms(lambda: moe.router(x, gw, bias, K_TOP)),
+                         ms(lambda: moe.router_reference(x, gw, bias, K_TOP)), E * D * 2 + T * D * 2,
+                         2 * T * E * D, rel_err(w[same], rw[same]), "floor<=2x" if T <= 8 else None,
+                         rows_identical=float(same.float().mean()),
+                         graph_ms=ms_graph(lambda: moe.router(x, gw, bias, K_TOP)) if T <= 8 else None)
         guarded(out, f"moe_router_T{T}", route)
     return out
 

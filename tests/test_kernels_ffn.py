@@ -267,28 +267,23 @@ def test_router_paths(T, E, D):
     torch.testing.assert_close(w, rw, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("T,tokens", [(1, None), (3, None), (8, None), (3, False), (8, False)])
-def test_router_fused_decode_matches_two_launches(T, tokens):
-    """The one-launch decode router (last arriver runs the top-k; from 2 tokens on, by default, a two-level
-    arrival over programs that each take every token) gives the two-launch path's bits, with and without the
-    image bias, and leaves its counters at zero (a CUDA-graph replay starts clean)."""
+@pytest.mark.parametrize("T", [1, 3, 8])
+def test_router_fused_decode_matches_two_launches(T):
+    """The one-launch decode router (last arriver runs the top-k) gives the two-launch path's bits, with and
+    without the image bias, and leaves its counters at zero (a CUDA-graph replay starts clean)."""
     from dsv41c.codegen.triton import arrival, moe_router
 
     g = gen(13)
     x, gw, bias = _router_inputs(g, T, 44, 1280)  # ragged experts (44 = 5.5 tiles of 8), 3 k blocks (the last
     img = (torch.arange(T, device=DEV) % 2 == 1)  # ragged), 2 K splits in the interpreter
     for kw in ({}, {"bias_vl": randn(g, 44, scale=0.5), "image_mask": img}):
-        wf, i_f = moe_router.router(x, gw, bias, 6, fused=True, tokens=tokens, **kw)
-        w2, i2 = moe_router.router(x, gw, bias, 6, fused=False, tokens=tokens, **kw)
+        wf, i_f = moe_router.router(x, gw, bias, 6, fused=True, **kw)
+        w2, i2 = moe_router.router(x, gw, bias, 6, fused=False, **kw)
         assert torch.equal(i_f, i2) and torch.equal(wf, w2)
         rw, ri = moe.router_reference(x, gw, bias, 6, **kw)
         assert torch.equal(i_f, ri)
         torch.testing.assert_close(wf, rw, rtol=1e-6, atol=1e-7)
-    assert int(arrival.counters(x.device, 64, pool="router")[:64].abs().sum()) == 0
-    if T > 1:
-        with pytest.raises(ValueError, match="tokens=True is a decode path"):
-            moe_router.router(randn(g, moe_router.GEMV_MAX_T + 1, 1280, dtype=torch.bfloat16), gw, bias, 6,
-                              tokens=True)
+    assert int(arrival.counters(x.device, T, pool="router")[:T].abs().sum()) == 0
     with pytest.raises(ValueError, match="fused=True is the decode path"):
         moe_router.router(randn(g, moe_router.GEMV_MAX_T + 1, 1280, dtype=torch.bfloat16), gw, bias, 6, fused=True)
 
@@ -772,7 +767,7 @@ def test_gpu_fp8_prefetch_and_pdl_chain_keep_the_bits(M):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T", [1, 3, 8])
+@pytest.mark.parametrize("T", [1, 8])
 def test_gpu_router_fused_decode_under_graph_replay(T):
     """The one-launch decode router at real widths (384 experts, 5120 channels, 480 programs a token) gives
     the two-launch path's bits, also replayed from a CUDA graph in which the kernel just before it rewrites x
@@ -786,13 +781,6 @@ def test_gpu_router_fused_decode_under_graph_replay(T):
     wf, i_f = moe_router.router(x, gw, bias, 6, fused=True)
     w2, i2 = moe_router.router(x, gw, bias, 6, fused=False)
     assert torch.equal(i_f, i2) and torch.equal(wf, w2)
-    rw, ri = moe_router.router_reference(x, gw, bias, 6)
-    assert torch.equal(i_f, ri)
-    torch.testing.assert_close(wf, rw, rtol=1e-5, atol=1e-6)
-    if T > 1:  # the per-token grid: other sums, the same experts here
-        wt, it = moe_router.router(x, gw, bias, 6, tokens=False)
-        assert torch.equal(it, ri)
-        torch.testing.assert_close(wt, rw, rtol=1e-5, atol=1e-6)
     xs = x.clone()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

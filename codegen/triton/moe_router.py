@@ -28,8 +28,17 @@ Specialization keys: router (backbone 384 experts top-6 / DSpark 128 top-3), E, 
 mode (decode_fused / decode_gemv / decode / prefill), BT, BE, BK, K_PER_SPLIT, PREC; top-k: E_PAD, K_PAD,
 HAS_VL, NORM; PDL (the fused kernel; off in the ahead-of-time variant).
 
+Tried and reverted (results/tune_router_tokens.json; code in git history, commit 7aa945a): at 2-8 tokens,
+programs over (8 experts, K split) that take every token, so the gate is read once per k step rather than
+once per token ([T, 8, 128] products, then a two-level arrival whose last finishers run one top-k row
+each): slower, 25.9 vs 11.7 µs at eight tokens in graph replay (27.7 vs 13.6 L2-cold; the two-launch form
+of it 34.0 µs), 12.6 vs 6.8 at two (sm90 / Triton 3.6: the 3D product's operands go through shared
+memory each step). Adding the split partials in an unrolled loop (all loads in flight) left one token at
+8.5 µs L2-cold.
+
 Known gaps: the prefill path is two launches (logits, then top-k); the fused decode kernel's per-token
-counter takes one atomic from each of its (E/BE)·splits programs (480 at one token);
+counter takes one atomic from each of its (E/BE)·splits programs (480 at one token); at eight tokens each
+token's programs read the whole 3.9 MB gate again (from the L2);
 the GEMV sums in a different order than the fp32 matmul of the reference, so an exact tie in
 s + b between two experts can flip (the benchmark reports the fraction of identical rows).
 """
@@ -40,7 +49,7 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, register
-from dsv41c.codegen.triton.arrival import arrive_last, counters, reset_counter, wait_count
+from dsv41c.codegen.triton.arrival import arrive_last, counters, reset_counter
 from dsv41c.codegen.triton.fp8_gemm import N_SMS_HINT, aot_spec, fp32_dot_precision, interpreting, target_traits
 from dsv41c.codegen.triton.kv_quant import sm_count
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
@@ -54,11 +63,6 @@ GEMV_BE, GEMV_BK = 8, 512  # 384 experts -> 48 programs per token and K split, 8
 # router, L2-cold (results/tune_moe_ffn_chain.json): 8 tokens 27.4 / 15.8 / 15.6 µs at 4 / 8 / 16 (splits 1 / 2
 # / 5), 4 tokens 15.7 / 11.2 / 12.1, one token 8.8 / 8.6 / 8.9 (split 10 = one k step a program, all three).
 GEMV_PROGRAMS_PER_SM = 8
-# 2..GEMV_MAX_T tokens: one program per (BE experts, K split) for ALL the tokens (`logits_partial_tokens`), so the
-# gate is read once per step, not once per token, and each program runs the one-token grid's one or two k steps
-# instead of a chain of them (at 8 tokens the per-token grid gave each program 5 dependent 8 KB steps)
-TOKENS_MIN_T = 2
-TOKENS_BK = 128  # its k step: the [T_PAD, BE, BK] product of 8 tokens is 64 fp32 registers a thread
 
 
 def _gemv_split(T: int, E: int, K: int, BK: int, interp=None, sms: int = N_SMS_HINT):
@@ -115,34 +119,23 @@ def sqrtsoftplus_f32(x):
 
 
 @triton.jit
-def _load_part(part_ptr, sp, rt, re, T, m2, E: tl.constexpr, CG: tl.constexpr):
-    """Split sp's logit partials of rows rt [rows, E_PAD] (0 where masked)."""
-    src = part_ptr + (sp * T + rt[:, None]).to(tl.int64) * E + re[None, :]
-    if CG:
-        return tl.load(src, mask=m2, other=0.0, cache_modifier=".cg")
-    return tl.load(src, mask=m2, other=0.0)
-
-
-@triton.jit
 def topk_rows(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, rt, T, n_split, inv_temp, route_scale,
               E: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr, K_PAD: tl.constexpr, HAS_VL: tl.constexpr,
-              NORM: tl.constexpr, CG: tl.constexpr, N_SPLIT: tl.constexpr = 0):
+              NORM: tl.constexpr, CG: tl.constexpr):
     """Rows rt of the router's output from the logit partials part [n_split, T, E]: the splits added in order,
     sqrtsoftplus, biased top-k by TOPK rounds of one int64-key max (score, then lowest index), normalized × route_scale.
-    CG: read the partials from L2 (`.cg`: other programs of the same launch wrote them; arrival.py). N_SPLIT > 0:
-    n_split as a constexpr, so the loop unrolls and every partial's load is in flight at once (a runtime loop
-    waits for one L2 round trip per split); the same adds in the same order."""
+    CG: read the partials from L2 (`.cg`: other programs of the same launch wrote them; arrival.py)."""
     re = tl.arange(0, E_PAD)
     t_ok = rt < T
     e_ok = re < E
     m2 = t_ok[:, None] & e_ok[None, :]
     logits = tl.zeros((rt.shape[0], E_PAD), dtype=tl.float32)
-    if N_SPLIT > 0:
-        for sp in tl.static_range(N_SPLIT):
-            logits += _load_part(part_ptr, sp, rt, re, T, m2, E, CG)
-    else:
-        for sp in range(0, n_split):
-            logits += _load_part(part_ptr, sp, rt, re, T, m2, E, CG)
+    for sp in range(0, n_split):
+        src = part_ptr + (sp * T + rt[:, None]).to(tl.int64) * E + re[None, :]
+        if CG:
+            logits += tl.load(src, mask=m2, other=0.0, cache_modifier=".cg")
+        else:
+            logits += tl.load(src, mask=m2, other=0.0)
     s = sqrtsoftplus_f32(logits * inv_temp)
     b = tl.load(bias_ptr + re, mask=e_ok, other=0.0)
     sel = s + b[None, :]
@@ -208,36 +201,6 @@ def logits_partial_program(x_ptr, w_ptr, part_ptr, T, E: tl.constexpr, K: tl.con
 
 
 @triton.jit
-def logits_partial_tokens(x_ptr, w_ptr, part_ptr, T, E: tl.constexpr, K: tl.constexpr, BE: tl.constexpr,
-                          BK: tl.constexpr, K_PER_SPLIT: tl.constexpr, T_PAD: tl.constexpr):
-    """Program (BE experts, K split) for every token: part[split, t, e] = Σ_{k in split} x[t, k]·W[e, k], fp32
-    multiply-and-sum; each gate tile [BE, BK] is loaded once and multiplied by all T tokens ([T_PAD, BE, BK])."""
-    re = tl.program_id(1) * BE + tl.arange(0, BE)
-    split = tl.program_id(2)
-    rt = tl.arange(0, T_PAD)
-    e_ok = re < E
-    t_ok = rt < T
-    acc = tl.zeros((T_PAD, BE), dtype=tl.float32)
-    for k0 in range(split * K_PER_SPLIT, tl.minimum(split * K_PER_SPLIT + K_PER_SPLIT, K), BK):
-        rk = k0 + tl.arange(0, BK)
-        k_ok = rk < K
-        wt = tl.load(w_ptr + re[:, None].to(tl.int64) * K + rk[None, :], mask=e_ok[:, None] & k_ok[None, :],
-                     other=0.0).to(tl.float32)
-        xt = tl.load(x_ptr + rt[:, None].to(tl.int64) * K + rk[None, :], mask=t_ok[:, None] & k_ok[None, :],
-                     other=0.0).to(tl.float32)
-        acc += tl.sum(wt[None, :, :] * xt[:, None, :], axis=2)
-    tl.store(part_ptr + (split * T + rt[:, None]).to(tl.int64) * E + re[None, :], acc,
-             mask=t_ok[:, None] & e_ok[None, :])
-
-
-@triton.jit
-def router_logits_tokens_kernel(x_ptr, w_ptr, part_ptr, T, E: tl.constexpr, K: tl.constexpr, BE: tl.constexpr,
-                                BK: tl.constexpr, K_PER_SPLIT: tl.constexpr, T_PAD: tl.constexpr):
-    """Decode, 2..GEMV_MAX_T tokens: `logits_partial_tokens` (router_topk_kernel adds the splits in order)."""
-    logits_partial_tokens(x_ptr, w_ptr, part_ptr, T, E, K, BE, BK, K_PER_SPLIT, T_PAD)
-
-
-@triton.jit
 def router_logits_gemv_kernel(x_ptr, w_ptr, part_ptr, T, E: tl.constexpr, K: tl.constexpr, BE: tl.constexpr,
                               BK: tl.constexpr, K_PER_SPLIT: tl.constexpr):
     """Decode: part[split, t, e] = Σ_{k in split} x[t, k]·W[e, k] for one token and BE experts, fp32
@@ -265,55 +228,9 @@ def router_decode_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, bias_ptr, bias_vl_ptr,
     logits_partial_program(x_ptr, w_ptr, part_ptr, T, E, K, BE, BK, K_PER_SPLIT)
     t = tl.program_id(0)
     if arrive_last(cnt_ptr + t, tl.num_programs(1) * tl.num_programs(2)):
-        NS: tl.constexpr = (K + K_PER_SPLIT - 1) // K_PER_SPLIT  # = num_programs(2), as a constexpr
         topk_rows(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, t + tl.arange(0, 1), T,
-                  NS, inv_temp, route_scale, E, E_PAD, TOPK, K_PAD, HAS_VL, NORM, True, NS)
+                  tl.num_programs(2), inv_temp, route_scale, E, E_PAD, TOPK, K_PAD, HAS_VL, NORM, True)
         reset_counter(cnt_ptr + t)
-
-
-@triton.jit
-def router_decode_tokens_kernel(x_ptr, w_ptr, part_ptr, logit_ptr, cnt_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr,
-                                i_out_ptr, T, inv_temp, route_scale, E: tl.constexpr, K: tl.constexpr,
-                                BE: tl.constexpr, BK: tl.constexpr, K_PER_SPLIT: tl.constexpr, T_PAD: tl.constexpr,
-                                E_PAD: tl.constexpr, TOPK: tl.constexpr, K_PAD: tl.constexpr, HAS_VL: tl.constexpr,
-                                NORM: tl.constexpr, PDL: tl.constexpr = False, SPIN: tl.constexpr = True):
-    """Decode at 2..GEMV_MAX_T tokens, one launch: `logits_partial_tokens`, then two levels of arrival.
-    1. The last of an expert block's split programs (counter cnt[block]) adds the block's splits in order into
-       logits [T, E] (the sums router_topk_kernel forms) and takes a ticket from cnt[B] (B expert blocks).
-    2. The finishers that draw the last R = min(T, B) tickets each own the tokens t, t + R, ...: they wait
-       until cnt[B] counts all B finishers (arrival.wait_count: acquire, so every block's logits are visible),
-       then run `topk_rows` for their tokens one row at a time (the registers of the one-token kernel; zero +
-       each logit: the same values, so the same bits as the two-launch path). They wait only for finishers,
-       which are running already, so no residency is needed beyond R programs. The last of them out
-       (cnt[B + 1]) resets cnt[B] and itself; every counter is left at 0. SPIN False (the interpreter, whose
-       programs run one after another, so a waiting one would wait forever): R = 1, the last finisher.
-    PDL as in `router_decode_kernel`."""
-    grid_wait(PDL)
-    grid_release(PDL)
-    logits_partial_tokens(x_ptr, w_ptr, part_ptr, T, E, K, BE, BK, K_PER_SPLIT, T_PAD)
-    eb = tl.program_id(1)
-    NS: tl.constexpr = (K + K_PER_SPLIT - 1) // K_PER_SPLIT  # = num_programs(2), as a constexpr: unrolled loads
-    if arrive_last(cnt_ptr + eb, NS):
-        re = eb * BE + tl.arange(0, BE)
-        rt = tl.arange(0, T_PAD)
-        m = (rt < T)[:, None] & (re < E)[None, :]
-        lg = tl.zeros((T_PAD, BE), dtype=tl.float32)
-        for sp in tl.static_range(NS):
-            lg += _load_part(part_ptr, sp, rt, re, T, m, E, True)
-        tl.store(logit_ptr + rt[:, None].to(tl.int64) * E + re[None, :], lg, mask=m)
-        reset_counter(cnt_ptr + eb)
-        n_eb = tl.num_programs(1)
-        tl.debug_barrier()  # every thread's logit stores before the releasing ticket (as in arrive_last)
-        R = tl.minimum(T, n_eb) if SPIN else 1  # finishers that run top-k rows
-        t = tl.atomic_add(cnt_ptr + n_eb, 1, sem="acq_rel", scope="gpu") - (n_eb - R)
-        if t >= 0:
-            wait_count(cnt_ptr + n_eb, n_eb)
-            for tt in range(t, T, R):
-                topk_rows(logit_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, tt + tl.arange(0, 1), T, 1,
-                          inv_temp, route_scale, E, E_PAD, TOPK, K_PAD, HAS_VL, NORM, True, 1)
-            if arrive_last(cnt_ptr + n_eb + 1, R):
-                reset_counter(cnt_ptr + n_eb)
-                reset_counter(cnt_ptr + n_eb + 1)
 
 
 # ============================================================================ reference
@@ -337,13 +254,11 @@ def router_reference(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate
 
 
 def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: float = 1.0, bias_vl=None,
-           image_mask=None, norm_topk_prob: bool = True, fused=None, tokens=None):
+           image_mask=None, norm_topk_prob: bool = True, fused=None):
     """Triton router: -> (weights [T, k] fp32, expert ids [T, k] int32).
 
     fused (None: on up to GEMV_MAX_T tokens): the decode logits and top-k in one launch
-    (`router_decode_kernel` / `router_decode_tokens_kernel`; same bits as the two launches, which fused=False
-    keeps). tokens (None: from TOKENS_MIN_T to GEMV_MAX_T tokens): the decode logits by programs that each
-    take every token (`logits_partial_tokens`) rather than one program per token; False forces the latter."""
+    (`router_decode_kernel`; same bits as the two launches, which fused=False keeps)."""
     T, D = x.shape
     E = gate_w.shape[0]
     if gate_w.shape[1] != D or bias.shape != (E,):
@@ -366,29 +281,9 @@ def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: flo
     b_vl = bias_vl.float().contiguous() if has_vl else b
     topk_ce = dict(E=E, E_PAD=triton.next_power_of_2(E), TOPK=top_k, K_PAD=triton.next_power_of_2(top_k),
                    HAS_VL=has_vl, NORM=norm_topk_prob)
-    tokens = (gemv and T >= TOKENS_MIN_T) if tokens is None else bool(tokens)
-    if tokens and not gemv:
-        raise ValueError(f"router: tokens=True is a decode path (T <= {GEMV_MAX_T}), got T={T}")
-    if gemv and tokens:  # one program per (experts, K split) for all the tokens
-        BK = min(TOKENS_BK, triton.next_power_of_2(D))
-        split, k_per = _gemv_split(1, E, D, BK, sms=sm_count(x.device))
-        assert split == triton.cdiv(D, k_per)  # the fused kernels recompute it as a constexpr
-        part = torch.empty(split, T, E, dtype=torch.float32, device=x.device)
-        grid = (1, triton.cdiv(E, GEMV_BE), split)
-        tk = dict(E=E, K=D, BE=GEMV_BE, BK=BK, K_PER_SPLIT=k_per, T_PAD=triton.next_power_of_2(T), num_warps=4)
-        if fused:
-            pdl = pdl_for(x.device)
-            logits = torch.empty(T, E, dtype=torch.float32, device=x.device)
-            cnt = counters(x.device, grid[1] + 2, pool="router")
-            router_decode_tokens_kernel[grid](x, gw, part, logits, cnt, b, b_vl, img, wts, ids, T, 1.0 / gate_temp,
-                                              float(route_scale), PDL=pdl, SPIN=not interpreting(), **tk, **{k: v for k, v in topk_ce.items()
-                                                                                  if k != "E"}, **launch_kw(pdl))
-            return wts, ids
-        router_logits_tokens_kernel[grid](x, gw, part, T, **tk)
-    elif gemv:
+    if gemv:
         BK = min(GEMV_BK, triton.next_power_of_2(D))
         split, k_per = _gemv_split(T, E, D, BK, sms=sm_count(x.device))
-        assert split == triton.cdiv(D, k_per)  # the fused kernel recomputes it as a constexpr
         part = torch.empty(split, T, E, dtype=torch.float32, device=x.device)
         grid = (T, triton.cdiv(E, GEMV_BE), split)
         if fused:
@@ -457,11 +352,6 @@ def _router_variants(target: str) -> list:
                                     "route_scale")}}
         out.append(aot_spec(router_decode_kernel, f"decode_fused_{name}", ft, fce, 4, 1,
                             {"router": name, "mode": "decode_fused", **fce}))
-        _, k_tok = _gemv_split(1, E, HIDDEN, TOKENS_BK, interp=False)
-        tce = {**fce, "BK": TOKENS_BK, "K_PER_SPLIT": k_tok, "T_PAD": 8, "SPIN": True}  # 2..8 tokens
-        out.append(aot_spec(router_decode_tokens_kernel, f"decode_fused_tokens_{name}",
-                            {**ft, "logit_ptr": "*fp32"}, tce, 4, 1, {"router": name, "mode": "decode_fused_tokens",
-                                                                   **tce}))
     return out
 
 
@@ -469,6 +359,6 @@ register(KernelTemplate(
     name="moe_router", module=__name__,
     summary="fp32 gate logits, sqrtsoftplus, biased top-k (ties -> lower index), normalized ×scale weights",
     keys=("router", "E", "K", "TOPK", "mode", "BT", "BE", "BK", "K_PER_SPLIT", "PREC", "E_PAD", "K_PAD", "HAS_VL",
-          "NORM", "PDL", "T_PAD", "SPIN"), reference=router_reference,
+          "NORM", "PDL"), reference=router_reference,
     launch=router,
     specializations=_router_variants))
