@@ -32,8 +32,7 @@ Tried and reverted (results/tune_router_tokens.json; code in git history, commit
 programs over (8 experts, K split) that take every token, so the gate is read once per k step rather than
 once per token ([T, 8, 128] products, then a two-level arrival whose last finishers run one top-k row
 each): slower, 25.9 vs 11.7 µs at eight tokens in graph replay (27.7 vs 13.6 L2-cold; the two-launch form
-of it 34.0 µs), 12.6 vs 6.8 at two (sm90 / Triton 3.6: the 3D product's operands go through shared
-memory each step). Adding the split partials in an unrolled loop (all loads in flight) left one token at
+of it 34.0 µs, so the logits phase itself is slower), 12.6 vs 6.8 at two; why was not profiled. Adding the split partials in an unrolled loop (all loads in flight) left one token at
 8.5 µs L2-cold.
 
 Known gaps: the prefill path is two launches (logits, then top-k); the fused decode kernel's per-token
