@@ -43,7 +43,9 @@ def inputs(ratio, T, seed=0):
 
 
 # one override of DECODE_CFG each (the default is timed as `fused`)
-VARIANTS = [{"BN": 16}, {"IBK": 256}, {"num_warps": 4}, {"IBK": 256, "maxnreg": 128}]
+VARIANTS = [{"BN": 16}, {"IBK": 256}, {"num_warps": 4}, {"IBK": 256, "maxnreg": 128}, {"tail_pf": True}]
+if os.environ.get("TUNE_TAIL_PF") == "1":  # the tail's L2 prefetch only: on, off, on again, interleaved
+    VARIANTS = [{"tail_pf": True}, {"tail_pf": False}, {"tail_pf": True}]
 
 
 def errors(o, r):
@@ -68,7 +70,8 @@ def case(ceil, ratio, T, label, kw, ref):
     counter = int(arrival.counters(DEV, 1)[0])
     fl, fb, _ = floor_ms(ceil, ref["bytes"])
     e = {"name": f"r{ratio}_T{T}_{label}", "ratio": ratio, "T": T, "variant": label, "kwargs": kw,
-         "graph_ms": t_graph, "bytes": ref["bytes"], "bytes_floor_ms": fb,
+         "graph_ms": t_graph, "graph_cold_ms": getattr(t_graph, "cold", None), "bytes": ref["bytes"],
+         "bytes_floor_ms": fb,
          "over_floor": t_graph / fb if isinstance(t_graph, float) else None,
          "launch_floor_ms": ceil.get("launch_floor_ms"), "first_call_s": round(compile_s, 1),
          "repeat_identical": repeat_identical, "counter_after": counter, **err}

@@ -66,6 +66,7 @@ import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, register
 from dsv41c.codegen.triton.arrival import arrive_last, counters, reset_counter
+from dsv41c.codegen.triton.l2_prefetch import l2_prefetch_for, prefetch_rows_l2
 from dsv41c.codegen.triton.kv_quant import (
     aot_spec, interpreting, quant_fp4_e4m3_pairs, quant_fp4_ue8m0_pairs, round_bf16)
 from dsv41c import formats as nx
@@ -371,13 +372,37 @@ def _fma_token(acc, w, xp, k, km):
 
 
 @triton.jit
+def _prefetch_tail(p, wk_ptr, nw_ptr, knw_ptr, cos_ptr, sin_ptr, pos_ptr, C: tl.constexpr, CI: tl.constexpr,
+                   BM: tl.constexpr, FUSE_IDX: tl.constexpr, WK_ROW: tl.constexpr, NW_BYTES: tl.constexpr,
+                   KNW_BYTES: tl.constexpr, CS_ROW: tl.constexpr, CS_STRIDE: tl.constexpr):
+    """L2 bulk prefetch (l2_prefetch.py) of what only the last arriver's tail reads, issued by the first
+    programs at their start, so the tail's dependent reads hit the L2 instead of HBM: wk's CI rows (program
+    p < CI, one row each), the norm weights (program CI) and the RoPE table rows at the output positions
+    (program CI + 1, which reads pos first). A hint: nothing waits on it and no result depends on it."""
+    one = tl.zeros((1,), tl.int64)
+    if FUSE_IDX:
+        if p < CI:
+            prefetch_rows_l2(wk_ptr + p.to(tl.int64) * C + one, WK_ROW, True)
+    if p == CI:
+        prefetch_rows_l2(nw_ptr + one, NW_BYTES, True)
+        if FUSE_IDX:
+            prefetch_rows_l2(knw_ptr + one, KNW_BYTES, True)
+    if p == CI + 1:
+        pos = tl.load(pos_ptr + tl.arange(0, BM)).to(tl.int64) * CS_STRIDE
+        prefetch_rows_l2(cos_ptr + pos, CS_ROW, True)
+        prefetch_rows_l2(sin_ptr + pos, CS_ROW, True)
+
+
+@triton.jit
 def _compress_decode_kernel(x_ptr, wkv_ptr, wg_ptr, nw_ptr, cos_ptr, sin_ptr, pos_ptr, rows_ptr,
                             kvc_ptr, kvs_ptr, lat_ptr, wk_ptr, knw_ptr, ic_ptr, is_ptr, ws_ptr, cnt_ptr,
                             stride_x8, eps, K: tl.constexpr,
                             C: tl.constexpr, ROPE: tl.constexpr, RATIO: tl.constexpr, NT: tl.constexpr,
                             BN: tl.constexpr, KPS: tl.constexpr, BK: tl.constexpr, NSPLIT: tl.constexpr,
                             WRITE_LAT: tl.constexpr, LAT_BF16: tl.constexpr, FUSE_IDX: tl.constexpr,
-                            CI: tl.constexpr, IROPE: tl.constexpr, IBK: tl.constexpr):
+                            CI: tl.constexpr, IROPE: tl.constexpr, IBK: tl.constexpr, TAIL_PF: tl.constexpr = False,
+                            WK_ROW: tl.constexpr = 0, NW_BYTES: tl.constexpr = 0, KNW_BYTES: tl.constexpr = 0,
+                            CS_ROW: tl.constexpr = 0):
     """Decode (NT = 1, 2 or 4 tokens, NT/RATIO <= 2 output rows) in one launch. Program (pn, ks):
     output channels [pn·BN, +BN) over K range [ks·KPS, +KPS) for every token as a pure-FMA GEMV
     (w [BN, BK] chunks, unrolled so all loads are in flight, x broadcast, one K reduction at the end),
@@ -386,12 +411,16 @@ def _compress_decode_kernel(x_ptr, wkv_ptr, wg_ptr, nw_ptr, cos_ptr, sin_ptr, po
     ws layout (fp32): part [NSPLIT, NT, C], gate part [NSPLIT, NT, C], latent scratch [NT/RATIO, C].
     K (the hidden size) is a constexpr and x's row stride is passed in units of 8 elements (stride_x8):
     otherwise an AOT compile cannot prove 16-byte alignment of the weight rows / x rows and falls back
-    to narrow loads."""
+    to narrow loads. TAIL_PF (sm90+): `_prefetch_tail` first (WK_ROW / NW_BYTES / KNW_BYTES / CS_ROW: the
+    bytes of a wk row, the norm weights, the key-norm weights and a RoPE table row)."""
     HALF: tl.constexpr = C // 2
     BM: tl.constexpr = NT // RATIO
     WS_PART: tl.constexpr = NSPLIT * NT * C
     pn = tl.program_id(0)
     ks = tl.program_id(1)
+    if TAIL_PF:
+        _prefetch_tail(pn * NSPLIT + ks, wk_ptr, nw_ptr, knw_ptr, cos_ptr, sin_ptr, pos_ptr, C, CI, BM, FUSE_IDX,
+                       WK_ROW, NW_BYTES, KNW_BYTES, CS_ROW, ROPE // 2)
     n = pn * BN + tl.arange(0, BN)
     kk = tl.arange(0, BK)
     wrow = n.to(tl.int64)[:, None] * K
@@ -473,9 +502,9 @@ def _u8(t):
 # reduction elements per program, as BK-wide unrolled chunks; IBK: K chunk of the tail's wk GEMV.
 # At C=512, D=5120: 64 channel blocks x 5 K-splits = 320 programs (~2.4 per H200 SM), 16 KB of wkv
 # (+16 KB of wgate) each; the tail then adds 5 partials.
-DECODE_CFG = {
-    1: {"BN": 8, "KPS": 1024, "BK": 1024, "IBK": 128, "num_warps": 8, "maxnreg": None},
-    2: {"BN": 8, "KPS": 1024, "BK": 1024, "IBK": 128, "num_warps": 8, "maxnreg": None},
+DECODE_CFG = {  # tail_pf: `_prefetch_tail` where the device has the L2 bulk prefetch
+    1: {"BN": 8, "KPS": 1024, "BK": 1024, "IBK": 128, "num_warps": 8, "maxnreg": None, "tail_pf": False},
+    2: {"BN": 8, "KPS": 1024, "BK": 1024, "IBK": 128, "num_warps": 8, "maxnreg": None, "tail_pf": False},
 }
 
 
@@ -510,9 +539,17 @@ def _launch_decode_fused(x, wkv, wgate, norm_w, cos, sin, pos, rows, kv_cache, k
     # fp32 workspace: partials [nsplit, T, C], gate partials (same), the tail's latent scratch [n_out, C]
     ws = torch.empty(2 * nsplit * T * C + n_out * C, dtype=torch.float32, device=x.device)
     dummy = kv_cache
+    cos, sin = cos.contiguous(), sin.contiguous()
+    pf = {}
+    row_sizes = (C * (wk.element_size() if fuse else 2), C * norm_w.element_size(),
+                 CI * (k_norm_w.element_size() if fuse else 2), rope // 2 * cos.element_size())
+    if (cfg["tail_pf"] and all(b % 16 == 0 for b in row_sizes)
+            and l2_prefetch_for(x.device, wk, norm_w, k_norm_w, cos, sin)):
+        pf = dict(TAIL_PF=True, WK_ROW=row_sizes[0], NW_BYTES=row_sizes[1], KNW_BYTES=row_sizes[2],
+                  CS_ROW=row_sizes[3])
     _compress_decode_kernel[(C // cfg["BN"], nsplit)](
-        x, wkv.contiguous(), (wgate if wgate is not None else wkv).contiguous(), norm_w, cos.contiguous(),
-        sin.contiguous(), pos.to(torch.int32).contiguous(), rows.to(torch.int32).contiguous(),
+        x, wkv.contiguous(), (wgate if wgate is not None else wkv).contiguous(), norm_w, cos,
+        sin, pos.to(torch.int32).contiguous(), rows.to(torch.int32).contiguous(),
         _u8(kv_cache), _u8(kv_scale), latent_out if latent_out is not None else dummy,
         wk.contiguous() if fuse else wkv, k_norm_w if fuse else norm_w,
         _u8(idx_cache) if fuse else dummy, _u8(idx_scale) if fuse else dummy, ws, counters(x.device, 1),
@@ -520,7 +557,8 @@ def _launch_decode_fused(x, wkv, wgate, norm_w, cos, sin, pos, rows, kv_cache, k
         C=C, ROPE=rope, RATIO=ratio, NT=T, BN=cfg["BN"], KPS=cfg["KPS"], BK=cfg["BK"], NSPLIT=nsplit,
         WRITE_LAT=latent_out is not None, LAT_BF16=latent_out is not None and latent_out.dtype == torch.bfloat16,
         FUSE_IDX=fuse, CI=CI, IROPE=rope, IBK=cfg["IBK"], num_warps=cfg["num_warps"], num_stages=1,
-        enable_fp_fusion=False, **({"maxnreg": cfg["maxnreg"]} if cfg["maxnreg"] and not interpreting() else {}))
+        enable_fp_fusion=False, **pf,
+        **({"maxnreg": cfg["maxnreg"]} if cfg["maxnreg"] and not interpreting() else {}))
 
 
 def compress(x, wkv, norm_w, cos, sin, pos, rows, kv_cache, kv_scale, *, ratio: int = 1, wgate=None,
@@ -710,7 +748,7 @@ def _specs(target):
         fconst = {"K": c.hidden_size, "C": c.head_dim, "ROPE": c.qk_rope_head_dim, "RATIO": ratio, "NT": nt, "BN": cfg["BN"],
                   "KPS": cfg["KPS"], "BK": cfg["BK"], "NSPLIT": -(-c.hidden_size // cfg["KPS"]), "WRITE_LAT": True,
                   "LAT_BF16": ratio == 1, "FUSE_IDX": True, "CI": c.index_head_dim, "IROPE": c.qk_rope_head_dim,
-                  "IBK": cfg["IBK"]}
+                  "IBK": cfg["IBK"], "TAIL_PF": False, "WK_ROW": 0, "NW_BYTES": 0, "KNW_BYTES": 0, "CS_ROW": 0}
         out.append(aot_spec(_compress_decode_kernel, f"r{ratio}_decode_fused_t{nt}", ftypes, fconst,
                             num_warps=cfg["num_warps"], num_stages=1,
                             keys={"RATIO": ratio, "NT": nt, "C": c.head_dim, "FUSE_IDX": True, "BN": cfg["BN"],
