@@ -38,6 +38,11 @@ Decode, two launches (`fused_tail=False`, and every other T <= 32): `_compress_g
 (benchmarks/results/tune_compressor_decode.json, kernels_attention.json): ratio 1, 1 token 28.5-29.2 us
 two-launch -> 8.8 us one launch (13.9 us with the L2 flushed); ratio 2, 2 tokens 36.5-36.8 -> 12.3 us
 (17.0 us cold); every FP4 code identical to the reference.
+The tail reads data no other program touches (wk's 128 KB, the norm weights, the RoPE rows at the output
+positions), so with the L2 flushed each of its dependent reads went to HBM. On sm90+ the first programs
+therefore issue L2 bulk prefetches of those bytes at their start (`_prefetch_tail`, DECODE_CFG "tail_pf";
+the GEMV takes long enough for them to land): L2-cold, ratio 1 13.7 -> 11.1 us, ratio 2 16.7 -> 15.2-15.5 us,
+warm unchanged, the same codes (results/tune_compressor_tail_pf.json, on / off / on interleaved).
 
 Specialization keys: C (512), ROPE (64), RATIO (1|2), BM (rows per program), BK (K step),
 FUSE_IDX (indexer key fused), CI/IROPE (128/64), UPCAST (fp32 dots: interpreter only); the
@@ -49,7 +54,7 @@ indexer key fused; two-launch decode (GEMV + FROM_PART tail); one-launch decode 
 stage.
 
 Known gaps: the one-launch decode path's tail is serial work in one program (the 128 KB wk read,
-~4 dependent L2 round trips at IBK 128); its arrival counter is the shared buffer of arrival.py
+~4 dependent L2 round trips at IBK 128; L2 hits since the tail prefetch); its arrival counter is the shared buffer of arrival.py
 (launches that use it must not run concurrently on two streams); its register count is set by the
 tail as much as by the GEMV, so the grid may not fit one wave at every (BN, num_warps) (see
 benchmarks/tune_compressor_decode.py). The ratio-2 partial group (odd token at a chunk's end) is
@@ -503,8 +508,8 @@ def _u8(t):
 # At C=512, D=5120: 64 channel blocks x 5 K-splits = 320 programs (~2.4 per H200 SM), 16 KB of wkv
 # (+16 KB of wgate) each; the tail then adds 5 partials.
 DECODE_CFG = {  # tail_pf: `_prefetch_tail` where the device has the L2 bulk prefetch
-    1: {"BN": 8, "KPS": 1024, "BK": 1024, "IBK": 128, "num_warps": 8, "maxnreg": None, "tail_pf": False},
-    2: {"BN": 8, "KPS": 1024, "BK": 1024, "IBK": 128, "num_warps": 8, "maxnreg": None, "tail_pf": False},
+    1: {"BN": 8, "KPS": 1024, "BK": 1024, "IBK": 128, "num_warps": 8, "maxnreg": None, "tail_pf": True},
+    2: {"BN": 8, "KPS": 1024, "BK": 1024, "IBK": 128, "num_warps": 8, "maxnreg": None, "tail_pf": True},
 }
 
 
