@@ -14,13 +14,17 @@ templates:
   then merges of the chunk lists.
 
 `indexer_topk` runs the step: one prep launch (`step_prep`: visible counts, the pinned newest candidate
-block, the scaled head weights), scoring, the candidate blocks (at the source layer), the top-k, and
-reports the fallback counts. H200, CUDA-graph replay at one query over 131,072 entries with candidates
-(benchmarks/results/kernels_attention.json): 89.2 -> 47.6 µs (L2-cold 95.8 -> 54.4) from the one-launch
-top-k (indexer_topk.py) and the prep kernel, which replaced ~11 small PyTorch ops.
+block, the scaled head weights), scoring, the candidate blocks (at the source layer) and the top-k, and
+reports the fallback counts. The two selections are independent; on CUDA they run at once, the candidate
+blocks on the side stream of streams.py, each gridded for half the SMs (`topk_select(share=2)`) so that
+both one-launch grids with their grid barriers are resident together, each with its own workspace pool.
+H200, CUDA-graph replay at one query over 131,072 entries with candidates (benchmarks/results/
+kernels_attention.json): 89.2 -> 47.6 µs (L2-cold 95.8 -> 54.4) from the one-launch top-k (indexer_topk.py)
+and the prep kernel, which replaced ~11 small PyTorch ops; then 47.4 -> 39.0 µs (L2-cold 53.9 -> 50.0) from
+the two streams (`sequential_graph_ms` in the same JSON).
 Specialization keys and variants: see the two modules. Known gaps: the scores [S, T] round-trip
-through memory between scoring and top-k; the candidate and top-k selections are independent but run
-one after the other (each one-launch selection fills the GPU's SMs with its own barrier grid).
+through memory between scoring and top-k; at half the SMs each selection runs twice the chunk per program
+(running both at their full grids would need a check that two programs of the kernel fit one SM).
 """
 from __future__ import annotations
 
