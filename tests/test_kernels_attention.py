@@ -416,6 +416,8 @@ def test_gpu_indexer_step_overlapped_selections():
     with torch.cuda.graph(graph):
         c = ix.indexer_topk(*args, qpos, **kw)
     for _ in range(2):
+        c.topk.fill_(-7)  # a replay that wrote nothing would leave these
+        c.candidates.fill_(-7)
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(c.topk, a.topk) and torch.equal(c.candidates, a.candidates)

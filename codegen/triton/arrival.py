@@ -15,7 +15,8 @@ non-coherent L1, which may hold lines from a previous replay).
 
 Known gaps: the counters live in per-device buffers owned by this module (`counters`), so two
 launches that use the same buffer must not run concurrently on different streams: users that may
-(the shared expert's FP8 GEMMs on moe_forward's side stream vs the fused router on the main one)
+(the shared expert's FP8 GEMMs on moe_forward's side stream vs the fused router on the main one: "split"
+and "router"; indexer_topk's candidate selection on the side stream vs its top-k: "topk_side" and "split")
 take different `pool`s. The runtime's memory planner will own them once it exists. Under TRITON_INTERPRET programs run one
 after another, so the last ticket is simply the last program.
 """

@@ -41,7 +41,7 @@ two-launch -> 8.8 us one launch (13.9 us with the L2 flushed); ratio 2, 2 tokens
 The tail reads data no other program touches (wk's 128 KB, the norm weights, the RoPE rows at the output
 positions), so with the L2 flushed each of its dependent reads went to HBM. On sm90+ the first programs
 therefore issue L2 bulk prefetches of those bytes at their start (`_prefetch_tail`, DECODE_CFG "tail_pf";
-the GEMV takes long enough for them to land): L2-cold, ratio 1 13.7 -> 11.1 us, ratio 2 16.7 -> 15.2-15.5 us,
+the GEMV takes long enough for them to land): L2-cold, ratio 1 13.7 -> 11.1 us, ratio 2 16.7 -> 15.1-15.5 us,
 warm unchanged, the same codes (results/tune_compressor_tail_pf.json, on / off / on interleaved).
 
 Specialization keys: C (512), ROPE (64), RATIO (1|2), BM (rows per program), BK (K step),
@@ -383,7 +383,9 @@ def _prefetch_tail(p, wk_ptr, nw_ptr, knw_ptr, cos_ptr, sin_ptr, pos_ptr, C: tl.
     """L2 bulk prefetch (l2_prefetch.py) of what only the last arriver's tail reads, issued by the first
     programs at their start, so the tail's dependent reads hit the L2 instead of HBM: wk's CI rows (program
     p < CI, one row each), the norm weights (program CI) and the RoPE table rows at the output positions
-    (program CI + 1, which reads pos first). A hint: nothing waits on it and no result depends on it."""
+    (program CI + 1, which reads pos first); p is the linear id pn·NSPLIT + ks (all 320 programs of the real
+    shapes are resident in one wave, so the order only decides who asks; a grid of fewer than CI + 2 programs
+    prefetches less). A hint: nothing waits on it and no result depends on it."""
     one = tl.zeros((1,), tl.int64)
     if FUSE_IDX:
         if p < CI:
@@ -545,6 +547,7 @@ def _launch_decode_fused(x, wkv, wgate, norm_w, cos, sin, pos, rows, kv_cache, k
     ws = torch.empty(2 * nsplit * T * C + n_out * C, dtype=torch.float32, device=x.device)
     dummy = kv_cache
     cos, sin = cos.contiguous(), sin.contiguous()
+    wk = wk.contiguous() if fuse else None
     pf = {}
     row_sizes = (C * (wk.element_size() if fuse else 2), C * norm_w.element_size(),
                  CI * (k_norm_w.element_size() if fuse else 2), rope // 2 * cos.element_size())
@@ -556,7 +559,7 @@ def _launch_decode_fused(x, wkv, wgate, norm_w, cos, sin, pos, rows, kv_cache, k
         x, wkv.contiguous(), (wgate if wgate is not None else wkv).contiguous(), norm_w, cos,
         sin, pos.to(torch.int32).contiguous(), rows.to(torch.int32).contiguous(),
         _u8(kv_cache), _u8(kv_scale), latent_out if latent_out is not None else dummy,
-        wk.contiguous() if fuse else wkv, k_norm_w if fuse else norm_w,
+        wk if fuse else wkv, k_norm_w if fuse else norm_w,
         _u8(idx_cache) if fuse else dummy, _u8(idx_scale) if fuse else dummy, ws, counters(x.device, 1),
         x.stride(0) // 8, eps, K=D,
         C=C, ROPE=rope, RATIO=ratio, NT=T, BN=cfg["BN"], KPS=cfg["KPS"], BK=cfg["BK"], NSPLIT=nsplit,

@@ -113,10 +113,11 @@ prescaled by 2^64), keeps a [BN/32, 32, BK/4] accumulator and prefetches two k s
 no faster (tune_fp8_gemv_words.json: wo_b 16.0, shared w13 11.8, shared w2 8.5, wq_a 6.7 µs cold vs
 15.6 / 11.4 / 7.1 / 6.1) and was reverted (git history: "fp8 gemv: E4M3 bytes decoded from 32-bit
 words"). Nor did a register prefetch of the next k tile into this kernel (its loads issued before the
-current tile's FMAs; sm90 / triton 3.6: 121-124 registers at BK 64, 190 gated, 176-229 at BK 128), at BK
-64 or 128, 3-4 programs per SM, with or without a ptxas register cap (maxnreg 128 / 168); a cap of 128 at BK 128 (4
-programs an SM instead of ~150 registers) was equal (tune_fp8_rpf.json, L2-cold: wo_b 15.9 / 15.9 µs,
-shared w13 11.1 / 11.5, every prefetching variant 18-81 % slower; reverted, git history: "fp8 gemv:
+current tile's FMAs; static sm90 SASS under triton 3.6, not kept: 121-124 registers at BK 64, 190 gated,
+176-229 at BK 128), at BK 64 or 128, 3-4 programs per SM, with or without a ptxas register cap (maxnreg 128 /
+168); a cap of 128 at BK 128 (4 programs an SM instead of ~150 registers) was equal for wo_b and 2.5-5 %
+slower for the others (tune_fp8_rpf.json, L2-cold: wo_b 15.9 / 15.9 µs, shared w13 11.1 / 11.5), every
+prefetching variant 18-81 % slower; reverted, git history: "fp8 gemv:
 register prefetch of the next k tile"). Summing a thread's 16 consecutive products before the
 accumulator did not lower the registers either (152 -> 165, static SASS).
 

@@ -39,7 +39,7 @@ from dsv41c.codegen.triton.indexer_score import (  # noqa: F401 (re-exported)
     HEADS_KERNEL_MAX_S, block_max_ref, candidate_mask, expected_fallbacks, index_scores, index_scores_ref,
     int8_rows_ok, score_block_q, score_specs, visible_counts)
 from dsv41c.codegen.triton.indexer_topk import (  # noqa: F401 (re-exported)
-    MERGE, topk_select, topk_select_ref, topk_specs)
+    MERGE, split_path, topk_select, topk_select_ref, topk_specs)
 from dsv41c.codegen.triton.streams import side_stream
 
 SIDE_POOL = "topk_side"  # workspace / counter pool of the candidate selection on the side stream
@@ -98,6 +98,9 @@ def indexer_topk(q_codes, q_exps, w, k_codes, k_exps, qpos, *, ratio: int, topk:
     side stream (streams.py) concurrently with the top-k, each planned for half the SMs (`topk_select`'s
     share=2, so both one-launch grids are resident together) and with its own workspace (SIDE_POOL); the
     same indices either way."""
+    if overlap_selections and not q_codes.is_cuda:
+        raise ValueError("indexer_topk: overlap_selections=True needs a CUDA device (it runs the candidate "
+                         f"selection on a second stream), got {q_codes.device}")
     CI = q_codes.shape[-1] * 2
     T = k_codes.shape[0]
     nvis, pin, wq = step_prep(qpos, w, ratio, T, cand_block, CI ** -0.5)
@@ -107,19 +110,19 @@ def indexer_topk(q_codes, q_exps, w, k_codes, k_exps, qpos, *, ratio: int, topk:
                                 block_t=block_t, counters=counters)
     cands = None
     side = None
+    share = 1
     if candidate_blocks > 0:
         overlap = q_codes.is_cuda if overlap_selections is None else overlap_selections
-        if overlap and not q_codes.is_cuda:
-            raise ValueError("indexer_topk: overlap_selections=True needs a CUDA device (it runs the candidate "
-                             f"selection on a second stream), got {q_codes.device}")
         if overlap:  # the candidate blocks on the side stream, beside the top-k (streams.py's contract)
             side = side_stream(q_codes.device)
             side.wait_stream(torch.cuda.current_stream(q_codes.device))
             with torch.cuda.stream(side):
                 cands = topk_select(bmax, candidate_blocks, pin, chunk=chunk, pool=SIDE_POOL, share=2)
+            # the top-k needs half the SMs only beside a one-launch candidate grid (the chunked path never waits)
+            share = 2 if split_path(*bmax.shape, candidate_blocks) else 1
         else:
             cands = topk_select(bmax, candidate_blocks, pin, chunk=chunk)
-    idx = topk_select(scores, topk, chunk=chunk, share=2 if side is not None else 1)
+    idx = topk_select(scores, topk, chunk=chunk, share=share)
     if side is not None:
         torch.cuda.current_stream(q_codes.device).wait_stream(side)
     stats = {}

@@ -33,8 +33,8 @@ per SM, `split_chunk`). Phases, each over all P programs of every row:
    order by index; the list loads pipelined); exact ties go in index order: above + ties in earlier
    programs + the rank in the chunk. Positions kk..k get -1. Every position is written once.
 Two forms, the same indices (`topk_select_split(fused=)`):
-- one launch (`_split_fused_kernel`, the default on CUDA when rows × P <= the SMs, so every program is
-  resident): the phases are separated by per-row grid barriers (a release increment of a counter, then
+- one launch (`_split_fused_kernel`, the default on CUDA when rows × P <= the SMs / share, so every program
+  is resident, also beside a second such selection at share 2): the phases are separated by per-row grid barriers (a release increment of a counter, then
   acquire polling), every program reads each level's whole histogram and picks the digit itself (the
   same integers everywhere, so the same decisions), the keys stay in registers throughout;
 - six launches (a kernel per level, gather, rank; the interpreter, ROCm, larger grids): the last program
@@ -403,7 +403,8 @@ def _split_fused_kernel(idx_ptr, s_ptr, pin_ptr, hist_ptr, state_ptr, slot_ptr, 
     `_rank_outputs`) separated by per-row grid barriers (`_grid_sync`) instead of kernel boundaries, the
     row's keys kept in registers from the first phase to the last. Levels 2..4 run only while the bucket is
     fuller than cap (the same decision in every program of the row). Every program must be resident at
-    once: the launcher runs it only when rows × programs <= the GPU's SMs (one program per SM always fits).
+    once: the launcher runs it only when rows × programs × share <= the GPU's SMs (one program per SM always
+    fits, also with `share` such launches running at once).
     hist [S, 4, 2^BITS] (one histogram per level: a level's bins are read by every program after its
     barrier, so they are zeroed only at the end, by program 0), the slot counters and the barrier counter
     are left at zero for the next launch / graph replay."""
@@ -457,13 +458,19 @@ _LEVELS = 32 // _BITS
 _NB = 1 << _BITS
 
 
+def split_path(S: int, N: int, k: int) -> bool:
+    """Whether `topk_select` takes the split path (few long rows) for scores [S, N] and k, rather than chunks."""
+    return 0 < S <= SPLIT_MAX_S and N >= SPLIT_MIN_N and k > 0
+
+
 def topk_select(scores: torch.Tensor, k: int, pin: torch.Tensor | None = None, chunk: int = 4096,
                 merge: int = MERGE, pool: str = "split", share: int = 1) -> torch.Tensor:
     """Top-k indices of each row of scores [S, N] (fp32): descending score, ties toward the lower
     index; `pin` [S] (int32, -1 = none) is forced to +inf first; -1 where the score is -inf or
     fewer than k entries exist. Returns int32 [S, k].
 
-    Few long rows (S <= SPLIT_MAX_S, N >= SPLIT_MIN_N): `topk_select_split` (each row over ~all SMs).
+    Few long rows (S <= SPLIT_MAX_S, N >= SPLIT_MIN_N, `split_path`): `topk_select_split` (each row over ~all
+    SMs, or 1/share of them).
     Otherwise chunks of `chunk` scores each keep their k best (threshold search on the
     order-preserving score key, threshold ties by lowest index); groups of merge/K lists are merged
     the same way on the unique int64 (score, index) keys; the last pass orders its K keys and writes
@@ -473,7 +480,7 @@ def topk_select(scores: torch.Tensor, k: int, pin: torch.Tensor | None = None, c
     to plan its grid for; a caller that runs two selections at once on two streams gives each its own pool
     and share=2, so that both one-launch grids are resident together (indexer.indexer_topk)."""
     S, N = scores.shape
-    if 0 < S <= SPLIT_MAX_S and N >= SPLIT_MIN_N and k > 0:
+    if split_path(S, N, k):
         return topk_select_split(scores, k, pin, pool=pool, share=share)
     return topk_select_chunked(scores, k, pin, chunk=chunk, merge=merge)
 
