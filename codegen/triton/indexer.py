@@ -164,4 +164,5 @@ register(KernelTemplate(
 register(KernelTemplate(
     name="indexer_topk", module=__name__,
     summary="stable top-k (descending score, ascending index) by int64 key sort + merge",
-    keys=("K", "CHUNK", "USE_PIN", "CAP", "FINAL", "LEVEL", "BITS", "R", "TB"), reference=topk_select_ref, launch=topk_select, specializations=topk_specs))
+    keys=("K", "CHUNK", "USE_PIN", "CAP", "FINAL", "LEVEL", "BITS", "R", "TB", "RESIDENT_PROGRAMS", "SHARE"),
+    reference=topk_select_ref, launch=topk_select, specializations=topk_specs))

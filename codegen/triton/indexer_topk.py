@@ -676,15 +676,20 @@ def topk_specs(target):
         out.append(aot_spec(_split_rank_kernel, f"split_rank_k{K}_c{schunk}", {**row, **lists, "idx_ptr": "*i32", "k": "i32"},
                             {"K": K, "CAP": SPLIT_CAP, "CHUNK": schunk, "R": RANK_R, "TB": 256, "USE_PIN": pin}, num_warps=4))
         if target.startswith("cuda:"):  # the one-launch form (its grid barriers are only exercised on CUDA)
-            fused_ce = {"K": K, "CAP": SPLIT_CAP, "CHUNK": schunk, "BITS": _BITS, "R": RANK_R, "TB": 256, "USE_PIN": pin}
-            out.append(aot_spec(_split_fused_kernel, f"split_fused_k{K}_c{schunk}",
-                                {"idx_ptr": "*i32", "s_ptr": "*fp32", "pin_ptr": "*i32", "hist_ptr": "*i32",
-                                 "state_ptr": "*i32", "slot_ptr": "*i32", "sure_ptr": "*i64", "bkt_ptr": "*i64",
-                                 "ties_ptr": "*i32", "cnt_ptr": "*i32", "N": "i32", "stride_s": "i32", "k": "i32",
-                                 "cap": "i32", "n_prog": "i32"},
-                                fused_ce, num_warps=4,
-                                # the grid's programs must all be resident (its barriers wait on each other): a
-                                # runtime launches this variant only on a GPU with at least that many SMs, the
-                                # six-launch variants elsewhere
-                                keys={**fused_ce, "RESIDENT_PROGRAMS": n_row // schunk}))
+            # share 1: alone on the GPU; share 2: twice the chunk, beside the other selection of the indexer step
+            # on a second stream (indexer.indexer_topk), so that both grids are resident together
+            for share in (1, 2):
+                fchunk = schunk * share
+                fused_ce = {"K": K, "CAP": SPLIT_CAP, "CHUNK": fchunk, "BITS": _BITS, "R": RANK_R, "TB": 256,
+                            "USE_PIN": pin}
+                out.append(aot_spec(_split_fused_kernel, f"split_fused_k{K}_c{fchunk}",
+                                    {"idx_ptr": "*i32", "s_ptr": "*fp32", "pin_ptr": "*i32", "hist_ptr": "*i32",
+                                     "state_ptr": "*i32", "slot_ptr": "*i32", "sure_ptr": "*i64", "bkt_ptr": "*i64",
+                                     "ties_ptr": "*i32", "cnt_ptr": "*i32", "N": "i32", "stride_s": "i32", "k": "i32",
+                                     "cap": "i32", "n_prog": "i32"},
+                                    fused_ce, num_warps=4,
+                                    # the grid's programs must all be resident (its barriers wait on each other): a
+                                    # runtime launches this variant only where RESIDENT_PROGRAMS × SHARE <= the SMs
+                                    # (SHARE such grids at once), the six-launch variants elsewhere
+                                    keys={**fused_ce, "RESIDENT_PROGRAMS": n_row // fchunk, "SHARE": share}))
     return out
