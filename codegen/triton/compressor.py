@@ -769,5 +769,6 @@ register(KernelTemplate(
     name="compressor", module=__name__,
     summary="wkv GEMM (+ ratio-2 gated pair pool) -> RMSNorm -> RoPE -> FP4/E4M3 cache append (+ fused indexer key)",
     keys=("RATIO", "C", "ROPE", "BM", "BK", "FUSE_IDX", "CI", "BN", "BT", "FROM_PART", "GATE", "IBK", "IROPE", "K",
-          "KPS", "LAT_BF16", "NSPLIT", "NT", "UPCAST", "WRITE_LAT"),
+          "KPS", "LAT_BF16", "NSPLIT", "NT", "UPCAST", "WRITE_LAT", "TAIL_PF", "WK_ROW", "NW_BYTES", "KNW_BYTES",
+          "CS_ROW"),
     reference=compress_ref, launch=compress, specializations=_specs))
