@@ -28,8 +28,10 @@ T=${STEP_TIMEOUT:-300}
 for step in $STEPS; do
   t0=$(date +%s)
   case $step in
-    tests) timeout "$T" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_*.py 2>&1 \
-             | tail -40 > "$OUT/gpu_tests.txt" ;;
+    # one -q (the project's addopts hold the other): -qq would drop the "N passed" line; pipefail: the step's
+    # rc is pytest's, not tail's
+    tests) (set -o pipefail; timeout "$T" python3 -m pytest -m gpu -p no:cacheprovider tests/test_kernels_*.py 2>&1 \
+             | tail -40 > "$OUT/gpu_tests.txt") ;;
     bench_attention) timeout "$T" python3 benchmarks/kernels_attention.py --out "$OUT/kernels_attention.json" \
              ${ATTN_ONLY:+--only "$ATTN_ONLY"} > "$OUT/bench_attention.txt" 2>&1 ;;
     bench_ffn) timeout "$T" python3 benchmarks/kernels_ffn.py --out "$OUT/kernels_ffn.json" \
