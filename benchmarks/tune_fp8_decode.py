@@ -49,6 +49,8 @@ SHAPES = [("wo_b", 5120, 8192, 1, False), ("wo_b", 5120, 8192, 8, False), ("wq_a
 # per SM. Seventh (TUNE_M=8, results/tune_fp8_stages.json): the tensor-core k loop at 2, 3, 5, 6 stages.
 # Eighth (results/tune_fp8_rpf.json; the script as of commit c2ec43b, TUNE_M=1 TUNE_RPF=1): the one-token gemv
 # with a register prefetch of the next k tile, BK 64 / 128 and a register cap (slower or equal; reverted).
+# Ninth (TUNE_M=1 TUNE_SEG=1, results/tune_fp8_gemv_seg.json): the gemv with each thread's 16 consecutive products
+# summed before its accumulator (SEG 16: 63 instead of 122 registers, static sm90 SASS), so more programs fit an SM.
 def _sk_for(per_sm, tiles, steps):
     return max(1, min(steps, per_sm * fg.N_SMS_HINT // tiles))
 
@@ -56,6 +58,16 @@ def _sk_for(per_sm, tiles, steps):
 def _variants(N, K, M, gated):
     """(label, _gemm keyword arguments) to time for one shape."""
     out = [("default", {})]
+    if M == 1 and os.environ.get("TUNE_SEG") == "1":  # the per-thread segment sums (SEG), interleaved with the default
+        BN, BK, SK, nw, pipe = fg._gemv_tiles(N, K, gated)
+        cands = [(BN, BK, 4), (BN, BK, 6), (BN, BK, 8), (BN, 2 * BK, 3), (BN, 2 * BK, 4)]
+        if BN != 64:  # the gated gemv's 32 rows: also 64 (two 32-row groups a program)
+            cands += [(64, BK, 4), (64, BK, 6)]
+        for bn, bk, per_sm in cands:
+            if K % bk == 0:
+                sk = fg._split_k(1, N, K, bn, bk, per_sm)
+                out.append((f"seg16_bn{bn}_bk{bk}_c{per_sm}_sk{sk}", {"path": "gemv", "tiles": (bn, bk, sk, nw, pipe, 16)}))
+        return out + [("default_again", {})]
     if M == 1:
         t = fg._gemv_tiles(N, K, gated)
         if t:

@@ -185,6 +185,13 @@ def test_fp8_decode_paths_agree(gated):
         torch.testing.assert_close(y1, ref, rtol=1e-5, atol=1e-6)
         for pipe in (2, 3):
             assert torch.equal(run(path="gemv", tiles=(32, 64, sk, 4, pipe)), y1), (sk, pipe)
+    # the accumulator per tile element (SEG 0) or per run of SEG consecutive products (the default, GEMV_SEG 16):
+    # different fp32 sum orders, each within the reference's rounding
+    assert fg.GEMV_SEG == 16
+    for seg in (0, 4, 16):
+        torch.testing.assert_close(run(path="gemv", tiles=(32, 64, 2, 4, 1, seg)), ref, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="SEG=3"):
+        run(path="gemv", tiles=(32, 64, 2, 4, 1, 3))
     # tensor cores with a K split that does not divide the 4 k tiles (split_bounds: 1, 1, 2 tiles)
     uneven = run(path="mma", tiles=(16, 32, 64, 1, 3, 4, 1), fold=True)
     torch.testing.assert_close(uneven, ref, rtol=1e-5, atol=1e-6)
@@ -202,12 +209,12 @@ def test_decode_split_fills_one_wave():
     not divide the tile count)."""
     per, sms = fg.DECODE_PROGRAMS_PER_SM, fg.N_SMS_HINT
     cases = [  # (M, N, K, BN, kind, expected split)
-        (1, 5120, 8192, 64, "gemv", 6),  # wo_b: 80 tiles x 6 = 480 <= 528 programs
+        (1, 5120, 8192, 64, "gemv", 13),  # wo_b: 80 tiles x 13 = 1040 <= 1056 programs (8 an SM)
         (8, 5120, 8192, 64, "mma", 8),  # 640 <= 660
-        (1, 2304, 5120, 32, "gemv", 7),  # shared w13 (gated gemv, BN 32): 504
+        (1, 2304, 5120, 32, "gemv", 14),  # shared w13 (gated gemv, BN 32): 1008
         (8, 2304, 5120, 64, "mma_gated", 11),  # 396 = 3 per SM
         (1, 1280, 5120, 64, "gemv", 20),  # wq_a: capped at 2 k tiles a split
-        (1, 25600, 6144, 64, "gemv", 1),  # engram wkv: 400 tiles already fill the wave
+        (1, 25600, 6144, 64, "gemv", 2),  # engram wkv: 400 tiles x 2 = 800
     ]
     for M, N, K, BN, kind, want in cases:
         sk = fg._split_k(M, N, K, BN, 128, per[kind])

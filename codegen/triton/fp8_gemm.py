@@ -118,8 +118,12 @@ current tile's FMAs; static sm90 SASS under triton 3.6, not kept: 121-124 regist
 168); a cap of 128 at BK 128 (4 programs an SM instead of ~150 registers) was equal for wo_b and 2.5-5 %
 slower for the others (tune_fp8_rpf.json, L2-cold: wo_b 15.9 / 15.9 µs, shared w13 11.1 / 11.5), every
 prefetching variant 18-81 % slower; reverted, git history: "fp8 gemv:
-register prefetch of the next k tile"). Summing a thread's 16 consecutive products before the
-accumulator did not lower the registers either (152 -> 165, static SASS).
+register prefetch of the next k tile"). Summing each thread's 16 consecutive products of a row before
+the accumulator (SEG 16, the default since) halves the registers, 122 -> 63, so 8 programs fit an SM
+instead of 4: L2-cold wo_b 15.9 -> 14.2 µs, shared w13 11.5 -> 10.3 µs (tune_fp8_gemv_seg.json). An
+earlier static check had seen no saving (152 -> 165 registers): its ad-hoc compile gave the pointers no
+16-byte alignment hint, so every weight byte was its own LDG.U8 and the sum crossed lanes; the JIT and
+the ahead-of-time build (aot_compat.make_ast_source) both pass that hint, check SASS the same way.
 
 Known gaps: no FP8×FP8 tensor-core path (wgmma e4m3 / MFMA fp8) — activations that are
 dynamically quantized still multiply in bf16 (same products, 2× the tensor-core time of FP8
@@ -602,7 +606,7 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo,
 def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_ptr, limit,
                     N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
                     GATED: tl.constexpr, NATIVE_FP8: tl.constexpr, PDL: tl.constexpr = False,
-                    PREFETCH: tl.constexpr = 0, PIPE: tl.constexpr = 1):
+                    PREFETCH: tl.constexpr = 0, PIPE: tl.constexpr = 1, SEG: tl.constexpr = 0):
     """One token (M = 1): y = x·Wᵀ on the CUDA cores, no tensor-core padding to 16 rows.
 
     PREFETCH (sm90+, bytes per row, 0 = off): the first PREFETCH bytes of each of the program's weight rows
@@ -617,7 +621,13 @@ def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     Triton to pipeline the k loop's loads (cp.async, PIPE stages). K is split over
     program_id(1); the last arriving split (cnt[pid_n]) sums the partials in split order and runs
     the epilogue (`_fold_splits`), so one launch does the whole linear. Needs K % BK == 0 and
-    BN % 32 == 0 (checked by the launcher)."""
+    BN % 32 == 0 (checked by the launcher).
+
+    SEG (0 or a power of two dividing BK): 0 keeps one fp32 accumulator per tile element; SEG n sums each
+    run of n consecutive products of a row first (inside one thread: Triton gives a thread 16 contiguous
+    weight bytes, one 16-byte load, when the pointers carry their 16-byte alignment hint) into a
+    [RG, 32, BK/n] accumulator, which halves the registers at n = 16 (GEMV_SEG). The fp32 sum order
+    differs between the two (last-bit differences)."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     RG: tl.constexpr = BN // 32
@@ -636,8 +646,9 @@ def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     kk = tl.arange(0, BK)
     sk = tl.arange(0, BK // 32)
     w_rows = rn3.to(tl.int64) * K
-    acc = tl.zeros((RG, 32, BK), dtype=tl.float32)
-    acc3 = tl.zeros((RG, 32, BK), dtype=tl.float32)
+    AK: tl.constexpr = BK // SEG if SEG else BK
+    acc = tl.zeros((RG, 32, AK), dtype=tl.float32)
+    acc3 = tl.zeros((RG, 32, AK), dtype=tl.float32)
     # PIPE >= 2 asks Triton to pipeline the k loop's loads (PIPE stages of cp.async into shared memory; it
     # pipelines loads that feed no tl.dot only when the loop asks). The default, 1, does not: measured faster
     # (GEMV_PIPE).
@@ -648,12 +659,18 @@ def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
         xs = tl.reshape(tl.broadcast_to(tl.reshape(x, (1, BK // 32, 32)), (RG, BK // 32, 32)) *
                         e8m0_to_f32(tl.load(ws_ptr + s_off, mask=g_ok, other=127))[:, :, None], (RG, 1, BK))
         w = e4m3_to_f32(tl.load(w_ptr + w_rows + k0 + kk[None, None, :], mask=n_ok3, other=0), NATIVE_FP8)
-        acc += w * xs
+        if SEG:
+            acc += tl.sum(tl.reshape(w * xs, (RG, 32, AK, SEG)), axis=3)
+        else:
+            acc += w * xs
         if GATED:
             xs3 = tl.reshape(tl.broadcast_to(tl.reshape(x, (1, BK // 32, 32)), (RG, BK // 32, 32)) *
                              e8m0_to_f32(tl.load(ws3_ptr + s_off, mask=g_ok, other=127))[:, :, None], (RG, 1, BK))
             w3 = e4m3_to_f32(tl.load(w3_ptr + w_rows + k0 + kk[None, None, :], mask=n_ok3, other=0), NATIVE_FP8)
-            acc3 += w3 * xs3
+            if SEG:
+                acc3 += tl.sum(tl.reshape(w3 * xs3, (RG, 32, AK, SEG)), axis=3)
+            else:
+                acc3 += w3 * xs3
     rn = pid_n * BN + tl.arange(0, BN)
     n_ok = rn < N
     y1 = tl.reshape(tl.sum(acc, axis=2), (BN,))
@@ -757,15 +774,22 @@ def fp8_gemm_swiglu_reference(x, w1, s1, w3, s3, limit: float, act_quant: bool =
 
 N_SMS_HINT = 132  # SMs of an H100/H200-class GPU: what the ahead-of-time variants' split-K assumes (the JIT
 # launcher reads the running device's count, kv_quant.sm_count)
-# Resident programs per SM of each decode kernel on sm90 (Triton 3.6): the gemv 123-128 registers × 128 threads
-# -> 4; the tensor-core decode tile 95 registers and 41 KB of shared memory -> 5, gated 66 KB -> 3 (at 4 cp.async
+# Resident programs per SM of each decode kernel on sm90 (Triton 3.6): the gemv 63 registers × 128 threads with
+# its segment sums (GEMV_SEG 16; 122 with one accumulator per element: 4 an SM) -> 8; the tensor-core decode tile
+# 95 registers and 41 KB of shared memory -> 5, gated 66 KB -> 3 (at 4 cp.async
 # stages; `_tiles` now runs 3, smaller, and keeps these splits, the ones its stage sweep was timed at).
-DECODE_PROGRAMS_PER_SM = {"gemv": 4, "mma": 5, "mma_gated": 3}
+DECODE_PROGRAMS_PER_SM = {"gemv": 8, "mma": 5, "mma_gated": 3}
 MIN_SPLIT_STEPS = 2  # k tiles per split at least: below it the partials' round trip costs more than it spreads
 DECODE_BK = 128  # decode (M <= 16) k tile
 GEMV_MAX_M = 1  # tokens that take the CUDA-core path (fp8_gemv_kernel)
 GEMV_BK = 128  # its k tile
 GEMV_PIPE = 1  # its k loop's pipeline stages (the kernel's PIPE); 2-4 were slower on the H200 (tune_fp8_decode.json)
+# Its accumulator: 0 = one fp32 per weight element of the [BN, BK] tile (122 registers a thread, sm90 SASS, Triton
+# 3.6); n = each thread's n consecutive products of a row summed first, one fp32 per n elements (63 registers: 8
+# programs an SM instead of 4, so twice the weight bytes in flight). H200, L2-cold graph replay, interleaved with
+# the old default (results/tune_fp8_gemv_seg.json): wo_b 15.9 -> 14.2 µs, shared w13 11.5 -> 10.3, shared w2
+# 7.3 -> 7.1, wq_a 6.1 -> 6.0 (no gain: 20 tiles × 20 splits, capped by MIN_SPLIT_STEPS).
+GEMV_SEG = 16
 FOLD_SPLIT_K = True  # split-K epilogue by the last-arriving program (one launch) rather than a reduce kernel
 # weight decoder of the M <= 16 tensor-core path on CUDA (0: per element via fp32; 1: bf16x2 words). H200,
 # L2-cold graph replay (tune_fp8_prefetch.json): the words decoder wins only where the
@@ -880,8 +904,8 @@ def act_quant_fp8(x: torch.Tensor) -> torch.Tensor:
 def _gemv_tiles(N: int, K: int, gated: bool = False, sms: int = N_SMS_HINT):
     """(BN, BK, SPLIT_K, num_warps, num_stages) of the one-token CUDA-core path, or None if K does not tile.
     num_stages is the k loop's pipeline (the kernel's PIPE: 1 none, n >= 2 Triton's n-stage cp.async).
-    The [BN, BK] fp32 accumulator(s) live in registers: 64×128 (one) or 32×128 (gated: two) keep a
-    thread at ~125 registers without spills under triton 3.6 (sm90 SASS)."""
+    The accumulator(s) live in registers: with GEMV_SEG 16 a [BN, BK/16] fp32 one per weight (64×128 tiles, or
+    32×128 gated: two) keeps a thread at 63 registers under triton 3.6 (sm90 SASS), 8 programs an SM."""
     BN, BK = (32, 64) if interpreting() else ((32 if gated else 64), GEMV_BK)
     if K % BK:
         return None
@@ -913,7 +937,7 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
     (gemv for M <= GEMV_MAX_M when K tiles). fold: split-K epilogue inside the GEMM launch
     (last-arriver) instead of a second launch; default on. tiles overrides the path's tile tuple
     (sweeps): mma (BM, BN, BK, GROUP_M, SPLIT_K, num_warps, num_stages), gemv (BN, BK, SPLIT_K,
-    num_warps, num_stages). decode_w: the mma path's weight decoder, 0 or 1 (DECODE_W; 1 permutes x's
+    num_warps, num_stages[, SEG]; SEG defaults to GEMV_SEG). decode_w: the mma path's weight decoder, 0 or 1 (DECODE_W; 1 permutes x's
     columns to k_order_w(BK) here, once per call); None: `_decode_w`'s default. pdl / prefetch: programmatic
     dependent launch (pdl.py) and the L2 prefetch of the weight rows (l2_prefetch.py); None: on for decode
     shapes on sm90+ CUDA devices; prefetch off unless asked for (`_prefetch_row_bytes`)."""
@@ -941,10 +965,13 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
         if fold is False or decode_w:
             raise ValueError(f"{name}: the gemv path always folds its split-K and has no weight decoder choice "
                              f"(fold={fold}, decode_w={decode_w})")
-        BN, BK, SK, nw, ns = tiles or _gemv_tiles(N, K, gated, sm_count(x.device)) or (0, 0, 0, 0, 0)
+        BN, BK, SK, nw, ns, *seg = tiles or _gemv_tiles(N, K, gated, sm_count(x.device)) or (0, 0, 0, 0, 0)
+        seg = seg[0] if seg else GEMV_SEG
         if not BK or K % BK or not 1 <= SK <= K // BK or BN % 32:
             raise ValueError(f"{name}: gemv path needs K={K} divisible by BK={BK}, 1 <= SPLIT_K={SK} <= K/BK and "
                              f"BN={BN} % 32 == 0")
+        if seg and (seg & (seg - 1) or BK % seg or seg > 16):
+            raise ValueError(f"{name}: gemv SEG={seg} must be a power of two <= 16 that divides BK={BK}")
         part = torch.empty((SK, 1, (2 if gated else 1) * N), dtype=torch.float32, device=x.device) if SK > 1 else y
         grid = (triton.cdiv(N, BN), SK)
         cnt = counters(x.device, grid[0]) if SK > 1 else y  # no counters touched without a split
@@ -952,7 +979,7 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
         pf = _prefetch_row_bytes(prefetch, x.device, wu, w3u, K // BK // SK * BK, BN * (1 + gated))
         fp8_gemv_kernel[grid](x2, wu, su, w3u, s3u, y, part, cnt, float(limit),
                               N=N, K=K, BN=BN, BK=BK, SPLIT_K=SK, GATED=gated,
-                              NATIVE_FP8=native_fp8_for(x.device), PDL=pdl, PREFETCH=pf, PIPE=ns,
+                              NATIVE_FP8=native_fp8_for(x.device), PDL=pdl, PREFETCH=pf, PIPE=ns, SEG=seg,
                               num_warps=nw, num_stages=ns, **launch_kw(pdl))
         return y.reshape(*x.shape[:-1], N)
     fold = FOLD_SPLIT_K if fold is None else fold
@@ -1033,7 +1060,7 @@ def _gemm_variants(target: str, gated: bool) -> list:
             BN = 32 if gated else 64
             SK = _split_k(1, N, K, BN, GEMV_BK, DECODE_PROGRAMS_PER_SM["gemv"])
             ce = {"N": N, "K": K, "BN": BN, "BK": GEMV_BK, "SPLIT_K": SK, "GATED": gated,
-                  "NATIVE_FP8": tr["native_fp8"], "PDL": False, "PREFETCH": 0, "PIPE": GEMV_PIPE}
+                  "NATIVE_FP8": tr["native_fp8"], "PDL": False, "PREFETCH": 0, "PIPE": GEMV_PIPE, "SEG": GEMV_SEG}
             types = {k: v for k, v in _gemm_types("*bf16").items() if k != "M"}
             out.append(aot_spec(fp8_gemv_kernel, f"{name}_gemv", types, ce, 4, GEMV_PIPE,
                                 {"linear": name, "mode": "gemv", "act": "bf16", **ce}))
@@ -1055,14 +1082,14 @@ register(KernelTemplate(
     name="fp8_gemm", module=__name__,
     summary="x · dequant(E4M3 W, UE8M0 32×32)ᵀ, fp32 accumulate (dense linears)",
     keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "SPLIT_K", "NATIVE_FP8", "GATED",
-          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE"),
+          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE", "SEG"),
     reference=fp8_gemm_reference, launch=fp8_gemm,
     specializations=lambda t: _gemm_variants(t, False)))
 register(KernelTemplate(
     name="fp8_gemm_swiglu", module=__name__,
     summary="shared expert gate/up: silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L), FP8 weights",
     keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "SPLIT_K", "NATIVE_FP8", "GATED",
-          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE"),
+          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE", "SEG"),
     reference=fp8_gemm_swiglu_reference, launch=fp8_gemm_swiglu,
     specializations=lambda t: _gemm_variants(t, True)))
 register(KernelTemplate(
