@@ -52,9 +52,6 @@ GATE_UP = [None, (32, 8, 4, 4), (32, 8, 4, 10), (32, 8, 4, 20)]
 # (BN, BKB, num_warps, split); split None = top_k; the first is the default (only its gate/up rows run it).
 # (16, 8, 4) of the earlier runs is dropped for time (it never led).
 DOWN = [(32, 8, 2, None), (32, 8, 4, None)]
-# TUNE_REG=1: a ptxas cap of 96 registers on the gate/up (124 -> 96: 5 programs of 4 warps an SM instead of 4;
-# static sm90 SASS, Triton 3.6: 17 spill loads and 6 spill stores per loop step) and / or the down kernel (125 -> 96:
-# 10 programs of 2 warps instead of 8; 26 / 20), interleaved with the default.
 # TUNE_DOWN=1: the down kernel alone is 2.7x its own bytes floor at T = 1 (ncu: 22.6 us for ~35 MB, 36 % DRAM,
 # 0.91 waves of 8 programs of 2 warps per SM): fewer rows or warps per program (more, smaller programs; fewer
 # registers) and shorter chunks against the default.
@@ -67,11 +64,6 @@ def tiles_with(k, D, I, gate_up=None, down=None, pdl=None, fine=None):
     t["pdl"] = pdl  # None: the default (on for sm90+ CUDA devices)
     if fine is not None:  # the per-slot gate/up -> down handoff (default: with PDL)
         t["fine"] = fine
-    if gate_up == "cap96" or down == "cap96":  # the default tiles with a ptxas cap of 96 registers
-        for part, v in (("gate_up", gate_up), ("down", down)):
-            if v == "cap96":
-                t[part] = {**t[part], "maxnreg": 96}
-        return t
     if gate_up:
         t["gate_up"] = {"BN": gate_up[0], "BKB": gate_up[1], "num_warps": gate_up[2],
                         "ksplit": gate_up[3] if len(gate_up) > 3 else 1}
@@ -82,10 +74,9 @@ def tiles_with(k, D, I, gate_up=None, down=None, pdl=None, fine=None):
 
 def label(t):
     g, d = t["gate_up"], t["down"]
-    return (f"gu BN{g['BN']} BKB{g['BKB']} w{g['num_warps']} k{g.get('ksplit', 1)}"
-            + (f" r{g['maxnreg']}" if g.get("maxnreg") else "") + " | "
+    return (f"gu BN{g['BN']} BKB{g['BKB']} w{g['num_warps']} k{g.get('ksplit', 1)} | "
             f"dn BN{d['BN']} BKB{d['BKB']} w{d['num_warps']} "
-            f"s{d['split']}" + (f" r{d['maxnreg']}" if d.get("maxnreg") else "") + ("" if t.get("pdl") is None else f" | pdl {'on' if t['pdl'] else 'off'}")
+            f"s{d['split']}" + ("" if t.get("pdl") is None else f" | pdl {'on' if t['pdl'] else 'off'}")
             + ("" if t.get("fine") is None else f" | per-slot handoff {'on' if t['fine'] else 'off'}"))
 
 
@@ -277,11 +268,7 @@ def main(argv=None):
                 refs[aq] = md.moe_experts_decode_reference(x, idx, w, *ex, LIMIT, act_quant=aq)
             return refs[aq]
         # (gate/up, down, act_quant, pdl, fine): None = the default; the explicit off rows are the controls
-        if os.environ.get("TUNE_REG") == "1" and not smoke:  # ptxas register caps (more programs an SM), interleaved
-            configs = [(None, None, False, None, None), ("cap96", None, False, None, None),
-                       (None, "cap96", False, None, None), ("cap96", "cap96", False, None, None),
-                       (None, None, False, None, None), ("cap96", None, False, None, None)]
-        elif os.environ.get("TUNE_FINE") == "1" and not smoke:  # the per-slot gate/up -> down handoff on / off, twice
+        if os.environ.get("TUNE_FINE") == "1" and not smoke:  # the per-slot gate/up -> down handoff on / off, twice
             configs = [(None, None, False, None, None), (None, None, False, None, False)] * 2 \
                 + [(None, None, True, None, None)]
         elif os.environ.get("TUNE_DOWN") == "1" and not smoke:  # the down kernel's tiles only (gate/up default)

@@ -652,7 +652,7 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
         xp, xf, idx, rw, _as_words(w1, "w1"), _u8(s1), _as_words(w3, "w3"), _u8(s3), hp, hf, float(limit),
         gws, cnt[T * ncnt:], K=D, N=I, TOPK=k, BN=gu["BN"], BKB=gu["BKB"], INTER=ROUND[inter_dtype],
         H_QUANT=act_quant, KSPLIT=ksplit, PDL=pdl, done_ptr=done, DONE=fine, num_warps=gu["num_warps"], num_stages=1,
-        **_reg_cap(gu), **launch_kw(pdl))
+        **launch_kw(pdl))
     if shared_stream is not None:
         torch.cuda.current_stream(dev).wait_stream(shared_stream)
     sh = shared.contiguous() if shared is not None else y
@@ -661,13 +661,8 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
         hp, hf, idx, _as_words(w2, "w2"), _u8(s2), sh, y, ws, cnt, K=I, N=D, TOPK=k, BN=dn["BN"],
         BKB=dn["BKB"], SPLIT=split, PARTIAL=ROUND[partial_dtype], OUT=ROUND[out_dtype],
         HAS_SHARED=shared is not None, PDL=pdl, done_ptr=done, FINE=gu_tiles if fine else 0,
-        num_warps=dn["num_warps"], num_stages=1, **_reg_cap(dn), **launch_kw(pdl))
+        num_warps=dn["num_warps"], num_stages=1, **launch_kw(pdl))
     return y
-
-
-def _reg_cap(t: dict) -> dict:
-    """A tiles entry's optional "maxnreg" (ptxas register cap per thread; tuning only) as a launch option."""
-    return {"maxnreg": int(t["maxnreg"])} if t.get("maxnreg") and not interpreting() else {}
 
 
 # ============================================================================ ahead-of-time variants
