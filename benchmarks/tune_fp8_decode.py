@@ -51,6 +51,11 @@ SHAPES = [("wo_b", 5120, 8192, 1, False), ("wo_b", 5120, 8192, 8, False), ("wq_a
 # with a register prefetch of the next k tile, BK 64 / 128 and a register cap (slower or equal; reverted).
 # Ninth (TUNE_M=1 TUNE_SEG=1, results/tune_fp8_gemv_seg.json): the gemv with each thread's 16 consecutive products
 # summed before its accumulator (SEG 16: 63 instead of 122 registers, static sm90 SASS), so more programs fit an SM.
+# Tenth (TUNE_M=8 TUNE_W2=1, results/tune_fp8_mma_sync.json): the tensor-core decode tile at 1-2 warps, where Triton
+# emits mma.sync instead of wgmma (sm90 SASS of the 4-warp tile: each of its 8 wgmma per k step is followed by a
+# wait for it, and its weight bytes come from shared memory as 16-bit LDS; at 2 warps, BN 32: HMMA.16816, LDS.64).
+# Eleventh (TUNE_M=8 TUNE_CONF=1, results/tune_fp8_mma_conf.json): the new 2-warp default, its split at one program an
+# SM fewer and more, and the old 4-warp tile, each twice, interleaved.
 def _sk_for(per_sm, tiles, steps):
     return max(1, min(steps, per_sm * fg.N_SMS_HINT // tiles))
 
@@ -67,6 +72,24 @@ def _variants(N, K, M, gated):
             if K % bk == 0:
                 sk = fg._split_k(1, N, K, bn, bk, per_sm)
                 out.append((f"seg16_bn{bn}_bk{bk}_c{per_sm}_sk{sk}", {"path": "gemv", "tiles": (bn, bk, sk, nw, pipe, 16)}))
+        return out + [("default_again", {})]
+    if M > 1 and os.environ.get("TUNE_CONF") == "1":  # the 2-warp default vs its neighbours and the old 4-warp tile
+        BM, BN, BK, GM, SK, nw, ns = fg._tiles(M, N, K, gated)
+        old = ("mma_4w_gated" if gated else "mma_4w")
+        sk4 = fg._split_k(M, N, K, 64, BK, fg.DECODE_PROGRAMS_PER_SM[old])
+        around = []
+        if nw == 2:
+            per = fg.DECODE_PROGRAMS_PER_SM["mma_gated" if gated else "mma"]
+            around = [(f"mma_bn32_w2_c{c}_sk{fg._split_k(M, N, K, BN, BK, c)}",
+                       {"tiles": (BM, BN, BK, GM, fg._split_k(M, N, K, BN, BK, c), nw, ns)}) for c in (per - 1, per + 1)]
+        four = (f"mma_bn64_w4_sk{sk4}", {"tiles": (BM, 64, BK, GM, sk4, 4, ns)})
+        return out + around + [four, ("default_again", {})] + around + [four]
+    if M > 1 and os.environ.get("TUNE_W2") == "1":  # mma.sync tiles (num_warps < 4: no wgmma), interleaved
+        BM, BN, BK, GM, SK, nw, ns = fg._tiles(M, N, K, gated)
+        for bn, nw2, ns2, per_sm in ((32, 2, 3, 6), (32, 2, 3, 8), (32, 2, 3, 10), (64, 2, 3, 5), (64, 2, 3, 6),
+                                     (32, 2, 4, 8), (16, 1, 3, 12), (16, 1, 3, 16)):
+            sk = fg._split_k(M, N, K, bn, BK, per_sm)
+            out.append((f"mma_bn{bn}_w{nw2}_ns{ns2}_c{per_sm}_sk{sk}", {"tiles": (BM, bn, BK, GM, sk, nw2, ns2)}))
         return out + [("default_again", {})]
     if M == 1:
         t = fg._gemv_tiles(N, K, gated)

@@ -33,7 +33,8 @@ padding to 16 rows; the block scale multiplies the activation, not each weight e
 instructions per weight element vs 6.3 in the MMA loop). M <= 16 otherwise runs the tensor-core
 kernel with the per-element decoder DECODE_W 0, except the largest linear (engram wkv, from
 DECODE_W_MIN_WEIGHTS elements), where the word decoder DECODE_W 1 (below) is faster on the H200;
-`_gemm(decode_w=)` forces either. Decode grids on sm90+ (split-K folded into the launch) are
+`_gemm(decode_w=)` forces either. The DECODE_W 0 tile has 2 warps and 32 weight rows, so that Triton emits
+mma.sync rather than wgmma on sm90 (`_decode_tile`: faster at 8 tokens on the H200); DECODE_W 1's keeps 4 warps. Decode grids on sm90+ (split-K folded into the launch) are
 launched with programmatic dependent launch (pdl.py): the weight tile's address math overlaps the previous kernel, x and every
 store wait for it. An L2 bulk prefetch of the weight rows (l2_prefetch.py) is selectable, measured
 slower, off.
@@ -776,9 +777,10 @@ N_SMS_HINT = 132  # SMs of an H100/H200-class GPU: what the ahead-of-time varian
 # launcher reads the running device's count, kv_quant.sm_count)
 # Resident programs per SM of each decode kernel on sm90 (Triton 3.6): the gemv 63 registers × 128 threads with
 # its segment sums (GEMV_SEG 16; 122 with one accumulator per element: 4 an SM) -> 8; the tensor-core decode tile
-# 95 registers and 41 KB of shared memory -> 5, gated 66 KB -> 3 (at 4 cp.async
-# stages; `_tiles` now runs 3, smaller, and keeps these splits, the ones its stage sweep was timed at).
-DECODE_PROGRAMS_PER_SM = {"gemv": 8, "mma": 5, "mma_gated": 3}
+# of 2 warps (BN 32, mma.sync, `_decode_tile`) 95 registers and 24 KB of shared memory at 3 stages -> 9, gated 36 KB
+# -> 6; the 4-warp tile (BN 64, wgmma; the word decoder's) 95 registers and 41 KB -> 5, gated 66 KB -> 3 (at 4
+# cp.async stages; `_tiles` runs 3, smaller, and keeps these splits, the ones its stage sweep was timed at).
+DECODE_PROGRAMS_PER_SM = {"gemv": 8, "mma": 9, "mma_gated": 6, "mma_4w": 5, "mma_4w_gated": 3}
 MIN_SPLIT_STEPS = 2  # k tiles per split at least: below it the partials' round trip costs more than it spreads
 DECODE_BK = 128  # decode (M <= 16) k tile
 GEMV_MAX_M = 1  # tokens that take the CUDA-core path (fp8_gemv_kernel)
@@ -867,6 +869,21 @@ def _split_k(M: int, N: int, K: int, BN: int, BK: int, per_sm: int, sms: int = N
     return max(1, min(per_sm * sms // progs, steps // MIN_SPLIT_STEPS))
 
 
+def _decode_tile(N: int, K: int, gated: bool) -> tuple:
+    """(BN, num_warps, DECODE_PROGRAMS_PER_SM key) of the M <= 16 tensor-core tile.
+
+    2 warps and 32 weight rows: on sm90 Triton emits mma.sync for fewer than 4 warps, and the 4-warp tile's
+    wgmma (64 rows) waited for each of its 8 MMAs per k step and read its weight bytes from shared memory 16
+    bits at a time (sm90 SASS, Triton 3.6: HGMMA + WARPGROUP.DEPBAR per MMA, LDS.U16; at 2 warps HMMA.16816 and
+    LDS.64). H200, 8 tokens, L2-cold graph replay (results/tune_fp8_mma_sync.json, interleaved with the 4-warp
+    default): wo_b 20.3 -> 19.4-20.2 µs, shared w2 11.0 -> 9.6-10.5, wq_a 9.1 -> 8.4-8.7, shared w13 18.0 ->
+    14.3 (at one wave of its resident programs). The word decoder's linears (DECODE_W 1 from
+    DECODE_W_MIN_WEIGHTS weights: engram wkv) keep the 4-warp tile: 55.7 µs against 65.8-75.4 at 1-2 warps."""
+    if N * K >= DECODE_W_MIN_WEIGHTS and K % DECODE_BK == 0:
+        return 64, 4, "mma_4w_gated" if gated else "mma_4w"
+    return 32, 2, "mma_gated" if gated else "mma"
+
+
 def _tiles(M: int, N: int, K: int, gated: bool = False, sms: int = N_SMS_HINT):
     """(BM, BN, BK, GROUP_M, SPLIT_K, num_warps, num_stages) for a shape on the running device."""
     if interpreting():
@@ -874,8 +891,8 @@ def _tiles(M: int, N: int, K: int, gated: bool = False, sms: int = N_SMS_HINT):
     if M <= 16:  # H200 sweep (benchmarks/tune_fp8_decode.py): BK 128 beat 256 on every decode linear;
         # 3 cp.async stages, not 4 (results/tune_fp8_stages_ns3.json, 8 tokens, L2-cold, each timed twice):
         # engram wkv 61.7 -> 55.0 µs, wo_b 21.1 -> 20.4, shared w13 18.5 -> 18.1, shared w2 / wq_a equal
-        per_sm = DECODE_PROGRAMS_PER_SM["mma_gated" if gated else "mma"]
-        return 16, 64, DECODE_BK, 1, _split_k(M, N, K, 64, DECODE_BK, per_sm, sms), 4, 3
+        BN, nw, kind = _decode_tile(N, K, gated)
+        return 16, BN, DECODE_BK, 1, _split_k(M, N, K, BN, DECODE_BK, DECODE_PROGRAMS_PER_SM[kind], sms), nw, 3
     if M <= 64:
         return 64, 128, 128, 8, 1, 4, 3
     return 128, 128, 64, 8, 1, 8, 3
@@ -1040,8 +1057,9 @@ def _gemm_variants(target: str, gated: bool) -> list:
     for name, (N, K) in shapes.items():
         for mode in ("decode", "prefill"):
             if mode == "decode":
-                BM, BN, BK, GM, nw, ns = 16, 64, DECODE_BK, 1, 4, (4 if tr["big_tiles"] else 2)
-                SK = _split_k(1, N, K, BN, BK, DECODE_PROGRAMS_PER_SM["mma_gated" if gated else "mma"])
+                BN, nw, kind = _decode_tile(N, K, gated)
+                BM, BK, GM, ns = 16, DECODE_BK, 1, (4 if tr["big_tiles"] else 2)
+                SK = _split_k(1, N, K, BN, BK, DECODE_PROGRAMS_PER_SM[kind])
             elif tr["big_tiles"]:
                 BM, BN, BK, GM, SK, nw, ns = 128, 128, 64, 8, 1, 8, 3
             else:  # sm80 / gfx1100: smaller shared memory / register budget
