@@ -180,12 +180,14 @@ def source_hash(fn) -> str:
     return hashlib.sha256(src.encode()).hexdigest()
 
 
-def matrix_instructions(target: Target, ttir: str, asm: str) -> dict:
+def matrix_instructions(target: Target, ttir: str, asm: str, chosen: str | None = None) -> dict:
+    """The matrix instructions in `asm` against the family expected on `target`, or against `chosen` where the
+    variant asks for another one on purpose (AotSpec.matrix; recorded as "chosen" in the result)."""
     found: dict = {}
     for m in _MATRIX_RE.finditer(asm):
         found[m.group(1)] = found.get(m.group(1), 0) + 1
     dots = len(re.findall(r"\btt\.dot(?:_scaled)?\b", ttir))
-    expected = EXPECTED.get(target.arch, "")
+    expected = chosen or EXPECTED.get(target.arch, "")
     families = sorted({f for f in _FAMILIES for name in found if name.startswith(f)})
     if dots == 0:
         check = "no tl.dot"
@@ -195,7 +197,10 @@ def matrix_instructions(target: Target, ttir: str, asm: str) -> dict:
         check = f"fallback: {','.join(families)} instead of {expected}"
     else:
         check = f"none: tl.dot lowered without matrix instructions (expected {expected})"
-    return {"expected": expected, "dots": dots, "found": dict(sorted(found.items())), "check": check}
+    out = {"expected": expected, "dots": dots, "found": dict(sorted(found.items())), "check": check}
+    if chosen and chosen != EXPECTED.get(target.arch, ""):
+        out["chosen"] = f"{chosen} chosen by the variant over the target's {EXPECTED.get(target.arch, '?')}"
+    return out
 
 
 _META_KEYS = ("name", "num_warps", "num_ctas", "num_stages", "shared", "tmem_size", "global_scratch_size",

@@ -45,6 +45,9 @@ class AotSpec:
     num_warps: int = 4
     num_stages: int = 2
     keys: dict = field(default_factory=dict)  # the specialization keys this variant fixes
+    # the matrix-instruction family this variant is meant to use where it is not the target's usual one (the FP8
+    # decode tile's 2 warps ask for mma.sync on sm90); None: the target's (aot_compat.EXPECTED)
+    matrix: str | None = None
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,8 @@ class KernelTemplate:
     generic_on: dict = field(default_factory=dict)
 
 
-def aot_spec(kernel, variant, types: dict, constexprs: dict, num_warps=4, num_stages=2, keys=None) -> AotSpec:
+def aot_spec(kernel, variant, types: dict, constexprs: dict, num_warps=4, num_stages=2, keys=None,
+             matrix=None) -> AotSpec:
     """AotSpec with the signature in the kernel's argument order; every argument must be typed."""
     sig = {}
     for name in kernel.arg_names:
@@ -74,7 +78,8 @@ def aot_spec(kernel, variant, types: dict, constexprs: dict, num_warps=4, num_st
     if extra:
         raise ValueError(f"aot_spec({kernel.__name__}, {variant}): unknown constexprs {sorted(extra)}")
     return AotSpec(kernel=kernel, variant=variant, signature=sig, constexprs=dict(constexprs),
-                   num_warps=num_warps, num_stages=num_stages, keys=dict(keys if keys is not None else constexprs))
+                   num_warps=num_warps, num_stages=num_stages, keys=dict(keys if keys is not None else constexprs),
+                   matrix=matrix)
 
 
 _REGISTRY: dict[str, KernelTemplate] = {}

@@ -257,3 +257,23 @@ def test_a_hanging_or_crashing_compiler_fails_only_its_kernel(tmp_path, monkeypa
     assert by["cuda:sm90"]["status"] == "failed" and "signal 11" in by["cuda:sm90"]["error"]
     assert by["rocm:gfx942"]["status"] == "built", by["rocm:gfx942"].get("error")
     assert m["summary"]["failed"] == 2
+
+
+def test_matrix_check_takes_a_variant_s_chosen_family():
+    """A variant may ask for another matrix family than its target's usual one on purpose (AotSpec.matrix: the FP8
+    decode tile's 2 warps give mma.sync on Hopper): its check is then against that family, and the entry says so."""
+    from dsv41c.codegen.aot_compat import matrix_instructions
+    from dsv41c.codegen.matrix import TARGETS
+    from dsv41c.codegen.triton import fp8_gemm as fg
+
+    ttir, asm = "tt.dot", "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {...};"
+    sm90 = TARGETS["cuda:sm90"]
+    assert matrix_instructions(sm90, ttir, asm)["check"] == "fallback: mma.sync instead of wgmma"
+    chosen = matrix_instructions(sm90, ttir, asm, "mma.sync")
+    assert chosen["check"] == "ok" and chosen["expected"] == "mma.sync" and "wgmma" in chosen["chosen"]
+    assert "chosen" not in matrix_instructions(TARGETS["cuda:sm80"], ttir, asm, "mma.sync")  # its usual family
+    specs = {s.variant: s for s in fg._gemm_variants("cuda:sm90", False)}
+    assert specs["wo_b_decode"].matrix == "mma.sync" and specs["wo_b_decode"].num_warps == 2
+    assert specs["engram_wkv_decode"].matrix is None and specs["engram_wkv_decode"].num_warps == 4  # word decoder
+    assert specs["wo_b_prefill"].matrix is None
+    assert all(s.matrix is None for s in fg._gemm_variants("rocm:gfx942", False))

@@ -777,11 +777,11 @@ N_SMS_HINT = 132  # SMs of an H100/H200-class GPU: what the ahead-of-time varian
 # launcher reads the running device's count, kv_quant.sm_count)
 # Resident programs per SM of each decode kernel on sm90 (Triton 3.6): the gemv 63 registers × 128 threads with
 # its segment sums (GEMV_SEG 16; 122 with one accumulator per element: 4 an SM) -> 8; the tensor-core decode tile
-# of 2 warps (BN 32, mma.sync, `_decode_tile`) 95 registers and ~24 KB of shared memory at 3 stages -> 8-9, gated
-# 36 KB -> 6, where the splits are planned for 10 and 6 (H200, results/tune_fp8_mma_conf.json, each twice, L2-cold:
-# wo_b 19.4-19.8 µs at 10 (split 8), 20.3-20.4 at 8 (split 6), 20.9-21.1 at 9 (split 7); shared w2 the other way,
-# 10.3-10.4 / 9.7-9.9 / 11.4-11.5; wq_a capped at 20 splits either way; shared w13 14.1-14.2 at 6 (split 11), 14.5-14.9
-# at 5, 16.1 at 7): 10, the best for the largest, wo_b. The 4-warp tile (BN 64, wgmma; the word decoder's): 95
+# of 2 warps (BN 32, mma.sync, `_decode_tile`) 95 registers (-> 10 an SM) and 16.5 KB of shared memory at 3 stages
+# (Triton 3.9 metadata; two buffers), gated 24.7 KB (-> 9), where the splits are planned for 10 and 6 (H200,
+# results/tune_fp8_mma_conf.json, each twice, L2-cold: wo_b 19.4-19.8 µs at 10 (split 8), 20.3-20.4 at 8 (split 6),
+# 20.9-21.1 at 9 (split 7); shared w2 the other way, 10.3-10.4 / 9.7-9.9 / 11.4-11.5; wq_a capped at 20 splits
+# either way; shared w13 14.1-14.2 at 6 (split 11), 14.5-14.9 at 5, 16.1 at 7): 10, one wave for wo_b. The 4-warp tile (BN 64, wgmma; the word decoder's): 95
 # registers and 41 KB -> 5, gated 66 KB -> 3 (at 4 cp.async stages; `_tiles` runs 3, smaller, and keeps these splits,
 # the ones its stage sweep was timed at).
 DECODE_PROGRAMS_PER_SM = {"gemv": 8, "mma": 10, "mma_gated": 6, "mma_4w": 5, "mma_4w_gated": 3}
@@ -1077,7 +1077,9 @@ def _gemm_variants(target: str, gated: bool) -> list:
                   "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "FOLD": SK > 1, "DECODE_W": dw,
                   "PTX": tr["kind"] == "cuda", "PDL": False, "PREFETCH": 0}
             keys = {"linear": name, "mode": mode, "act": "bf16", **ce}
-            out.append(aot_spec(fp8_gemm_kernel, f"{name}_{mode}", _gemm_types("*bf16"), ce, nw, ns, keys))
+            # fewer than 4 warps: mma.sync on purpose on Hopper and Blackwell (`_decode_tile`)
+            mx = "mma.sync" if tr["kind"] == "cuda" and nw < 4 else None
+            out.append(aot_spec(fp8_gemm_kernel, f"{name}_{mode}", _gemm_types("*bf16"), ce, nw, ns, keys, matrix=mx))
         if K % GEMV_BK == 0:
             BN = 32 if gated else 64
             SK = _split_k(1, N, K, BN, GEMV_BK, DECODE_PROGRAMS_PER_SM["gemv"])
