@@ -74,7 +74,7 @@ def _variants(N, K, M, gated):
                 out.append((f"seg16_bn{bn}_bk{bk}_c{per_sm}_sk{sk}", {"path": "gemv", "tiles": (bn, bk, sk, nw, pipe, 16)}))
         return out + [("default_again", {})]
     if M > 1 and os.environ.get("TUNE_CONF") == "1":  # the 2-warp default vs its neighbours and the old 4-warp tile
-        BM, BN, BK, GM, SK, nw, ns = fg._tiles(M, N, K, gated)
+        BM, BN, BK, GM, SK, nw, ns = fg._tiles(M, N, K, gated, mma_sync=fg.mma_sync_decode_for(torch.device(DEV)))
         old = ("mma_4w_gated" if gated else "mma_4w")
         sk4 = fg._split_k(M, N, K, 64, BK, fg.DECODE_PROGRAMS_PER_SM[old])
         around = []
@@ -85,7 +85,7 @@ def _variants(N, K, M, gated):
         four = (f"mma_bn64_w4_sk{sk4}", {"tiles": (BM, 64, BK, GM, sk4, 4, ns)})
         return out + around + [four, ("default_again", {})] + around + [four]
     if M > 1 and os.environ.get("TUNE_W2") == "1":  # mma.sync tiles (num_warps < 4: no wgmma), interleaved
-        BM, BN, BK, GM, SK, nw, ns = fg._tiles(M, N, K, gated)
+        BM, BN, BK, GM, SK, nw, ns = fg._tiles(M, N, K, gated, mma_sync=fg.mma_sync_decode_for(torch.device(DEV)))
         for bn, nw2, ns2, per_sm in ((32, 2, 3, 6), (32, 2, 3, 8), (32, 2, 3, 10), (64, 2, 3, 5), (64, 2, 3, 6),
                                      (32, 2, 4, 8), (16, 1, 3, 12), (16, 1, 3, 16)):
             sk = fg._split_k(M, N, K, bn, BK, per_sm)
@@ -100,7 +100,7 @@ def _variants(N, K, M, gated):
                 for sk in sorted({_sk_for(c, tiles, K // BK) for c in (2, 3, 4, 5, 6, 8)}):
                     out.append((f"gemv_bn{bn}_sk{sk}", {"path": "gemv", "tiles": (bn, BK, sk, nw, pipe)}))
     else:
-        BM, BN, BK, GM, SK, nw, ns = fg._tiles(M, N, K, gated)
+        BM, BN, BK, GM, SK, nw, ns = fg._tiles(M, N, K, gated, mma_sync=fg.mma_sync_decode_for(torch.device(DEV)))
         tiles = triton.cdiv(N, BN) * triton.cdiv(M, BM)
         stages_only = os.environ.get("TUNE_STAGES_ONLY") == "1"  # the default and 3 stages (plus 3 again, last)
         for sk in () if stages_only else sorted({_sk_for(c, tiles, K // BK) for c in (2, 3, 4, 5, 6, 8)}):

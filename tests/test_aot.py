@@ -276,4 +276,5 @@ def test_matrix_check_takes_a_variant_s_chosen_family():
     assert specs["wo_b_decode"].matrix == "mma.sync" and specs["wo_b_decode"].num_warps == 2
     assert specs["engram_wkv_decode"].matrix is None and specs["engram_wkv_decode"].num_warps == 4  # word decoder
     assert specs["wo_b_prefill"].matrix is None
-    assert all(s.matrix is None for s in fg._gemm_variants("rocm:gfx942", False))
+    for other in ("cuda:sm80", "cuda:sm100", "rocm:gfx942"):  # the 2-warp tile was measured on sm90 only
+        assert all(s.matrix is None and s.num_warps >= 4 for s in fg._gemm_variants(other, False)), other

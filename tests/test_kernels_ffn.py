@@ -217,8 +217,10 @@ def test_decode_split_fills_one_wave():
         (1, 1280, 5120, 64, "gemv", 20),  # wq_a: capped at 2 k tiles a split
         (1, 25600, 6144, 64, "gemv", 2),  # engram wkv: 400 tiles x 2 = 800
     ]
-    assert fg._decode_tile(5120, 8192, False) == (32, 2, "mma")
-    assert fg._decode_tile(25600, 6144, False) == (64, 4, "mma_4w")
+    assert fg._decode_tile(False, False, True) == (32, 2, "mma")  # sm90, per-element decoder
+    assert fg._decode_tile(True, False, True) == (32, 2, "mma_gated")
+    assert fg._decode_tile(False, True, True) == (64, 4, "mma_4w")  # the word decoder (engram wkv)
+    assert fg._decode_tile(False, False, False) == (64, 4, "mma_4w")  # other targets: not measured, 4 warps
     for M, N, K, BN, kind, want in cases:
         sk = fg._split_k(M, N, K, BN, 128, per[kind])
         assert sk == want, (N, K, kind, sk)

@@ -33,8 +33,9 @@ padding to 16 rows; the block scale multiplies the activation, not each weight e
 instructions per weight element vs 6.3 in the MMA loop). M <= 16 otherwise runs the tensor-core
 kernel with the per-element decoder DECODE_W 0, except the largest linear (engram wkv, from
 DECODE_W_MIN_WEIGHTS elements), where the word decoder DECODE_W 1 (below) is faster on the H200;
-`_gemm(decode_w=)` forces either. The DECODE_W 0 tile has 2 warps and 32 weight rows, so that Triton emits
-mma.sync rather than wgmma on sm90 (`_decode_tile`: faster at 8 tokens on the H200); DECODE_W 1's keeps 4 warps. Decode grids on sm90+ (split-K folded into the launch) are
+`_gemm(decode_w=)` forces either. On sm90 the DECODE_W 0 tile has 2 warps and 32 weight rows, so that Triton
+emits mma.sync rather than wgmma (`_decode_tile`: faster at 8 tokens on the H200); DECODE_W 1's, and every tile
+on other targets, keeps 4 warps. Decode grids on sm90+ (split-K folded into the launch) are
 launched with programmatic dependent launch (pdl.py): the weight tile's address math overlaps the previous kernel, x and every
 store wait for it. An L2 bulk prefetch of the weight rows (l2_prefetch.py) is selectable, measured
 slower, off.
@@ -624,7 +625,7 @@ def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     the epilogue (`_fold_splits`), so one launch does the whole linear. Needs K % BK == 0 and
     BN % 32 == 0 (checked by the launcher).
 
-    SEG (0 or a power of two dividing BK): 0 keeps one fp32 accumulator per tile element; SEG n sums each
+    SEG (0, or a power of two up to 16 that divides BK; the launcher checks): 0 keeps one fp32 accumulator per tile element; SEG n sums each
     run of n consecutive products of a row first (inside one thread: Triton gives a thread 16 contiguous
     weight bytes, one 16-byte load, when the pointers carry their 16-byte alignment hint) into a
     [RG, 32, BK/n] accumulator, which halves the registers at n = 16 (GEMV_SEG). The fp32 sum order
@@ -777,8 +778,8 @@ N_SMS_HINT = 132  # SMs of an H100/H200-class GPU: what the ahead-of-time varian
 # launcher reads the running device's count, kv_quant.sm_count)
 # Resident programs per SM of each decode kernel on sm90 (Triton 3.6): the gemv 63 registers × 128 threads with
 # its segment sums (GEMV_SEG 16; 122 with one accumulator per element: 4 an SM) -> 8; the tensor-core decode tile
-# of 2 warps (BN 32, mma.sync, `_decode_tile`) 95 registers (-> 10 an SM) and 16.5 KB of shared memory at 3 stages
-# (Triton 3.9 metadata; two buffers), gated 24.7 KB (-> 9), where the splits are planned for 10 and 6 (H200,
+# of 2 warps (BN 32, mma.sync on sm90, `_decode_tile`) 95 registers (-> 10 an SM; Triton 3.6 SASS) and, at the
+# JIT's 3 stages, 16.5 KB of shared memory (two buffers; Triton 3.9 metadata), gated 24.7 KB (-> 9), where the splits are planned for 10 and 6 (H200,
 # results/tune_fp8_mma_conf.json, each twice, L2-cold: wo_b 19.4-19.8 µs at 10 (split 8), 20.3-20.4 at 8 (split 6),
 # 20.9-21.1 at 9 (split 7); shared w2 the other way, 10.3-10.4 / 9.7-9.9 / 11.4-11.5; wq_a capped at 20 splits
 # either way; shared w13 14.1-14.2 at 6 (split 11), 14.5-14.9 at 5, 16.1 at 7): 10, one wave for wo_b. The 4-warp tile (BN 64, wgmma; the word decoder's): 95
@@ -873,29 +874,39 @@ def _split_k(M: int, N: int, K: int, BN: int, BK: int, per_sm: int, sms: int = N
     return max(1, min(per_sm * sms // progs, steps // MIN_SPLIT_STEPS))
 
 
-def _decode_tile(N: int, K: int, gated: bool) -> tuple:
+def mma_sync_decode_for(device) -> bool:
+    """Whether the 2-warp decode tile (mma.sync) is the one to run: CUDA sm90, the only chip it was measured on."""
+    if interpreting() or device.type != "cuda" or torch.version.hip is not None:
+        return False
+    return torch.cuda.get_device_capability(device)[0] == 9
+
+
+def _decode_tile(gated: bool, words: bool, mma_sync: bool) -> tuple:
     """(BN, num_warps, DECODE_PROGRAMS_PER_SM key) of the M <= 16 tensor-core tile.
 
-    2 warps and 32 weight rows: on sm90 Triton emits mma.sync for fewer than 4 warps, and the 4-warp tile's
-    wgmma (64 rows) waited for each of its 8 MMAs per k step and read its weight bytes from shared memory 16
-    bits at a time (sm90 SASS, Triton 3.6: HGMMA + WARPGROUP.DEPBAR per MMA, LDS.U16; at 2 warps HMMA.16816 and
-    LDS.64). H200, 8 tokens, L2-cold graph replay (results/tune_fp8_mma_sync.json, interleaved with the 4-warp
-    default): wo_b 20.3 -> 19.4-20.2 µs, shared w2 11.0 -> 9.6-10.5, wq_a 9.1 -> 8.4-8.7, shared w13 18.0 ->
-    14.3 (at one wave of its resident programs). The word decoder's linears (DECODE_W 1 from
-    DECODE_W_MIN_WEIGHTS weights: engram wkv) keep the 4-warp tile: 55.7 µs against 65.8-75.4 at 1-2 warps."""
-    if N * K >= DECODE_W_MIN_WEIGHTS and K % DECODE_BK == 0:
+    mma_sync (sm90: `mma_sync_decode_for`) and the per-element decoder (words False): 2 warps and 32 weight rows,
+    so that Triton emits mma.sync instead of wgmma. The 4-warp tile's wgmma (64 rows) waited for each of its 8
+    MMAs per k step and read its weight bytes from shared memory 16 bits at a time (sm90 SASS, Triton 3.6: HGMMA
+    + WARPGROUP.DEPBAR per MMA, LDS.U16; at 2 warps HMMA.16816 and LDS.64). H200, 8 tokens, L2-cold graph replay
+    (results/tune_fp8_mma_sync.json, interleaved with the 4-warp default): wo_b 20.3 -> 19.4-20.2 µs, shared w2
+    11.0 -> 9.6-10.5, wq_a 9.1 -> 8.4-8.7, shared w13 18.0 -> 14.3 (at one wave of its resident programs). The
+    word decoder (DECODE_W 1: engram wkv) keeps 4 warps: 55.7-56.1 µs against 58.2-75.4 at 1-2 warps. Elsewhere
+    (sm80, sm100, ROCm, the interpreter) the 4-warp tile stays: the 2-warp one was not measured there."""
+    if words or not mma_sync:
         return 64, 4, "mma_4w_gated" if gated else "mma_4w"
     return 32, 2, "mma_gated" if gated else "mma"
 
 
-def _tiles(M: int, N: int, K: int, gated: bool = False, sms: int = N_SMS_HINT):
-    """(BM, BN, BK, GROUP_M, SPLIT_K, num_warps, num_stages) for a shape on the running device."""
+def _tiles(M: int, N: int, K: int, gated: bool = False, sms: int = N_SMS_HINT, words: bool = False,
+           mma_sync: bool = False):
+    """(BM, BN, BK, GROUP_M, SPLIT_K, num_warps, num_stages) for a shape on the running device (words: the
+    word decoder DECODE_W 1 will run; mma_sync: `mma_sync_decode_for` the device; both only shape M <= 16)."""
     if interpreting():
         return 16, 32, 64, 4, (2 if K % 128 == 0 and M <= 16 else 1), 4, 1
     if M <= 16:  # H200 sweep (benchmarks/tune_fp8_decode.py): BK 128 beat 256 on every decode linear;
         # 3 cp.async stages, not 4 (results/tune_fp8_stages_ns3.json, 8 tokens, L2-cold, each timed twice):
         # engram wkv 61.7 -> 55.0 µs, wo_b 21.1 -> 20.4, shared w13 18.5 -> 18.1, shared w2 / wq_a equal
-        BN, nw, kind = _decode_tile(N, K, gated)
+        BN, nw, kind = _decode_tile(gated, words, mma_sync)
         return 16, BN, DECODE_BK, 1, _split_k(M, N, K, BN, DECODE_BK, DECODE_PROGRAMS_PER_SM[kind], sms), nw, 3
     if M <= 64:
         return 64, 128, 128, 8, 1, 4, 3
@@ -925,8 +936,9 @@ def act_quant_fp8(x: torch.Tensor) -> torch.Tensor:
 def _gemv_tiles(N: int, K: int, gated: bool = False, sms: int = N_SMS_HINT):
     """(BN, BK, SPLIT_K, num_warps, num_stages) of the one-token CUDA-core path, or None if K does not tile.
     num_stages is the k loop's pipeline (the kernel's PIPE: 1 none, n >= 2 Triton's n-stage cp.async).
-    The accumulator(s) live in registers: with GEMV_SEG 16 a [BN, BK/16] fp32 one per weight (64×128 tiles, or
-    32×128 gated: two) keeps a thread at 63 registers under triton 3.6 (sm90 SASS), 8 programs an SM."""
+    The accumulators live in registers: with GEMV_SEG 16, one [BN, BK/16] fp32 accumulator per weight matrix
+    (64×128 tiles, or 32×128 gated with two matrices) keeps a thread at 63 registers (sm90 SASS, Triton 3.6),
+    8 programs an SM."""
     BN, BK = (32, 64) if interpreting() else ((32 if gated else 64), GEMV_BK)
     if K % BK:
         return None
@@ -987,6 +999,8 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
             raise ValueError(f"{name}: the gemv path always folds its split-K and has no weight decoder choice "
                              f"(fold={fold}, decode_w={decode_w})")
         BN, BK, SK, nw, ns, *seg = tiles or _gemv_tiles(N, K, gated, sm_count(x.device)) or (0, 0, 0, 0, 0)
+        if len(seg) > 1:
+            raise ValueError(f"{name}: gemv tiles are (BN, BK, SPLIT_K, num_warps, num_stages[, SEG]), got {tiles}")
         seg = seg[0] if seg else GEMV_SEG
         if not BK or K % BK or not 1 <= SK <= K // BK or BN % 32:
             raise ValueError(f"{name}: gemv path needs K={K} divisible by BK={BK}, 1 <= SPLIT_K={SK} <= K/BK and "
@@ -1004,7 +1018,9 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
                               num_warps=nw, num_stages=ns, **launch_kw(pdl))
         return y.reshape(*x.shape[:-1], N)
     fold = FOLD_SPLIT_K if fold is None else fold
-    BM, BN, BK, GM, SK, nw, ns = tiles or _tiles(M, N, K, gated, sm_count(x.device))
+    BM, BN, BK, GM, SK, nw, ns = tiles or _tiles(M, N, K, gated, sm_count(x.device),
+                                                  _decode_w(decode_w, M, N, K, DECODE_BK, x.device) == 1,
+                                                  mma_sync_decode_for(x.device))
     if SK > 1 and (K % BK or SK > K // BK):
         raise ValueError(f"{name}: SPLIT_K={SK} needs K={K} divisible by BK={BK} and at most K/BK splits: each "
                          "split is a run of whole k tiles")
@@ -1060,8 +1076,11 @@ def _gemm_variants(target: str, gated: bool) -> list:
     out = []
     for name, (N, K) in shapes.items():
         for mode in ("decode", "prefill"):
+            # DECODE_W 1 (the decode mode on CUDA for the largest linears): the caller permutes x to k_order_w(BK)
+            dw = DECODE_W_CUDA if (mode == "decode" and tr["kind"] == "cuda" and K % DECODE_BK == 0
+                                   and N * K >= DECODE_W_MIN_WEIGHTS) else 0
             if mode == "decode":
-                BN, nw, kind = _decode_tile(N, K, gated)
+                BN, nw, kind = _decode_tile(gated, bool(dw), tr["kind"] == "cuda" and tr["arch"] == 90)
                 BM, BK, GM, ns = 16, DECODE_BK, 1, (4 if tr["big_tiles"] else 2)
                 SK = _split_k(1, N, K, BN, BK, DECODE_PROGRAMS_PER_SM[kind])
             elif tr["big_tiles"]:
@@ -1070,14 +1089,11 @@ def _gemm_variants(target: str, gated: bool) -> list:
                 BM, BN, BK, GM, SK, nw, ns = 64, 128, 64, 8, 1, 4, 2
             if gated and mode == "prefill":
                 BN = 64  # two accumulators
-            # DECODE_W 1 (the decode mode on CUDA for the largest linears): the caller permutes x to k_order_w(BK)
-            dw = DECODE_W_CUDA if (mode == "decode" and tr["kind"] == "cuda" and K % BK == 0
-                                   and N * K >= DECODE_W_MIN_WEIGHTS) else 0
             ce = {"N": N, "K": K, "BM": BM, "BN": BN, "BK": BK, "GROUP_M": GM, "SPLIT_K": SK, "GATED": gated,
                   "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "FOLD": SK > 1, "DECODE_W": dw,
                   "PTX": tr["kind"] == "cuda", "PDL": False, "PREFETCH": 0}
             keys = {"linear": name, "mode": mode, "act": "bf16", **ce}
-            # fewer than 4 warps: mma.sync on purpose on Hopper and Blackwell (`_decode_tile`)
+            # fewer than 4 warps: mma.sync on purpose on Hopper (`_decode_tile`)
             mx = "mma.sync" if tr["kind"] == "cuda" and nw < 4 else None
             out.append(aot_spec(fp8_gemm_kernel, f"{name}_{mode}", _gemm_types("*bf16"), ce, nw, ns, keys, matrix=mx))
         if K % GEMV_BK == 0:
