@@ -71,7 +71,8 @@ def _variants(N, K, M, gated):
         for bn, bk, per_sm in cands:
             if K % bk == 0:
                 sk = fg._split_k(1, N, K, bn, bk, per_sm)
-                out.append((f"seg16_bn{bn}_bk{bk}_c{per_sm}_sk{sk}", {"path": "gemv", "tiles": (bn, bk, sk, nw, pipe, 16)}))
+                out.append((f"seg16_bn{bn}_bk{bk}_c{per_sm}_sk{sk}",
+                            {"path": "gemv", "tiles": (bn, bk, sk, nw, pipe, 16)}))
         return out + [("default_again", {})]
     if M > 1 and os.environ.get("TUNE_CONF") == "1":  # the 2-warp default vs its neighbours and the old 4-warp tile
         BM, BN, BK, GM, SK, nw, ns = fg._tiles(M, N, K, gated, mma_sync=fg.mma_sync_decode_for(torch.device(DEV)))
@@ -80,8 +81,9 @@ def _variants(N, K, M, gated):
         around = []
         if nw == 2:
             per = fg.DECODE_PROGRAMS_PER_SM["mma_gated" if gated else "mma"]
-            around = [(f"mma_bn32_w2_c{c}_sk{fg._split_k(M, N, K, BN, BK, c)}",
-                       {"tiles": (BM, BN, BK, GM, fg._split_k(M, N, K, BN, BK, c), nw, ns)}) for c in (per - 1, per + 1)]
+            for c in (per - 1, per + 1):
+                sk = fg._split_k(M, N, K, BN, BK, c)
+                around.append((f"mma_bn32_w2_c{c}_sk{sk}", {"tiles": (BM, BN, BK, GM, sk, nw, ns)}))
         four = (f"mma_bn64_w4_sk{sk4}", {"tiles": (BM, 64, BK, GM, sk4, 4, ns)})
         return out + around + [four, ("default_again", {})] + around + [four]
     if M > 1 and os.environ.get("TUNE_W2") == "1":  # mma.sync tiles (num_warps < 4: no wgmma), interleaved

@@ -625,8 +625,8 @@ def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     the epilogue (`_fold_splits`), so one launch does the whole linear. Needs K % BK == 0 and
     BN % 32 == 0 (checked by the launcher).
 
-    SEG (0, or a power of two up to 16 that divides BK; the launcher checks): 0 keeps one fp32 accumulator per tile element; SEG n sums each
-    run of n consecutive products of a row first (inside one thread: Triton gives a thread 16 contiguous
+    SEG (0, or a power of two up to 16 that divides BK; the launcher checks): 0 keeps one fp32 accumulator
+    per tile element; SEG n sums each run of n consecutive products of a row first (inside one thread: Triton gives a thread 16 contiguous
     weight bytes, one 16-byte load, when the pointers carry their 16-byte alignment hint) into a
     [RG, 32, BK/n] accumulator, which halves the registers at n = 16 (GEMV_SEG). The fp32 sum order
     differs between the two (last-bit differences)."""
@@ -661,18 +661,12 @@ def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
         xs = tl.reshape(tl.broadcast_to(tl.reshape(x, (1, BK // 32, 32)), (RG, BK // 32, 32)) *
                         e8m0_to_f32(tl.load(ws_ptr + s_off, mask=g_ok, other=127))[:, :, None], (RG, 1, BK))
         w = e4m3_to_f32(tl.load(w_ptr + w_rows + k0 + kk[None, None, :], mask=n_ok3, other=0), NATIVE_FP8)
-        if SEG:
-            acc += tl.sum(tl.reshape(w * xs, (RG, 32, AK, SEG)), axis=3)
-        else:
-            acc += w * xs
+        acc = _add_products(acc, w * xs, RG, AK, SEG)
         if GATED:
             xs3 = tl.reshape(tl.broadcast_to(tl.reshape(x, (1, BK // 32, 32)), (RG, BK // 32, 32)) *
                              e8m0_to_f32(tl.load(ws3_ptr + s_off, mask=g_ok, other=127))[:, :, None], (RG, 1, BK))
             w3 = e4m3_to_f32(tl.load(w3_ptr + w_rows + k0 + kk[None, None, :], mask=n_ok3, other=0), NATIVE_FP8)
-            if SEG:
-                acc3 += tl.sum(tl.reshape(w3 * xs3, (RG, 32, AK, SEG)), axis=3)
-            else:
-                acc3 += w3 * xs3
+            acc3 = _add_products(acc3, w3 * xs3, RG, AK, SEG)
     rn = pid_n * BN + tl.arange(0, BN)
     n_ok = rn < N
     y1 = tl.reshape(tl.sum(acc, axis=2), (BN,))
@@ -688,6 +682,17 @@ def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
         if arrive_last(cnt_ptr + pid_n, SPLIT_K):
             _fold_splits(part_ptr, y_ptr, tl.arange(0, 1), rn, 1, limit, N, SPLIT_K, GATED)
             reset_counter(cnt_ptr + pid_n)
+
+
+@triton.jit
+def _add_products(acc, prod, RG: tl.constexpr, AK: tl.constexpr, SEG: tl.constexpr):
+    """fp8_gemv_kernel's accumulate: prod [RG, 32, BK] into acc [RG, 32, AK], each run of SEG products summed
+    first (inside a thread) when SEG, else elementwise (AK = BK)."""
+    if SEG:
+        out = acc + tl.sum(tl.reshape(prod, (RG, 32, AK, SEG)), axis=3)
+    else:
+        out = acc + prod
+    return out
 
 
 @triton.jit
@@ -779,11 +784,12 @@ N_SMS_HINT = 132  # SMs of an H100/H200-class GPU: what the ahead-of-time varian
 # Resident programs per SM of each decode kernel on sm90 (Triton 3.6): the gemv 63 registers × 128 threads with
 # its segment sums (GEMV_SEG 16; 122 with one accumulator per element: 4 an SM) -> 8; the tensor-core decode tile
 # of 2 warps (BN 32, mma.sync on sm90, `_decode_tile`) 95 registers (-> 10 an SM; Triton 3.6 SASS) and, at the
-# JIT's 3 stages, 16.5 KB of shared memory (two buffers; Triton 3.9 metadata), gated 24.7 KB (-> 9), where the splits are planned for 10 and 6 (H200,
-# results/tune_fp8_mma_conf.json, each twice, L2-cold: wo_b 19.4-19.8 µs at 10 (split 8), 20.3-20.4 at 8 (split 6),
-# 20.9-21.1 at 9 (split 7); shared w2 the other way, 10.3-10.4 / 9.7-9.9 / 11.4-11.5; wq_a capped at 20 splits
-# either way; shared w13 14.1-14.2 at 6 (split 11), 14.5-14.9 at 5, 16.1 at 7): 10, one wave for wo_b. The 4-warp tile (BN 64, wgmma; the word decoder's): 95
-# registers and 41 KB -> 5, gated 66 KB -> 3 (at 4 cp.async stages; `_tiles` runs 3, smaller, and keeps these splits,
+# JIT's 3 stages, 16.5 KB of shared memory (two buffers; Triton 3.9 metadata), gated 24.7 KB (-> 9), where the
+# splits are planned for 10 and 6 (H200, results/tune_fp8_mma_conf.json, each twice, L2-cold: wo_b 19.4-19.8 µs at
+# 10 (split 8), 20.3-20.4 at 8 (split 6), 20.9-21.1 at 9 (split 7); shared w2 the other way, 10.3-10.4 / 9.7-9.9 /
+# 11.4-11.5; wq_a capped at 20 splits either way; shared w13 14.1-14.2 at 6 (split 11), 14.5-14.9 at 5, 16.1 at 7):
+# 10, one wave for wo_b. The 4-warp tile (BN 64, wgmma; the word decoder's): 95 registers and 41 KB -> 5, gated
+# 66 KB -> 3 (at 4 cp.async stages; `_tiles` runs 3, smaller, and keeps these splits,
 # the ones its stage sweep was timed at).
 DECODE_PROGRAMS_PER_SM = {"gemv": 8, "mma": 10, "mma_gated": 6, "mma_4w": 5, "mma_4w_gated": 3}
 MIN_SPLIT_STEPS = 2  # k tiles per split at least: below it the partials' round trip costs more than it spreads
@@ -970,8 +976,8 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
     (gemv for M <= GEMV_MAX_M when K tiles). fold: split-K epilogue inside the GEMM launch
     (last-arriver) instead of a second launch; default on. tiles overrides the path's tile tuple
     (sweeps): mma (BM, BN, BK, GROUP_M, SPLIT_K, num_warps, num_stages), gemv (BN, BK, SPLIT_K,
-    num_warps, num_stages[, SEG]; SEG defaults to GEMV_SEG). decode_w: the mma path's weight decoder, 0 or 1 (DECODE_W; 1 permutes x's
-    columns to k_order_w(BK) here, once per call); None: `_decode_w`'s default. pdl / prefetch: programmatic
+    num_warps, num_stages[, SEG]; SEG defaults to GEMV_SEG). decode_w: the mma path's weight decoder, 0 or 1
+    (DECODE_W; 1 permutes x's columns to k_order_w(BK) here, once per call); None: `_decode_w`'s default. pdl / prefetch: programmatic
     dependent launch (pdl.py) and the L2 prefetch of the weight rows (l2_prefetch.py); None: on for decode
     shapes on sm90+ CUDA devices; prefetch off unless asked for (`_prefetch_row_bytes`)."""
     K = x.shape[-1]
