@@ -11,6 +11,8 @@
 #   tune_topk        benchmarks/tune_indexer_topk.py      -> tune_indexer_topk.json (few-query selection)
 #   profile          benchmarks/profile_decode.py under Nsight Compute -> ncu_decode.txt (PROFILE_ONLY picks cases)
 #   tune_overlap     benchmarks/tune_moe_ffn_overlap.py -> tune_moe_ffn_chain.json (fused router, shared expert on a side stream)
+#   read_floor       benchmarks/read_floor.py -> read_floor.json (the least time to read each decode case's bytes,
+#                    from the kept kernels_*.json, or this call's if bench_* ran first)
 # STEPS picks the steps (default: tests bench_attention bench_ffn); STEP_TIMEOUT bounds each (s);
 # ATTN_ONLY / FFN_ONLY pass --only to the two benchmark scripts. The logs end up in logs.tgz (the
 # device tool brings back at most 8 files).
@@ -50,6 +52,10 @@ for step in $STEPS; do
              > "$OUT/tune_topk.txt" 2>&1 ;;
     tune_overlap) timeout "$T" python3 benchmarks/tune_moe_ffn_overlap.py --out "$OUT/tune_moe_ffn_chain.json" \
              > "$OUT/tune_overlap.txt" 2>&1 ;;
+    read_floor) J=""; for k in ffn attention; do
+               if [ -f "$OUT/kernels_$k.json" ]; then J="$J $OUT/kernels_$k.json"; else J="$J benchmarks/results/kernels_$k.json"; fi
+             done
+             timeout "$T" python3 benchmarks/read_floor.py $J --out "$OUT/read_floor.json" > "$OUT/read_floor.txt" 2>&1 ;;
     profile) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
              timeout "$T" "$NCU" --profile-from-start off --clock-control none --print-kernel-base function \
                --section SpeedOfLight --section LaunchStats --section Occupancy --section SchedulerStats \
@@ -61,7 +67,7 @@ for step in $STEPS; do
   echo "== step $step: rc=$? in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt"
 done
 # The reply carries only the tail: end with each step's last lines.
-for f in "$OUT"/gpu_tests.txt "$OUT"/bench_*.txt "$OUT"/tune_*.txt; do
+for f in "$OUT"/gpu_tests.txt "$OUT"/bench_*.txt "$OUT"/tune_*.txt "$OUT"/read_floor.txt; do
   [ -f "$f" ] && { echo "--- $f"; tail -${TAIL:-25} "$f"; }
 done
 (cd "$OUT" && tar czf logs.tgz ./*.txt && rm -f ./*.txt)

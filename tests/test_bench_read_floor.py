@@ -1,0 +1,50 @@
+"""The read-floor benchmark's host side and its read kernel (benchmarks/read_floor.py), on the CPU.
+
+The GPU measurement itself runs on the device machine (benchmarks/run_h200.sh STEPS=read_floor); here:
+which rows of a kernel-benchmark JSON count as decode cases, that every configuration covers the buffer,
+and that the read kernel (in Triton's interpreter) reads every element exactly once."""
+import json
+
+import pytest
+import torch
+
+from benchmarks import read_floor as rf
+
+
+def _doc(tmp_path, rows, launch=0.001):
+    p = tmp_path / "k.json"
+    p.write_text(json.dumps({"ceilings": {"copy_TBps": 4.0, "launch_floor_ms": launch}, "results": rows}))
+    return str(p)
+
+
+def test_decode_cases_keep_bytes_floors_not_below_the_launch_floor(tmp_path):
+    rows = [
+        {"name": "big", "goal": "decode <= 2x bytes floor", "bytes": 8e6, "floor_ms": 0.002, "graph_cold_ms": 0.005},
+        {"name": "near", "goal": "decode <= 2x bytes floor", "bytes": 3.9e6, "floor_ms": 0.00096},  # within 5 %
+        {"name": "tiny", "goal": "decode <= 2x bytes floor", "bytes": 1e3, "floor_ms": 0.0009},  # launch-bound
+        {"name": "prefill", "bytes": 8e8, "floor_ms": 0.2},  # no decode goal
+        {"name": "flops", "goal": "decode <= 2x bytes floor", "bytes": 4e6, "floor_ms": 0.008},
+        {"name": "failed", "error": "boom"},
+    ]
+    cases = rf.decode_cases([_doc(tmp_path, rows)])
+    assert [c["name"] for c in cases] == ["big", "near", "flops"]
+    kinds = {c["name"]: c["floor_kind"] for c in cases}
+    assert kinds == {"big": "bytes", "near": "bytes", "flops": "flops"}  # 4e6 B at 4 TB/s is 1 µs, not 8
+
+
+@pytest.mark.parametrize("n", [1, 1000, 1_643_200, 226_046_400])
+def test_every_config_covers_the_buffer_once(n):
+    cfgs = rf._configs(n, 132)
+    assert cfgs
+    for name, grid, chunk, block, unroll, nw in cfgs:
+        assert grid * chunk >= n > (grid - 1) * chunk, name  # no program past the end, none missing
+        assert chunk % 16 == 0 and block in (1024, 2048, 4096) and nw in (4, 8), name
+
+
+def test_read_kernel_sums_every_element_once(monkeypatch):
+    n = 5000
+    buf = torch.arange(n, dtype=torch.int32)
+    for name, grid, chunk, block, unroll, nw in rf._configs(n, 2)[:4]:
+        out = torch.zeros(grid, dtype=torch.int32)
+        rf._read_kernel[(grid,)](buf, out, n, CHUNK=chunk, BLOCK=block, UNROLL=unroll, num_warps=nw)
+        assert int(out.sum()) == n * (n - 1) // 2, name
