@@ -54,9 +54,7 @@ SHAPES = [("wo_b", 5120, 8192, 1, False), ("wo_b", 5120, 8192, 8, False), ("wq_a
 # Tenth (TUNE_M=8 TUNE_W2=1, results/tune_fp8_mma_sync.json): the tensor-core decode tile at 1-2 warps, where Triton
 # emits mma.sync instead of wgmma (sm90 SASS of the 4-warp tile: each of its 8 wgmma per k step is followed by a
 # wait for it, and its weight bytes come from shared memory as 16-bit LDS; at 2 warps, BN 32: HMMA.16816, LDS.64).
-# Twelfth (TUNE_M=8 TUNE_PAIRS=1, results/tune_fp8_pairs.json): the 2-warp tile's weight decoder, byte pairs
-# (DECODE_W 2) against one fp32 per element (DECODE_W 0), each twice, interleaved, and the pairs at 2 programs an SM
-# fewer / more. Eleventh (TUNE_M=8 TUNE_CONF=1, results/tune_fp8_mma_conf.json): the new 2-warp default, its split at one program an
+# Eleventh (TUNE_M=8 TUNE_CONF=1, results/tune_fp8_mma_conf.json): the new 2-warp default, its split at one program an
 # SM fewer and more, and the old 4-warp tile, each twice, interleaved.
 def _sk_for(per_sm, tiles, steps):
     return max(1, min(steps, per_sm * fg.N_SMS_HINT // tiles))
@@ -76,15 +74,6 @@ def _variants(N, K, M, gated):
                 out.append((f"seg16_bn{bn}_bk{bk}_c{per_sm}_sk{sk}",
                             {"path": "gemv", "tiles": (bn, bk, sk, nw, pipe, 16)}))
         return out + [("default_again", {})]
-    if M > 1 and os.environ.get("TUNE_PAIRS") == "1":  # byte-pair decoder (DECODE_W 2) vs per element, interleaved
-        BM, BN, BK, GM, SK, nw, ns = fg._tiles(M, N, K, gated, mma_sync=fg.mma_sync_decode_for(torch.device(DEV)))
-        per = fg.DECODE_PROGRAMS_PER_SM["mma_gated" if gated else "mma"]
-        around = []
-        for c in (per - 2, per + 2):  # fewer instructions a k step may move the best split
-            sk = fg._split_k(M, N, K, BN, BK, c)
-            around.append((f"pairs_c{c}_sk{sk}", {"decode_w": 2, "tiles": (BM, BN, BK, GM, sk, nw, ns)}))
-        one = [("elem", {"decode_w": 0}), ("pairs", {"decode_w": 2})]
-        return out + one + around + [(f"{n}_again", kw) for n, kw in one] + [("default_again", {})]
     if M > 1 and os.environ.get("TUNE_CONF") == "1":  # the 2-warp default vs its neighbours and the old 4-warp tile
         BM, BN, BK, GM, SK, nw, ns = fg._tiles(M, N, K, gated, mma_sync=fg.mma_sync_decode_for(torch.device(DEV)))
         old = ("mma_4w_gated" if gated else "mma_4w")

@@ -1,9 +1,4 @@
-"""FP8 GEMM weight decoders DECODE_W 1 (E4M3 words -> bf16x2 by bit assembly, fp8_gemm.e4m3_words_to_bf16) and
-DECODE_W 2 (byte pairs -> bf16x2 by inline PTX, fp8_gemm.e4m3_pairs_to_bf16).
-
-DECODE_W 2 is PTX only: on the CPU its instruction sequence (prmt with sign copies, shl, and, fma.rn.bf16x2 by the
-factor fields it builds) is modelled bit by bit for every code pair and scale byte; `gpu`: its GEMMs give the same
-bits as DECODE_W 0 at the real widths, with and without scale bytes above 134.
+"""FP8 GEMM weight decoder DECODE_W 1 (E4M3 words -> bf16x2 by bit assembly, fp8_gemm.e4m3_words_to_bf16).
 
 Interpreter: the decoded tile equals value(code)·2^(e-127) rounded to bf16 (exact for e >= 7, where every
 product is a bf16 value) for all 256 codes, negative zero, subnormals and scales from 0 to 255 (e > 134
@@ -181,77 +176,6 @@ def test_fp8_gemm_decode_w_rejects_ragged_k():
     torch.testing.assert_close(y, fg.fp8_gemm_reference(x, w.to(DEV), s.to(DEV)), rtol=1e-5, atol=1e-6)
 
 
-# ============================================================================ DECODE_W 2 (byte pairs, PTX)
-
-
-def _prmt(a: int, sel: int) -> int:
-    """PTX prmt.b32 d, a, a, sel (default mode): output byte i is source byte sel_i & 7 (bytes 4..7 = a again),
-    or, where sel_i & 8, that byte's top bit copied into all 8."""
-    src = [(a >> (8 * j)) & 0xFF for j in range(4)] * 2
-    out = 0
-    for i in range(4):
-        n = (sel >> (4 * i)) & 0xF
-        b = src[n & 7]
-        out |= ((0xFF if b & 0x80 else 0) if n & 8 else b) << (8 * i)
-    return out
-
-
-def _bf16_bits_value(h: int) -> float:
-    return torch.tensor([h], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).double().item()
-
-
-def _pairs_model(word: int, e: int, two: bool) -> list[float]:
-    """fp8_gemm._e4m3_pairs_asm on one register of 4 codes: the float64 values of its 4 bf16 outputs (each
-    fma.rn.bf16x2 by a power of two is exact here, except the final rounding to bf16, taken as torch's)."""
-    f1 = (min(e, 134) + 120) << 7
-    f2 = 0x7FC0 if e == 255 else (max(e, 134) - 7) << 7
-    out = []
-    for sel in (0x9180, 0xB3A2):
-        p = (_prmt(word, sel) << 4) & 0x87F087F0
-        for h in (p & 0xFFFF, p >> 16):
-            v = torch.tensor(_bf16_bits_value(h) * _bf16_bits_value(f1), dtype=torch.float64).to(torch.bfloat16)
-            if two:
-                v = (v.double() * _bf16_bits_value(f2)).to(torch.bfloat16)
-            out.append(v.double().item())
-    return out
-
-
-def test_pairs_decoder_model_all_codes_exact():
-    """Every code in every byte position of the 4-code register, at the real scale range and past 134 (two factors),
-    gives value·2^(e-127) rounded to bf16, as DECODE_W 0's fp32 decode × scale -> bf16 does."""
-    vals = e4m3_values()
-    for e in (110, 117, 125, 127, 134, 135, 200):
-        for c in range(256):
-            word = c | (((c + 37) % 256) << 8) | (((c + 101) % 256) << 16) | (((255 - c) % 256) << 24)
-            codes = [(word >> (8 * j)) & 0xFF for j in range(4)]
-            got = _pairs_model(word, e, two=e > 134)
-            want = [(vals[k] * 2.0 ** (e - 127)).to(torch.bfloat16).double().item() for k in codes]
-            assert got == want, (e, c)
-            if e <= 134:  # one factor suffices up to 134, and the second (1.0 there) changes nothing
-                assert _pairs_model(word, e, two=True) == want, (e, c)
-
-
-def test_pairs_decoder_needs_cuda():
-    x = torch.randn(8, 256).to(torch.bfloat16)
-    w, s = nx.quant_fp8_weight(torch.randn(64, 256))
-    if not fg.ptx_for(torch.device(DEV)):
-        with pytest.raises(ValueError, match="decode_w=2"):
-            fg._gemm(x.to(DEV), w.to(DEV), s.to(DEV), None, None, 0.0, False, None, "t", path="mma", decode_w=2)
-
-
-def test_scale_two_asks_once_per_tensor_and_again_after_a_change():
-    s = torch.full((4, 4), 120, dtype=torch.uint8)
-    assert fg._scale_two(s) is False
-    s[1, 2] = 135  # in place: the version counter moves, so the answer is recomputed
-    assert fg._scale_two(s) is True
-    assert fg._scale_two(torch.full((2, 2), 120, dtype=torch.uint8), s) is True
-    n = len(fg._SCALE_ABOVE_134)
-    t = torch.full((2, 2), 140, dtype=torch.uint8)
-    assert fg._scale_two(t) is True and len(fg._SCALE_ABOVE_134) == n + 1
-    del t  # the entry goes with the tensor: no stale answer for a later tensor at the same id
-    assert len(fg._SCALE_ABOVE_134) == n
-
-
 # ============================================================================ GPU tier: published widths
 
 
@@ -261,38 +185,7 @@ def test_gpu_decode_words_all_codes_all_scales_exact():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("e_hi", [False, True])
-def test_gpu_pairs_decoder_same_bits_as_per_element(e_hi):
-    """DECODE_W 2 against DECODE_W 0 on the 2-warp tile at 8 tokens: identical outputs (the decoded bf16 operands are
-    the same bits), for every published dense linear and the gated pair; e_hi puts scale bytes 135..140 in (the
-    two-factor loop)."""
-    if not fg.ptx_for(torch.device(DEV)):
-        pytest.skip("DECODE_W 2 is inline PTX")
-    g = torch.Generator().manual_seed(7)
-    for name, (N, K) in {**fg.DENSE_LINEARS, **fg.GATED_LINEARS}.items():
-        if N * K >= fg.DECODE_W_MIN_WEIGHTS:
-            continue
-        gated = name in fg.GATED_LINEARS
-        x = torch.randn(8, K, generator=g).to(torch.bfloat16).to(DEV)
-        ws = []
-        for _ in range(2 if gated else 1):
-            codes = torch.randint(0, 256, (N, K), generator=g, dtype=torch.int32)
-            codes = torch.where((codes & 0x7F) == 0x7F, codes ^ 1, codes).to(torch.uint8)
-            sc = torch.randint(108, 126, (triton.cdiv(N, 32), triton.cdiv(K, 32)), generator=g).to(torch.uint8)
-            if e_hi:
-                sc[::3, ::5] = torch.randint(135, 141, sc[::3, ::5].shape, generator=g).to(torch.uint8)
-            ws += [codes.view(torch.float8_e4m3fn).to(DEV), sc.to(DEV)]
-        w, s = ws[0], ws[1]
-        w3, s3 = (ws[2], ws[3]) if gated else (None, None)
-        tiles = fg._tiles(8, N, K, gated, fg.sm_count(x.device), mma_sync=True)
-        y0 = fg._gemm(x, w, s, w3, s3, 1e4, False, None, name, path="mma", decode_w=0, tiles=tiles)
-        y2 = fg._gemm(x, w, s, w3, s3, 1e4, False, None, name, path="mma", decode_w=2, tiles=tiles)
-        assert fg._scale_two(s, *((s3,) if gated else ())) is e_hi
-        assert torch.equal(y0.view(torch.int16), y2.view(torch.int16)), name
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("decode_w", [0, 1, 2])
+@pytest.mark.parametrize("decode_w", [0, 1])
 def test_gpu_fp8_decode_w_real_widths(decode_w):
     g = torch.Generator().manual_seed(41)
     M = 8

@@ -145,7 +145,6 @@ Its PTX path is exact (the `gpu` tests: all 256 codes × 24 scales, real widths 
 from __future__ import annotations
 
 import os
-import weakref
 
 import torch
 import triton
@@ -431,47 +430,6 @@ def e4m3_words_to_bf16(ww, sc, R: tl.constexpr, BK: tl.constexpr, PTX: tl.conste
     return tl.reshape(tl.permute(t, (0, 4, 2, 1, 3)), (R, BK))  # (P, s, q, h)
 
 
-# ============================================================================ jit: E4M3 byte pairs -> bf16x2 (DECODE_W 2)
-
-
-def _e4m3_pairs_asm(two: bool) -> tl.constexpr:
-    """The PTX of `e4m3_pairs_to_bf16` for 4 codes in one register ($2): bytes (0, 1) and (2, 3), each pair
-    moved to the two 16-bit halves with its sign copied (prmt), shifted and masked into bf16 bits worth
-    value·2^-120, then scaled by one (or two) fma.rn.bf16x2 with the factors of the same elements."""
-    f1, f2 = ("$3", "$4"), ("$5", "$6")
-    body = ""
-    for half, sel in enumerate(("0x9180", "0xB3A2")):
-        body += (f"prmt.b32 p, $2, $2, {sel}; shl.b32 p, p, 4; and.b32 p, p, 0x87F087F0; "
-                 + (f"fma.rn.bf16x2 p, p, {f1[half]}, z; fma.rn.bf16x2 ${half}, p, {f2[half]}, z; " if two
-                    else f"fma.rn.bf16x2 ${half}, p, {f1[half]}, z; "))
-    return tl.constexpr("{ .reg .b32 p, z; mov.b32 z, 0x80008000; " + body + "}")
-
-
-_E4M3_PAIRS_ONE, _E4M3_PAIRS_TWO = _e4m3_pairs_asm(False), _e4m3_pairs_asm(True)
-
-
-@triton.jit
-def e4m3_pairs_to_bf16(codes, e, R: tl.constexpr, BK: tl.constexpr, TWO: tl.constexpr):
-    """E4M3 codes [R, BK] (uint8, natural k order) + UE8M0 bytes [R, BK/32] -> the bf16 tile [R, BK], exact
-    (the same bits as DECODE_W 0's fp32 decode × scale -> bf16; inline PTX, CUDA only).
-
-    Each code becomes bf16 bits worth value·2^-120 by a byte move and two bit operations on a PAIR of codes at
-    once (prmt, shl, and: the bit algebra of `e4m3_bf16x2_bits`), then one fma.rn.bf16x2 a pair by the
-    block's scale factor 2^(e-7) (and 2^(e-134) too if TWO, for bytes above 134). Elementwise: Triton applies it
-    in the layout it picks, so no permutation of x is needed (unlike DECODE_W 1's words)."""
-    ei = e.to(tl.int32)
-    b1 = expand_cols(((tl.minimum(ei, 134) + 120) << 7).to(tl.uint16).to(tl.bfloat16, bitcast=True), R, BK // 32, 32)
-    if TWO:
-        b2 = tl.where(ei == 255, 0x7FC0, (tl.maximum(ei, 134) - 7) << 7)
-        b2 = expand_cols(b2.to(tl.uint16).to(tl.bfloat16, bitcast=True), R, BK // 32, 32)
-        out = tl.inline_asm_elementwise(_E4M3_PAIRS_TWO, "=r,=r,r,r,r,r,r", [codes, b1, b2], dtype=tl.bfloat16,
-                                        is_pure=True, pack=4)
-    else:
-        out = tl.inline_asm_elementwise(_E4M3_PAIRS_ONE, "=r,=r,r,r,r", [codes, b1], dtype=tl.bfloat16,
-                                        is_pure=True, pack=4)
-    return out
-
-
 # ============================================================================ kernels
 
 
@@ -491,7 +449,7 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
                     N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, GATED: tl.constexpr, NATIVE_FP8: tl.constexpr,
                     DOT_F32: tl.constexpr, FOLD: tl.constexpr, DECODE_W: tl.constexpr, PTX: tl.constexpr,
-                    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0, SCALE_TWO: tl.constexpr = False):
+                    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0):
     """y = x·Wᵀ (GATED: y = silu(min(x·W1ᵀ, limit))·clamp(x·W3ᵀ, ±limit)); W E4M3 with UE8M0/32×32.
 
     Decode grids on sm90+: PREFETCH (bytes per row, 0 = off) requests the first PREFETCH bytes of each of
@@ -527,7 +485,7 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
         prefetch_rows_l2(w3_ptr + rows_pf, PREFETCH, PREFETCH > 0)
     grid_wait(PDL)
     grid_release(PDL)
-    if DECODE_W == 1:
+    if DECODE_W:
         # e > 134 needs the second bf16x2 scale factor; real checkpoints never have one, so the
         # program checks its own scale rows once and runs the one-multiply loop when it can
         if _any_scale_above(ws_ptr, ws3_ptr, pid_n, k_lo, k_hi, N, K, BN, GATED, 134):
@@ -536,12 +494,9 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
         else:
             acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo, k_hi, N, K, BM, BN,
                                     BK, SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, False)
-    elif DECODE_W == 2:  # one loop (two would double the pipeline buffers); the second factor if the launcher says
-        acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo, k_hi, N, K, BM, BN,
-                                BK, SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, SCALE_TWO)
     else:
-        acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo, k_hi, N, K, BM, BN,
-                                BK, SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, True)
+        acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo, k_hi, N, K, BM, BN, BK,
+                                SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, True)
     omask = m_ok[:, None] & n_ok[None, :]
     if SPLIT_K > 1:
         W2 = N * (1 + GATED)
@@ -613,17 +568,7 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo,
         # one scale byte per (row, 32 columns), expanded in registers (not one load per element)
         rs = k0 // 32 + tl.arange(0, BK // 32)
         sm = n_ok[:, None] & (rs[None, :] < KS)
-        if DECODE_W == 2:
-            # byte pairs -> bf16x2 in the dot's own layout (inline PTX; the launcher picks it on CUDA only)
-            tl.static_assert(PTX, "DECODE_W 2 is inline PTX (CUDA)")
-            wt = e4m3_pairs_to_bf16(tl.load(w_ptr + w_rows + rk[None, :], mask=wm, other=0),
-                                    tl.load(ws_ptr + s_rows + rs[None, :], mask=sm, other=127), BN, BK, TWO)
-            acc += tl.dot(wt, tl.trans(xt))
-            if GATED:
-                wt3 = e4m3_pairs_to_bf16(tl.load(w3_ptr + w_rows + rk[None, :], mask=wm, other=0),
-                                         tl.load(ws3_ptr + s_rows + rs[None, :], mask=sm, other=127), BN, BK, TWO)
-                acc3 += tl.dot(wt3, tl.trans(xt))
-        elif DECODE_W:
+        if DECODE_W:
             # the decoded tile already is bf16 (fp32 under DOT_F32) with bf16 values: no cast before the dot
             rw = (k0 // 4 + tl.arange(0, BK // 4))[None, :]
             wt = e4m3_words_to_bf16(tl.load(w_words + rw, mask=n_ok[:, None], other=0),
@@ -867,9 +812,6 @@ FOLD_SPLIT_K = True  # split-K epilogue by the last-arriving program (one launch
 # default from DECODE_W_MIN_WEIGHTS weight elements on (engram wkv; mtp_main_proj, 79 M, stays per element).
 DECODE_W_CUDA = 1
 DECODE_W_MIN_WEIGHTS = 100_000_000
-# the 2-warp tile (sm90, `_decode_tile`) decodes byte pairs (DECODE_W 2, `e4m3_pairs_to_bf16`) rather than one fp32
-# per element (DECODE_W 0): the same bits, 291 instead of 357 SASS instructions a k step (509 vs 668 gated)
-DECODE_PAIRS = True
 
 
 def pair_order(BK: int) -> torch.Tensor:
@@ -911,47 +853,17 @@ def ptx_for(device) -> bool:
     return not interpreting() and device.type == "cuda" and torch.version.hip is None
 
 
-def _decode_w(decode_w, M: int, N: int, K: int, BK: int, device, mma_sync: bool = False) -> int:
-    """The mma path's weight decoder: explicit 0/1/2, or None = DECODE_W_CUDA for M <= 16 on CUDA where K tiles
-    and the weight has at least DECODE_W_MIN_WEIGHTS elements; else, on the 2-warp tile (mma_sync), DECODE_W 2
-    where DECODE_PAIRS says so; else 0."""
+def _decode_w(decode_w, M: int, N: int, K: int, BK: int, device) -> int:
+    """The mma path's weight decoder: explicit 0/1, or None = DECODE_W_CUDA for M <= 16 on CUDA where K tiles
+    and the weight has at least DECODE_W_MIN_WEIGHTS elements."""
     if decode_w is None:
-        if ptx_for(device) and M <= 16 and K % BK == 0 and BK % 32 == 0 and N * K >= DECODE_W_MIN_WEIGHTS:
-            return DECODE_W_CUDA
-        return 2 if DECODE_PAIRS and mma_sync and ptx_for(device) and M <= 16 and BK % 32 == 0 else 0
-    if decode_w not in (0, 1, 2):
-        raise ValueError(f"decode_w: 0, 1 or 2, got {decode_w!r}")
-    if decode_w == 1 and (K % BK or BK % 32):
+        return DECODE_W_CUDA if (ptx_for(device) and M <= 16 and K % BK == 0 and BK % 32 == 0
+                                 and N * K >= DECODE_W_MIN_WEIGHTS) else 0
+    if decode_w not in (0, 1):
+        raise ValueError(f"decode_w: 0 or 1, got {decode_w!r}")
+    if decode_w and (K % BK or BK % 32):
         raise ValueError(f"decode_w=1 needs K % BK == 0 and BK % 32 == 0 (K={K}, BK={BK})")
-    if decode_w == 2 and (not ptx_for(device) or BK % 32):
-        raise ValueError(f"decode_w=2 is inline PTX: it needs a CUDA device outside the interpreter and BK % 32 == 0 "
-                         f"(device {device}, BK={BK})")
     return int(decode_w)
-
-
-# UE8M0 bytes above 134 need DECODE_W 2's second bf16 factor; whether a scale tensor has one is asked of the GPU
-# once per tensor object (keyed by id; a finalizer drops the entry when the tensor is freed, so a later tensor at
-# the same id starts afresh; WeakKeyDictionary would compare tensors with ==) and again after an in-place change
-# (torch's version counter)
-_SCALE_ABOVE_134: dict = {}
-
-
-def _scale_two(*scales) -> bool:
-    """Whether any UE8M0 byte of these scale tensors exceeds 134, so DECODE_W 2 must run its two-factor loop
-    (SCALE_TWO). Inside a CUDA-graph capture (no host sync allowed) a tensor not seen before answers True: the
-    two-factor loop is exact for every byte, only slower."""
-    out = False
-    for sc in scales:
-        hit = _SCALE_ABOVE_134.get(id(sc))
-        if hit is None or hit[0] != sc._version:
-            if sc.is_cuda and torch.cuda.is_current_stream_capturing():
-                return True
-            if hit is None:
-                weakref.finalize(sc, _SCALE_ABOVE_134.pop, id(sc), None)
-            hit = (sc._version, bool((as_u8(sc) > 134).any()))
-            _SCALE_ABOVE_134[id(sc)] = hit
-        out = out or hit[1]
-    return out
 
 
 def _split_k(M: int, N: int, K: int, BN: int, BK: int, per_sm: int, sms: int = N_SMS_HINT) -> int:
@@ -1112,13 +1024,13 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
                               num_warps=nw, num_stages=ns, **launch_kw(pdl))
         return y.reshape(*x.shape[:-1], N)
     fold = FOLD_SPLIT_K if fold is None else fold
-    ms = mma_sync_decode_for(x.device)
     BM, BN, BK, GM, SK, nw, ns = tiles or _tiles(M, N, K, gated, sm_count(x.device),
-                                                  _decode_w(decode_w, M, N, K, DECODE_BK, x.device, ms) == 1, ms)
+                                                  _decode_w(decode_w, M, N, K, DECODE_BK, x.device) == 1,
+                                                  mma_sync_decode_for(x.device))
     if SK > 1 and (K % BK or SK > K // BK):
         raise ValueError(f"{name}: SPLIT_K={SK} needs K={K} divisible by BK={BK} and at most K/BK splits: each "
                          "split is a run of whole k tiles")
-    dw = _decode_w(decode_w, M, N, K, BK, x.device, ms and nw < 4)
+    dw = _decode_w(decode_w, M, N, K, BK, x.device)
     if dw:
         x2 = permute_k_w(x2, BK)
     part = y if SK == 1 else torch.empty((SK, M, (2 if gated else 1) * N), dtype=torch.float32, device=x.device)
@@ -1134,7 +1046,6 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
                           float(limit), N=N, K=K, BM=BM, BN=BN, BK=BK, GROUP_M=GM,
                           SPLIT_K=SK, GATED=gated, NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2),
                           FOLD=fold and SK > 1, DECODE_W=dw, PTX=ptx_for(x.device), PDL=pdl, PREFETCH=pf,
-                          SCALE_TWO=dw == 2 and _scale_two(s, *((s3,) if gated else ())),
                           num_warps=nw, num_stages=ns, **launch_kw(pdl))
     if SK > 1 and not fold:
         RB = 256 if interpreting() else 1024
@@ -1178,8 +1089,6 @@ def _gemm_variants(target: str, gated: bool) -> list:
                 BN, nw, kind = _decode_tile(gated, bool(dw), tr["kind"] == "cuda" and tr["arch"] == 90)
                 BM, BK, GM, ns = 16, DECODE_BK, 1, (4 if tr["big_tiles"] else 2)
                 SK = _split_k(1, N, K, BN, BK, DECODE_PROGRAMS_PER_SM[kind])
-                if nw < 4 and DECODE_PAIRS:  # the 2-warp tile decodes byte pairs, as the JIT launcher does; built
-                    dw = 2  # for UE8M0 bytes <= 134 (SCALE_TWO off: real checkpoints' 110..125)
             elif tr["big_tiles"]:
                 BM, BN, BK, GM, SK, nw, ns = 128, 128, 64, 8, 1, 8, 3
             else:  # sm80 / gfx1100: smaller shared memory / register budget
@@ -1188,7 +1097,7 @@ def _gemm_variants(target: str, gated: bool) -> list:
                 BN = 64  # two accumulators
             ce = {"N": N, "K": K, "BM": BM, "BN": BN, "BK": BK, "GROUP_M": GM, "SPLIT_K": SK, "GATED": gated,
                   "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "FOLD": SK > 1, "DECODE_W": dw,
-                  "PTX": tr["kind"] == "cuda", "PDL": False, "PREFETCH": 0, "SCALE_TWO": False}
+                  "PTX": tr["kind"] == "cuda", "PDL": False, "PREFETCH": 0}
             keys = {"linear": name, "mode": mode, "act": "bf16", **ce}
             # fewer than 4 warps: mma.sync on purpose on Hopper (`_decode_tile`)
             mx = "mma.sync" if tr["kind"] == "cuda" and nw < 4 else None
@@ -1219,14 +1128,14 @@ register(KernelTemplate(
     name="fp8_gemm", module=__name__,
     summary="x · dequant(E4M3 W, UE8M0 32×32)ᵀ, fp32 accumulate (dense linears)",
     keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "SPLIT_K", "NATIVE_FP8", "GATED",
-          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE", "SEG", "SCALE_TWO"),
+          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE", "SEG"),
     reference=fp8_gemm_reference, launch=fp8_gemm,
     specializations=lambda t: _gemm_variants(t, False)))
 register(KernelTemplate(
     name="fp8_gemm_swiglu", module=__name__,
     summary="shared expert gate/up: silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L), FP8 weights",
     keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "SPLIT_K", "NATIVE_FP8", "GATED",
-          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE", "SEG", "SCALE_TWO"),
+          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE", "SEG"),
     reference=fp8_gemm_swiglu_reference, launch=fp8_gemm_swiglu,
     specializations=lambda t: _gemm_variants(t, True)))
 register(KernelTemplate(
