@@ -1,11 +1,14 @@
 """Render the kernel benchmark JSON (benchmarks/results/*.json) as the markdown tables of docs/KERNELS.md.
 
-Usage: python benchmarks/kernels_table.py benchmarks/results/kernels_attention.json benchmarks/results/kernels_ffn.json
+Usage: python benchmarks/kernels_table.py [--read-floor benchmarks/results/read_floor.json]
+           benchmarks/results/kernels_attention.json benchmarks/results/kernels_ffn.json
 Columns: Triton median time (do_bench), its CUDA-graph replay time where measured (decode
 shapes; warm L2, and "cold": L2 flushed before each replay, which the decode verdict uses), eager PyTorch reference time, speedup, the floor (max of bytes / measured copy
 bandwidth and FLOPs / measured matrix rate), the better time over the floor, the correctness
 figure the script recorded, and the issue's goal where one applies (✔/✘; "launch-bound" where
-the floor is below the measured launch floor of an empty kernel).
+the floor is below the measured launch floor of an empty kernel). With --read-floor (benchmarks/read_floor.py's
+JSON), a "read floor ms" column gives, for the decode cases it measured, the least L2-cold time of a kernel that
+only reads those bytes, and the goal cell says "read-bound" where that alone exceeds 2x the bytes floor.
 """
 import json
 import sys
@@ -23,7 +26,8 @@ def _f(v, fmt="{:.3f}") -> str:
     return "–" if v is None else fmt.format(v)
 
 
-def render(path: str) -> str:
+def render(path: str, read: dict | None = None) -> str:
+    """The markdown table of one benchmark JSON; read: read_floor.json's cases by name (adds its column)."""
     d = json.load(open(path))
     ceil = d.get("ceilings", {})
     env = d.get("env", {k: d.get(k) for k in ("gpu", "torch", "triton")})
@@ -31,7 +35,9 @@ def render(path: str) -> str:
              f"ceilings: copy {ceil.get('copy_TBps', 0):.2f} TB/s, bf16 matmul {ceil.get('bf16_TFLOPs', 0):.0f} TFLOP/s"
              + (f", launch floor {ceil['launch_floor_ms'] * 1e3:.1f} µs" if ceil.get("launch_floor_ms") else ""),
              "", "| kernel | Triton ms | graph ms | cold graph ms | eager ms | speedup | torch.compile ms | floor ms "
-             "| × floor | bf16-rate frac | check | goal |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             + ("| read floor ms " if read is not None else "")
+             + "| × floor | bf16-rate frac | check | goal |", "|---|---|---|---|---|---|---|---|---|---|---|---|"
+             + ("---|" if read is not None else "")]
     for r in d["results"]:
         if "name" in r and "triton_ms" not in r:
             lines.append(f"| {r['name']} | FAILED: {str(r.get('error'))[:80]} |")
@@ -44,15 +50,24 @@ def render(path: str) -> str:
             goal += " ✔" if r.get("goal_met") else " ✘"
             if r.get("launch_bound"):
                 goal += " (launch-bound)"
+            elif not r.get("goal_met") and (read or {}).get(r["name"], {}).get("read_bound"):
+                goal += " (read-bound)"
+        rf = (read or {}).get(r["name"], {}).get("read_floor_ms")
+        rcol = f"{_f(rf, '{:.4f}')} | " if read is not None else ""
         frac = r.get("frac_bf16_rate")
         lines.append(f"| {r['name']} | {_f(r.get('triton_ms'), '{:.4f}')} | {_f(g, '{:.4f}')} | "
                      f"{_f(r.get('graph_cold_ms'), '{:.4f}')} | "
                      f"{_f(r.get('eager_ms'), '{:.4f}')} | "
                      f"{_f(r.get('speedup_vs_eager'), '{:.1f}×')} | {_f(r.get('compiled_ms'), '{:.4f}')} | "
-                     f"{_f(r.get('floor_ms'), '{:.4f}')} | "
+                     f"{_f(r.get('floor_ms'), '{:.4f}')} | {rcol}"
                      f"{_f(over, '{:.2f}')} | {_f(frac, '{:.0%}')} | {_err(r)} | {goal} |")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    print("\n\n".join(render(p) for p in sys.argv[1:]))
+    args = sys.argv[1:]
+    read = None
+    if args[:1] == ["--read-floor"]:
+        read = {c["name"]: c for c in json.load(open(args[1]))["cases"]}
+        args = args[2:]
+    print("\n\n".join(render(p, read) for p in args))

@@ -48,3 +48,18 @@ def test_read_kernel_sums_every_element_once(monkeypatch):
         out = torch.zeros(grid, dtype=torch.int32)
         rf._read_kernel[(grid,)](buf, out, n, CHUNK=chunk, BLOCK=block, UNROLL=unroll, num_warps=nw)
         assert int(out.sum()) == n * (n - 1) // 2, name
+
+
+def test_kernels_table_shows_the_read_floor_column(tmp_path):
+    from benchmarks import kernels_table as kt
+
+    row = {"name": "lin_M1", "triton_ms": 0.01, "floor_ms": 0.0015, "best_over_floor": 3.8, "goal": "decode <= 2x bytes floor",
+           "goal_met": False, "launch_bound": False, "rel_err": 1e-3}
+    p = _doc(tmp_path, [row])
+    plain = kt.render(p)
+    assert "read floor" not in plain and "read-bound" not in plain
+    read = {"lin_M1": {"read_floor_ms": 0.0042, "read_bound": True}}
+    table = kt.render(p, read).splitlines()
+    head, sep, line = table[2], table[3], table[4]
+    assert "| read floor ms |" in head and head.count("|") == sep.count("|") == line.count("|")
+    assert "| 0.0042 |" in line and line.endswith("✘ (read-bound) |")
