@@ -15,13 +15,22 @@ exactly that many bytes, replayed from a CUDA graph with the L2 flushed before e
 - `read_bound`: read_floor_ms > budget_ms: no single kernel that reads these bytes can meet the goal here,
 - the case's own cold time (from the JSON) over the read floor.
 
-Read kernels (`_read_kernel`): P programs (1, 2, 4 or 8 per SM), each reading its contiguous chunk in a loop
-whose step issues UNROLL (1, 2) independent loads of BLOCK int32 (4-16 KB); torch's own `sum` of the buffer
-is timed too. The configuration grid is small on
-purpose (about a minute on an H200); the best few are timed again with a larger replay budget.
+Read kernels (`_read_kernel`): P programs (1, 2, 4 or 8 per SM; --wide adds 16), each reading its contiguous
+chunk in a loop whose step issues UNROLL (1, 2) independent loads of BLOCK int32 (4-16 KB; --wide adds 2 KB);
+torch's own `sum` of the buffer is timed too. The best three are timed again with 4x the replay budget. Each
+timing is three graph benchmarks (warm, flush + kernel, flush alone), about a second at the default budget, so
+the 12 distinct sizes of the kernel tables take ~6.5 minutes on an H200 (--only picks cases; the JSON is written
+after each size, so a run stopped at its time limit keeps what it has).
 
     python benchmarks/read_floor.py benchmarks/results/kernels_ffn.json benchmarks/results/kernels_attention.json \
         --out benchmarks/results/read_floor.json
+
+Measured (H200, torch 2.11 / triton 3.6, results/read_floor.json, 2026-11-30): a cold read costs about 2.75 µs
+plus bytes at ~4.4 TB/s (4.0 MB 3.6 µs, 6.6 MB 4.3, 10.5 MB 5.2, 23.7 MB 7.8, 42 MB 12.3), so below ~11 MB no
+kernel that reads its bytes once can be within 2x of the bytes floor. Read-bound: wq_a at 1 and 8 tokens (4.3 µs
+against a 3.1 µs budget), the router at 8 tokens (3.6 against 1.9), the compressor at ratio 1 (4.2 against 2.5)
+and ratio 2 (5.2 against 5.0: a 5 % margin, within the run-to-run spread of these cold times, 4.09-4.34 µs for
+wq_a's 6.6 MB over three runs). torch's `sum` over the same int32 buffer takes 3.5-5.7x the read floor.
 
 Known gaps: the read kernels are Triton's (a hand-written CUDA stream could be a little faster, so the floor is
 an upper bound on the true one, within the noise of a cold replay, ~0.5 µs); the cases' bytes are what the
@@ -43,6 +52,8 @@ if _ROOT not in sys.path:
 import triton
 import triton.language as tl
 
+PROGRAMS_PER_SM = (1, 2, 4, 8)
+BLOCKS = (1024, 2048, 4096)  # int32 a load step: 4-16 KB a program
 LAUNCH_MARGIN = 0.95  # a bytes floor within 5 % of the launch floor counts as a decode case (the router at 8)
 
 
@@ -88,16 +99,16 @@ def _configs(n_int32: int, sms: int):
     """(name, grid, CHUNK, BLOCK, UNROLL, num_warps) of the read kernels for a buffer of n_int32 elements:
     1-8 programs an SM, loads of 4-16 KB, 1-2 of them in flight a program (no more than its chunk needs)."""
     out = []
-    for per_sm in (1, 2, 4, 8):
+    for per_sm in PROGRAMS_PER_SM:
         chunk = triton.cdiv(n_int32, per_sm * sms)
         chunk = triton.cdiv(chunk, 16) * 16  # 64-byte aligned chunks: see _read_kernel
-        for block in (1024, 2048, 4096):
+        for block in BLOCKS:
             for unroll in (1, 2):
-                small = block == 1024 and unroll == 1  # always one configuration per grid
+                small = block == BLOCKS[0] and unroll == 1  # always one configuration per grid
                 if not small and (block * unroll > 2 * triton.next_power_of_2(chunk)
                                   or (unroll > 1 and block * unroll // 2 >= chunk)):
                     continue
-                nw = 8 if block == 4096 else 4
+                nw = 8 if block >= 4096 else 4
                 out.append((f"p{per_sm}_b{block}_u{unroll}_w{nw}", triton.cdiv(n_int32, chunk), chunk, block, unroll,
                             nw))
     return out
@@ -110,7 +121,7 @@ def measure(nbytes: int, ms_graph, torch, rep: int = 40, confirm: int = 3) -> di
     n = triton.cdiv(nbytes, 64) * 16  # whole 64-byte runs (< 64 bytes more than the case's): see _read_kernel
     buf = torch.randint(-1000, 1000, (n,), dtype=torch.int32, device="cuda")
     sms = sm_count(buf.device)
-    out = torch.empty(8 * sms, dtype=torch.int32, device="cuda")
+    out = torch.empty(max(PROGRAMS_PER_SM) * sms + 1, dtype=torch.int32, device="cuda")  # one sum a program
     times, calls = {}, {}
     for name, grid, chunk, block, unroll, nw in _configs(n, sms):
         def f(grid=grid, chunk=chunk, block=block, unroll=unroll, nw=nw):
@@ -137,19 +148,27 @@ def run(args) -> dict:
 
     from benchmarks.common import env_info, measure_ceilings, ms_graph, write_json
 
+    global PROGRAMS_PER_SM, BLOCKS
+    if args.wide:
+        PROGRAMS_PER_SM, BLOCKS = (1, 2, 4, 8, 16), (512, 1024, 2048, 4096)
     ceil = measure_ceilings()
     cases = decode_cases(args.json)
     if not cases:
         raise SystemExit(f"read_floor: no decode case with bytes in {args.json}")
+    if args.only:
+        cases = [c for c in cases if any(k in c["name"] for k in args.only.split(","))]
     seen: dict = {}
     for c in cases:
         if c["bytes"] > args.max_mb * 1e6:  # met cases of 100+ MB: bandwidth, not fixed cost, sets their time
             c.update(read_floor_ms=None, read_bound=None, cold_over_read_floor=None, budget_ms=2 * c["floor_ms"])
             continue
         if c["bytes"] not in seen:
-            seen[c["bytes"]] = measure(c["bytes"], ms_graph, torch)
+            seen[c["bytes"]] = measure(c["bytes"], ms_graph, torch, rep=args.rep)
             print(json.dumps({"bytes": c["bytes"], "read_floor_us": round(seen[c["bytes"]]["read_floor_ms"] * 1e3, 2),
                               "config": seen[c["bytes"]]["config"]}), flush=True)
+            # each size as it is measured: a run stopped at its time limit keeps what it has
+            write_json(args.out, {"kind": "read_floor", "partial": True, "env": env_info(), "ceilings": ceil,
+                                  "sweeps": {str(k): v for k, v in seen.items()}})
         m = seen[c["bytes"]]
         # the floor measured here (this run's copy bandwidth), and the case's own floor from its run
         c["bytes_floor_ms_here"] = c["bytes"] / (ceil["copy_TBps"] * 1e12) * 1e3
@@ -176,6 +195,9 @@ def main(argv=None) -> int:
     ap.add_argument("json", nargs="+", help="kernel benchmark JSON (benchmarks/results/kernels_*.json)")
     ap.add_argument("--out", default=None, help="write the results here (JSON)")
     ap.add_argument("--max-mb", type=float, default=64.0, help="cases above this many MB get no read floor (default 64)")
+    ap.add_argument("--only", default=None, help="comma-separated substrings of case names to measure")
+    ap.add_argument("--rep", type=int, default=40, help="replay budget (ms) of each sweep timing; 4x for the best 3")
+    ap.add_argument("--wide", action="store_true", help="also 16 programs an SM and 2 KB loads (a wider sweep)")
     ap.add_argument("--list", action="store_true", help="print the decode cases and their bytes; no GPU needed")
     args = ap.parse_args(argv)
     if args.list:

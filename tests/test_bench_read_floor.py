@@ -38,7 +38,7 @@ def test_every_config_covers_the_buffer_once(n):
     assert cfgs
     for name, grid, chunk, block, unroll, nw in cfgs:
         assert grid * chunk >= n > (grid - 1) * chunk, name  # no program past the end, none missing
-        assert chunk % 16 == 0 and block in (1024, 2048, 4096) and nw in (4, 8), name
+        assert chunk % 16 == 0 and block in (512, 1024, 2048, 4096) and nw in (4, 8), name
 
 
 def test_read_kernel_sums_every_element_once(monkeypatch):
