@@ -52,8 +52,8 @@ if _ROOT not in sys.path:
 import triton
 import triton.language as tl
 
-PROGRAMS_PER_SM = (1, 2, 4, 8)
-BLOCKS = (1024, 2048, 4096)  # int32 a load step: 4-16 KB a program
+# the sweep: programs an SM x int32 a load step (4-16 KB; --wide: 2-16 KB, up to 16 programs an SM)
+SWEEPS = {"default": ((1, 2, 4, 8), (1024, 2048, 4096)), "wide": ((1, 2, 4, 8, 16), (512, 1024, 2048, 4096))}
 LAUNCH_MARGIN = 0.95  # a bytes floor within 5 % of the launch floor counts as a decode case (the router at 8)
 
 
@@ -81,7 +81,9 @@ def decode_cases(paths: list[str]) -> list[dict]:
     cases = []
     for path in paths:
         doc = json.load(open(path))
-        lf = (doc.get("ceilings") or {}).get("launch_floor_ms") or 0.0
+        if not (doc.get("ceilings") or {}).get("copy_TBps") or not isinstance(doc.get("results"), list):
+            raise SystemExit(f"read_floor: {path} is not a kernel benchmark JSON (no ceilings.copy_TBps / results)")
+        lf = doc["ceilings"].get("launch_floor_ms") or 0.0
         for r in doc.get("results", []):
             if not str(r.get("goal", "")).startswith("decode") or not r.get("bytes"):
                 continue
@@ -95,16 +97,17 @@ def decode_cases(paths: list[str]) -> list[dict]:
     return cases
 
 
-def _configs(n_int32: int, sms: int):
+def _configs(n_int32: int, sms: int, sweep: str = "default"):
     """(name, grid, CHUNK, BLOCK, UNROLL, num_warps) of the read kernels for a buffer of n_int32 elements:
-    1-8 programs an SM, loads of 4-16 KB, 1-2 of them in flight a program (no more than its chunk needs)."""
+    SWEEPS[sweep]'s programs an SM and load sizes, 1-2 loads in flight a program (no more than its chunk needs)."""
+    per_sms, blocks = SWEEPS[sweep]
     out = []
-    for per_sm in PROGRAMS_PER_SM:
+    for per_sm in per_sms:
         chunk = triton.cdiv(n_int32, per_sm * sms)
         chunk = triton.cdiv(chunk, 16) * 16  # 64-byte aligned chunks: see _read_kernel
-        for block in BLOCKS:
+        for block in blocks:
             for unroll in (1, 2):
-                small = block == BLOCKS[0] and unroll == 1  # always one configuration per grid
+                small = block == blocks[0] and unroll == 1  # always one configuration per grid
                 if not small and (block * unroll > 2 * triton.next_power_of_2(chunk)
                                   or (unroll > 1 and block * unroll // 2 >= chunk)):
                     continue
@@ -114,16 +117,16 @@ def _configs(n_int32: int, sms: int):
     return out
 
 
-def measure(nbytes: int, ms_graph, torch, rep: int = 40, confirm: int = 3) -> dict:
+def measure(nbytes: int, ms_graph, torch, rep: int = 40, confirm: int = 3, sweep: str = "default") -> dict:
     """Cold replay times of the read kernels and torch's sum over nbytes; the best few timed again."""
     from dsv41c.codegen.triton.kv_quant import sm_count
 
     n = triton.cdiv(nbytes, 64) * 16  # whole 64-byte runs (< 64 bytes more than the case's): see _read_kernel
     buf = torch.randint(-1000, 1000, (n,), dtype=torch.int32, device="cuda")
     sms = sm_count(buf.device)
-    out = torch.empty(max(PROGRAMS_PER_SM) * sms + 1, dtype=torch.int32, device="cuda")  # one sum a program
+    out = torch.empty(max(SWEEPS[sweep][0]) * sms + 1, dtype=torch.int32, device="cuda")  # one sum a program
     times, calls = {}, {}
-    for name, grid, chunk, block, unroll, nw in _configs(n, sms):
+    for name, grid, chunk, block, unroll, nw in _configs(n, sms, sweep):
         def f(grid=grid, chunk=chunk, block=block, unroll=unroll, nw=nw):
             _read_kernel[(grid,)](buf, out, n, CHUNK=chunk, BLOCK=block, UNROLL=unroll, num_warps=nw)
         f()
@@ -148,9 +151,6 @@ def run(args) -> dict:
 
     from benchmarks.common import env_info, measure_ceilings, ms_graph, write_json
 
-    global PROGRAMS_PER_SM, BLOCKS
-    if args.wide:
-        PROGRAMS_PER_SM, BLOCKS = (1, 2, 4, 8, 16), (512, 1024, 2048, 4096)
     ceil = measure_ceilings()
     cases = decode_cases(args.json)
     if not cases:
@@ -159,11 +159,12 @@ def run(args) -> dict:
         cases = [c for c in cases if any(k in c["name"] for k in args.only.split(","))]
     seen: dict = {}
     for c in cases:
-        if c["bytes"] > args.max_mb * 1e6:  # met cases of 100+ MB: bandwidth, not fixed cost, sets their time
+        if c["bytes"] > args.max_mb * 1e6:  # the 100+ MB cases (all met): bandwidth, not fixed cost, sets their time
             c.update(read_floor_ms=None, read_bound=None, cold_over_read_floor=None, budget_ms=2 * c["floor_ms"])
             continue
         if c["bytes"] not in seen:
-            seen[c["bytes"]] = measure(c["bytes"], ms_graph, torch, rep=args.rep)
+            seen[c["bytes"]] = measure(c["bytes"], ms_graph, torch, rep=args.rep,
+                                       sweep="wide" if args.wide else "default")
             print(json.dumps({"bytes": c["bytes"], "read_floor_us": round(seen[c["bytes"]]["read_floor_ms"] * 1e3, 2),
                               "config": seen[c["bytes"]]["config"]}), flush=True)
             # each size as it is measured: a run stopped at its time limit keeps what it has

@@ -32,16 +32,24 @@ def test_decode_cases_keep_bytes_floors_not_below_the_launch_floor(tmp_path):
     assert kinds == {"big": "bytes", "near": "bytes", "flops": "flops"}  # 4e6 B at 4 TB/s is 1 µs, not 8
 
 
+@pytest.mark.parametrize("sweep", ["default", "wide"])
 @pytest.mark.parametrize("n", [1, 1000, 1_643_200, 226_046_400])
-def test_every_config_covers_the_buffer_once(n):
-    cfgs = rf._configs(n, 132)
-    assert cfgs
+def test_every_config_covers_the_buffer_once(n, sweep):
+    cfgs = rf._configs(n, 132, sweep)
+    assert cfgs and max(g for _, g, *_ in cfgs) <= max(rf.SWEEPS[sweep][0]) * 132  # the output buffer's size
     for name, grid, chunk, block, unroll, nw in cfgs:
         assert grid * chunk >= n > (grid - 1) * chunk, name  # no program past the end, none missing
         assert chunk % 16 == 0 and block in (512, 1024, 2048, 4096) and nw in (4, 8), name
 
 
-def test_read_kernel_sums_every_element_once(monkeypatch):
+def test_a_json_that_is_not_a_kernel_benchmark_is_named(tmp_path):
+    p = tmp_path / "tune.json"
+    p.write_text(json.dumps({"rows": []}))
+    with pytest.raises(SystemExit, match="tune.json is not a kernel benchmark JSON"):
+        rf.decode_cases([str(p)])
+
+
+def test_read_kernel_sums_every_element_once():
     n = 5000
     buf = torch.arange(n, dtype=torch.int32)
     for name, grid, chunk, block, unroll, nw in rf._configs(n, 2)[:4]:
