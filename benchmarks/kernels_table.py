@@ -48,10 +48,10 @@ def render(path: str, read: dict | None = None) -> str:
         goal = r.get("goal") or ""
         if goal:
             goal += " ✔" if r.get("goal_met") else " ✘"
-            if r.get("launch_bound"):
-                goal += " (launch-bound)"
-            elif not r.get("goal_met") and (read or {}).get(r["name"], {}).get("read_bound"):
-                goal += " (read-bound)"
+            read_bound = not r.get("goal_met") and (read or {}).get(r["name"], {}).get("read_bound")
+            why = [w for w, on in (("launch-bound", r.get("launch_bound")), ("read-bound", read_bound)) if on]
+            if why:
+                goal += f" ({', '.join(why)})"
         rf = (read or {}).get(r["name"], {}).get("read_floor_ms")
         rcol = f"{_f(rf, '{:.4f}')} | " if read is not None else ""
         frac = r.get("frac_bf16_rate")

@@ -12,7 +12,8 @@
 #   profile          benchmarks/profile_decode.py under Nsight Compute -> ncu_decode.txt (PROFILE_ONLY picks cases)
 #   tune_overlap     benchmarks/tune_moe_ffn_overlap.py -> tune_moe_ffn_chain.json (fused router, shared expert on a side stream)
 #   read_floor       benchmarks/read_floor.py -> read_floor.json (the least time to read each decode case's bytes,
-#                    from the kept kernels_*.json, or this call's if bench_* ran first)
+#                    from the kept kernels_*.json, or this call's if bench_* ran first; ~6.5 min, so its
+#                    timeout is at least 420 s whatever STEP_TIMEOUT says)
 # STEPS picks the steps (default: tests bench_attention bench_ffn); STEP_TIMEOUT bounds each (s);
 # ATTN_ONLY / FFN_ONLY pass --only to the two benchmark scripts. The logs end up in logs.tgz (the
 # device tool brings back at most 8 files).
@@ -55,7 +56,8 @@ for step in $STEPS; do
     read_floor) J=""; for k in ffn attention; do
                if [ -f "$OUT/kernels_$k.json" ]; then J="$J $OUT/kernels_$k.json"; else J="$J benchmarks/results/kernels_$k.json"; fi
              done
-             timeout "$T" python3 benchmarks/read_floor.py $J --out "$OUT/read_floor.json" > "$OUT/read_floor.txt" 2>&1 ;;
+             timeout "$(( T > 420 ? T : 420 ))" python3 benchmarks/read_floor.py $J --out "$OUT/read_floor.json" \
+               > "$OUT/read_floor.txt" 2>&1 ;;
     profile) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
              timeout "$T" "$NCU" --profile-from-start off --clock-control none --print-kernel-base function \
                --section SpeedOfLight --section LaunchStats --section Occupancy --section SchedulerStats \

@@ -61,8 +61,8 @@ def test_read_kernel_sums_every_element_once():
 def test_kernels_table_shows_the_read_floor_column(tmp_path):
     from benchmarks import kernels_table as kt
 
-    row = {"name": "lin_M1", "triton_ms": 0.01, "floor_ms": 0.0015, "best_over_floor": 3.8, "goal": "decode <= 2x bytes floor",
-           "goal_met": False, "launch_bound": False, "rel_err": 1e-3}
+    row = {"name": "lin_M1", "triton_ms": 0.01, "floor_ms": 0.0015, "best_over_floor": 3.8, "rel_err": 1e-3,
+           "goal": "decode <= 2x bytes floor", "goal_met": False, "launch_bound": False}
     p = _doc(tmp_path, [row])
     plain = kt.render(p)
     assert "read floor" not in plain and "read-bound" not in plain
@@ -71,3 +71,5 @@ def test_kernels_table_shows_the_read_floor_column(tmp_path):
     head, sep, line = table[2], table[3], table[4]
     assert "| read floor ms |" in head and head.count("|") == sep.count("|") == line.count("|")
     assert "| 0.0042 |" in line and line.endswith("✘ (read-bound) |")
+    both = kt.render(_doc(tmp_path, [{**row, "launch_bound": True}]), read).splitlines()[4]
+    assert both.endswith("✘ (launch-bound, read-bound) |")  # both said, neither hidden
