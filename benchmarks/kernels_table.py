@@ -6,12 +6,18 @@ Columns: Triton median time (do_bench), its CUDA-graph replay time where measure
 shapes; warm L2, and "cold": L2 flushed before each replay, which the decode verdict uses), eager PyTorch reference time, speedup, the floor (max of bytes / measured copy
 bandwidth and FLOPs / measured matrix rate), the better time over the floor, the correctness
 figure the script recorded, and the issue's goal where one applies (✔/✘; "launch-bound" where
-the floor is below the measured launch floor of an empty kernel). With --read-floor (benchmarks/read_floor.py's
+the floor is below the measured launch floor of an empty kernel). Rows whose floor today's `common.floor_ms`
+computes differently from the run (the int8 ceiling, corrected in session 11) are recomputed and marked †.
+With --read-floor (benchmarks/read_floor.py's
 JSON), a "read floor ms" column gives, for the decode cases it measured, the least L2-cold time of a kernel that
 only reads those bytes, and the goal cell says "read-bound" where that alone exceeds 2x the bytes floor.
 """
 import json
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import refloor  # noqa: E402
 
 
 def _err(r) -> str:
@@ -38,29 +44,38 @@ def render(path: str, read: dict | None = None) -> str:
              + ("| read floor ms " if read is not None else "")
              + "| × floor | bf16-rate frac | check | goal |", "|---|---|---|---|---|---|---|---|---|---|---|---|"
              + ("---|" if read is not None else "")]
+    refloored = False
     for r in d["results"]:
         if "name" in r and "triton_ms" not in r:
             lines.append(f"| {r['name']} | FAILED: {str(r.get('error'))[:80]} |")
             continue
+        r = refloor(r, ceil)
+        mark = " †" if "refloored_from" in r else ""
+        refloored = refloored or bool(mark)
         g = r.get("graph_ms", r.get("triton_cudagraph_ms"))
         g = g if isinstance(g, float) else None
         over = r.get("best_over_floor", r.get("triton_over_floor", r.get("time_over_floor")))
         goal = r.get("goal") or ""
         if goal:
             goal += " ✔" if r.get("goal_met") else " ✘"
-            read_bound = not r.get("goal_met") and (read or {}).get(r["name"], {}).get("read_bound")
+            rf = (read or {}).get(r["name"], {}).get("read_floor_ms")
+            read_bound = not r.get("goal_met") and rf is not None and rf > 2 * r["floor_ms"]  # against today's floor
             why = [w for w, on in (("launch-bound", r.get("launch_bound")), ("read-bound", read_bound)) if on]
             if why:
                 goal += f" ({', '.join(why)})"
         rf = (read or {}).get(r["name"], {}).get("read_floor_ms")
         rcol = f"{_f(rf, '{:.4f}')} | " if read is not None else ""
         frac = r.get("frac_bf16_rate")
-        lines.append(f"| {r['name']} | {_f(r.get('triton_ms'), '{:.4f}')} | {_f(g, '{:.4f}')} | "
+        lines.append(f"| {r['name']}{mark} | {_f(r.get('triton_ms'), '{:.4f}')} | {_f(g, '{:.4f}')} | "
                      f"{_f(r.get('graph_cold_ms'), '{:.4f}')} | "
                      f"{_f(r.get('eager_ms'), '{:.4f}')} | "
                      f"{_f(r.get('speedup_vs_eager'), '{:.1f}×')} | {_f(r.get('compiled_ms'), '{:.4f}')} | "
                      f"{_f(r.get('floor_ms'), '{:.4f}')} | {rcol}"
                      f"{_f(over, '{:.2f}')} | {_f(frac, '{:.0%}')} | {_err(r)} | {goal} |")
+    if refloored:
+        lines += ["", "† floor and verdicts recomputed from the row's own bytes, FLOPs and times and its run's ceilings "
+                  "by `common.floor_ms` as it is now (int8 at twice the bf16 rate, `common.int8_rate`); the JSON keeps "
+                  "the run's floor (`refloor`)."]
     return "\n".join(lines)
 
 

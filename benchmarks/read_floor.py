@@ -44,6 +44,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
@@ -51,6 +52,8 @@ if _ROOT not in sys.path:
 
 import triton
 import triton.language as tl
+
+from benchmarks.common import refloor
 
 # the sweep: programs an SM x int32 a load step (4-16 KB; --wide: 2-16 KB, up to 16 programs an SM)
 SWEEPS = {"default": ((1, 2, 4, 8), (1024, 2048, 4096)), "wide": ((1, 2, 4, 8, 16), (512, 1024, 2048, 4096))}
@@ -87,6 +90,7 @@ def decode_cases(paths: list[str]) -> list[dict]:
         for r in doc.get("results", []):
             if not str(r.get("goal", "")).startswith("decode") or not r.get("bytes"):
                 continue
+            r = refloor(r, doc["ceilings"])  # today's floor (the int8 ceiling), as kernels_table shows it
             if r["floor_ms"] < LAUNCH_MARGIN * lf:
                 continue
             bytes_floor = r["bytes"] / (doc["ceilings"]["copy_TBps"] * 1e12) * 1e3
@@ -95,6 +99,33 @@ def decode_cases(paths: list[str]) -> list[dict]:
                           "floor_kind": "bytes" if r["floor_ms"] <= 1.001 * bytes_floor else "flops",
                           "cold_ms": r.get("graph_cold_ms"), "goal_met": r.get("goal_met")})
     return cases
+
+
+def verdict(c: dict, read_floor_ms: float) -> dict:
+    """Case c (from decode_cases) with its read floor and what follows from it: the goal's budget (2x the bytes /
+    FLOP floor), read_bound (the read alone exceeds it) and the kernel's cold time over the read floor."""
+    return dict(c, read_floor_ms=read_floor_ms, budget_ms=2 * c["floor_ms"], read_bound=read_floor_ms > 2 * c["floor_ms"],
+                cold_over_read_floor=(c["cold_ms"] / read_floor_ms) if c.get("cold_ms") else None)
+
+
+def rederive(path: str, jsons: list[str]) -> dict:
+    """Recompute a kept read-floor JSON's floors and verdicts from the kernel JSONs as `decode_cases` reads them
+    now (today's `common.floor_ms`), keeping every measured read floor; the document says when and why."""
+    doc = json.load(open(path))
+    now = {c["name"]: c for c in decode_cases(jsons)}
+    cases = []
+    for c in doc["cases"]:
+        if c["name"] not in now:
+            raise SystemExit(f"read_floor --rederive: {c['name']} (in {path}) is no decode case of {jsons}")
+        keep = {k: c[k] for k in ("read_config", "torch_sum_cold_ms", "bytes_floor_ms_here") if k in c}
+        cases.append({**(verdict(now[c["name"]], c["read_floor_ms"]) if c.get("read_floor_ms") is not None
+                         else dict(now[c["name"]], read_floor_ms=None, read_bound=None, cold_over_read_floor=None,
+                                   budget_ms=2 * now[c["name"]]["floor_ms"])), **keep})
+    doc["cases"] = cases
+    doc.setdefault("rederived", []).append({"time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                            "why": "floors and verdicts from the kernel JSONs as decode_cases reads "
+                                                   "them now (common.floor_ms: int8 at 2x the bf16 rate)"})
+    return doc
 
 
 def _configs(n_int32: int, sms: int, sweep: str = "default"):
@@ -169,13 +200,8 @@ def run(args) -> dict:
                               "config": seen[c["bytes"]]["config"]}), flush=True)
         m = seen[c["bytes"]]
         # the floor measured here (this run's copy bandwidth), and the case's own floor from its run
-        c["bytes_floor_ms_here"] = c["bytes"] / (ceil["copy_TBps"] * 1e12) * 1e3
-        c["budget_ms"] = 2 * c["floor_ms"]
-        c["read_floor_ms"] = m["read_floor_ms"]
-        c["read_config"] = m["config"]
-        c["torch_sum_cold_ms"] = m["torch_sum_cold_ms"]
-        c["read_bound"] = m["read_floor_ms"] > c["budget_ms"]
-        c["cold_over_read_floor"] = (c["cold_ms"] / m["read_floor_ms"]) if c.get("cold_ms") else None
+        c.update(verdict(c, m["read_floor_ms"]), bytes_floor_ms_here=c["bytes"] / (ceil["copy_TBps"] * 1e12) * 1e3,
+                 read_config=m["config"], torch_sum_cold_ms=m["torch_sum_cold_ms"])
         # after each case: a run stopped at its time limit keeps the cases it has (kernels_table reads them)
         write_json(args.out, {"kind": "read_floor", "partial": True, "env": env_info(), "ceilings": ceil,
                               "cases": [x for x in cases if "read_floor_ms" in x],
@@ -192,6 +218,13 @@ def run(args) -> dict:
     return doc
 
 
+def write_json_plain(path: str, doc: dict) -> None:
+    """common.write_json's atomic write (imported there with torch; this path needs no GPU either way)."""
+    from benchmarks.common import write_json
+
+    write_json(path, doc)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("json", nargs="+", help="kernel benchmark JSON (benchmarks/results/kernels_*.json)")
@@ -202,7 +235,12 @@ def main(argv=None) -> int:
     ap.add_argument("--rep", type=int, default=40, help="replay budget (ms) of each sweep timing; 4x for the best 3")
     ap.add_argument("--wide", action="store_true", help="also 16 programs an SM and 2 KB loads (a wider sweep)")
     ap.add_argument("--list", action="store_true", help="print the decode cases and their bytes; no GPU needed")
+    ap.add_argument("--rederive", metavar="READ_FLOOR_JSON", default=None,
+                    help="recompute that kept file's floors and verdicts from the kernel JSONs (no GPU; writes --out)")
     args = ap.parse_args(argv)
+    if args.rederive:
+        write_json_plain(args.out or args.rederive, rederive(args.rederive, args.json))
+        return 0
     if args.list:
         for c in decode_cases(args.json):
             print(f"{c['name']:44s} {c['bytes'] / 1e6:9.2f} MB  floor {c['floor_ms'] * 1e3:7.2f} µs")

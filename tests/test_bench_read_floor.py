@@ -73,3 +73,38 @@ def test_kernels_table_shows_the_read_floor_column(tmp_path):
     assert "| 0.0042 |" in line and line.endswith("✘ (read-bound) |")
     both = kt.render(_doc(tmp_path, [{**row, "launch_bound": True}]), read).splitlines()[4]
     assert both.endswith("✘ (launch-bound, read-bound) |")  # both said, neither hidden
+
+
+def test_refloor_uses_twice_the_bf16_rate_for_int8_and_redoes_the_decode_verdict():
+    from benchmarks.common import floor_ms, int8_rate, refloor
+
+    ceil = {"copy_TBps": 4.0, "bf16_TFLOPs": 700.0, "int8_TOPs": 128.0, "launch_floor_ms": 0.001}
+    assert int8_rate(ceil) == 1400.0 and int8_rate({**ceil, "int8_TOPs": 2000.0}) == 2000.0
+    # 8 MB and 1 GOP of int8: 2 µs of bytes; 7.8 µs of FLOPs at 128 TOP/s, 0.71 µs at 1400
+    row = {"name": "idx", "bytes": 8e6, "flops": 1e9, "flop_kind": "int8", "floor_ms": 1e9 / 128e12 * 1e3,
+           "triton_ms": 0.02, "graph_ms": 0.012, "graph_cold_ms": 0.014, "goal": "decode <= 2x bytes floor",
+           "goal_met": True, "best_over_floor": 1.79, "launch_bound": False}
+    new = refloor(row, ceil)
+    assert new["floor_ms"] == floor_ms(ceil, 8e6, 1e9, "int8")[0] == 8e6 / 4e12 * 1e3
+    assert new["refloored_from"] == row["floor_ms"] and new["goal_met"] is False
+    assert abs(new["best_over_floor"] - 0.014 / 0.002) < 1e-9
+    eager = {**row, "goal": ">= 5x eager", "goal_met": True}
+    assert refloor(eager, ceil)["goal_met"] is True  # a goal that is not the floor's keeps its verdict
+    same = {**row, "flop_kind": "bf16", "floor_ms": max(8e6 / 4e12, 1e9 / 700e12) * 1e3}
+    assert refloor(same, ceil) is same  # nothing to redo
+
+
+def test_rederive_keeps_the_measured_read_floors(tmp_path):
+    ceil = {"copy_TBps": 4.0, "bf16_TFLOPs": 700.0, "int8_TOPs": 128.0, "launch_floor_ms": 0.001}
+    row = {"name": "idx", "bytes": 8e6, "flops": 1e9, "flop_kind": "int8", "floor_ms": 1e9 / 128e12 * 1e3,
+           "triton_ms": 0.02, "graph_cold_ms": 0.014, "goal": "decode <= 2x bytes floor", "goal_met": True}
+    k = tmp_path / "k.json"
+    k.write_text(json.dumps({"ceilings": ceil, "results": [row]}))
+    rfj = tmp_path / "rf.json"
+    rfj.write_text(json.dumps({"cases": [{"name": "idx", "read_floor_ms": 0.0045, "read_bound": False,
+                                          "budget_ms": 0.0156, "read_config": "p4"}]}))
+    doc = rf.rederive(str(rfj), [str(k)])
+    c = doc["cases"][0]
+    assert c["read_floor_ms"] == 0.0045 and c["read_config"] == "p4"  # measured: kept
+    assert c["budget_ms"] == 2 * 0.002 and c["read_bound"] is True and c["goal_met"] is False
+    assert doc["rederived"][0]["why"].startswith("floors and verdicts")
