@@ -16,8 +16,8 @@ Ceilings (measured in the same process, so every ratio is same run, same GPU): c
 (8192³ torch products), and the launch floor: the graph-replay time of a Triton kernel that
 copies one float, the least any kernel that reads and writes memory costs on this GPU.
 
-Floors: `floor_ms` = max(bytes / copy bandwidth, FLOPs / matmul rate of the kind the kernel
-uses). A decode kernel that moves a few hundred KB has a bytes floor far below one launch; the
+Floors (`floors.py`, re-exported here): `floor_ms` = max(bytes / copy bandwidth, FLOPs / matmul rate of the
+kind the kernel uses; int8 at twice the bf16 rate, `int8_rate`). A decode kernel that moves a few hundred KB has a bytes floor far below one launch; the
 entries record both the plain bytes floor and `launch_floor_ms`, and say which one they beat.
 
 Known gaps: the ceilings are one measurement each (no repeat spread); the launch floor is one
@@ -36,6 +36,8 @@ import torch
 import triton
 import triton.language as tl
 from triton.testing import do_bench
+
+from benchmarks.floors import floor_ms, int8_rate, refloor  # noqa: F401 (the benchmarks import them from here)
 
 DEV = "cuda"
 
@@ -135,46 +137,6 @@ def measure_ceilings(int8: bool = False, fp32: bool = False) -> dict:
             out["int8_TOPs"] = None
             out["int8_error"] = str(e)[:200]
     out["launch_floor_ms"] = launch_floor_ms()
-    return out
-
-
-def int8_rate(ceil: dict) -> float:
-    """The int8 ceiling (TOP/s): the larger of torch._int_mm's measured rate and twice the measured bf16 rate.
-    Hopper's dense int8 tensor-core rate is twice its bf16 one; torch._int_mm reaches only ~128 TOP/s on the H200
-    (about a tenth of 2x bf16), so taken alone it made int8 FLOP floors ~10x too high and verdicts against them too kind
-    (up to session 10's tables: the one-query indexer scoring counted as 1.96x its floor, 7.4x its bytes floor)."""
-    return max(ceil.get("int8_TOPs") or 0.0, 2 * ceil["bf16_TFLOPs"])
-
-
-def floor_ms(ceil: dict, bytes_: float, flops: float = 0.0, kind: str = "bf16"):
-    """(floor, bytes floor, FLOP floor) in ms for a kernel moving bytes_ and doing flops of `kind`."""
-    t_b = bytes_ / (ceil["copy_TBps"] * 1e12) * 1e3
-    rate = {"bf16": ceil["bf16_TFLOPs"], "int8": int8_rate(ceil),
-            "fp32": ceil.get("fp32_TFLOPs") or ceil["bf16_TFLOPs"] / 8}[kind]
-    t_f = flops / (rate * 1e12) * 1e3
-    return max(t_b, t_f), t_b, t_f
-
-
-def refloor(e: dict, ceil: dict) -> dict:
-    """Entry e of a kept benchmark JSON with its floor recomputed by today's `floor_ms` from its own bytes, FLOPs
-    and FLOP kind and its run's ceilings, and the floor's verdicts (x floor, decode goal) redone from its own times;
-    `refloored_from` keeps the run's floor. e unchanged where the floor is the same (within 0.1 %) or the entry
-    lacks what it takes (bytes, flop_kind, ceilings)."""
-    if not ceil or e.get("bytes") is None or e.get("flop_kind") not in ("bf16", "int8", "fp32") or not e.get("floor_ms"):
-        return e
-    f = floor_ms(ceil, e["bytes"], e.get("flops") or 0.0, e["flop_kind"])[0]
-    if abs(f - e["floor_ms"]) <= 1e-3 * e["floor_ms"]:
-        return e
-    out = dict(e, floor_ms=f, refloored_from=e["floor_ms"])
-    if e.get("triton_ms"):
-        out["triton_over_floor"] = e["triton_ms"] / f
-    if str(e.get("goal", "")).startswith("decode"):  # the decode verdict is against the floor; others are not
-        cold = e.get("graph_cold_ms")
-        best = min(x for x in (e.get("triton_ms"), cold if cold is not None else e.get("graph_ms"))
-                   if isinstance(x, float))
-        lf = ceil.get("launch_floor_ms") or 0.0
-        out.update(best_over_floor=best / f, goal_met=best <= 2 * f, launch_bound=f < lf,
-                   goal_met_vs_launch_floor=best <= 2 * max(f, lf))
     return out
 
 

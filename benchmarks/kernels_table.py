@@ -17,7 +17,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import refloor  # noqa: E402
+from benchmarks.floors import refloor  # noqa: E402
 
 
 def _err(r) -> str:
@@ -56,14 +56,13 @@ def render(path: str, read: dict | None = None) -> str:
         g = g if isinstance(g, float) else None
         over = r.get("best_over_floor", r.get("triton_over_floor", r.get("time_over_floor")))
         goal = r.get("goal") or ""
+        rf = (read or {}).get(r["name"], {}).get("read_floor_ms")
         if goal:
             goal += " ✔" if r.get("goal_met") else " ✘"
-            rf = (read or {}).get(r["name"], {}).get("read_floor_ms")
             read_bound = not r.get("goal_met") and rf is not None and rf > 2 * r["floor_ms"]  # against today's floor
             why = [w for w, on in (("launch-bound", r.get("launch_bound")), ("read-bound", read_bound)) if on]
             if why:
                 goal += f" ({', '.join(why)})"
-        rf = (read or {}).get(r["name"], {}).get("read_floor_ms")
         rcol = f"{_f(rf, '{:.4f}')} | " if read is not None else ""
         frac = r.get("frac_bf16_rate")
         lines.append(f"| {r['name']}{mark} | {_f(r.get('triton_ms'), '{:.4f}')} | {_f(g, '{:.4f}')} | "

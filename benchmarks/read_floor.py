@@ -53,7 +53,7 @@ if _ROOT not in sys.path:
 import triton
 import triton.language as tl
 
-from benchmarks.common import refloor
+from benchmarks.floors import refloor
 
 # the sweep: programs an SM x int32 a load step (4-16 KB; --wide: 2-16 KB, up to 16 programs an SM)
 SWEEPS = {"default": ((1, 2, 4, 8), (1024, 2048, 4096)), "wide": ((1, 2, 4, 8, 16), (512, 1024, 2048, 4096))}

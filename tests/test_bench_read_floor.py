@@ -76,7 +76,7 @@ def test_kernels_table_shows_the_read_floor_column(tmp_path):
 
 
 def test_refloor_uses_twice_the_bf16_rate_for_int8_and_redoes_the_decode_verdict():
-    from benchmarks.common import floor_ms, int8_rate, refloor
+    from benchmarks.floors import floor_ms, int8_rate, refloor
 
     ceil = {"copy_TBps": 4.0, "bf16_TFLOPs": 700.0, "int8_TOPs": 128.0, "launch_floor_ms": 0.001}
     assert int8_rate(ceil) == 1400.0 and int8_rate({**ceil, "int8_TOPs": 2000.0}) == 2000.0
