@@ -17,8 +17,9 @@ Ceilings (measured in the same process, so every ratio is same run, same GPU): c
 copies one float, the least any kernel that reads and writes memory costs on this GPU.
 
 Floors (`floors.py`, re-exported here): `floor_ms` = max(bytes / copy bandwidth, FLOPs / matmul rate of the
-kind the kernel uses; int8 at twice the bf16 rate, `int8_rate`). A decode kernel that moves a few hundred KB has a bytes floor far below one launch; the
-entries record both the plain bytes floor and `launch_floor_ms`, and say which one they beat.
+kind the kernel uses; int8 at twice the bf16 rate, `int8_rate`). A decode kernel that moves a few hundred KB
+has a bytes floor far below one launch; the entries record both the plain bytes floor and `launch_floor_ms`,
+and say which one they beat.
 
 Known gaps: the ceilings are one measurement each (no repeat spread); the launch floor is one
 tiny kernel, not a kernel with this one's argument count; the cold time is a difference of two
@@ -37,7 +38,7 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
-from benchmarks.floors import floor_ms, int8_rate, refloor  # noqa: F401 (the benchmarks import them from here)
+from benchmarks.floors import decode_verdict, floor_ms, int8_rate, refloor  # noqa: F401 (re-exported)
 
 DEV = "cuda"
 
@@ -141,21 +142,12 @@ def measure_ceilings(int8: bool = False, fp32: bool = False) -> dict:
 
 
 def decode_goal(e: dict, ceil: dict, t_graph) -> dict:
-    """Fill the 'decode within 2x of the bytes floor' verdict of entry e from its graph-replay time.
-
-    The verdict uses the L2-cold replay time where it was measured (the floor assumes HBM reads; a
-    warm replay of a kernel whose inputs fit the L2 can beat it), else the warm one."""
-    cold = getattr(t_graph, "cold", None)
-    best = min(x for x in (e.get("triton_ms"), cold if cold is not None else t_graph) if isinstance(x, float))
-    lf = ceil.get("launch_floor_ms") or 0.0
+    """Fill the 'decode within 2x of the bytes floor' verdict of entry e from its graph-replay time
+    (`floors.decode_verdict`: the L2-cold replay time where it was measured, else the warm one)."""
     e["graph_ms"] = t_graph
     e["graph_cold_ms"] = getattr(t_graph, "cold", None)
     e["goal"] = "decode <= 2x bytes floor"
-    e["best_over_floor"] = best / e["floor_ms"] if e["floor_ms"] else None
-    e["goal_met"] = best <= 2 * e["floor_ms"]
-    # Below one launch no kernel can go: say so rather than hide it.
-    e["launch_bound"] = e["floor_ms"] < lf
-    e["goal_met_vs_launch_floor"] = best <= 2 * max(e["floor_ms"], lf)
+    e.update(decode_verdict(e, e["floor_ms"], ceil))
     return e
 
 

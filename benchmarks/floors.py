@@ -30,6 +30,18 @@ def floor_ms(ceil: dict, bytes_: float, flops: float = 0.0, kind: str = "bf16"):
     return max(t_b, t_f), t_b, t_f
 
 
+def decode_verdict(e: dict, floor: float, ceil: dict) -> dict:
+    """The decode goal's fields for entry e against floor (ms): its best time is the better of the Triton median
+    and the L2-cold graph replay where measured, else the warm one (the floor assumes HBM reads; a warm replay of
+    a kernel whose inputs fit the L2 can beat it), within 2x of the floor or not; launch_bound where the floor is
+    below one launch (no kernel can go there: said, not hidden)."""
+    cold = e.get("graph_cold_ms")
+    best = min(x for x in (e.get("triton_ms"), cold if cold is not None else e.get("graph_ms")) if isinstance(x, float))
+    lf = ceil.get("launch_floor_ms") or 0.0
+    return {"best_over_floor": best / floor if floor else None, "goal_met": best <= 2 * floor,
+            "launch_bound": floor < lf, "goal_met_vs_launch_floor": best <= 2 * max(floor, lf)}
+
+
 def refloor(e: dict, ceil: dict) -> dict:
     """Entry e of a kept benchmark JSON with its floor recomputed by today's `floor_ms` from its own bytes, FLOPs
     and FLOP kind and its run's ceilings, and the floor's verdicts (x floor, decode goal) redone from its own times;
@@ -45,10 +57,5 @@ def refloor(e: dict, ceil: dict) -> dict:
     if e.get("triton_ms"):
         out["triton_over_floor"] = e["triton_ms"] / f
     if str(e.get("goal", "")).startswith("decode"):  # the decode verdict is against the floor; others are not
-        cold = e.get("graph_cold_ms")
-        best = min(x for x in (e.get("triton_ms"), cold if cold is not None else e.get("graph_ms"))
-                   if isinstance(x, float))
-        lf = ceil.get("launch_floor_ms") or 0.0
-        out.update(best_over_floor=best / f, goal_met=best <= 2 * f, launch_bound=f < lf,
-                   goal_met_vs_launch_floor=best <= 2 * max(f, lf))
+        out.update(decode_verdict(e, f, ceil))
     return out
