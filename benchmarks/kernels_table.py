@@ -6,7 +6,7 @@ Columns: Triton median time (do_bench), its CUDA-graph replay time where measure
 shapes; warm L2, and "cold": L2 flushed before each replay, which the decode verdict uses), eager PyTorch reference time, speedup, the floor (max of bytes / measured copy
 bandwidth and FLOPs / measured matrix rate), the better time over the floor, the correctness
 figure the script recorded, and the issue's goal where one applies (✔/✘; "launch-bound" where
-the floor is below the measured launch floor of an empty kernel). Rows whose floor today's `common.floor_ms`
+the floor is below the measured launch floor of an empty kernel). Rows whose floor today's `floors.floor_ms`
 computes differently from the run (the int8 ceiling, corrected in session 11) are recomputed and marked †.
 With --read-floor (benchmarks/read_floor.py's
 JSON), a "read floor ms" column gives, for the decode cases it measured, the least L2-cold time of a kernel that
@@ -73,8 +73,8 @@ def render(path: str, read: dict | None = None) -> str:
                      f"{_f(over, '{:.2f}')} | {_f(frac, '{:.0%}')} | {_err(r)} | {goal} |")
     if refloored:
         lines += ["", "† floor and verdicts recomputed from the row's own bytes, FLOPs and times and its run's ceilings "
-                  "by `common.floor_ms` as it is now (int8 at twice the bf16 rate, `common.int8_rate`); the JSON keeps "
-                  "the run's floor (`refloor`)."]
+                  "by `floors.floor_ms` as it is now (int8 at twice the bf16 rate, `floors.int8_rate`); the JSON keeps "
+                  "the run's floor (`floors.refloor`)."]
     return "\n".join(lines)
 
 

@@ -110,7 +110,7 @@ def verdict(c: dict, read_floor_ms: float) -> dict:
 
 def rederive(path: str, jsons: list[str]) -> dict:
     """Recompute a kept read-floor JSON's floors and verdicts from the kernel JSONs as `decode_cases` reads them
-    now (today's `common.floor_ms`), keeping every measured read floor; the document says when and why."""
+    now (today's `floors.floor_ms`), keeping every measured read floor; the document says when and why."""
     doc = json.load(open(path))
     now = {c["name"]: c for c in decode_cases(jsons)}
     cases = []
@@ -124,7 +124,7 @@ def rederive(path: str, jsons: list[str]) -> dict:
     doc["cases"] = cases
     doc.setdefault("rederived", []).append({"time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                             "why": "floors and verdicts from the kernel JSONs as decode_cases reads "
-                                                   "them now (common.floor_ms: int8 at 2x the bf16 rate)"})
+                                                   "them now (floors.floor_ms: int8 at 2x the bf16 rate)"})
     return doc
 
 
