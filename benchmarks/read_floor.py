@@ -80,7 +80,8 @@ def _read_kernel(buf_ptr, out_ptr, n, CHUNK, BLOCK: tl.constexpr, UNROLL: tl.con
 
 
 def decode_cases(paths: list[str]) -> list[dict]:
-    """The decode-goal rows of the kernel benchmark JSONs whose bytes floor is not below the launch floor."""
+    """The decode-goal rows of the kernel benchmark JSONs whose floor (as `floors.refloor` computes it now) is at
+    least LAUNCH_MARGIN of their run's launch floor."""
     cases = []
     for path in paths:
         doc = json.load(open(path))
@@ -101,10 +102,14 @@ def decode_cases(paths: list[str]) -> list[dict]:
     return cases
 
 
-def verdict(c: dict, read_floor_ms: float) -> dict:
+def verdict(c: dict, read_floor_ms: float | None) -> dict:
     """Case c (from decode_cases) with its read floor and what follows from it: the goal's budget (2x the bytes /
-    FLOP floor), read_bound (the read alone exceeds it) and the kernel's cold time over the read floor."""
-    return dict(c, read_floor_ms=read_floor_ms, budget_ms=2 * c["floor_ms"], read_bound=read_floor_ms > 2 * c["floor_ms"],
+    FLOP floor), read_bound (the read alone exceeds it) and the kernel's cold time over the read floor; a case
+    without a read floor (above --max-mb) gets None for those."""
+    if read_floor_ms is None:
+        return dict(c, read_floor_ms=None, budget_ms=2 * c["floor_ms"], read_bound=None, cold_over_read_floor=None)
+    return dict(c, read_floor_ms=read_floor_ms, budget_ms=2 * c["floor_ms"],
+                read_bound=read_floor_ms > 2 * c["floor_ms"],
                 cold_over_read_floor=(c["cold_ms"] / read_floor_ms) if c.get("cold_ms") else None)
 
 
@@ -118,9 +123,7 @@ def rederive(path: str, jsons: list[str]) -> dict:
         if c["name"] not in now:
             raise SystemExit(f"read_floor --rederive: {c['name']} (in {path}) is no decode case of {jsons}")
         keep = {k: c[k] for k in ("read_config", "torch_sum_cold_ms", "bytes_floor_ms_here") if k in c}
-        cases.append({**(verdict(now[c["name"]], c["read_floor_ms"]) if c.get("read_floor_ms") is not None
-                         else dict(now[c["name"]], read_floor_ms=None, read_bound=None, cold_over_read_floor=None,
-                                   budget_ms=2 * now[c["name"]]["floor_ms"])), **keep})
+        cases.append({**verdict(now[c["name"]], c.get("read_floor_ms")), **keep})
     doc["cases"] = cases
     doc.setdefault("rederived", []).append({"time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                             "why": "floors and verdicts from the kernel JSONs as decode_cases reads "
@@ -191,7 +194,7 @@ def run(args) -> dict:
     seen: dict = {}
     for c in cases:
         if c["bytes"] > args.max_mb * 1e6:  # the big cases (all met): bandwidth, not fixed cost, sets their time
-            c.update(read_floor_ms=None, read_bound=None, cold_over_read_floor=None, budget_ms=2 * c["floor_ms"])
+            c.update(verdict(c, None))
             continue
         if c["bytes"] not in seen:
             seen[c["bytes"]] = measure(c["bytes"], ms_graph, torch, rep=args.rep,
@@ -208,7 +211,7 @@ def run(args) -> dict:
                               "sweeps": {str(k): v for k, v in seen.items()}})
     doc = {"kind": "read_floor", "env": env_info(), "ceilings": ceil, "cases": cases,
            "sweeps": {str(k): v for k, v in seen.items()}}
-    write_json(args.out, doc)
+    write_json(args.out, doc)  # the whole run: no "partial"
     for c in cases:
         if c["read_floor_ms"] is None:
             continue
@@ -216,13 +219,6 @@ def run(args) -> dict:
               f"budget {c['budget_ms'] * 1e3:6.2f} read {c['read_floor_ms'] * 1e3:6.2f} µs "
               f"cold {(c['cold_ms'] or 0) * 1e3:6.1f} -> {'READ-BOUND' if c['read_bound'] else 'reachable'}")
     return doc
-
-
-def write_json_plain(path: str, doc: dict) -> None:
-    """common.write_json's atomic write (imported there with torch; this path needs no GPU either way)."""
-    from benchmarks.common import write_json
-
-    write_json(path, doc)
 
 
 def main(argv=None) -> int:
@@ -239,7 +235,9 @@ def main(argv=None) -> int:
                     help="recompute that kept file's floors and verdicts from the kernel JSONs (no GPU; writes --out)")
     args = ap.parse_args(argv)
     if args.rederive:
-        write_json_plain(args.out or args.rederive, rederive(args.rederive, args.json))
+        from benchmarks.common import write_json
+
+        write_json(args.out or args.rederive, rederive(args.rederive, args.json))
         return 0
     if args.list:
         for c in decode_cases(args.json):
