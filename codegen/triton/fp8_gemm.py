@@ -972,8 +972,9 @@ def _prefetch_row_bytes(prefetch, device, w, w3, k_split: int, rows: int) -> int
 
 def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=None, fold=None, decode_w=None,
           pdl=None, prefetch=None):
-    """Shared launcher. path: "gemv" (one token on the CUDA cores), "mma" (tensor cores), or None
-    (gemv for M <= GEMV_MAX_M when K tiles). fold: split-K epilogue inside the GEMM launch
+    """Shared launcher. path: "gemv" (one token on the CUDA cores), "mma" (tensor cores), "w8a8" (act_quant only:
+    E4M3 × E4M3 tensor-core dots, fp8_w8a8.py), or None (act_quant with 1..16 tokens on a device with E4M3 tensor
+    cores: w8a8; else gemv for M <= GEMV_MAX_M when K tiles). fold: split-K epilogue inside the GEMM launch
     (last-arriver) instead of a second launch; default on. tiles overrides the path's tile tuple
     (sweeps): mma (BM, BN, BK, GROUP_M, SPLIT_K, num_warps, num_stages), gemv (BN, BK, SPLIT_K,
     num_warps, num_stages[, SEG]; SEG defaults to GEMV_SEG). decode_w: the mma path's weight decoder, 0 or 1
@@ -986,6 +987,14 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
         _check_w(w3, s3, K, name)
         if w3.shape != w.shape:
             raise ValueError(f"{name}: w1 {tuple(w.shape)} and w3 {tuple(w3.shape)} differ")
+    if act_quant and path in (None, "w8a8"):
+        from dsv41c.codegen.triton import fp8_w8a8 as w8
+
+        rows = x.numel() // K if K else 0
+        if path == "w8a8" or (w8.w8a8_for(x.device) and 0 < rows <= w8.W8A8_MAX_M and K % w8.W8A8_BK == 0):
+            return w8.w8a8_gemm(x, w, s, w3, s3, limit, out_dtype, name, tiles=tiles, pdl=pdl)
+    elif path == "w8a8":
+        raise ValueError(f"{name}: path='w8a8' multiplies quantized activations: it needs act_quant=True")
     if act_quant:
         x = act_quant_fp8(x)
     x2 = x.reshape(-1, K).contiguous()
