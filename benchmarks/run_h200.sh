@@ -6,8 +6,6 @@
 #   tune_prefill     benchmarks/tune_moe_prefill.py  -> tune_moe_prefill.json (FP4 grouped GEMM decoders x tiles)
 #   tune_decode      benchmarks/tune_moe_decode.py   -> tune_moe_decode.json (small-batch expert GEMV path)
 #   tune_fp8         benchmarks/tune_fp8_decode.py   -> tune_fp8_decode.json (FP8 GEMM decode paths and tiles)
-#   tune_w8a8        benchmarks/tune_fp8_w8a8.py     -> tune_fp8_w8a8.json (the E4M3 × E4M3 decode GEMM vs act_quant / bf16;
-#                    W8A8_ONLY / W8A8_M pass --only / --m)
 #   tune_compressor  benchmarks/tune_compressor_decode.py -> tune_compressor_decode.json (one-launch decode compressor)
 #   tune_attention   benchmarks/tune_sparse_attention.py  -> tune_sparse_attention.json (batched decode attention)
 #   tune_topk        benchmarks/tune_indexer_topk.py      -> tune_indexer_topk.json (few-query selection)
@@ -47,8 +45,6 @@ for step in $STEPS; do
              > "$OUT/tune_decode.txt" 2>&1 ;;
     tune_fp8) timeout "$T" python3 benchmarks/tune_fp8_decode.py --out "$OUT/tune_fp8_decode.json" \
              > "$OUT/tune_fp8.txt" 2>&1 ;;
-    tune_w8a8) timeout "$T" python3 benchmarks/tune_fp8_w8a8.py --out "$OUT/tune_fp8_w8a8.json" \
-             ${W8A8_ONLY:+--only "$W8A8_ONLY"} ${W8A8_M:+--m "$W8A8_M"} > "$OUT/tune_w8a8.txt" 2>&1 ;;
     tune_compressor) timeout "$T" python3 benchmarks/tune_compressor_decode.py \
              --out "$OUT/tune_compressor_decode.json" > "$OUT/tune_compressor.txt" 2>&1 ;;
     tune_attention) timeout "$T" python3 benchmarks/tune_sparse_attention.py --out "$OUT/tune_sparse_attention.json" \

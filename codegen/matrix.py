@@ -203,8 +203,7 @@ def _triton_cell(t, target: Target) -> Cell:
         return Cell("missing", reason=f"declared generic ({generic}) but no variant returned")
     if not target.triton:
         return Cell("missing", reason=f"no Triton backend for {target.backend} in this toolchain")
-    why = (t.missing_on or {}).get(target.name)
-    return Cell("missing", reason=str(why) if why else "no variant for this target")
+    return Cell("missing", reason="no variant for this target")
 
 
 NO_TRITON = "not buildable (no Triton backend"

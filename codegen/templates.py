@@ -29,7 +29,6 @@ KERNEL_MODULES = (
     "dsv41c.codegen.triton.moe_router",
     "dsv41c.codegen.triton.moe_decode",
     "dsv41c.codegen.triton.fp8_gemm",
-    "dsv41c.codegen.triton.fp8_w8a8",
     "dsv41c.codegen.triton.rmsnorm",
     "dsv41c.codegen.triton.engram",
 )
@@ -62,8 +61,6 @@ class KernelTemplate:
     specializations: Callable[[str], list]  # target string ("cuda:sm90", ...) -> [AotSpec]
     # targets where only a generic (unspecialized) variant exists, with the reason
     generic_on: dict = field(default_factory=dict)
-    # targets where no variant exists on purpose, with the reason (the matrix shows it beside "missing")
-    missing_on: dict = field(default_factory=dict)
 
 
 def aot_spec(kernel, variant, types: dict, constexprs: dict, num_warps=4, num_stages=2, keys=None,

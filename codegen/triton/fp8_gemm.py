@@ -128,8 +128,15 @@ earlier static check had seen no saving (152 -> 165 registers): its ad-hoc compi
 the ahead-of-time build (aot_compat.make_ast_source) both pass that hint, check SASS the same way.
 
 Known gaps: no FP8×FP8 tensor-core path (wgmma e4m3 / MFMA fp8) — activations that are
-dynamically quantized still multiply in bf16 (same products, 2× the tensor-core time of FP8
-on Hopper); UE8M0 byte 0 (2^-127) decodes to 2^-127 only through the subnormal constant. At 2–16
+dynamically quantized still multiply in bf16 (same products). One was built and measured for the decode
+shapes (commit 2f7c5d5, fp8_w8a8.py, reverted): x quantized to E4M3 codes in its own launch, then one
+E4M3 × E4M3 dot per 32-column block (the UE8M0 blocks are 32 wide, so each block's partial is scaled and
+added in fp32), 2 warps (Triton: mma.sync on f16-converted operands, 1 F2FP a pair) or 4-8 (wgmma
+m64n16k32 e4m3). It matched the act_quant reference (rel err 1.7e-3, bf16 output) but was no faster than
+act_quant's fake quant + this bf16 kernel at any decode linear at 8 tokens on the H200 (L2-cold graph
+replay, its best tile each, results/tune_fp8_w8a8.json: shared w13 18.6 vs 16.2 µs, shared w2 12.5 vs 12.4,
+wo_b 26.1 vs 21.3, wq_a 11.3 vs 10.9, engram wkv 84.4 vs 56.6): the quant launch costs ~2.8 µs cold, and the 4 short,
+dependent MMA-then-FMA chains a k step leave the few warps a decode grid has waiting. UE8M0 byte 0 (2^-127) decodes to 2^-127 only through the subnormal constant. At 2–16
 tokens the DECODE_W 0 loop spends 6.3 SASS instructions per weight element (sm90, triton 3.6, BN 64,
 BK 128, 4 warps); DECODE_W 1 brings the one-multiply loop to 4.3 (the decode itself ~2.1: prmt, shl,
 and per pair, one HMUL2 per pair), the rest is per-k-step wgmma/descriptor/pipeline overhead that a
@@ -972,9 +979,8 @@ def _prefetch_row_bytes(prefetch, device, w, w3, k_split: int, rows: int) -> int
 
 def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=None, fold=None, decode_w=None,
           pdl=None, prefetch=None):
-    """Shared launcher. path: "gemv" (one token on the CUDA cores), "mma" (tensor cores), "w8a8" (act_quant only:
-    E4M3 × E4M3 tensor-core dots, fp8_w8a8.py), or None (act_quant with 1..16 tokens on a device with E4M3 tensor
-    cores: w8a8; else gemv for M <= GEMV_MAX_M when K tiles). fold: split-K epilogue inside the GEMM launch
+    """Shared launcher. path: "gemv" (one token on the CUDA cores), "mma" (tensor cores), or None
+    (gemv for M <= GEMV_MAX_M when K tiles). fold: split-K epilogue inside the GEMM launch
     (last-arriver) instead of a second launch; default on. tiles overrides the path's tile tuple
     (sweeps): mma (BM, BN, BK, GROUP_M, SPLIT_K, num_warps, num_stages), gemv (BN, BK, SPLIT_K,
     num_warps, num_stages[, SEG]; SEG defaults to GEMV_SEG). decode_w: the mma path's weight decoder, 0 or 1
@@ -987,14 +993,6 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
         _check_w(w3, s3, K, name)
         if w3.shape != w.shape:
             raise ValueError(f"{name}: w1 {tuple(w.shape)} and w3 {tuple(w3.shape)} differ")
-    if act_quant and path in (None, "w8a8"):
-        from dsv41c.codegen.triton import fp8_w8a8 as w8
-
-        rows = x.numel() // K if K else 0
-        if path == "w8a8" or (w8.w8a8_for(x.device) and 0 < rows <= w8.W8A8_MAX_M and K % w8.W8A8_BK == 0):
-            return w8.w8a8_gemm(x, w, s, w3, s3, limit, out_dtype, name, tiles=tiles, pdl=pdl)
-    elif path == "w8a8":
-        raise ValueError(f"{name}: path='w8a8' multiplies quantized activations: it needs act_quant=True")
     if act_quant:
         x = act_quant_fp8(x)
     x2 = x.reshape(-1, K).contiguous()
