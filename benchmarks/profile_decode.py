@@ -64,6 +64,7 @@ CASES = {
     "fp8_wq_a_M1": lambda: fp8_case(1280, 5120, 1),
     "fp8_wo_b_M8": lambda: fp8_case(5120, 8192, 8),
     "fp8_shared_w2_M8": lambda: fp8_case(D, I, 8),
+    "fp8_shared_w13_M8": lambda: fp8_case(I, D, 8, gated=True),
     "moe_T1": lambda: moe_case(1),
     "moe_ffn_T1": lambda: moe_case(1, whole=True),
     "compressor_r1_T1": lambda: compressor_case(1, 1),
