@@ -133,10 +133,11 @@ shapes (commit 2f7c5d5, fp8_w8a8.py, reverted): x quantized to E4M3 codes in its
 E4M3 × E4M3 dot per 32-column block (the UE8M0 blocks are 32 wide, so each block's partial is scaled and
 added in fp32), 2 warps (Triton: mma.sync on f16-converted operands, 1 F2FP a pair) or 4-8 (wgmma
 m64n16k32 e4m3). It matched the act_quant reference (rel err 1.7e-3, bf16 output) but was no faster than
-act_quant's fake quant + this bf16 kernel at any decode linear at 8 tokens on the H200 (L2-cold graph
-replay, its best tile each, results/tune_fp8_w8a8.json: shared w13 18.6 vs 16.2 µs, shared w2 12.5 vs 12.4,
-wo_b 26.1 vs 21.3, wq_a 11.3 vs 10.9, engram wkv 84.4 vs 56.6): the quant launch costs ~2.8 µs cold,
-and the 4 short, dependent MMA-then-FMA chains a k step leave the few warps a decode grid has waiting.
+act_quant's fake quant + this bf16 kernel at any of the five decode linears measured at 8 tokens on the
+H200 (L2-cold graph replay, its best setting each, results/tune_fp8_w8a8.json: shared w13 18.6 vs 16.2 µs,
+shared w2 12.5 vs 12.4 (equal within noise), wo_b 26.1 vs 21.3, wq_a 11.3 vs 10.9, engram wkv 84.4 vs 56.6).
+Both paths pay a quantization launch; the likely cause (not profiled) is the GEMM's 4 short, dependent
+MMA-then-FMA chains a k step, which leave the few warps a decode grid has waiting.
 UE8M0 byte 0 (2^-127) decodes to 2^-127 only through the subnormal constant. At 2–16
 tokens the DECODE_W 0 loop spends 6.3 SASS instructions per weight element (sm90, triton 3.6, BN 64,
 BK 128, 4 warps); DECODE_W 1 brings the one-multiply loop to 4.3 (the decode itself ~2.1: prmt, shl,
