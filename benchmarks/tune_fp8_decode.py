@@ -56,6 +56,9 @@ SHAPES = [("wo_b", 5120, 8192, 1, False), ("wo_b", 5120, 8192, 8, False), ("wq_a
 # wait for it, and its weight bytes come from shared memory as 16-bit LDS; at 2 warps, BN 32: HMMA.16816, LDS.64).
 # Eleventh (TUNE_M=8 TUNE_CONF=1, results/tune_fp8_mma_conf.json): the new 2-warp default, its split at one program an
 # SM fewer and more, and the old 4-warp tile, each twice, interleaved.
+# Twelfth (TUNE_M=8 TUNE_BK=1, results/tune_fp8_bk.json): the 2-warp tile at k tiles of 64 and 32 (sm90 SASS, Triton
+# 3.6, shared w1/w3: 96 / 86 registers instead of 128, so 10-11 programs fit an SM instead of 8) at 8-14 programs an
+# SM and 3-6 stages. TUNE_SHAPES=a,b limits any run to those linears.
 def _sk_for(per_sm, tiles, steps):
     return max(1, min(steps, per_sm * fg.N_SMS_HINT // tiles))
 
@@ -86,6 +89,14 @@ def _variants(N, K, M, gated):
                 around.append((f"mma_bn32_w2_c{c}_sk{sk}", {"tiles": (BM, BN, BK, GM, sk, nw, ns)}))
         four = (f"mma_bn64_w4_sk{sk4}", {"tiles": (BM, 64, BK, GM, sk4, 4, ns)})
         return out + around + [four, ("default_again", {})] + around + [four]
+    if M > 1 and os.environ.get("TUNE_BK") == "1":  # smaller k tiles (fewer registers: more programs an SM), interleaved
+        BM, BN, BK, GM, SK, nw, ns = fg._tiles(M, N, K, gated, mma_sync=fg.mma_sync_decode_for(torch.device(DEV)))
+        for bk, per_sm, ns2 in ((64, 8, 3), (64, 10, 3), (64, 12, 3), (64, 14, 3), (64, 10, 4), (64, 12, 4),
+                                (32, 10, 4), (32, 12, 4), (32, 14, 4), (32, 12, 6)):
+            if K % bk == 0:
+                sk = fg._split_k(M, N, K, BN, bk, per_sm)
+                out.append((f"mma_bk{bk}_c{per_sm}_sk{sk}_ns{ns2}", {"tiles": (BM, BN, bk, GM, sk, nw, ns2)}))
+        return out + [("default_again", {})]
     if M > 1 and os.environ.get("TUNE_W2") == "1":  # mma.sync tiles (num_warps < 4: no wgmma), interleaved
         BM, BN, BK, GM, SK, nw, ns = fg._tiles(M, N, K, gated, mma_sync=fg.mma_sync_decode_for(torch.device(DEV)))
         for bn, nw2, ns2, per_sm in ((32, 2, 3, 6), (32, 2, 3, 8), (32, 2, 3, 10), (64, 2, 3, 5), (64, 2, 3, 6),
@@ -128,8 +139,9 @@ def main(argv=None):
     ceil = measure_ceilings()
     doc = {**env_info(), "ceilings": ceil, "rows": []}
     only_m = int(os.environ.get("TUNE_M", "0"))
+    only_shapes = {n for n in os.environ.get("TUNE_SHAPES", "").split(",") if n}
     for name, N, K, M, gated in SHAPES:
-        if only_m and M != only_m:
+        if (only_m and M != only_m) or (only_shapes and name not in only_shapes):
             continue
 
         def wq(N=N, K=K):
