@@ -59,6 +59,8 @@ SHAPES = [("wo_b", 5120, 8192, 1, False), ("wo_b", 5120, 8192, 8, False), ("wq_a
 # Twelfth (TUNE_M=8 TUNE_BK=1, results/tune_fp8_bk.json): the 2-warp tile at k tiles of 64 and 32 (sm90 SASS, Triton
 # 3.6, shared w1/w3: 96 / 86 registers instead of 128, so 10-11 programs fit an SM instead of 8) at 8-14 programs an
 # SM and 3-6 stages. TUNE_SHAPES=a,b limits any run to those linears.
+# Thirteenth (TUNE_M=8 TUNE_SPF=1, results/tune_fp8_spf.json): the tensor-core k loop's scale bytes loaded one k tile
+# ahead (SPF, the new default) against loading them in the step that uses them, each twice, interleaved.
 def _sk_for(per_sm, tiles, steps):
     return max(1, min(steps, per_sm * fg.N_SMS_HINT // tiles))
 
@@ -89,6 +91,8 @@ def _variants(N, K, M, gated):
                 around.append((f"mma_bn32_w2_c{c}_sk{sk}", {"tiles": (BM, BN, BK, GM, sk, nw, ns)}))
         four = (f"mma_bn64_w4_sk{sk4}", {"tiles": (BM, 64, BK, GM, sk4, 4, ns)})
         return out + around + [four, ("default_again", {})] + around + [four]
+    if M > 1 and os.environ.get("TUNE_SPF") == "1":  # the scale prefetch (SPF, on by default) off, interleaved
+        return out + [("spf_off", {"spf": False}), ("default_again", {}), ("spf_off_again", {"spf": False})]
     if M > 1 and os.environ.get("TUNE_BK") == "1":  # smaller k tiles (fewer registers: more programs an SM), interleaved
         BM, BN, BK, GM, SK, nw, ns = fg._tiles(M, N, K, gated, mma_sync=fg.mma_sync_decode_for(torch.device(DEV)))
         for bk, per_sm, ns2 in ((64, 8, 3), (64, 10, 3), (64, 12, 3), (64, 14, 3), (64, 10, 4), (64, 12, 4),

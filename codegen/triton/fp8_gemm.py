@@ -458,7 +458,7 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
                     N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, GATED: tl.constexpr, NATIVE_FP8: tl.constexpr,
                     DOT_F32: tl.constexpr, FOLD: tl.constexpr, DECODE_W: tl.constexpr, PTX: tl.constexpr,
-                    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0):
+                    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0, SPF: tl.constexpr = False):
     """y = x·Wᵀ (GATED: y = silu(min(x·W1ᵀ, limit))·clamp(x·W3ᵀ, ±limit)); W E4M3 with UE8M0/32×32.
 
     Decode grids on sm90+: PREFETCH (bytes per row, 0 = off) requests the first PREFETCH bytes of each of
@@ -499,13 +499,13 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
         # program checks its own scale rows once and runs the one-multiply loop when it can
         if _any_scale_above(ws_ptr, ws3_ptr, pid_n, k_lo, k_hi, N, K, BN, GATED, 134):
             acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo, k_hi, N, K, BM, BN,
-                                    BK, SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, True)
+                                    BK, SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, True, SPF)
         else:
             acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo, k_hi, N, K, BM, BN,
-                                    BK, SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, False)
+                                    BK, SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, False, SPF)
     else:
         acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo, k_hi, N, K, BM, BN, BK,
-                                SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, True)
+                                SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, True, SPF)
     omask = m_ok[:, None] & n_ok[None, :]
     if SPLIT_K > 1:
         W2 = N * (1 + GATED)
@@ -549,9 +549,15 @@ def _any_scale_above(ws_ptr, ws3_ptr, pid_n, k_lo, k_hi, N: tl.constexpr, K: tl.
 def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo, k_hi, N: tl.constexpr, K: tl.constexpr,
                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr, GATED: tl.constexpr,
                 NATIVE_FP8: tl.constexpr, DOT_F32: tl.constexpr, DECODE_W: tl.constexpr, PTX: tl.constexpr,
-                TWO: tl.constexpr):
+                TWO: tl.constexpr, SPF: tl.constexpr = False):
     """fp8_gemm_kernel's k loop over this program's split [k_lo, k_hi): (acc, acc3) [BN, BM] fp32 = W-tile · x-tileᵀ.
-    TWO (DECODE_W 1): apply the second scale factor (needed only where a UE8M0 byte exceeds 134)."""
+    TWO (DECODE_W 1): apply the second scale factor (needed only where a UE8M0 byte exceeds 134).
+
+    SPF: the UE8M0 scale bytes of the next k tile are loaded one iteration ahead (registers carried by the loop).
+    Triton's pipeline takes the weight and x tiles through cp.async stages, but not the scale loads (2 bytes a
+    thread: below cp.async's 4), so without SPF each k step issues its scale load and waits a whole global round
+    trip for it before the decode (sm90 SASS: LDG.E.U16 at the top of the loop, consumed in the same
+    iteration; Nsight Compute: 30-34 % of the 8-token kernels' stall cycles are long-scoreboard waits)."""
     KS = (K + 31) // 32
     w_rows = rn.to(tl.int64)[:, None] * K
     s_rows = (rn // 32)[:, None] * KS
@@ -561,6 +567,12 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo,
     w3_words = w3_ptr.to(tl.pointer_type(tl.uint32)) + rn.to(tl.int64)[:, None] * KW
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     acc3 = tl.zeros((BN, BM), dtype=tl.float32)
+    if SPF:  # the first k tile's scales, before the loop
+        rs0 = k_lo // 32 + tl.arange(0, BK // 32)
+        sm0 = n_ok[:, None] & (rs0[None, :] * 32 < k_hi)
+        s_nxt = tl.load(ws_ptr + s_rows + rs0[None, :], mask=sm0, other=127)
+        if GATED:
+            s3_nxt = tl.load(ws3_ptr + s_rows + rs0[None, :], mask=sm0, other=127)
     for k0 in range(k_lo, k_hi, BK):
         rk = k0 + tl.arange(0, BK)
         if K % BK == 0:
@@ -577,34 +589,43 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo,
         # one scale byte per (row, 32 columns), expanded in registers (not one load per element)
         rs = k0 // 32 + tl.arange(0, BK // 32)
         sm = n_ok[:, None] & (rs[None, :] < KS)
+        if SPF:
+            rsn = rs + BK // 32
+            smn = n_ok[:, None] & (rsn[None, :] * 32 < k_hi)  # blocks that start inside the split: none after the last tile
+            s_cur = s_nxt
+            s_nxt = tl.load(ws_ptr + s_rows + rsn[None, :], mask=smn, other=127)
+            if GATED:
+                s3_cur = s3_nxt
+                s3_nxt = tl.load(ws3_ptr + s_rows + rsn[None, :], mask=smn, other=127)
+        else:
+            s_cur = tl.load(ws_ptr + s_rows + rs[None, :], mask=sm, other=127)
+            if GATED:
+                s3_cur = tl.load(ws3_ptr + s_rows + rs[None, :], mask=sm, other=127)
         if DECODE_W:
             # the decoded tile already is bf16 (fp32 under DOT_F32) with bf16 values: no cast before the dot
             rw = (k0 // 4 + tl.arange(0, BK // 4))[None, :]
-            wt = e4m3_words_to_bf16(tl.load(w_words + rw, mask=n_ok[:, None], other=0),
-                                    tl.load(ws_ptr + s_rows + rs[None, :], mask=sm, other=127), BN, BK, PTX, DOT_F32,
+            wt = e4m3_words_to_bf16(tl.load(w_words + rw, mask=n_ok[:, None], other=0), s_cur, BN, BK, PTX, DOT_F32,
                                     TWO)
             if DOT_F32:
                 acc += tl.dot(wt, tl.trans(xt), input_precision="ieee")
             else:
                 acc += tl.dot(wt, tl.trans(xt))
             if GATED:
-                wt3 = e4m3_words_to_bf16(tl.load(w3_words + rw, mask=n_ok[:, None], other=0),
-                                         tl.load(ws3_ptr + s_rows + rs[None, :], mask=sm, other=127), BN, BK, PTX,
+                wt3 = e4m3_words_to_bf16(tl.load(w3_words + rw, mask=n_ok[:, None], other=0), s3_cur, BN, BK, PTX,
                                          DOT_F32, TWO)
                 if DOT_F32:
                     acc3 += tl.dot(wt3, tl.trans(xt), input_precision="ieee")
                 else:
                     acc3 += tl.dot(wt3, tl.trans(xt))
         else:
-            sc = expand_cols(e8m0_to_f32(tl.load(ws_ptr + s_rows + rs[None, :], mask=sm, other=127)), BN, BK // 32, 32)
+            sc = expand_cols(e8m0_to_f32(s_cur), BN, BK // 32, 32)
             wt = e4m3_to_f32(tl.load(w_ptr + w_rows + rk[None, :], mask=wm, other=0), NATIVE_FP8) * sc
             if DOT_F32:
                 acc += tl.dot(wt, tl.trans(xt), input_precision="ieee")
             else:
                 acc += tl.dot(wt.to(tl.bfloat16), tl.trans(xt))
             if GATED:
-                sc3 = expand_cols(e8m0_to_f32(tl.load(ws3_ptr + s_rows + rs[None, :], mask=sm, other=127)), BN,
-                                  BK // 32, 32)
+                sc3 = expand_cols(e8m0_to_f32(s3_cur), BN, BK // 32, 32)
                 wt3 = e4m3_to_f32(tl.load(w3_ptr + w_rows + rk[None, :], mask=wm, other=0), NATIVE_FP8) * sc3
                 if DOT_F32:
                     acc3 += tl.dot(wt3, tl.trans(xt), input_precision="ieee")
@@ -821,6 +842,8 @@ FOLD_SPLIT_K = True  # split-K epilogue by the last-arriving program (one launch
 # default from DECODE_W_MIN_WEIGHTS weight elements on (engram wkv; mtp_main_proj, 79 M, stays per element).
 DECODE_W_CUDA = 1
 DECODE_W_MIN_WEIGHTS = 100_000_000
+# the tensor-core k loop loads the next k tile's scale bytes one iteration ahead (`_mma_k_loop`'s SPF)
+SCALE_PREFETCH = True
 
 
 def pair_order(BK: int) -> torch.Tensor:
@@ -980,7 +1003,7 @@ def _prefetch_row_bytes(prefetch, device, w, w3, k_split: int, rows: int) -> int
 
 
 def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=None, fold=None, decode_w=None,
-          pdl=None, prefetch=None):
+          pdl=None, prefetch=None, spf=None):
     """Shared launcher. path: "gemv" (one token on the CUDA cores), "mma" (tensor cores), or None
     (gemv for M <= GEMV_MAX_M when K tiles). fold: split-K epilogue inside the GEMM launch
     (last-arriver) instead of a second launch; default on. tiles overrides the path's tile tuple
@@ -988,7 +1011,8 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
     num_warps, num_stages[, SEG]; SEG defaults to GEMV_SEG). decode_w: the mma path's weight decoder, 0 or 1
     (DECODE_W; 1 permutes x's columns to k_order_w(BK) here, once per call); None: `_decode_w`'s default. pdl / prefetch: programmatic
     dependent launch (pdl.py) and the L2 prefetch of the weight rows (l2_prefetch.py); None: on for decode
-    shapes on sm90+ CUDA devices; prefetch off unless asked for (`_prefetch_row_bytes`)."""
+    shapes on sm90+ CUDA devices; prefetch off unless asked for (`_prefetch_row_bytes`). spf: the mma path's
+    scale prefetch (`_mma_k_loop`); None: SCALE_PREFETCH."""
     K = x.shape[-1]
     _check_w(w, s, K, name)
     if w3 is not None:
@@ -1055,7 +1079,8 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
                           float(limit), N=N, K=K, BM=BM, BN=BN, BK=BK, GROUP_M=GM,
                           SPLIT_K=SK, GATED=gated, NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2),
                           FOLD=fold and SK > 1, DECODE_W=dw, PTX=ptx_for(x.device), PDL=pdl, PREFETCH=pf,
-                          num_warps=nw, num_stages=ns, **launch_kw(pdl))
+                          SPF=SCALE_PREFETCH if spf is None else bool(spf), num_warps=nw, num_stages=ns,
+                          **launch_kw(pdl))
     if SK > 1 and not fold:
         RB = 256 if interpreting() else 1024
         splitk_reduce_kernel[(M, triton.cdiv(N, RB))](part, y, M, float(limit), N=N, SPLIT_K=SK, GATED=gated,
@@ -1106,7 +1131,7 @@ def _gemm_variants(target: str, gated: bool) -> list:
                 BN = 64  # two accumulators
             ce = {"N": N, "K": K, "BM": BM, "BN": BN, "BK": BK, "GROUP_M": GM, "SPLIT_K": SK, "GATED": gated,
                   "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "FOLD": SK > 1, "DECODE_W": dw,
-                  "PTX": tr["kind"] == "cuda", "PDL": False, "PREFETCH": 0}
+                  "PTX": tr["kind"] == "cuda", "PDL": False, "PREFETCH": 0, "SPF": SCALE_PREFETCH}
             keys = {"linear": name, "mode": mode, "act": "bf16", **ce}
             # fewer than 4 warps: mma.sync on purpose on Hopper (`_decode_tile`)
             mx = "mma.sync" if tr["kind"] == "cuda" and nw < 4 else None
@@ -1137,14 +1162,14 @@ register(KernelTemplate(
     name="fp8_gemm", module=__name__,
     summary="x · dequant(E4M3 W, UE8M0 32×32)ᵀ, fp32 accumulate (dense linears)",
     keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "SPLIT_K", "NATIVE_FP8", "GATED",
-          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE", "SEG"),
+          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE", "SEG", "SPF"),
     reference=fp8_gemm_reference, launch=fp8_gemm,
     specializations=lambda t: _gemm_variants(t, False)))
 register(KernelTemplate(
     name="fp8_gemm_swiglu", module=__name__,
     summary="shared expert gate/up: silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L), FP8 weights",
     keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "SPLIT_K", "NATIVE_FP8", "GATED",
-          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE", "SEG"),
+          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE", "SEG", "SPF"),
     reference=fp8_gemm_swiglu_reference, launch=fp8_gemm_swiglu,
     specializations=lambda t: _gemm_variants(t, True)))
 register(KernelTemplate(
