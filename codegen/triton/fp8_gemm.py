@@ -842,8 +842,19 @@ FOLD_SPLIT_K = True  # split-K epilogue by the last-arriving program (one launch
 # default from DECODE_W_MIN_WEIGHTS weight elements on (engram wkv; mtp_main_proj, 79 M, stays per element).
 DECODE_W_CUDA = 1
 DECODE_W_MIN_WEIGHTS = 100_000_000
-# the tensor-core k loop loads the next k tile's scale bytes one iteration ahead (`_mma_k_loop`'s SPF)
+# the tensor-core k loop loads the next k tile's scale bytes one iteration ahead (`_mma_k_loop`'s SPF), except in
+# the gated decode tile. H200, 8 tokens, L2-cold graph replay, each twice, interleaved (results/tune_fp8_spf.json):
+# wo_b 19.2-19.3 -> 17.4-17.5 µs, shared w2 10.3-10.5 -> 9.4-9.6, wq_a 8.6-8.8 -> 8.8-9.0, engram wkv 55.5-55.6 ->
+# 55.1-55.3; but the gated shared w1/w3 14.6 -> 16.6-16.7 (the same 128 registers in its sm90 SASS; why it loses
+# was not profiled), so `_spf` leaves it off there.
 SCALE_PREFETCH = True
+
+
+def _spf(spf, decode: bool, gated: bool) -> bool:
+    """The k loop's scale prefetch: explicit spf, else SCALE_PREFETCH except for the gated decode tile (M <= 16)."""
+    if spf is not None:
+        return bool(spf)
+    return SCALE_PREFETCH and not (gated and decode)
 
 
 def pair_order(BK: int) -> torch.Tensor:
@@ -1012,7 +1023,7 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
     (DECODE_W; 1 permutes x's columns to k_order_w(BK) here, once per call); None: `_decode_w`'s default. pdl / prefetch: programmatic
     dependent launch (pdl.py) and the L2 prefetch of the weight rows (l2_prefetch.py); None: on for decode
     shapes on sm90+ CUDA devices; prefetch off unless asked for (`_prefetch_row_bytes`). spf: the mma path's
-    scale prefetch (`_mma_k_loop`); None: SCALE_PREFETCH."""
+    scale prefetch (`_mma_k_loop`); None: `_spf`'s default."""
     K = x.shape[-1]
     _check_w(w, s, K, name)
     if w3 is not None:
@@ -1079,7 +1090,7 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
                           float(limit), N=N, K=K, BM=BM, BN=BN, BK=BK, GROUP_M=GM,
                           SPLIT_K=SK, GATED=gated, NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2),
                           FOLD=fold and SK > 1, DECODE_W=dw, PTX=ptx_for(x.device), PDL=pdl, PREFETCH=pf,
-                          SPF=SCALE_PREFETCH if spf is None else bool(spf), num_warps=nw, num_stages=ns,
+                          SPF=_spf(spf, M <= 16, gated), num_warps=nw, num_stages=ns,
                           **launch_kw(pdl))
     if SK > 1 and not fold:
         RB = 256 if interpreting() else 1024
@@ -1131,7 +1142,8 @@ def _gemm_variants(target: str, gated: bool) -> list:
                 BN = 64  # two accumulators
             ce = {"N": N, "K": K, "BM": BM, "BN": BN, "BK": BK, "GROUP_M": GM, "SPLIT_K": SK, "GATED": gated,
                   "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "FOLD": SK > 1, "DECODE_W": dw,
-                  "PTX": tr["kind"] == "cuda", "PDL": False, "PREFETCH": 0, "SPF": SCALE_PREFETCH}
+                  "PTX": tr["kind"] == "cuda", "PDL": False, "PREFETCH": 0,
+                  "SPF": _spf(None, mode == "decode", gated)}
             keys = {"linear": name, "mode": mode, "act": "bf16", **ce}
             # fewer than 4 warps: mma.sync on purpose on Hopper (`_decode_tile`)
             mx = "mma.sync" if tr["kind"] == "cuda" and nw < 4 else None
