@@ -37,7 +37,9 @@ DECODE_W_MIN_WEIGHTS elements), where the word decoder DECODE_W 1 (below) is fas
 emits mma.sync rather than wgmma (`_decode_tile`: faster at 8 tokens on the H200); DECODE_W 1's, and every tile
 on other targets, keeps 4 warps. Decode grids on sm90+ (split-K folded into the launch) are
 launched with programmatic dependent launch (pdl.py): the weight tile's address math overlaps the previous kernel, x and every
-store wait for it. An L2 bulk prefetch of the weight rows (l2_prefetch.py) is selectable, measured
+store wait for it. The tensor-core k loop loads the next k tile's UE8M0 bytes one iteration ahead (`_mma_k_loop`'s
+SPF: Triton's cp.async pipeline leaves these 2-byte loads out), except in the gated decode tile, where it measured
+slower (`_spf`, SCALE_PREFETCH). An L2 bulk prefetch of the weight rows (l2_prefetch.py) is selectable, measured
 slower, off.
 
 Weight decoders of the tensor-core kernel (`DECODE_W`):
