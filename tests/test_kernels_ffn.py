@@ -203,6 +203,31 @@ def test_fp8_decode_paths_agree(gated):
         fg._gemm(randn(g, 2, K), w1, s1, None, None, 0.0, False, None, "t", path="gemv")
 
 
+@pytest.mark.parametrize("gated", [False, True])
+def test_fp8_scale_prefetch_keeps_the_bits(gated):
+    """The tensor-core k loop with its scale bytes loaded one k tile ahead (SPF) or in the step that uses them:
+    the same bits, for both weight decoders, whole and uneven K splits, a K that BK does not tile (the last
+    scale block partly outside K), 8 tokens and a prefill-sized M; and `_spf`'s defaults (off only in the gated
+    decode tile)."""
+    g = gen(11)
+    lim = 0.5
+    for N, K, M, dws, tiles in ((70, 256, 8, (0, 1), (None, (16, 32, 64, 1, 3, 4, 1))),
+                                (40, 200, 8, (0,), (None,)), (70, 256, 40, (0,), (None,))):
+        x = randn(g, M, K)
+        w1, s1 = fp8_weight(g, N, K)
+        w3, s3 = (fp8_weight(g, N, K) if gated else (None, None))
+        ref = (fg.fp8_gemm_swiglu_reference(x, w1, s1, w3, s3, lim) if gated else fg.fp8_gemm_reference(x, w1, s1))
+        for dw in dws:
+            for t in tiles:
+                run = lambda spf: fg._gemm(x, w1, s1, w3, s3, lim, False, None, "t", path="mma",  # noqa: E731
+                                           decode_w=dw, tiles=t, spf=spf)
+                on = run(True)
+                torch.testing.assert_close(on, ref, rtol=1e-5, atol=1e-6)
+                assert torch.equal(on, run(False)), (N, K, M, dw, t)
+    assert fg._spf(None, True, gated) is (not gated) and fg._spf(None, False, gated) is True
+    assert fg._spf(False, False, gated) is False and fg._spf(True, True, gated) is True
+
+
 def test_decode_split_fills_one_wave():
     """The decode K splits (fp8_gemm._split_k, the router's _gemv_split): the largest grid that fits ONE
     wave of resident programs on an H200-class GPU, at least MIN_SPLIT_STEPS k tiles a split (a split need
