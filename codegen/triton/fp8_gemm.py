@@ -559,7 +559,8 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo,
     Triton's pipeline takes the weight and x tiles through cp.async stages, but not the scale loads (2 bytes a
     thread: below cp.async's 4), so without SPF each k step issues its scale load and waits a whole global round
     trip for it before the decode (sm90 SASS: LDG.E.U16 at the top of the loop, consumed in the same
-    iteration; Nsight Compute: 30-34 % of the 8-token kernels' stall cycles are long-scoreboard waits)."""
+    iteration; Nsight Compute: long-scoreboard waits are 30-35 % of the 8-token kernels' cycles between a warp's
+    instructions, the largest share)."""
     KS = (K + 31) // 32
     w_rows = rn.to(tl.int64)[:, None] * K
     s_rows = (rn // 32)[:, None] * KS
@@ -847,8 +848,8 @@ DECODE_W_MIN_WEIGHTS = 100_000_000
 # the tensor-core k loop loads the next k tile's scale bytes one iteration ahead (`_mma_k_loop`'s SPF), except in
 # the gated decode tile. H200, 8 tokens, L2-cold graph replay, each twice, interleaved (results/tune_fp8_spf.json):
 # wo_b 19.2-19.3 -> 17.4-17.5 µs, shared w2 10.3-10.5 -> 9.4-9.6, wq_a 8.6-8.8 -> 8.8-9.0, engram wkv 55.5-55.6 ->
-# 55.1-55.3; but the gated shared w1/w3 14.6 -> 16.6-16.7 (the same 128 registers in its sm90 SASS; why it loses
-# was not profiled), so `_spf` leaves it off there.
+# 55.1-55.3 (wq_a within its spread; it keeps the prefetch); but the gated shared w1/w3 14.6 -> 16.6-16.7 (the same
+# 128 registers in its sm90 SASS; why it loses was not profiled), so `_spf` leaves it off there.
 SCALE_PREFETCH = True
 
 
