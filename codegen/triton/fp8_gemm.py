@@ -591,7 +591,6 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo,
             xt = xt.to(tl.bfloat16)
         # one scale byte per (row, 32 columns), expanded in registers (not one load per element)
         rs = k0 // 32 + tl.arange(0, BK // 32)
-        sm = n_ok[:, None] & (rs[None, :] < KS)
         if SPF:
             rsn = rs + BK // 32
             smn = n_ok[:, None] & (rsn[None, :] * 32 < k_hi)  # blocks that start inside the split: none after the last tile
@@ -601,6 +600,7 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo,
                 s3_cur = s3_nxt
                 s3_nxt = tl.load(ws3_ptr + s_rows + rsn[None, :], mask=smn, other=127)
         else:
+            sm = n_ok[:, None] & (rs[None, :] < KS)
             s_cur = tl.load(ws_ptr + s_rows + rs[None, :], mask=sm, other=127)
             if GATED:
                 s3_cur = tl.load(ws3_ptr + s_rows + rs[None, :], mask=sm, other=127)
