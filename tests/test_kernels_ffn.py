@@ -884,22 +884,15 @@ def test_gpu_mhc_engram_norm_real_widths(T):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M", [2, 8, 16, 64])
-def test_gpu_fp8_scale_prefetch_keeps_the_bits(M):
+def test_gpu_fp8_scale_prefetch_keeps_the_bits():
     """On the GPU, at every published dense and gated linear's width: the tensor-core k loop with its scale
     bytes loaded a k tile ahead (SPF) gives the same bits as loading them in the step that uses them (decode
     tiles at 2-16 tokens, the prefill tile at 64; the word decoder at engram wkv's width)."""
-    g = torch.Generator(device="cuda").manual_seed(M)
+    g = gen(12)
     for name, (N, K) in list(fg.DENSE_LINEARS.items()) + list(fg.GATED_LINEARS.items()):
-        gated = name in fg.GATED_LINEARS
-
-        def wq():
-            w = torch.randint(-126, 127, (N, K), device="cuda", dtype=torch.int8, generator=g).view(torch.uint8)
-            w = torch.where((w & 0x7F) == 0x7F, w ^ 1, w).view(torch.float8_e4m3fn)
-            return w, torch.randint(112, 118, ((N + 31) // 32, (K + 31) // 32), device="cuda", dtype=torch.uint8,
-                                    generator=g)
-        w, s = wq()
-        w3, s3 = wq() if gated else (None, None)
-        x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
-        run = lambda spf: fg._gemm(x, w, s, w3, s3, 10.0, False, None, name, path="mma", spf=spf)  # noqa: E731
-        assert torch.equal(run(True), run(False)), name
+        w, s = fp8_weight(g, N, K)
+        w3, s3 = fp8_weight(g, N, K) if name in fg.GATED_LINEARS else (None, None)
+        for M in (2, 8, 16, 64):
+            x = randn(g, M, K, dtype=torch.bfloat16)
+            run = lambda spf: fg._gemm(x, w, s, w3, s3, 10.0, False, None, name, path="mma", spf=spf)  # noqa: E731
+            assert torch.equal(run(True), run(False)), (name, M)
