@@ -52,6 +52,16 @@ def moe_case(T, whole=False):
     return lambda: moe.moe_experts(x, ti, tw, w1, s1, w3, s3, w2, s2, 10.0)
 
 
+def attention_case(S):
+    """S decode queries at the published widths, each over its own FP8 ring and FP4 region (batched: S > 1),
+    as kernels_attention.py's `sparse_attention_decode{,_batch}` cases."""
+    from benchmarks.kernels_attention import _attn_data, rope_table
+    from dsv41c.codegen.triton import sparse_attention as sa
+    cos, sin = rope_table(1 << 16)
+    q, qpos, wkv, ckv, idx, sink, kw = _attn_data(S, True, batched=S > 1)
+    return lambda: sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin, **kw)
+
+
 def compressor_case(ratio, T):
     cos, sin = ci.rope_table()
     a = ci.inputs(ratio, T)
@@ -68,6 +78,8 @@ CASES = {
     "moe_T1": lambda: moe_case(1),
     "moe_ffn_T1": lambda: moe_case(1, whole=True),
     "compressor_r1_T1": lambda: compressor_case(1, 1),
+    "attn_S1": lambda: attention_case(1),
+    "attn_batch_S64": lambda: attention_case(64),
 }
 
 

@@ -10,6 +10,9 @@
 #   tune_attention   benchmarks/tune_sparse_attention.py  -> tune_sparse_attention.json (batched decode attention)
 #   tune_topk        benchmarks/tune_indexer_topk.py      -> tune_indexer_topk.json (few-query selection)
 #   profile          benchmarks/profile_decode.py under Nsight Compute -> ncu_decode.txt (PROFILE_ONLY picks cases)
+#   profile_source   the same under `ncu --set full`, then its per-SASS-instruction source page (stall samples per
+#                    instruction) as CSV -> ncu_source.csv, ncu_details.txt (PROFILE_ONLY picks cases;
+#                    PROFILE_KERNEL, a regex, picks the kernels)
 #   tune_overlap     benchmarks/tune_moe_ffn_overlap.py -> tune_moe_ffn_chain.json (fused router, shared expert on a side stream)
 #   read_floor       benchmarks/read_floor.py -> read_floor.json (the least time to read each decode case's bytes,
 #                    from the kept kernels_*.json, or this call's if bench_* ran first; ~6.5 min, so its
@@ -64,6 +67,13 @@ for step in $STEPS; do
                --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats \
                --section MemoryWorkloadAnalysis python3 benchmarks/profile_decode.py ${PROFILE_ONLY:+--only "$PROFILE_ONLY"} \
                > "$OUT/ncu_decode.txt" 2>&1 ;;
+    profile_source) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+             timeout "$T" "$NCU" --profile-from-start off --clock-control none --print-kernel-base function \
+               --set full --import-source yes ${PROFILE_KERNEL:+--kernel-name "regex:$PROFILE_KERNEL"} -f \
+               -o "$OUT/profile" python3 benchmarks/profile_decode.py ${PROFILE_ONLY:+--only "$PROFILE_ONLY"} \
+               > "$OUT/ncu_profile_run.txt" 2>&1
+             "$NCU" --import "$OUT/profile.ncu-rep" --page details > "$OUT/ncu_details.txt" 2>&1
+             "$NCU" --import "$OUT/profile.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_source.csv" 2>&1 ;;
     *) echo "unknown step $step" ;;
   esac
   echo "== step $step: rc=$? in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt"

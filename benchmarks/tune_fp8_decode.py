@@ -61,6 +61,8 @@ SHAPES = [("wo_b", 5120, 8192, 1, False), ("wo_b", 5120, 8192, 8, False), ("wq_a
 # SM and 3-6 stages. TUNE_SHAPES=a,b limits any run to those linears.
 # Thirteenth (TUNE_M=8 TUNE_SPF=1, results/tune_fp8_spf.json): the tensor-core k loop's scale bytes loaded one k tile
 # ahead (SPF, the new default) against loading them in the step that uses them, each twice, interleaved.
+# Fourteenth (TUNE_M=8 TUNE_STACK=1 TUNE_SHAPES=shared_w13): the gated linear's stacked tile (GATED 2: 16 rows of w1
+# and the same 16 of w3 in one 32-row tile, one dot, planned as a plain linear of 2N rows) against the paired one.
 def _sk_for(per_sm, tiles, steps):
     return max(1, min(steps, per_sm * fg.N_SMS_HINT // tiles))
 
@@ -91,6 +93,17 @@ def _variants(N, K, M, gated):
                 around.append((f"mma_bn32_w2_c{c}_sk{sk}", {"tiles": (BM, BN, BK, GM, sk, nw, ns)}))
         four = (f"mma_bn64_w4_sk{sk4}", {"tiles": (BM, 64, BK, GM, sk4, 4, ns)})
         return out + around + [four, ("default_again", {})] + around + [four]
+    if M > 1 and gated and os.environ.get("TUNE_STACK") == "1":  # the stacked gated tile (GATED 2), interleaved
+        BM, BN, BK, GM, SK, nw, ns = fg._tiles(M, 2 * N, K, False, mma_sync=fg.mma_sync_decode_for(torch.device(DEV)))
+        st = [("stacked", {"stack": True}), ("stacked_spf_off", {"stack": True, "spf": False})]
+        sks = [int(v) for v in os.environ.get("TUNE_STACK_SK", "").split(",") if v]  # explicit K splits
+        for sk in sks or [fg._split_k(M, 2 * N, K, BN, BK, c) for c in (8, 12)]:
+            st.append((f"stacked_sk{sk}", {"stack": True, "tiles": (BM, BN, BK, GM, sk, nw, ns)}))
+        if sks:  # the paired tile at the same splits
+            BMp, BNp, BKp, GMp, SKp, nwp, nsp = fg._tiles(M, N, K, True,
+                                                          mma_sync=fg.mma_sync_decode_for(torch.device(DEV)))
+            st += [(f"paired_sk{sk}", {"stack": False, "tiles": (BMp, BNp, BKp, GMp, sk, nwp, nsp)}) for sk in sks]
+        return [("paired", {"stack": False})] + st + [("paired_again", {"stack": False})] + st[:2]
     if M > 1 and os.environ.get("TUNE_SPF") == "1":  # the scale prefetch (SPF, on by default) off, interleaved
         return out + [("spf_off", {"spf": False}), ("default_again", {}), ("spf_off_again", {"spf": False})]
     if M > 1 and os.environ.get("TUNE_BK") == "1":  # smaller k tiles (fewer registers: more programs an SM), interleaved

@@ -95,6 +95,7 @@ def _build_one(name, t, tg: Target, spec, tmp: str, restore: bool = True) -> dic
     entry = {"template": name, "module": t.module, "variant": spec.variant, "target": tg.name,
              "keys": json.loads(json.dumps(spec.keys or {}, default=str)),
              "signature": dict(spec.signature), "constexprs": json.loads(json.dumps(spec.constexprs, default=str)),
+             **({"divisible": dict(spec.divisible)} if spec.divisible else {}),
              "triton": triton.__version__, "kernel": getattr(spec.kernel, "__name__", "?")}
     try:
         entry["source_hash"] = source_hash(spec.kernel)

@@ -138,8 +138,9 @@ def _compile_mode(restore: bool = True, kernel=None):
             knobs.runtime.interpret, knobs.compilation.disable_line_info = saved
 
 
-def make_ast_source(fn, signature: dict, constexprs: dict):
-    """ASTSource across triton versions: names for signature/constexprs, 16-byte pointer hints."""
+def make_ast_source(fn, signature: dict, constexprs: dict, divisible: dict | None = None):
+    """ASTSource across triton versions: names for signature/constexprs, 16-byte pointer hints, and the
+    divisibility hints of the integer arguments named in `divisible` (name -> divisor)."""
     from triton.compiler import ASTSource
 
     params = inspect.signature(ASTSource.__init__).parameters
@@ -161,6 +162,7 @@ def make_ast_source(fn, signature: dict, constexprs: dict):
         raise KernelBuildError(f"{fn.__name__}: signature/constexprs name unknown arguments {sorted(extra)}")
     attrs = {(i,): [["tt.divisibility", POINTER_ALIGNMENT]] for i, n in enumerate(names)
              if isinstance(sig[n], str) and sig[n].startswith("*")}
+    attrs.update({(names.index(n),): [["tt.divisibility", int(d)]] for n, d in (divisible or {}).items()})
     return ASTSource(fn, signature=sig, constexprs=dict(constexprs), attrs=attrs)
 
 
@@ -219,7 +221,7 @@ def compile_spec(spec, target: Target, restore: bool = True) -> dict:
     gt = gpu_target(target)
     with _compile_mode(restore, spec.kernel):
         fn = as_jit_function(spec.kernel)
-        src = make_ast_source(fn, dict(spec.signature), dict(spec.constexprs))
+        src = make_ast_source(fn, dict(spec.signature), dict(spec.constexprs), dict(spec.divisible))
         opts = _options(spec, make_backend(gt))
         k = triton.compile(src, target=gt, options=opts)
     md = k.metadata._asdict() if hasattr(k.metadata, "_asdict") else dict(vars(k.metadata))

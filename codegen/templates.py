@@ -48,6 +48,9 @@ class AotSpec:
     # the matrix-instruction family this variant is meant to use where it is not the target's usual one (the FP8
     # decode tile's 2 warps ask for mma.sync on sm90); None: the target's (aot_compat.EXPECTED)
     matrix: str | None = None
+    # integer arguments the caller promises to be multiples of a number (name -> divisor), compiled in as Triton's
+    # divisibility hint (pointers always get 16 bytes: aot_compat.POINTER_ALIGNMENT)
+    divisible: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -64,8 +67,9 @@ class KernelTemplate:
 
 
 def aot_spec(kernel, variant, types: dict, constexprs: dict, num_warps=4, num_stages=2, keys=None,
-             matrix=None) -> AotSpec:
-    """AotSpec with the signature in the kernel's argument order; every argument must be typed."""
+             matrix=None, divisible=None) -> AotSpec:
+    """AotSpec with the signature in the kernel's argument order; every argument must be typed. divisible: integer
+    arguments (name -> divisor) that every launch passes as multiples of it."""
     sig = {}
     for name in kernel.arg_names:
         if name in constexprs:
@@ -77,9 +81,12 @@ def aot_spec(kernel, variant, types: dict, constexprs: dict, num_warps=4, num_st
     extra = set(constexprs) - set(kernel.arg_names)
     if extra:
         raise ValueError(f"aot_spec({kernel.__name__}, {variant}): unknown constexprs {sorted(extra)}")
+    bad = [n for n in (divisible or {}) if n not in sig or sig[n] not in ("i32", "i64")]
+    if bad:
+        raise ValueError(f"aot_spec({kernel.__name__}, {variant}): divisible names non-integer arguments {bad}")
     return AotSpec(kernel=kernel, variant=variant, signature=sig, constexprs=dict(constexprs),
                    num_warps=num_warps, num_stages=num_stages, keys=dict(keys if keys is not None else constexprs),
-                   matrix=matrix)
+                   matrix=matrix, divisible=dict(divisible or {}))
 
 
 _REGISTRY: dict[str, KernelTemplate] = {}

@@ -228,6 +228,40 @@ def test_fp8_scale_prefetch_keeps_the_bits(gated):
     assert fg._spf(False, False, gated) is False and fg._spf(True, True, gated) is True
 
 
+def test_fp8_stacked_gated_tile():
+    """The gated linear's stacked tensor-core tile (GATED 2: half its rows from w1, the same rows of w3 below them, one
+    dot; W3 addressed by its byte distance from W1): the reference's numbers at 8, 3 and 40 tokens, a ragged N
+    (a tile half outside N), a K that BK does not tile, uneven and folded / separate K splits (same bits); the default
+    picks it only where the 2-warp tile runs; bad requests are refused with the linear's name."""
+    g = gen(13)
+    lim = 0.5
+    for N, K, M, tiles in ((70, 256, 8, None), (70, 256, 8, (16, 32, 64, 1, 3, 4, 1)), (40, 200, 3, None),
+                           (64, 256, 40, None)):
+        x = randn(g, M, K)
+        w1, s1 = fp8_weight(g, N, K)
+        w3, s3 = fp8_weight(g, N, K)
+        ref = fg.fp8_gemm_swiglu_reference(x, w1, s1, w3, s3, lim)
+        run = lambda **kw: fg._gemm(x, w1, s1, w3, s3, lim, False, None, "t", path="mma", stack=True,  # noqa: E731
+                                    tiles=tiles, **kw)
+        y = run()
+        torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
+        assert ref.abs().max() > 0.1
+        if tiles:
+            assert torch.equal(y, run(fold=False)), (N, K, M)
+    assert fg._stack(None, True, 8, False, True) and not fg._stack(None, True, 8, False, False)  # sm90 only
+    assert not fg._stack(None, True, 64, False, True) and not fg._stack(None, False, 8, False, True)
+    assert not fg._stack(None, True, 8, True, True)  # the word decoder keeps the paired tile
+    x = randn(g, 8, 256)
+    w1, s1 = fp8_weight(g, 64, 256)
+    with pytest.raises(ValueError, match="lin: stack=True needs the gated linear"):
+        fg._gemm(x, w1, s1, None, None, 0.0, False, None, "lin", path="mma", stack=True)
+    big = torch.zeros(2 * 64 * 256 + 16, dtype=torch.uint8, device=DEV)
+    big[:64 * 256] = w1.view(torch.uint8).flatten()
+    w3 = big[64 * 256 + 1: 2 * 64 * 256 + 1].view(64, 256)  # 16385 bytes after w1: not a multiple of 16
+    with pytest.raises(ValueError, match="lin: w1 and w3 start 16385 bytes apart"):
+        fg._gemm(x, big[:64 * 256].view(64, 256), s1, w3, s1, 0.5, False, None, "lin", path="mma", stack=True)
+
+
 def test_decode_split_fills_one_wave():
     """The decode K splits (fp8_gemm._split_k, the router's _gemv_split): the largest grid that fits ONE
     wave of resident programs on an H200-class GPU, at least MIN_SPLIT_STEPS k tiles a split (a split need
@@ -238,12 +272,14 @@ def test_decode_split_fills_one_wave():
         (8, 5120, 8192, 32, "mma", 8),  # 2-warp tiles: 160 x 8 = 1280 <= 1320 (planned for 10 an SM)
         (1, 2304, 5120, 32, "gemv", 14),  # shared w13 (gated gemv, BN 32): 1008
         (8, 2304, 5120, 32, "mma_gated", 11),  # 72 x 11 = 792 = 6 per SM
+        (8, 2 * 2304, 5120, 32, "mma_stacked", 7),  # the stacked gated tile: 144 x 7 = 1008 <= 1056 (8 per SM)
         (8, 25600, 6144, 64, "mma_4w", 1),  # engram wkv (word decoder, 4 warps): 400 tiles
         (1, 1280, 5120, 64, "gemv", 20),  # wq_a: capped at 2 k tiles a split
         (1, 25600, 6144, 64, "gemv", 2),  # engram wkv: 400 tiles x 2 = 800
     ]
     assert fg._decode_tile(False, False, True) == (32, 2, "mma")  # sm90, per-element decoder
     assert fg._decode_tile(True, False, True) == (32, 2, "mma_gated")
+    assert fg._decode_tile(True, False, True, stacked=True) == (32, 2, "mma_stacked")
     assert fg._decode_tile(False, True, True) == (64, 4, "mma_4w")  # the word decoder (engram wkv)
     assert fg._decode_tile(False, False, False) == (64, 4, "mma_4w")  # other targets: not measured, 4 warps
     for M, N, K, BN, kind, want in cases:
@@ -896,3 +932,23 @@ def test_gpu_fp8_scale_prefetch_keeps_the_bits():
             x = randn(g, M, K, dtype=torch.bfloat16)
             run = lambda spf: fg._gemm(x, w, s, w3, s3, 10.0, False, None, name, path="mma", spf=spf)  # noqa: E731
             assert torch.equal(run(True), run(False)), (name, M)
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_stacked_gated_tile():
+    """On the GPU at the shared w1/w3's width (2304 x 5120): the stacked gated tile (the sm90 default at 2-16 tokens)
+    and the paired one both match the float32 reference to the bf16 output's rounding, and the stacked tile's folded
+    and separate split-K epilogues give the same bits."""
+    g = gen(14)
+    N, K = fg.GATED_LINEARS["shared_w13"]
+    w1, s1 = fp8_weight(g, N, K)
+    w3, s3 = fp8_weight(g, N, K)
+    for M in (2, 8, 16):
+        x = randn(g, M, K, dtype=torch.bfloat16)
+        ref = fg.fp8_gemm_swiglu_reference(x, w1, s1, w3, s3, 10.0)
+        run = lambda **kw: fg._gemm(x, w1, s1, w3, s3, 10.0, False, None, "shared_w13", path="mma", **kw)  # noqa: E731
+        stacked, paired = run(stack=True), run(stack=False)
+        assert rel_err(stacked, ref) < 2 * BF16_ULP and rel_err(paired, ref) < 2 * BF16_ULP, M
+        assert torch.equal(stacked, run(stack=True, fold=False)), M
+        if fg.mma_sync_decode_for(x.device):  # the default there
+            assert torch.equal(stacked, fg.fp8_gemm_swiglu(x, w1, s1, w3, s3, 10.0)), M

@@ -456,7 +456,7 @@ def split_bounds(split, K: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr
 
 
 @triton.jit
-def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_ptr, M, limit,
+def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_ptr, M, limit, w3_off, s3_off,
                     N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, GATED: tl.constexpr, NATIVE_FP8: tl.constexpr,
                     DOT_F32: tl.constexpr, FOLD: tl.constexpr, DECODE_W: tl.constexpr, PTX: tl.constexpr,
@@ -467,6 +467,12 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     the program's weight rows over its K split into the L2 first (l2_prefetch.py), PDL then waits for the
     previous kernel (pdl.py) before x or any store.
 
+    GATED 2 (the stacked gated tile): a program's BN weight rows are BN/2 rows of W1 then the same BN/2 rows of W3,
+    one tile and one dot; W3's rows are addressed as w_ptr + w3_off (ws_ptr + s3_off for its scales: the byte
+    distances between the tensors, so the tile is one pointer tensor whose rows stay 16-byte aligned and contiguous
+    along k, which a per-row select between two base pointers is not: there Triton dropped the vectorized cp.async
+    weight loads for 71 small LDGs a k step, sm90 SASS). w3_off is a multiple of 16 (the launcher checks).
+
     x [M, K] and y [M, N] are contiguous. SPLIT_K > 1: program_id(1) takes a run of whole BK tiles of the
     reduction (`split_bounds`) and writes fp32 partials part[split, M, N] (GATED: [split, M, 2N], g then u); with
     FOLD the last of the SPLIT_K programs of a tile (arrival counter cnt[pid]) sums them in split
@@ -475,10 +481,12 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     inline PTX if PTX) and x's columns must come in k_order_w(BK) per BK block (K % BK == 0)."""
     tl.static_assert(DECODE_W == 0 or (K % BK == 0 and BK % 32 == 0), "DECODE_W 1 needs K % BK == 0, BK % 32 == 0")
     tl.static_assert(SPLIT_K == 1 or K % BK == 0, "SPLIT_K > 1 needs K % BK == 0 (splits are runs of whole k tiles)")
+    tl.static_assert(GATED != 2 or DECODE_W == 0, "the stacked gated tile (GATED 2) has the per-element decoder only")
+    BNO: tl.constexpr = BN // (1 + (GATED == 2))  # output columns of a program (GATED 2: half its weight rows)
     pid = tl.program_id(0)
     split = tl.program_id(1)
     num_m = tl.cdiv(M, BM)
-    num_n = (N + BN - 1) // BN
+    num_n = (N + BNO - 1) // BNO
     group = pid // (GROUP_M * num_n)
     first_m = group * GROUP_M
     gsize = tl.minimum(num_m - first_m, GROUP_M)
@@ -486,9 +494,17 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     pid_n = (pid % (GROUP_M * num_n)) // gsize
 
     rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
+    rn = pid_n * BNO + tl.arange(0, BNO)
     m_ok = rm < M
     n_ok = rn < N
+    if GATED == 2:  # weight rows of the tile: w1's rows rn, then w3's (up) rows rn
+        rr = tl.arange(0, BN)
+        rw = pid_n * BNO + rr % BNO
+        up = rr >= BNO
+    else:
+        rw = rn
+        up = rn < 0
+    rw_ok = rw < N
     k_lo, k_hi = split_bounds(split, K, BK, SPLIT_K)
     rows_pf = tl.minimum(rn, N - 1).to(tl.int64) * K + k_lo
     prefetch_rows_l2(w_ptr + rows_pf, PREFETCH, PREFETCH > 0)
@@ -500,24 +516,26 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
         # e > 134 needs the second bf16x2 scale factor; real checkpoints never have one, so the
         # program checks its own scale rows once and runs the one-multiply loop when it can
         if _any_scale_above(ws_ptr, ws3_ptr, pid_n, k_lo, k_hi, N, K, BN, GATED, 134):
-            acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo, k_hi, N, K, BM, BN,
-                                    BK, SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, True, SPF)
+            acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, w3_off, s3_off, rm, rw, up, m_ok, rw_ok, k_lo,
+                                    k_hi, N, K, BM, BN, BK, SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, True, SPF)
         else:
-            acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo, k_hi, N, K, BM, BN,
-                                    BK, SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, False, SPF)
+            acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, w3_off, s3_off, rm, rw, up, m_ok, rw_ok, k_lo,
+                                    k_hi, N, K, BM, BN, BK, SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, False, SPF)
     else:
-        acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo, k_hi, N, K, BM, BN, BK,
-                                SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, True, SPF)
+        acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, w3_off, s3_off, rm, rw, up, m_ok, rw_ok, k_lo,
+                                k_hi, N, K, BM, BN, BK, SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, True, SPF)
+    if GATED == 2:  # [BN, BM] = w1 rows then w3 rows -> g, u [BNO, BM]
+        acc, acc3 = tl.split(tl.permute(tl.reshape(acc, (2, BNO, BM)), (1, 2, 0)))
     omask = m_ok[:, None] & n_ok[None, :]
     if SPLIT_K > 1:
-        W2 = N * (1 + GATED)
+        W2 = N * (1 + (GATED != 0))
         base = part_ptr + (split * M + rm.to(tl.int64))[:, None] * W2 + rn[None, :]
         tl.store(base, tl.trans(acc), mask=omask)
         if GATED:
             tl.store(base + N, tl.trans(acc3), mask=omask)
         if FOLD:
             if arrive_last(cnt_ptr + pid, SPLIT_K):
-                _fold_splits(part_ptr, y_ptr, rm, rn, M, limit, N, SPLIT_K, GATED)
+                _fold_splits(part_ptr, y_ptr, rm, rn, M, limit, N, SPLIT_K, GATED != 0)
                 reset_counter(cnt_ptr + pid)
     else:
         if GATED:
@@ -548,12 +566,14 @@ def _any_scale_above(ws_ptr, ws3_ptr, pid_n, k_lo, k_hi, N: tl.constexpr, K: tl.
 
 
 @triton.jit
-def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo, k_hi, N: tl.constexpr, K: tl.constexpr,
+def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, w3_off, s3_off, rm, rn, up, m_ok, n_ok, k_lo, k_hi, N: tl.constexpr, K: tl.constexpr,
                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr, GATED: tl.constexpr,
                 NATIVE_FP8: tl.constexpr, DOT_F32: tl.constexpr, DECODE_W: tl.constexpr, PTX: tl.constexpr,
                 TWO: tl.constexpr, SPF: tl.constexpr = False):
     """fp8_gemm_kernel's k loop over this program's split [k_lo, k_hi): (acc, acc3) [BN, BM] fp32 = W-tile · x-tileᵀ.
-    TWO (DECODE_W 1): apply the second scale factor (needed only where a UE8M0 byte exceeds 134).
+    rn [BN]: the tile's weight rows; GATED 2 (stacked): row i is row rn[i] of W3 (at w_ptr + w3_off, scales at
+    ws_ptr + s3_off) where up[i], else of W, one tile and one dot (acc3 unused). TWO (DECODE_W 1): apply the second scale factor (needed only where a UE8M0 byte
+    exceeds 134).
 
     SPF: the UE8M0 scale bytes of the next k tile are loaded one iteration ahead (registers carried by the loop).
     Triton's pipeline takes the weight and x tiles through cp.async stages, but not the scale loads (2 bytes a
@@ -564,6 +584,12 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo,
     KS = (K + 31) // 32
     w_rows = rn.to(tl.int64)[:, None] * K
     s_rows = (rn // 32)[:, None] * KS
+    if GATED == 2:  # one pointer tile over both matrices: W3's rows by their byte distance from W
+        w_base = w_ptr + (w_rows + (up.to(tl.int64) * w3_off)[:, None])
+        s_base = ws_ptr + (s_rows + (up.to(tl.int64) * s3_off)[:, None])
+    else:
+        w_base = w_ptr + w_rows
+        s_base = ws_ptr + s_rows
     x_rows = rm.to(tl.int64)[:, None] * K
     KW: tl.constexpr = K // 4
     w_words = w_ptr.to(tl.pointer_type(tl.uint32)) + rn.to(tl.int64)[:, None] * KW
@@ -573,8 +599,8 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo,
     if SPF:  # the first k tile's scales, before the loop
         rs0 = k_lo // 32 + tl.arange(0, BK // 32)
         sm0 = n_ok[:, None] & (rs0[None, :] * 32 < k_hi)
-        s_nxt = tl.load(ws_ptr + s_rows + rs0[None, :], mask=sm0, other=127)
-        if GATED:
+        s_nxt = tl.load(s_base + rs0[None, :], mask=sm0, other=127)
+        if GATED == 1:
             s3_nxt = tl.load(ws3_ptr + s_rows + rs0[None, :], mask=sm0, other=127)
     for k0 in range(k_lo, k_hi, BK):
         rk = k0 + tl.arange(0, BK)
@@ -595,14 +621,14 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo,
             rsn = rs + BK // 32
             smn = n_ok[:, None] & (rsn[None, :] * 32 < k_hi)  # blocks that start inside the split: none after the last tile
             s_cur = s_nxt
-            s_nxt = tl.load(ws_ptr + s_rows + rsn[None, :], mask=smn, other=127)
-            if GATED:
+            s_nxt = tl.load(s_base + rsn[None, :], mask=smn, other=127)
+            if GATED == 1:
                 s3_cur = s3_nxt
                 s3_nxt = tl.load(ws3_ptr + s_rows + rsn[None, :], mask=smn, other=127)
         else:
             sm = n_ok[:, None] & (rs[None, :] < KS)
-            s_cur = tl.load(ws_ptr + s_rows + rs[None, :], mask=sm, other=127)
-            if GATED:
+            s_cur = tl.load(s_base + rs[None, :], mask=sm, other=127)
+            if GATED == 1:
                 s3_cur = tl.load(ws3_ptr + s_rows + rs[None, :], mask=sm, other=127)
         if DECODE_W:
             # the decoded tile already is bf16 (fp32 under DOT_F32) with bf16 values: no cast before the dot
@@ -613,7 +639,7 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo,
                 acc += tl.dot(wt, tl.trans(xt), input_precision="ieee")
             else:
                 acc += tl.dot(wt, tl.trans(xt))
-            if GATED:
+            if GATED == 1:
                 wt3 = e4m3_words_to_bf16(tl.load(w3_words + rw, mask=n_ok[:, None], other=0), s3_cur, BN, BK, PTX,
                                          DOT_F32, TWO)
                 if DOT_F32:
@@ -622,12 +648,12 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, rm, rn, m_ok, n_ok, k_lo,
                     acc3 += tl.dot(wt3, tl.trans(xt))
         else:
             sc = expand_cols(e8m0_to_f32(s_cur), BN, BK // 32, 32)
-            wt = e4m3_to_f32(tl.load(w_ptr + w_rows + rk[None, :], mask=wm, other=0), NATIVE_FP8) * sc
+            wt = e4m3_to_f32(tl.load(w_base + rk[None, :], mask=wm, other=0), NATIVE_FP8) * sc
             if DOT_F32:
                 acc += tl.dot(wt, tl.trans(xt), input_precision="ieee")
             else:
                 acc += tl.dot(wt.to(tl.bfloat16), tl.trans(xt))
-            if GATED:
+            if GATED == 1:
                 sc3 = expand_cols(e8m0_to_f32(s3_cur), BN, BK // 32, 32)
                 wt3 = e4m3_to_f32(tl.load(w3_ptr + w_rows + rk[None, :], mask=wm, other=0), NATIVE_FP8) * sc3
                 if DOT_F32:
@@ -824,7 +850,10 @@ N_SMS_HINT = 132  # SMs of an H100/H200-class GPU: what the ahead-of-time varian
 # 10, one wave for wo_b. The 4-warp tile (BN 64, wgmma; the word decoder's): 95 registers and 41 KB -> 5, gated
 # 66 KB -> 3 (at 4 cp.async stages; `_tiles` runs 3, smaller, and keeps these splits,
 # the ones its stage sweep was timed at).
-DECODE_PROGRAMS_PER_SM = {"gemv": 8, "mma": 10, "mma_gated": 6, "mma_4w": 5, "mma_4w_gated": 3}
+# The stacked gated tile (GATED 2, `_stack`) is the 2-warp tile over 2N rows; its split is planned for 8 an SM, which
+# at the shared w1/w3's width is 7 splits (results/tune_fp8_stack.json: 13.0-13.2 µs L2-cold over three runs at 7,
+# 13.5 at 8, 14.1-14.7 at 6 and at 9 = the plain tile's 10 an SM).
+DECODE_PROGRAMS_PER_SM = {"gemv": 8, "mma": 10, "mma_gated": 6, "mma_stacked": 8, "mma_4w": 5, "mma_4w_gated": 3}
 MIN_SPLIT_STEPS = 2  # k tiles per split at least: below it the partials' round trip costs more than it spreads
 DECODE_BK = 128  # decode (M <= 16) k tile
 GEMV_MAX_M = 1  # tokens that take the CUDA-core path (fp8_gemv_kernel)
@@ -851,6 +880,33 @@ DECODE_W_MIN_WEIGHTS = 100_000_000
 # 55.1-55.3 (wq_a within its spread; it keeps the prefetch); but the gated shared w1/w3 14.6 -> 16.6-16.7 (the same
 # 128 registers in its sm90 SASS; why it loses was not profiled), so `_spf` leaves it off there.
 SCALE_PREFETCH = True
+
+
+# The gated linear's 2-warp decode tile (sm90): stacked (GATED 2: 16 rows of w1 and the same 16 of w3 in one 32-row
+# tile, one dot, planned as a linear of 2N rows) rather than paired (GATED 1: 32 rows of each, two dots, 24.7 KB of
+# shared memory and 6 programs an SM). Static sm90 SASS (Triton 3.9): 381 instructions a k step for 32 weight rows
+# (the plain tile: 362) against 664 for 64; 16.9 KB. H200, 8 tokens, L2-cold graph replay, interleaved
+# (results/tune_fp8_stack*.json): paired 14.3-14.8 µs (its split 11; 13.9 at 7), stacked 13.0-13.2 at 7 splits.
+STACK_GATED_DECODE = True
+
+
+def _stack(stack, gated: bool, M: int, words: bool, mma_sync: bool, name: str = "fp8_gemm") -> bool:
+    """Whether the gated mma path runs the stacked tile: explicit stack, else STACK_GATED_DECODE for M <= 16 where the
+    2-warp tile runs (`mma_sync_decode_for`: the only chip it was measured on); never with the word decoder
+    (DECODE_W 1) or without w3."""
+    if stack is None:
+        return gated and not words and M <= 16 and mma_sync and STACK_GATED_DECODE
+    if stack and (not gated or words):
+        raise ValueError(f"{name}: stack=True needs the gated linear (w3) and the per-element decoder (decode_w 0)")
+    return bool(stack)
+
+
+def _byte_distance(b: torch.Tensor, a: torch.Tensor, multiple: int, name: str) -> int:
+    """b's first byte minus a's (the stacked tile addresses W3 from W's pointer); must be a multiple of `multiple`."""
+    d = b.data_ptr() - a.data_ptr()
+    if d % multiple:
+        raise ValueError(f"{name}: w1 and w3 start {d} bytes apart, not a multiple of {multiple} (stacked tile)")
+    return d
 
 
 def _spf(spf, decode: bool, gated: bool) -> bool:
@@ -933,7 +989,7 @@ def mma_sync_decode_for(device) -> bool:
     return torch.cuda.get_device_capability(device)[0] == 9
 
 
-def _decode_tile(gated: bool, words: bool, mma_sync: bool) -> tuple:
+def _decode_tile(gated: bool, words: bool, mma_sync: bool, stacked: bool = False) -> tuple:
     """(BN, num_warps, DECODE_PROGRAMS_PER_SM key) of the M <= 16 tensor-core tile.
 
     mma_sync (sm90: `mma_sync_decode_for`) and the per-element decoder (words False): 2 warps and 32 weight rows,
@@ -943,22 +999,26 @@ def _decode_tile(gated: bool, words: bool, mma_sync: bool) -> tuple:
     (results/tune_fp8_mma_sync.json, interleaved with the 4-warp default): wo_b 20.3 -> 19.4-20.2 µs, shared w2
     11.0 -> 9.6-10.5, wq_a 9.1 -> 8.4-8.7, shared w13 18.0 -> 14.3 (at one wave of its resident programs). The
     word decoder (DECODE_W 1: engram wkv) keeps 4 warps: 55.7-56.1 µs against 58.2-75.4 at 1-2 warps. Elsewhere
-    (sm80, sm100, ROCm, the interpreter) the 4-warp tile stays: the 2-warp one was not measured there."""
+    (sm80, sm100, ROCm, the interpreter) the 4-warp tile stays: the 2-warp one was not measured there.
+    stacked: the gated linear's stacked tile (GATED 2, `_stack`), the 2-warp tile with its own split plan."""
     if words or not mma_sync:
         return 64, 4, "mma_4w_gated" if gated else "mma_4w"
+    if stacked:
+        return 32, 2, "mma_stacked"
     return 32, 2, "mma_gated" if gated else "mma"
 
 
 def _tiles(M: int, N: int, K: int, gated: bool = False, sms: int = N_SMS_HINT, words: bool = False,
-           mma_sync: bool = False):
+           mma_sync: bool = False, stacked: bool = False):
     """(BM, BN, BK, GROUP_M, SPLIT_K, num_warps, num_stages) for a shape on the running device (words: the
-    word decoder DECODE_W 1 will run; mma_sync: `mma_sync_decode_for` the device; both only shape M <= 16)."""
+    word decoder DECODE_W 1 will run; mma_sync: `mma_sync_decode_for` the device; stacked: the stacked gated tile,
+    N then is its 2N weight rows; all three only shape M <= 16)."""
     if interpreting():
         return 16, 32, 64, 4, (2 if K % 128 == 0 and M <= 16 else 1), 4, 1
     if M <= 16:  # H200 sweep (benchmarks/tune_fp8_decode.py): BK 128 beat 256 on every decode linear;
         # 3 cp.async stages, not 4 (results/tune_fp8_stages_ns3.json, 8 tokens, L2-cold, each timed twice):
         # engram wkv 61.7 -> 55.0 µs, wo_b 21.1 -> 20.4, shared w13 18.5 -> 18.1, shared w2 / wq_a equal
-        BN, nw, kind = _decode_tile(gated, words, mma_sync)
+        BN, nw, kind = _decode_tile(gated, words, mma_sync, stacked)
         return 16, BN, DECODE_BK, 1, _split_k(M, N, K, BN, DECODE_BK, DECODE_PROGRAMS_PER_SM[kind], sms), nw, 3
     if M <= 64:
         return 64, 128, 128, 8, 1, 4, 3
@@ -1017,7 +1077,7 @@ def _prefetch_row_bytes(prefetch, device, w, w3, k_split: int, rows: int) -> int
 
 
 def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=None, fold=None, decode_w=None,
-          pdl=None, prefetch=None, spf=None):
+          pdl=None, prefetch=None, spf=None, stack=None):
     """Shared launcher. path: "gemv" (one token on the CUDA cores), "mma" (tensor cores), or None
     (gemv for M <= GEMV_MAX_M when K tiles). fold: split-K epilogue inside the GEMM launch
     (last-arriver) instead of a second launch; default on. tiles overrides the path's tile tuple
@@ -1026,7 +1086,10 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
     (DECODE_W; 1 permutes x's columns to k_order_w(BK) here, once per call); None: `_decode_w`'s default. pdl / prefetch: programmatic
     dependent launch (pdl.py) and the L2 prefetch of the weight rows (l2_prefetch.py); None: on for decode
     shapes on sm90+ CUDA devices; prefetch off unless asked for (`_prefetch_row_bytes`). spf: the mma path's
-    scale prefetch (`_mma_k_loop`); None: `_spf`'s default."""
+    scale prefetch (`_mma_k_loop`); None: `_spf`'s default. stack (gated, mma path, per-element decoder): the
+    stacked tile (GATED 2: a program's weight rows are BN/2 rows of w1 then the same BN/2 rows of w3, one dot, and
+    the tiles and splits of a plain linear of 2N rows) instead of the paired one (BN rows of each, two dots);
+    None: `_stack`'s default."""
     K = x.shape[-1]
     _check_w(w, s, K, name)
     if w3 is not None:
@@ -1071,17 +1134,22 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
                               num_warps=nw, num_stages=ns, **launch_kw(pdl))
         return y.reshape(*x.shape[:-1], N)
     fold = FOLD_SPLIT_K if fold is None else fold
-    BM, BN, BK, GM, SK, nw, ns = tiles or _tiles(M, N, K, gated, sm_count(x.device),
-                                                  _decode_w(decode_w, M, N, K, DECODE_BK, x.device) == 1,
-                                                  mma_sync_decode_for(x.device))
+    words = _decode_w(decode_w, M, N, K, DECODE_BK, x.device) == 1
+    mma_sync = mma_sync_decode_for(x.device)
+    stacked = _stack(stack, gated, M, words, mma_sync, name)
+    # the stacked tile plans over its 2N weight rows (one weight stream, one accumulator)
+    BM, BN, BK, GM, SK, nw, ns = tiles or _tiles(M, 2 * N if stacked else N, K, gated, sm_count(x.device), words,
+                                                  mma_sync, stacked)
     if SK > 1 and (K % BK or SK > K // BK):
         raise ValueError(f"{name}: SPLIT_K={SK} needs K={K} divisible by BK={BK} and at most K/BK splits: each "
                          "split is a run of whole k tiles")
+    if stacked and BN % 2:
+        raise ValueError(f"{name}: the stacked gated tile needs an even BN, got {BN}")
     dw = _decode_w(decode_w, M, N, K, BK, x.device)
     if dw:
         x2 = permute_k_w(x2, BK)
     part = y if SK == 1 else torch.empty((SK, M, (2 if gated else 1) * N), dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN), SK)
+    grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN // 2 if stacked else BN), SK)
     cnt = counters(x.device, grid[0]) if fold and SK > 1 else y  # prefill grids never touch (or grow) them
     # decode grids (M <= 16) only: PDL and the L2 prefetch of the weight rows (prefill tiles reuse W from the
     # L2 across M tiles anyway, and a separate reduce launch would have to honour PDL's contract too)
@@ -1089,11 +1157,12 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
     pdl = pdl_for(x.device) and dec and (pdl is None or bool(pdl))  # never where the device has no PDL
     pf = _prefetch_row_bytes(prefetch if dec else 0, x.device, wu, w3u, K // BK // SK * BK if SK > 1 else K,
                              BN * (1 + gated))
+    w3_off, s3_off = (_byte_distance(w3u, wu, 16, name), _byte_distance(s3u, su, 1, name)) if stacked else (0, 0)
     fp8_gemm_kernel[grid](x2, wu, su, w3u, s3u, y, part, cnt, M,
-                          float(limit), N=N, K=K, BM=BM, BN=BN, BK=BK, GROUP_M=GM,
-                          SPLIT_K=SK, GATED=gated, NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2),
-                          FOLD=fold and SK > 1, DECODE_W=dw, PTX=ptx_for(x.device), PDL=pdl, PREFETCH=pf,
-                          SPF=_spf(spf, M <= 16, gated), num_warps=nw, num_stages=ns,
+                          float(limit), w3_off, s3_off, N=N, K=K, BM=BM, BN=BN, BK=BK, GROUP_M=GM,
+                          SPLIT_K=SK, GATED=2 if stacked else int(gated), NATIVE_FP8=native_fp8_for(x.device),
+                          DOT_F32=dot_f32_for(x2), FOLD=fold and SK > 1, DECODE_W=dw, PTX=ptx_for(x.device), PDL=pdl,
+                          PREFETCH=pf, SPF=_spf(spf, M <= 16, gated and not stacked), num_warps=nw, num_stages=ns,
                           **launch_kw(pdl))
     if SK > 1 and not fold:
         RB = 256 if interpreting() else 1024
@@ -1117,7 +1186,8 @@ def fp8_gemm_swiglu(x, w1, s1, w3, s3, limit: float, act_quant: bool = False, ou
 
 def _gemm_types(act: str):
     return {"x_ptr": act, "w_ptr": "*u8", "ws_ptr": "*u8", "w3_ptr": "*u8", "ws3_ptr": "*u8", "y_ptr": act,
-            "part_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "limit": "fp32"}
+            "part_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "limit": "fp32",
+            "w3_off": "i64", "s3_off": "i64"}
 
 
 def _gemm_variants(target: str, gated: bool) -> list:
@@ -1133,30 +1203,35 @@ def _gemm_variants(target: str, gated: bool) -> list:
             # DECODE_W 1 (the decode mode on CUDA for the largest linears): the caller permutes x to k_order_w(BK)
             dw = DECODE_W_CUDA if (mode == "decode" and tr["kind"] == "cuda" and K % DECODE_BK == 0
                                    and N * K >= DECODE_W_MIN_WEIGHTS) else 0
+            stacked = False
             if mode == "decode":
-                BN, nw, kind = _decode_tile(gated, bool(dw), tr["kind"] == "cuda" and tr["arch"] == 90)
+                mma_sync = tr["kind"] == "cuda" and tr["arch"] == 90
+                stacked = _stack(None, gated, 1, bool(dw), mma_sync)
+                BN, nw, kind = _decode_tile(gated, bool(dw), mma_sync, stacked)
                 BM, BK, GM, ns = 16, DECODE_BK, 1, (4 if tr["big_tiles"] else 2)
-                SK = _split_k(1, N, K, BN, BK, DECODE_PROGRAMS_PER_SM[kind])
+                SK = _split_k(1, 2 * N if stacked else N, K, BN, BK, DECODE_PROGRAMS_PER_SM[kind])
             elif tr["big_tiles"]:
                 BM, BN, BK, GM, SK, nw, ns = 128, 128, 64, 8, 1, 8, 3
             else:  # sm80 / gfx1100: smaller shared memory / register budget
                 BM, BN, BK, GM, SK, nw, ns = 64, 128, 64, 8, 1, 4, 2
             if gated and mode == "prefill":
                 BN = 64  # two accumulators
-            ce = {"N": N, "K": K, "BM": BM, "BN": BN, "BK": BK, "GROUP_M": GM, "SPLIT_K": SK, "GATED": gated,
-                  "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "FOLD": SK > 1, "DECODE_W": dw,
-                  "PTX": tr["kind"] == "cuda", "PDL": False, "PREFETCH": 0,
-                  "SPF": _spf(None, mode == "decode", gated)}
+            ce = {"N": N, "K": K, "BM": BM, "BN": BN, "BK": BK, "GROUP_M": GM, "SPLIT_K": SK,
+                  "GATED": 2 if stacked else int(gated), "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False,
+                  "FOLD": SK > 1, "DECODE_W": dw, "PTX": tr["kind"] == "cuda", "PDL": False, "PREFETCH": 0,
+                  "SPF": _spf(None, mode == "decode", gated and not stacked)}
             keys = {"linear": name, "mode": mode, "act": "bf16", **ce}
             # fewer than 4 warps: mma.sync on purpose on Hopper (`_decode_tile`)
             mx = "mma.sync" if tr["kind"] == "cuda" and nw < 4 else None
-            out.append(aot_spec(fp8_gemm_kernel, f"{name}_{mode}", _gemm_types("*bf16"), ce, nw, ns, keys, matrix=mx))
+            # the stacked tile's W3 offset: the runtime passes a multiple of 16 (as `_byte_distance` checks)
+            out.append(aot_spec(fp8_gemm_kernel, f"{name}_{mode}", _gemm_types("*bf16"), ce, nw, ns, keys, matrix=mx,
+                                divisible={"w3_off": 16} if stacked else None))
         if K % GEMV_BK == 0:
             BN = 32 if gated else 64
             SK = _split_k(1, N, K, BN, GEMV_BK, DECODE_PROGRAMS_PER_SM["gemv"])
             ce = {"N": N, "K": K, "BN": BN, "BK": GEMV_BK, "SPLIT_K": SK, "GATED": gated,
                   "NATIVE_FP8": tr["native_fp8"], "PDL": False, "PREFETCH": 0, "PIPE": GEMV_PIPE, "SEG": GEMV_SEG}
-            types = {k: v for k, v in _gemm_types("*bf16").items() if k != "M"}
+            types = {k: v for k, v in _gemm_types("*bf16").items() if k not in ("M", "w3_off", "s3_off")}
             out.append(aot_spec(fp8_gemv_kernel, f"{name}_gemv", types, ce, 4, GEMV_PIPE,
                                 {"linear": name, "mode": "gemv", "act": "bf16", **ce}))
     return out
