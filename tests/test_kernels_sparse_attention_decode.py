@@ -66,9 +66,6 @@ def batch_inputs(S, H, D, W, KC, N, quant, seed, pad_rows=()):
     (True, True, 1, None, 16),    # one split: no combine at all
     (True, True, 2, 32, 16),      # channel slices: per-slice products in branches, counters per slice
     (True, True, 4, None, 8),     # more splits than some queries' non-empty blocks
-    (True, "reg", 2, None, 16),   # two splits merged by the second from its registers
-    (True, "reg", 2, 32, 16),     # ... per channel slice
-    (True, "reg", 3, None, 16),   # "reg" with three splits: the reloading merge
 ])
 def test_decode_batch_variants(quant, qk_once, fuse, n_split, dv, block_n):
     S, H, D, W, KC, N = 4, 16, 64, 16, 21, 24
@@ -91,24 +88,6 @@ def test_fused_combine_matches_separate_and_leaves_counters_zero():
     c = sa.sparse_attention(*args, cos, sin, n_split=3, block_n=16, fuse_combine=True, **kw)
     assert torch.equal(a, b) and torch.equal(b, c)
     assert int(arrival.counters(torch.device(DEV), S).abs().sum()) == 0
-
-
-@pytest.mark.parametrize("dv", [None, 32])
-def test_register_combine_matches_separate(dv):
-    """Two splits merged by the second to arrive from its own registers plus the other's partial ("reg"): the
-    same numbers as _combine_kernel (same max, same accumulations in split order); counters back at zero; a bad
-    setting is refused."""
-    S, H, D, W, KC, N = 3, 16, 64, 16, 40, 30
-    cos, sin = rope_table(512, 8)
-    args, kw = batch_inputs(S, H, D, W, KC, N, True, seed=4)
-    a = sa.sparse_attention(*args, cos, sin, n_split=2, block_n=16, dv=dv, fuse_combine=False, **kw)
-    b = sa.sparse_attention(*args, cos, sin, n_split=2, block_n=16, dv=dv, fuse_combine="reg", **kw)
-    c = sa.sparse_attention(*args, cos, sin, n_split=2, block_n=16, dv=dv, fuse_combine="reg", **kw)
-    assert torch.equal(a, b) and torch.equal(b, c)
-    assert int(arrival.counters(torch.device(DEV), S * (D // (dv or D))).abs().sum()) == 0
-    assert sa._fuse_mode("reg", 2) == 2 and sa._fuse_mode("reg", 3) == 1 and sa._fuse_mode("reg", 1) == 0
-    with pytest.raises(ValueError, match="fuse_combine"):
-        sa.sparse_attention(*args, cos, sin, n_split=2, block_n=16, fuse_combine="yes", **kw)
 
 
 def test_all_padding_blocks_and_empty_window():
@@ -135,7 +114,7 @@ def test_bad_dv_is_rejected():
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [{}, {"qk_once": False, "fuse_combine": False, "block_n": 64, "num_stages": 2},
                                  {"block_n": 64, "num_stages": 2}, {"block_n": 16}, {"n_split": 4},
-                                 {"fuse_combine": False}, {"fuse_combine": "reg"}])
+                                 {"fuse_combine": False}])
 def test_gpu_decode_batch_real_widths(cfg):
     """The benchmarked S64 batch at real widths (each query its own ring and compressed region)."""
     S, H, D, W, KC, N = 64, 64, 512, 128, 512, 1024
@@ -147,15 +126,3 @@ def test_gpu_decode_batch_real_widths(cfg):
     assert_bf16_close(o, r, ulps=4, floor=2.0)
     o2 = sa.sparse_attention(*args, cos, sin, **cfg, **kw)  # counters left at zero: a replay agrees
     assert torch.equal(o, o2)
-
-
-@pytest.mark.gpu
-def test_gpu_register_combine_matches_separate():
-    """At the real widths of the benchmarked S64 batch (two key splits a query): the merge by the second split from
-    its registers gives the separate combine kernel's bits."""
-    S, H, D, W, KC, N = 64, 64, 512, 128, 512, 1024
-    cos, sin = rope_table(4096, 32)
-    args, kw = batch_inputs(S, H, D, W, KC, N, True, seed=65, pad_rows=(7,))
-    a = sa.sparse_attention(*args, cos, sin, n_split=2, fuse_combine=False, **kw)
-    b = sa.sparse_attention(*args, cos, sin, n_split=2, fuse_combine="reg", **kw)
-    assert torch.equal(a, b)

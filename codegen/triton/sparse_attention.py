@@ -64,6 +64,19 @@ queries 70.8 -> 57.9 µs with qk_once at BN 64 / 2 stages (the default); the fus
 3 stages 70 µs (75 µs with the fused combine), BN 16 89 µs; one query unchanged at 21 µs (fused combine
 25.7 µs).
 
+Profile of the 64-query batch (H200, Nsight Compute with the L2 flushed, session 13;
+results/ncu_attn_batch_S64.txt and, per SASS instruction, ncu_attn_batch_S64_source.txt): the main kernel 52.8 µs
+and the combine 9.1 µs; one 8-warp program an SM (255 registers, 214 KB of shared memory), 24 % of issue slots,
+0.35 eligible warps a scheduler; samples 26 % long scoreboard (the hottest instruction, 7 %, is a spill reload at
+the top of the compressed loop: the local memory misses the L1, which the shared memory leaves small), 12 % wait,
+11 % no instruction (6,000 SASS instructions), 10 % barrier; 59 % of samples in the compressed loop, 17 % in the
+window loop, 24 % outside (the 128 KB partial store of each program among them); the shared-memory stores of the
+dequantized tile and the loads of the raw stages run 16-32-way bank conflicts (5.4 M wavefronts against 2.6 M
+ideal). A merge of the two splits by the second to arrive, from its own registers plus the other's partial
+(fuse_combine "reg", commit b4f2afa, reverted): 98 µs against 58 (results/tune_sparse_attention_reg.json; the
+epilogue took the kernel from 6.4 k to 9.1 k SASS instructions), and not bit-identical to the combine kernel on
+the GPU.
+
 Known gaps: entries selected by the indexer that also lie in the window are attended twice
 (as the reference does, spec §3.4 note). Window rows are trusted to hold the right positions
 (the ring must be at least W + S - 1 rows for a prefill chunk of S queries). Probabilities are
@@ -216,7 +229,7 @@ def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx
                         R, KC, has_base, blocks_per_split, n_split, scale,
                         H: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr, W: tl.constexpr, BN: tl.constexpr,
                         DV: tl.constexpr, QUANT: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr,
-                        QK_ONCE: tl.constexpr = False, FUSE: tl.constexpr = 0, CP: tl.constexpr = 64):
+                        QK_ONCE: tl.constexpr = False, FUSE: tl.constexpr = False, CP: tl.constexpr = 64):
     NWB: tl.constexpr = W // BN
     s = tl.program_id(0)
     cv = tl.program_id(1)
@@ -261,7 +274,7 @@ def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx
         tl.store(pm_ptr + st, m_i)
         tl.store(pl_ptr + st, l_i)
         tl.store(pacc_ptr + st[:, None] * D + cols[None, :], acc)
-        if FUSE == 1:
+        if FUSE:
             # the last of the query's splits (per channel slice) to arrive merges them (the same tiles,
             # split order and arithmetic as _combine_kernel: bit-identical), then zeroes the counter
             cnt = cnt_ptr + s * (D // DV) + cv
@@ -269,14 +282,6 @@ def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx
                 for cc in range(0, DV // CP):
                     _combine_tile(pm_ptr, pl_ptr, pacc_ptr, sink_ptr, cos_ptr, sin_ptr, o_ptr, s64, n_split, p,
                                   hh, cv * DV + cc * CP, H, D, ROPE, H, CP)
-                reset_counter(cnt)
-        if FUSE == 2:
-            # two splits (the launcher's rule): the second to arrive merges its own state, still in registers,
-            # with the other's partial (one [H, DV] read from the L2), in split order
-            cnt = cnt_ptr + s * (D // DV) + cv
-            if arrive_last(cnt, 2):
-                _combine_pair_in_registers(acc, m_i, l_i, sp, pm_ptr, pl_ptr, pacc_ptr, sink_ptr, cos_ptr, sin_ptr,
-                                           o_ptr, s64, p, hh, cv * DV, H, D, DV, ROPE)
                 reset_counter(cnt)
     else:
         sink = tl.load(sink_ptr + hh)
@@ -307,44 +312,6 @@ def _combine_tile(pm_ptr, pl_ptr, pacc_ptr, sink_ptr, cos_ptr, sin_ptr, o_ptr, s
         acc += tl.load(pacc_ptr + st[:, None] * D + cols[None, :], cache_modifier=".cg") * w[:, None]
     _inv_rope_store(acc / den[:, None], o_ptr + (s64 * H + hh)[:, None] * D + cols[None, :], c0, p,
                     cos_ptr, sin_ptr, HB, CP, D, ROPE)
-
-
-@triton.jit
-def _combine_pair_in_registers(acc, m_i, l_i, sp, pm_ptr, pl_ptr, pacc_ptr, sink_ptr, cos_ptr, sin_ptr, o_ptr, s64, p,
-                               hh, c0, H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, ROPE: tl.constexpr):
-    """The fused combine of a query's two key splits by the second to arrive (split sp; its (m, l, acc) in
-    registers): `_combine_tile`'s numbers for n_split 2 (the same max, the same accumulations in split order,
-    written the same way), reading only the other split's partial. acc [H, DV] (channels c0..c0+DV) is taken
-    apart into its even and odd channels (the inverse rotation's pairs), so one half of the other partial is
-    live at a time."""
-    st = (s64 * 2 + (1 - sp)) * H + hh
-    mo = tl.load(pm_ptr + st, cache_modifier=".cg")
-    lo = tl.load(pl_ptr + st, cache_modifier=".cg")
-    first = sp == 0
-    m0 = tl.where(first, m_i, mo)
-    m1 = tl.where(first, mo, m_i)
-    l0 = tl.where(first, l_i, lo)
-    l1 = tl.where(first, lo, l_i)
-    sink = tl.load(sink_ptr + hh)
-    M = tl.maximum(tl.maximum(sink, m0), m1)
-    den = tl.exp(sink - M)
-    w0 = tl.exp(m0 - M)
-    den += l0 * w0
-    w1 = tl.exp(m1 - M)
-    den += l1 * w1
-    E, O = tl.split(tl.reshape(acc, (H, DV // 2, 2)))
-    other = pacc_ptr + st[:, None] * D + (c0 + 2 * tl.arange(0, DV // 2))[None, :]
-    oE = tl.load(other, cache_modifier=".cg")
-    tE = tl.zeros((H, DV // 2), tl.float32)
-    tE += tl.where(first, E, oE) * w0[:, None]
-    tE += tl.where(first, oE, E) * w1[:, None]
-    oO = tl.load(other + 1, cache_modifier=".cg")
-    tO = tl.zeros((H, DV // 2), tl.float32)
-    tO += tl.where(first, O, oO) * w0[:, None]
-    tO += tl.where(first, oO, O) * w1[:, None]
-    out = tl.reshape(tl.join(tE, tO), (H, DV)) / den[:, None]
-    _inv_rope_store(out, o_ptr + (s64 * H + hh)[:, None] * D + (c0 + tl.arange(0, DV))[None, :], c0, p, cos_ptr,
-                    sin_ptr, H, DV, D, ROPE)
 
 
 @triton.jit
@@ -418,7 +385,7 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     rope = cos.shape[1] * 2
     # per-slice products (DV < D) in branches spill more than they save (module docstring): off there
     qk_once = (QK_ONCE and DV == D) if qk_once is None else bool(qk_once)
-    fuse = _fuse_mode(FUSE_COMBINE if fuse_combine is None else fuse_combine, n_split)
+    fuse = split and (FUSE_COMBINE if fuse_combine is None else bool(fuse_combine))
     CP = min(64, DV)
     if split:
         pm = torch.empty((S, n_split, H), dtype=torch.float32, device=dev)
@@ -455,19 +422,6 @@ FUSE_COMBINE = False
 # combine) — the same as the single-query CUDA defaults today
 BATCH_BN, BATCH_STAGES = 64, 2
 ONE_QUERY_DV = 128  # output channels per program for a single quantized decode query
-
-
-def _fuse_mode(fuse, n_split: int) -> int:
-    """The kernel's FUSE for a `fuse_combine` setting: 0 the separate _combine_kernel (also with one split: nothing to
-    merge), 1 the last arriver reloads every split's partial, 2 ("reg") the second of two splits merges its own
-    state from registers with the other's partial (with more than two splits "reg" means 1)."""
-    if n_split <= 1 or not fuse:
-        return 0
-    if fuse == "reg":
-        return 2 if n_split == 2 else 1
-    if fuse is True:
-        return 1
-    raise ValueError(f"sparse_attention: fuse_combine must be None, False, True or 'reg', got {fuse!r}")
 
 
 def _default_stages() -> int:
@@ -539,7 +493,7 @@ def _attn_spec(c, quant: bool, split: bool, bn: int, dv: int, num_warps: int, nu
     types = dict(_ATTN_TYPES, wkv_ptr=kvt, wsc_ptr=kvt, ckv_ptr=kvt, csc_ptr=kvt)
     const = {"H": c.num_attention_heads, "D": c.head_dim, "ROPE": c.qk_rope_head_dim, "W": c.sliding_window,
              "BN": bn, "DV": dv, "QUANT": quant, "SPLIT": split, "UPCAST": False,
-             "QK_ONCE": (QK_ONCE and dv == c.head_dim) if qk_once is None else qk_once, "FUSE": int(fuse),
+             "QK_ONCE": (QK_ONCE and dv == c.head_dim) if qk_once is None else qk_once, "FUSE": fuse,
              "CP": min(64, dv)}
     return aot_spec(_sparse_attn_kernel, f"{phase}_{'fp8fp4' if quant else 'bf16'}_dv{dv}_bn{bn}", types, const,
                     num_warps=num_warps, num_stages=num_stages)
