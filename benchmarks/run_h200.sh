@@ -13,6 +13,9 @@
 #   profile_source   the same under `ncu --set full`, then its per-SASS-instruction source page (stall samples per
 #                    instruction) as CSV -> ncu_source.csv, ncu_details.txt (PROFILE_ONLY picks cases;
 #                    PROFILE_KERNEL, a regex, picks the kernels)
+#   compiled         benchmarks/compiled_baseline.py -> compiled_baseline.json (the kernels against torch.compile of
+#                    their references; COMPILED_ONLY picks groups, COMPILED_CASES a regex of cases, COMPILE_BUDGET
+#                    the compile seconds, default 420)
 #   tune_overlap     benchmarks/tune_moe_ffn_overlap.py -> tune_moe_ffn_chain.json (fused router, shared expert on a side stream)
 #   read_floor       benchmarks/read_floor.py -> read_floor.json (the least time to read each decode case's bytes,
 #                    from the kept kernels_*.json, or this call's if bench_* ran first; ~6.5 min, so its
@@ -74,12 +77,16 @@ for step in $STEPS; do
                > "$OUT/ncu_profile_run.txt" 2>&1
              "$NCU" --import "$OUT/profile.ncu-rep" --page details > "$OUT/ncu_details.txt" 2>&1
              "$NCU" --import "$OUT/profile.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_source.csv" 2>&1 ;;
+    compiled) timeout "$T" python3 benchmarks/compiled_baseline.py --out "$OUT/compiled_baseline.json" \
+             ${COMPILED_ONLY:+--only "$COMPILED_ONLY"} ${COMPILED_CASES:+--cases "$COMPILED_CASES"} \
+             --compile-budget "${COMPILE_BUDGET:-420}" \
+             > "$OUT/compiled.txt" 2>&1 ;;
     *) echo "unknown step $step" ;;
   esac
   echo "== step $step: rc=$? in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt"
 done
 # The reply carries only the tail: end with each step's last lines.
-for f in "$OUT"/gpu_tests.txt "$OUT"/bench_*.txt "$OUT"/tune_*.txt "$OUT"/read_floor.txt; do
+for f in "$OUT"/gpu_tests.txt "$OUT"/bench_*.txt "$OUT"/tune_*.txt "$OUT"/read_floor.txt "$OUT"/compiled.txt; do
   [ -f "$f" ] && { echo "--- $f"; tail -${TAIL:-25} "$f"; }
 done
 (cd "$OUT" && tar czf logs.tgz ./*.txt && rm -f ./*.txt)

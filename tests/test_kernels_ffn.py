@@ -664,6 +664,15 @@ def test_engram_gate(dtype):
     assert torch.equal(Hc, out)
     nomask = en.engram_gate(H, kv, qw, kw, 1e-20)
     assert not torch.equal(nomask[1], H[1])
+    # the two-pass chunked loop (prefill's) and the one-pass row (decode's) compute the same gate
+    two = en.engram_gate(H, kv, qw, kw, 1e-20, mask, block_d=128)
+    one = en.engram_gate(H, kv, qw, kw, 1e-20, mask, block_d=512)
+    for y in (two, one):
+        if dtype == torch.float32:
+            torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+        else:
+            assert_ulps(y, ref, ulps=1, floor=1e-2)
+    assert en._gate_tile(1, 5120)[0] == 8192 and en._gate_tile(8192, 5120)[0] < 5120  # decode: one pass; prefill: chunks
 
 
 # ============================================================================ registry and AOT
