@@ -2,6 +2,8 @@
 
 Usage: python benchmarks/kernels_table.py [--read-floor benchmarks/results/read_floor.json]
            benchmarks/results/kernels_attention.json benchmarks/results/kernels_ffn.json
+           [benchmarks/results/compiled_baseline.json]
+(compiled_baseline.py's JSON renders as its own table: each case against eager and torch.compile.)
 Columns: Triton median time (do_bench), its CUDA-graph replay time where measured (decode
 shapes; warm L2, and "cold": L2 flushed before each replay, which the decode verdict uses), eager PyTorch reference time, speedup, the floor (max of bytes / measured copy
 bandwidth and FLOPs / measured matrix rate), the better time over the floor, the correctness
@@ -32,9 +34,42 @@ def _f(v, fmt="{:.3f}") -> str:
     return "–" if v is None else fmt.format(v)
 
 
+def render_compiled(path: str, d: dict) -> str:
+    """benchmarks/compiled_baseline.py's JSON: each case against eager PyTorch and torch.compile of its reference."""
+    env = d.get("env", {})
+    lines = [f"`{path}` — {env.get('gpu')}, torch {env.get('torch')}, triton {env.get('triton')}. × eager: do_bench "
+             "medians (host launch path included); × torch.compile: CUDA-graph replay with the L2 flushed (graph cold) "
+             "at decode shapes where both sides can be captured, else do_bench medians; `run`: the row's run (the "
+             "JSON's `runs`)", "",
+             "| case | ours µs | ours graph cold µs | eager µs | torch.compile µs | torch.compile graph cold µs | × eager | "
+             "× torch.compile | compile s | compiled vs eager | run | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    us = lambda v: "–" if not isinstance(v, (int, float)) or v != v else f"{v * 1e3:.1f}"  # noqa: E731
+    for r in d["results"]:
+        if "error" in r:
+            lines.append(f"| {r['name']} | FAILED: {str(r['error'])[:80]} |")
+            continue
+        note = r.get("compile_error") or r.get("compile_skipped") or r.get("compiled_graph_error") or ""
+        if "synchronizes" in note:
+            note = "no graph: the reference syncs with the host"
+        elif "capture" in note:
+            note = "no graph: its capture failed"
+        note = (note + "; " if note else "") + r.get("note", "")
+        rel = r.get("compiled_vs_eager_rel")
+        basis = "" if r.get("ratio_basis") == "graph_cold" else " (do_bench)"
+        lines.append(f"| {r['name']} | {us(r.get('ours_ms'))} | {us(r.get('ours_graph_cold_ms'))} | "
+                     f"{us(r.get('eager_ms'))} | {us(r.get('compiled_ms'))} | {us(r.get('compiled_graph_cold_ms'))} | "
+                     f"{_f(r.get('ours_vs_eager'), '{:.1f}×')} | {_f(r.get('ours_vs_compiled'), '{:.2f}×')}{basis} | "
+                     f"{_f(r.get('compile_s'), '{:.1f}')} | {'–' if rel is None or rel != rel else f'{rel:.1e}'} | "
+                     f"{r.get('run', '')} | {note.strip('; ')} |")
+    return "\n".join(lines)
+
+
 def render(path: str, read: dict | None = None) -> str:
     """The markdown table of one benchmark JSON; read: read_floor.json's cases by name (adds its column)."""
     d = json.load(open(path))
+    if d.get("kind") == "compiled_baseline":
+        return render_compiled(path, d)
     ceil = d.get("ceilings", {})
     env = d.get("env", {k: d.get(k) for k in ("gpu", "torch", "triton")})
     lines = [f"`{path}` — {env.get('gpu')}, torch {env.get('torch')}, triton {env.get('triton')}; measured "
