@@ -584,12 +584,13 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, w3_off, s3_off, rm, rn, u
     KS = (K + 31) // 32
     w_rows = rn.to(tl.int64)[:, None] * K
     s_rows = (rn // 32)[:, None] * KS
-    if GATED == 2:  # one pointer tile over both matrices: W3's rows by their byte distance from W
-        w_base = w_ptr + (w_rows + (up.to(tl.int64) * w3_off)[:, None])
-        s_base = ws_ptr + (s_rows + (up.to(tl.int64) * s3_off)[:, None])
-    else:
-        w_base = w_ptr + w_rows
-        s_base = ws_ptr + s_rows
+    if GATED == 2:  # one pointer tile over both matrices: W3's rows by their byte distance from W. The offset
+        # is the 0/1 row flag times w3_off: a select between two pointers, or between w3_off and 0, lost the rows'
+        # 16-byte contiguity in Triton's analysis (71 small LDGs a k step, sm90 SASS); the product kept it. The other
+        # tiles' offsets and address expressions are unchanged (their sm90 k loops are the same as before the stacked
+        # tile under Triton 3.6 and 3.9)
+        w_rows = w_rows + (up.to(tl.int64) * w3_off)[:, None]
+        s_rows = s_rows + (up.to(tl.int64) * s3_off)[:, None]
     x_rows = rm.to(tl.int64)[:, None] * K
     KW: tl.constexpr = K // 4
     w_words = w_ptr.to(tl.pointer_type(tl.uint32)) + rn.to(tl.int64)[:, None] * KW
@@ -599,7 +600,7 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, w3_off, s3_off, rm, rn, u
     if SPF:  # the first k tile's scales, before the loop
         rs0 = k_lo // 32 + tl.arange(0, BK // 32)
         sm0 = n_ok[:, None] & (rs0[None, :] * 32 < k_hi)
-        s_nxt = tl.load(s_base + rs0[None, :], mask=sm0, other=127)
+        s_nxt = tl.load(ws_ptr + s_rows + rs0[None, :], mask=sm0, other=127)
         if GATED == 1:
             s3_nxt = tl.load(ws3_ptr + s_rows + rs0[None, :], mask=sm0, other=127)
     for k0 in range(k_lo, k_hi, BK):
@@ -621,13 +622,13 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, w3_off, s3_off, rm, rn, u
             rsn = rs + BK // 32
             smn = n_ok[:, None] & (rsn[None, :] * 32 < k_hi)  # blocks that start inside the split: none after the last tile
             s_cur = s_nxt
-            s_nxt = tl.load(s_base + rsn[None, :], mask=smn, other=127)
+            s_nxt = tl.load(ws_ptr + s_rows + rsn[None, :], mask=smn, other=127)
             if GATED == 1:
                 s3_cur = s3_nxt
                 s3_nxt = tl.load(ws3_ptr + s_rows + rsn[None, :], mask=smn, other=127)
         else:
             sm = n_ok[:, None] & (rs[None, :] < KS)
-            s_cur = tl.load(s_base + rs[None, :], mask=sm, other=127)
+            s_cur = tl.load(ws_ptr + s_rows + rs[None, :], mask=sm, other=127)
             if GATED == 1:
                 s3_cur = tl.load(ws3_ptr + s_rows + rs[None, :], mask=sm, other=127)
         if DECODE_W:
@@ -648,7 +649,7 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, w3_off, s3_off, rm, rn, u
                     acc3 += tl.dot(wt3, tl.trans(xt))
         else:
             sc = expand_cols(e8m0_to_f32(s_cur), BN, BK // 32, 32)
-            wt = e4m3_to_f32(tl.load(w_base + rk[None, :], mask=wm, other=0), NATIVE_FP8) * sc
+            wt = e4m3_to_f32(tl.load(w_ptr + w_rows + rk[None, :], mask=wm, other=0), NATIVE_FP8) * sc
             if DOT_F32:
                 acc += tl.dot(wt, tl.trans(xt), input_precision="ieee")
             else:
