@@ -20,7 +20,9 @@ shared value). Writing into H itself (out=H) is safe: a program reads its own ro
 
 Specialization keys: D (5120), HEAD_DIM (256), N_COLS (24), BR, BD, dtypes.
 
-Known gaps: the sign at dot == 0 follows the eager model's copysign (gate = sigmoid(+1e-3)),
+Known gaps: at decode the gate is slower than torch.compile of its reference (H200, one token: 6.6 vs 5.1 µs
+L2-cold, results/compiled_baseline.json; Inductor's kernels were not read). The sign at dot == 0 follows the eager
+model's copysign (gate = sigmoid(+1e-3)),
 where the spec's literal `sign(0)` would give 0.5; no prefetch of table rows from host memory
 (the gather assumes the table is device-addressable: HBM, or mapped host memory).
 """
@@ -163,8 +165,9 @@ def engram_gather(ids, table, scale, out_dtype=torch.bfloat16):
 
 
 # Few tokens (T·4 programs at most GATE_ONE_PASS_PROGRAMS): the one-pass tile (BD >= D, 16 warps), whose loads are all
-# in flight at once; the two-pass 1024-wide loop took T = 1 to 9.7 µs L2-cold, where torch.compile of the reference
-# takes 4.5 (results/compiled_baseline.json). Prefill keeps BD 1024 (1.41x its bytes floor at 8192 tokens).
+# in flight at once. H200, L2-cold graph replay (results/kernels_ffn.json): T = 1 9.7 -> 6.7 µs, T = 8 10.1 -> 6.7
+# against the two-pass 1024-wide loop; torch.compile of the reference still takes 5.1 / 5.3
+# (results/compiled_baseline.json). Prefill keeps BD 1024 (1.32x its bytes floor at 8192 tokens).
 GATE_ONE_PASS_PROGRAMS = 256
 
 

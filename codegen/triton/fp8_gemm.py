@@ -516,11 +516,13 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
         # e > 134 needs the second bf16x2 scale factor; real checkpoints never have one, so the
         # program checks its own scale rows once and runs the one-multiply loop when it can
         if _any_scale_above(ws_ptr, ws3_ptr, pid_n, k_lo, k_hi, N, K, BN, GATED, 134):
-            acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, w3_off, s3_off, rm, rw, up, m_ok, rw_ok, k_lo,
-                                    k_hi, N, K, BM, BN, BK, SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, True, SPF)
+            acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, w3_off, s3_off, rm, rw, up, m_ok, rw_ok,
+                                    k_lo, k_hi, N, K, BM, BN, BK, SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX,
+                                    True, SPF)
         else:
-            acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, w3_off, s3_off, rm, rw, up, m_ok, rw_ok, k_lo,
-                                    k_hi, N, K, BM, BN, BK, SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, False, SPF)
+            acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, w3_off, s3_off, rm, rw, up, m_ok, rw_ok,
+                                    k_lo, k_hi, N, K, BM, BN, BK, SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX,
+                                    False, SPF)
     else:
         acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, w3_off, s3_off, rm, rw, up, m_ok, rw_ok, k_lo,
                                 k_hi, N, K, BM, BN, BK, SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX, True, SPF)
@@ -566,14 +568,14 @@ def _any_scale_above(ws_ptr, ws3_ptr, pid_n, k_lo, k_hi, N: tl.constexpr, K: tl.
 
 
 @triton.jit
-def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, w3_off, s3_off, rm, rn, up, m_ok, n_ok, k_lo, k_hi, N: tl.constexpr, K: tl.constexpr,
-                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr, GATED: tl.constexpr,
-                NATIVE_FP8: tl.constexpr, DOT_F32: tl.constexpr, DECODE_W: tl.constexpr, PTX: tl.constexpr,
-                TWO: tl.constexpr, SPF: tl.constexpr = False):
+def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, w3_off, s3_off, rm, rn, up, m_ok, n_ok, k_lo, k_hi,
+                N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                SPLIT_K: tl.constexpr, GATED: tl.constexpr, NATIVE_FP8: tl.constexpr, DOT_F32: tl.constexpr,
+                DECODE_W: tl.constexpr, PTX: tl.constexpr, TWO: tl.constexpr, SPF: tl.constexpr = False):
     """fp8_gemm_kernel's k loop over this program's split [k_lo, k_hi): (acc, acc3) [BN, BM] fp32 = W-tile · x-tileᵀ.
     rn [BN]: the tile's weight rows; GATED 2 (stacked): row i is row rn[i] of W3 (at w_ptr + w3_off, scales at
-    ws_ptr + s3_off) where up[i], else of W, one tile and one dot (acc3 unused). TWO (DECODE_W 1): apply the second scale factor (needed only where a UE8M0 byte
-    exceeds 134).
+    ws_ptr + s3_off) where up[i], else of W, one tile and one dot (acc3 unused). TWO (DECODE_W 1): apply the second
+    scale factor (needed only where a UE8M0 byte exceeds 134).
 
     SPF: the UE8M0 scale bytes of the next k tile are loaded one iteration ahead (registers carried by the loop).
     Triton's pipeline takes the weight and x tiles through cp.async stages, but not the scale loads (2 bytes a
@@ -852,8 +854,8 @@ N_SMS_HINT = 132  # SMs of an H100/H200-class GPU: what the ahead-of-time varian
 # 66 KB -> 3 (at 4 cp.async stages; `_tiles` runs 3, smaller, and keeps these splits,
 # the ones its stage sweep was timed at).
 # The stacked gated tile (GATED 2, `_stack`) is the 2-warp tile over 2N rows; its split is planned for 8 an SM, which
-# at the shared w1/w3's width is 7 splits (results/tune_fp8_stack.json: 13.0-13.2 µs L2-cold over three runs at 7,
-# 13.5 at 8, 14.1-14.7 at 6 and at 9 = the plain tile's 10 an SM).
+# at the shared w1/w3's width is 7 splits (results/tune_fp8_stack*.json, L2-cold: 13.0-13.2 µs over three runs at 7,
+# 13.5 at 8, 14.0-14.1 at 6, 14.2-14.7 at 9 = the plain tile's 10 an SM).
 DECODE_PROGRAMS_PER_SM = {"gemv": 8, "mma": 10, "mma_gated": 6, "mma_stacked": 8, "mma_4w": 5, "mma_4w_gated": 3}
 MIN_SPLIT_STEPS = 2  # k tiles per split at least: below it the partials' round trip costs more than it spreads
 DECODE_BK = 128  # decode (M <= 16) k tile
@@ -911,7 +913,8 @@ def _byte_distance(b: torch.Tensor, a: torch.Tensor, multiple: int, name: str) -
 
 
 def _spf(spf, decode: bool, gated: bool) -> bool:
-    """The k loop's scale prefetch: explicit spf, else SCALE_PREFETCH except for the gated decode tile (M <= 16)."""
+    """The k loop's scale prefetch: explicit spf, else SCALE_PREFETCH except for the paired gated decode tile (M <= 16;
+    the launcher passes gated False for the stacked one)."""
     if spf is not None:
         return bool(spf)
     return SCALE_PREFETCH and not (gated and decode)
