@@ -94,14 +94,14 @@ def _variants(N, K, M, gated):
         four = (f"mma_bn64_w4_sk{sk4}", {"tiles": (BM, 64, BK, GM, sk4, 4, ns)})
         return out + around + [four, ("default_again", {})] + around + [four]
     if M > 1 and gated and os.environ.get("TUNE_STACK") == "1":  # the stacked gated tile (GATED 2), interleaved
-        BM, BN, BK, GM, SK, nw, ns = fg._tiles(M, 2 * N, K, False, mma_sync=fg.mma_sync_decode_for(torch.device(DEV)))
+        mma_sync = fg.mma_sync_decode_for(torch.device(DEV))
+        BM, BN, BK, GM, SK, nw, ns = fg._tiles(M, 2 * N, K, True, mma_sync=mma_sync, stacked=True)
         st = [("stacked", {"stack": True}), ("stacked_spf_off", {"stack": True, "spf": False})]
         sks = [int(v) for v in os.environ.get("TUNE_STACK_SK", "").split(",") if v]  # explicit K splits
         for sk in sks or [fg._split_k(M, 2 * N, K, BN, BK, c) for c in (8, 12)]:
             st.append((f"stacked_sk{sk}", {"stack": True, "tiles": (BM, BN, BK, GM, sk, nw, ns)}))
         if sks:  # the paired tile at the same splits
-            BMp, BNp, BKp, GMp, SKp, nwp, nsp = fg._tiles(M, N, K, True,
-                                                          mma_sync=fg.mma_sync_decode_for(torch.device(DEV)))
+            BMp, BNp, BKp, GMp, _, nwp, nsp = fg._tiles(M, N, K, True, mma_sync=mma_sync)
             st += [(f"paired_sk{sk}", {"stack": False, "tiles": (BMp, BNp, BKp, GMp, sk, nwp, nsp)}) for sk in sks]
         return [("paired", {"stack": False})] + st + [("paired_again", {"stack": False})] + st[:2]
     if M > 1 and os.environ.get("TUNE_SPF") == "1":  # the scale prefetch (SPF, on by default) off, interleaved

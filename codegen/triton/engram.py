@@ -175,11 +175,10 @@ def _gate_tile(T: int, D: int, block_d=None):
     """(BD, num_warps) of the gate kernel: explicit block_d, else one pass for few tokens, else 1024-wide chunks."""
     if block_d is not None:
         return int(block_d), (16 if block_d >= 4096 else 4)
-    if interpreting():
-        return (triton.next_power_of_2(D) if T * HC <= GATE_ONE_PASS_PROGRAMS else 256), 4
+    interp = interpreting()  # small chunks and 4 warps: the interpreter's cost grows with the block
     if T * HC <= GATE_ONE_PASS_PROGRAMS:
-        return triton.next_power_of_2(D), 16
-    return 1024, 4
+        return triton.next_power_of_2(D), (4 if interp else 16)
+    return (256 if interp else 1024), 4
 
 
 def engram_gate(H, kv, q_weight, k_weight, eps: float, token_mask=None, out=None, block_d=None):

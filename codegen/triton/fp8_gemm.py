@@ -501,10 +501,9 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
         rr = tl.arange(0, BN)
         rw = pid_n * BNO + rr % BNO
         up = rr >= BNO
-    else:
-        rw = rn
-        up = rn < 0
-    rw_ok = rw < N
+        rw_ok = rw < N
+    else:  # the weight rows are the output columns (up: all False, unused)
+        rw, up, rw_ok = rn, rn < 0, n_ok
     k_lo, k_hi = split_bounds(split, K, BK, SPLIT_K)
     rows_pf = tl.minimum(rn, N - 1).to(tl.int64) * K + k_lo
     prefetch_rows_l2(w_ptr + rows_pf, PREFETCH, PREFETCH > 0)
