@@ -62,6 +62,31 @@ def attention_case(S):
     return lambda: sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin, **kw)
 
 
+def engram_gate_case(T, inductor=False):
+    """The Engram gate at T tokens as compiled_baseline.py's case (fp32 H, bf16 kv and weights, a token mask); with
+    inductor, torch.compile of its reference instead (compiled here, before the profiled range)."""
+    from benchmarks.kernels_ffn import D as HID
+    from dsv41c.codegen.triton import engram as en
+    qw, kw = rnd(4, HID), rnd(4, HID)
+    H = rnd(T, 4, HID, dtype=torch.float32)
+    kv = rnd(T, 5 * HID)
+    mask = torch.rand(T, device=H.device) > 0.1
+    if inductor:
+        f = torch.compile(en.engram_gate_reference, dynamic=False)
+        return lambda: f(H, kv, qw, kw, 1e-20, mask)
+    return lambda: en.engram_gate(H, kv, qw, kw, 1e-20, mask)
+
+
+def attention_inductor_case(S):
+    """torch.compile of sparse attention's eager reference on attention_case's inputs."""
+    from benchmarks.kernels_attention import _attn_data, rope_table
+    from dsv41c.codegen.triton import sparse_attention as sa
+    cos, sin = rope_table(1 << 16)
+    q, qpos, wkv, ckv, idx, sink, kw = _attn_data(S, True, batched=S > 1)
+    f = torch.compile(sa.sparse_attention_ref, dynamic=False)
+    return lambda: f(q, qpos, wkv, ckv, idx, sink, cos, sin, **kw)
+
+
 def compressor_case(ratio, T):
     cos, sin = ci.rope_table()
     a = ci.inputs(ratio, T)
@@ -80,6 +105,11 @@ CASES = {
     "compressor_r1_T1": lambda: compressor_case(1, 1),
     "attn_S1": lambda: attention_case(1),
     "attn_batch_S64": lambda: attention_case(64),
+    "attn_S1_inductor": lambda: attention_inductor_case(1),
+    "engram_gate_T1": lambda: engram_gate_case(1),
+    "engram_gate_T1_inductor": lambda: engram_gate_case(1, inductor=True),
+    "engram_gate_T8": lambda: engram_gate_case(8),
+    "engram_gate_T8_inductor": lambda: engram_gate_case(8, inductor=True),
 }
 
 

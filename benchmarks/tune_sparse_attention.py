@@ -39,12 +39,23 @@ VARIANTS = {
         ("bn16_ns3", {"block_n": 16, "num_stages": 3}),
         ("no_fuse", {"fuse_combine": False}),
         ("split4", {"n_split": 4}),
+        # session 14: whole keys per program, output channels split (no partials, no combine; QK repeated)
+        ("dv256_split1", {"dv": 256, "n_split": 1}),
+        ("dv256_split1_bn32", {"dv": 256, "n_split": 1, "block_n": 32, "num_stages": 3}),
+        ("split1", {"n_split": 1}),
     ]),
     "decode_S1": (1, [
         ("old", {"qk_once": False, "fuse_combine": False}),
         ("default", {}),
         ("no_fuse", {"fuse_combine": False}),
         ("dv128_qk_once", {"dv": 128, "qk_once": True}),
+        # session 14: the one-query case against torch.compile (27.6 µs cold, compiled_baseline.json)
+        ("dv128_bn32", {"dv": 128, "block_n": 32}),
+        ("dv128_w4", {"dv": 128, "num_warps": 4}),
+        ("dv128_split5", {"dv": 128, "n_split": 5}),
+        ("dv256", {"dv": 256}),
+        ("dv512_bn16", {"dv": 512, "block_n": 16, "num_stages": 3}),
+        ("dv64", {"dv": 64}),
     ]),
 }
 
@@ -130,6 +141,10 @@ SASS_CFGS = [  # (label, split, BN, DV, warps, stages, qk_once, fuse)
     ("one_query_dv128_qk_once", True, 64, 128, 8, 2, True, True),
     ("old_prefill_bn64", False, 64, 512, 8, 2, False, False),
     ("prefill_bn64_qk_once", False, 64, 512, 8, 2, True, False),
+    ("batch_dv256_nosplit_bn64", False, 64, 256, 8, 2, False, False),
+    ("batch_dv256_nosplit_bn64_qk_once", False, 64, 256, 8, 2, True, False),
+    ("batch_dv256_nosplit_bn32_ns3", False, 32, 256, 8, 3, False, False),
+    ("batch_dv256_nosplit_bn64_w4", False, 64, 256, 4, 2, False, False),
 ]
 
 
