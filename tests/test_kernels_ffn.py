@@ -664,6 +664,13 @@ def test_engram_gate(dtype):
     assert torch.equal(Hc, out)
     nomask = en.engram_gate(H, kv, qw, kw, 1e-20)
     assert not torch.equal(nomask[1], H[1])
+    # the mask is read as one byte a token, with no copy for bool / uint8 / int8; other dtypes and strided masks
+    # give the same gate
+    strided = torch.stack([mask, ~mask], 1)[:, 0]
+    for m in (mask.to(torch.uint8), mask.to(torch.int32), strided):
+        assert torch.equal(en.engram_gate(H, kv, qw, kw, 1e-20, m), out)
+    with pytest.raises(ValueError, match="token_mask"):
+        en.engram_gate(H, kv, qw, kw, 1e-20, mask[:3])
     # the two-pass chunked loop (prefill's) and the one-pass row (decode's) compute the same gate
     two = en.engram_gate(H, kv, qw, kw, 1e-20, mask, block_d=128)
     one = en.engram_gate(H, kv, qw, kw, 1e-20, mask, block_d=512)

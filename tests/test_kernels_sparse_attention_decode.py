@@ -90,6 +90,25 @@ def test_fused_combine_matches_separate_and_leaves_counters_zero():
     assert int(arrival.counters(torch.device(DEV), S).abs().sum()) == 0
 
 
+def test_combine_in_chunks_of_splits():
+    """More splits than one chunk (NS = 16): the combine merges the first 16 splits, rescales them to the next
+    chunk's max and adds the rest; the fused and the separate combine give the same bits, both match the
+    reference. The tile rule keeps a chunk's partials at COMBINE_TILE floats."""
+    S, H, D, W, KC, N = 2, 16, 64, 16, 300, 320
+    cos, sin = rope_table(512, 8)
+    args, kw = batch_inputs(S, H, D, W, KC, N, True, seed=21)
+    a = sa.sparse_attention(*args, cos, sin, n_split=20, block_n=16, fuse_combine=False, **kw)
+    b = sa.sparse_attention(*args, cos, sin, n_split=20, block_n=16, fuse_combine=True, **kw)
+    assert torch.equal(a, b)
+    r = sa.sparse_attention_ref(*args, cos, sin, **kw)
+    assert_bf16_close(a, r, ulps=2, floor=1e-3)
+    assert sa._combine_tile_shape(20, 64) == (16, 4) and sa._combine_tile_shape(2, 64) == (2, 16)
+    assert sa._combine_tile_shape(10, 64) == (16, 4) and sa._combine_tile_shape(1, 64) == (1, 16)
+    for n in (1, 2, 3, 10, 16, 40, 200):
+        ns, hb = sa._combine_tile_shape(n, 64)
+        assert ns * hb * 64 <= sa.COMBINE_TILE and 64 % hb == 0
+
+
 def test_all_padding_blocks_and_empty_window():
     """A query at position 0 (a window of one key) whose selections are all -1: every compressed
     block takes the branch's skip side; its output is that one key's value (plus the sink)."""

@@ -229,7 +229,8 @@ def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx
                         R, KC, has_base, blocks_per_split, n_split, scale,
                         H: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr, W: tl.constexpr, BN: tl.constexpr,
                         DV: tl.constexpr, QUANT: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr,
-                        QK_ONCE: tl.constexpr = False, FUSE: tl.constexpr = False, CP: tl.constexpr = 64):
+                        QK_ONCE: tl.constexpr = False, FUSE: tl.constexpr = False, CP: tl.constexpr = 64,
+                        NS: tl.constexpr = 8, FHB: tl.constexpr = 16):
     NWB: tl.constexpr = W // BN
     s = tl.program_id(0)
     cv = tl.program_id(1)
@@ -279,9 +280,10 @@ def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx
             # split order and arithmetic as _combine_kernel: bit-identical), then zeroes the counter
             cnt = cnt_ptr + s * (D // DV) + cv
             if arrive_last(cnt, n_split):
-                for cc in range(0, DV // CP):
-                    _combine_tile(pm_ptr, pl_ptr, pacc_ptr, sink_ptr, cos_ptr, sin_ptr, o_ptr, s64, n_split, p,
-                                  hh, cv * DV + cc * CP, H, D, ROPE, H, CP)
+                for hb in tl.static_range(H // FHB):
+                    for cc in range(0, DV // CP):
+                        _combine_tile(pm_ptr, pl_ptr, pacc_ptr, sink_ptr, cos_ptr, sin_ptr, o_ptr, s64, n_split, p,
+                                      hb * FHB + tl.arange(0, FHB), cv * DV + cc * CP, H, D, ROPE, FHB, CP, NS)
                 reset_counter(cnt)
     else:
         sink = tl.load(sink_ptr + hh)
@@ -294,33 +296,54 @@ def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx
 
 @triton.jit
 def _combine_tile(pm_ptr, pl_ptr, pacc_ptr, sink_ptr, cos_ptr, sin_ptr, o_ptr, s64, n_split, p, hh, c0,
-                  H: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr, HB: tl.constexpr, CP: tl.constexpr):
-    """Merge the splits' (m, l, acc) of heads hh [HB] x channels c0..c0+CP in split order, add the sink,
-    normalize, inverse-rotate, store. Partials are read with .cg (L2): in the fused epilogue they were
-    written by other programs of the same launch."""
+                  H: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr, HB: tl.constexpr, CP: tl.constexpr,
+                  NS: tl.constexpr):
+    """Merge the splits' (m, l, acc) of heads hh [HB] x channels c0..c0+CP, add the sink, normalize,
+    inverse-rotate, store. The splits come NS at a time: a chunk's loads are unrolled and independent, so they are
+    all in flight at once (a loop over single splits waited one round trip a split: 10 µs for 10 splits of one
+    query). Within a chunk the running max M is raised to the chunk's, the sums so far are rescaled and the chunk's
+    splits are added in split order, element by element: with n_split <= NS this is the two-pass merge's arithmetic
+    exactly, and every tile shape gives the same bits. Partials are read with .cg (L2): in the fused epilogue they
+    were written by other programs of the same launch."""
     cols = c0 + tl.arange(0, CP)
     sink = tl.load(sink_ptr + hh)
     M = sink
-    for i in range(n_split):
-        M = tl.maximum(M, tl.load(pm_ptr + (s64 * n_split + i) * H + hh, cache_modifier=".cg"))
-    den = tl.exp(sink - M)
+    den = tl.full((HB,), 1.0, tl.float32)  # exp(sink - M) at M = sink
     acc = tl.zeros((HB, CP), tl.float32)
-    for i in range(n_split):
-        st = (s64 * n_split + i) * H + hh
-        w = tl.exp(tl.load(pm_ptr + st, cache_modifier=".cg") - M)
-        den += tl.load(pl_ptr + st, cache_modifier=".cg") * w
-        acc += tl.load(pacc_ptr + st[:, None] * D + cols[None, :], cache_modifier=".cg") * w[:, None]
+    for i0 in range(0, n_split, NS):
+        ms = ()
+        ls = ()
+        accs = ()
+        for i in tl.static_range(NS):
+            ok = (hh * 0 + (i0 + i)) < n_split  # [HB]: this split exists
+            st = (s64 * n_split + i0 + i) * H + hh
+            ms = ms + (tl.load(pm_ptr + st, mask=ok, other=float("-inf"), cache_modifier=".cg"),)
+            ls = ls + (tl.load(pl_ptr + st, mask=ok, other=0.0, cache_modifier=".cg"),)
+            accs = accs + (tl.load(pacc_ptr + st[:, None] * D + cols[None, :], mask=ok[:, None], other=0.0,
+                                   cache_modifier=".cg"),)
+        Mn = M
+        for i in tl.static_range(NS):
+            Mn = tl.maximum(Mn, ms[i])
+        r = tl.exp(M - Mn)
+        den = den * r
+        acc = acc * r[:, None]
+        for i in tl.static_range(NS):
+            w = tl.exp(ms[i] - Mn)
+            den += ls[i] * w
+            acc += accs[i] * w[:, None]
+        M = Mn
     _inv_rope_store(acc / den[:, None], o_ptr + (s64 * H + hh)[:, None] * D + cols[None, :], c0, p,
                     cos_ptr, sin_ptr, HB, CP, D, ROPE)
 
 
 @triton.jit
 def _combine_kernel(pm_ptr, pl_ptr, pacc_ptr, qpos_ptr, sink_ptr, cos_ptr, sin_ptr, o_ptr, n_split,
-                    H: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr, HB: tl.constexpr, CP: tl.constexpr):
+                    H: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr, HB: tl.constexpr, CP: tl.constexpr,
+                    NS: tl.constexpr = 8):
     s = tl.program_id(0)
     hh = tl.program_id(2) * HB + tl.arange(0, HB)
     _combine_tile(pm_ptr, pl_ptr, pacc_ptr, sink_ptr, cos_ptr, sin_ptr, o_ptr, s.to(tl.int64), n_split,
-                  tl.load(qpos_ptr + s), hh, tl.program_id(1) * CP, H, D, ROPE, HB, CP)
+                  tl.load(qpos_ptr + s), hh, tl.program_id(1) * CP, H, D, ROPE, HB, CP, NS)
 
 
 # ============================================================================ host side
@@ -387,6 +410,7 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     qk_once = (QK_ONCE and DV == D) if qk_once is None else bool(qk_once)
     fuse = split and (FUSE_COMBINE if fuse_combine is None else bool(fuse_combine))
     CP = min(64, DV)
+    NS, HB = _combine_tile_shape(n_split, H)
     if split:
         pm = torch.empty((S, n_split, H), dtype=torch.float32, device=dev)
         pl = torch.empty_like(pm)
@@ -401,12 +425,12 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
         q.contiguous(), qpos, wkv, wsc, ckv, csc, idx, wb, cb, sink, cos, sin, out, pm, pl, pacc, cnt,
         R, KC, int(has_base), bps, n_split, scale,
         H=H, D=D, ROPE=rope, W=window, BN=BN, DV=DV, QUANT=wq, SPLIT=split, UPCAST=interpreting(),
-        QK_ONCE=qk_once, FUSE=fuse, CP=CP,
+        QK_ONCE=qk_once, FUSE=fuse, CP=CP, NS=NS, FHB=min(H, 16),
         num_warps=num_warps or 8, num_stages=num_stages or (BATCH_STAGES if batch else _default_stages()))
     if split and not fuse:
-        HB, CP = min(16, H), min(64, D)
+        CP = min(64, D)
         _combine_kernel[(S, D // CP, H // HB)](pm, pl, pacc, qpos, sink, cos, sin, out, n_split,
-                                              H=H, D=D, ROPE=rope, HB=HB, CP=CP, num_warps=4)
+                                              H=H, D=D, ROPE=rope, HB=HB, CP=CP, NS=NS, num_warps=4)
     return out
 
 
@@ -422,6 +446,18 @@ FUSE_COMBINE = False
 # combine) — the same as the single-query CUDA defaults today
 BATCH_BN, BATCH_STAGES = 64, 2
 ONE_QUERY_DV = 128  # output channels per program for a single quantized decode query
+COMBINE_TILE = 4096  # floats of partial accumulators a combine program loads at once (NS x HB x 64)
+
+
+def _combine_tile_shape(n_split: int, H: int, tile: int = COMBINE_TILE):
+    """(NS, HB) of the combine: splits merged a chunk at a time (NS, a power of two up to 16, so that one query's
+    splits usually come in one round trip) and heads per program, the chunk's partial tiles [NS, HB, 64] at most
+    `tile` floats (32 registers a thread at 4 warps)."""
+    NS = min(16, triton.next_power_of_2(max(1, n_split)))
+    HB = max(1, min(16, H, tile // (NS * 64)))
+    while H % HB:
+        HB //= 2
+    return NS, HB
 
 
 def _default_stages() -> int:
@@ -494,7 +530,7 @@ def _attn_spec(c, quant: bool, split: bool, bn: int, dv: int, num_warps: int, nu
     const = {"H": c.num_attention_heads, "D": c.head_dim, "ROPE": c.qk_rope_head_dim, "W": c.sliding_window,
              "BN": bn, "DV": dv, "QUANT": quant, "SPLIT": split, "UPCAST": False,
              "QK_ONCE": (QK_ONCE and dv == c.head_dim) if qk_once is None else qk_once, "FUSE": fuse,
-             "CP": min(64, dv)}
+             "CP": min(64, dv), "NS": 8, "FHB": 16}
     return aot_spec(_sparse_attn_kernel, f"{phase}_{'fp8fp4' if quant else 'bf16'}_dv{dv}_bn{bn}", types, const,
                     num_warps=num_warps, num_stages=num_stages)
 
@@ -517,11 +553,13 @@ def _specs(target):
         if quant and dv != ONE_QUERY_DV:  # the single-query default (sparse_attention's DV rule)
             out.append(_attn_spec(c, quant, True, bn, ONE_QUERY_DV, 8, stages, "decode"))
         out.append(_attn_spec(c, quant, False, bn, dv, 8, stages, "prefill"))
-    out.append(aot_spec(_combine_kernel, "combine_hb16_cp64",
+    # any n_split (8 splits a chunk); the JIT launcher picks NS and HB per call (_combine_tile_shape)
+    out.append(aot_spec(_combine_kernel, "combine_hb8_cp64_ns8",
                         {"pm_ptr": "*fp32", "pl_ptr": "*fp32", "pacc_ptr": "*fp32", "qpos_ptr": "*i32",
                          "sink_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "o_ptr": "*bf16",
                          "n_split": "i32"},
-                        {"H": c.num_attention_heads, "D": c.head_dim, "ROPE": c.qk_rope_head_dim, "HB": 16, "CP": 64},
+                        {"H": c.num_attention_heads, "D": c.head_dim, "ROPE": c.qk_rope_head_dim, "HB": 8, "CP": 64,
+                         "NS": 8},
                         num_warps=4))
     return out
 
@@ -529,5 +567,5 @@ def _specs(target):
 register(KernelTemplate(
     name="sparse_attention", module=__name__,
     summary="one softmax over SWA window ∪ selected compressed entries + sink, FP8/FP4 KV dequantized in-kernel, inverse RoPE",
-    keys=("H", "D", "ROPE", "W", "BN", "DV", "QUANT", "SPLIT", "QK_ONCE", "FUSE", "CP", "HB", "UPCAST"),
+    keys=("H", "D", "ROPE", "W", "BN", "DV", "QUANT", "SPLIT", "QK_ONCE", "FUSE", "CP", "HB", "NS", "FHB", "UPCAST"),
     reference=sparse_attention_ref, launch=sparse_attention, specializations=_specs))
