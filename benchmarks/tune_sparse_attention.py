@@ -59,6 +59,10 @@ VARIANTS = {
         ("dv64_bn32", {"dv": 64, "block_n": 32}),
         ("dv128_bn16", {"dv": 128, "block_n": 16, "num_stages": 3}),
         ("dv512_bn32", {"dv": 512, "block_n": 32}),
+        ("bn64", {"dv": 128, "block_n": 64}),  # the one-query default before session 14
+        ("dv128_bn32_ns3", {"dv": 128, "block_n": 32, "num_stages": 3}),
+        ("dv256_bn32", {"dv": 256, "block_n": 32}),
+        ("dv128_bn32_w4", {"dv": 128, "block_n": 32, "num_warps": 4}),
     ]),
 }
 

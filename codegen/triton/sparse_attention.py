@@ -367,7 +367,7 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     bf16 [N, D]; idx [S, KC] int32 compressed rows (-1 = padding); sink [H] fp32; cos/sin [P, rope/2].
     ring: rows per ring (default: all rows of win_kv); win_base/cmp_base [S]: per-query base rows
     (both or neither). n_split: key splits per query (default: enough programs for every SM).
-    Tuning knobs (None = DEFAULT_BN, BATCH_BN / BATCH_STAGES, QK_ONCE, FUSE_COMBINE, ONE_QUERY_DV): dv, block_n, num_warps,
+    Tuning knobs (None = DEFAULT_BN, BATCH_BN / BATCH_STAGES, QK_ONCE, FUSE_COMBINE, ONE_QUERY_DV / ONE_QUERY_BN): dv, block_n, num_warps,
     num_stages; qk_once: q·K^T split over the warpgroups (not repeated in each); fuse_combine: the
     last-arriving split merges the partials in the same launch (no _combine_kernel launch).
     Returns o [S, H, D] bf16 (inverse-rotated)."""
@@ -386,7 +386,9 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     # a decode batch (2 <= S <= SMs / 2 quantized queries: key splits) may have its own key block and
     # stages (BATCH_BN / BATCH_STAGES; today the CUDA defaults); ROCm keeps its one stage
     batch = wq and 1 < S and 2 * S <= sm_count(dev) and not interpreting() and torch.version.hip is None
-    BN = min(block_n or (BATCH_BN if batch else DEFAULT_BN[wq]), window)
+    # one FP8/FP4 query on CUDA: 32-key blocks (twice the programs of 64, each half the dequantization)
+    one = wq and S == 1 and not interpreting() and torch.version.hip is None
+    BN = min(block_n or (BATCH_BN if batch else ONE_QUERY_BN if one else DEFAULT_BN[wq]), window)
     if window % BN:
         raise ValueError(f"sparse_attention: window {window} is not a multiple of the key block {BN}")
     KC = idx.shape[1]
@@ -446,6 +448,9 @@ FUSE_COMBINE = False
 # combine) — the same as the single-query CUDA defaults today
 BATCH_BN, BATCH_STAGES = 64, 2
 ONE_QUERY_DV = 128  # output channels per program for a single quantized decode query
+# and its key block (CUDA): H200, session 14 (results/tune_sparse_attention_s14.json, after the chunked combine), L2-cold
+# graph replay: BN 32 15.1 µs, BN 64 25.6 (the DV 512 tiles: BN 16 16.8, BN 32 17.8; DV 64 22.3)
+ONE_QUERY_BN = 32
 COMBINE_TILE = 4096  # floats of partial accumulators a combine program loads at once (NS x HB x 64)
 
 
@@ -550,8 +555,10 @@ def _specs(target):
         # the batched-decode default (BATCH_BN, BATCH_STAGES), where it differs from the plain decode variant
         if quant and not is_rocm(target) and (BATCH_BN, BATCH_STAGES) != (bn, stages):
             out.append(_attn_spec(c, quant, True, BATCH_BN, dv, 8, BATCH_STAGES, "decode_batch"))
-        if quant and dv != ONE_QUERY_DV:  # the single-query default (sparse_attention's DV rule)
-            out.append(_attn_spec(c, quant, True, bn, ONE_QUERY_DV, 8, stages, "decode"))
+        # the single-query default (sparse_attention's DV and BN rules; ROCm keeps the decode variant's key block)
+        one_bn = bn if is_rocm(target) else ONE_QUERY_BN
+        if quant and (dv, bn) != (ONE_QUERY_DV, one_bn):
+            out.append(_attn_spec(c, quant, True, one_bn, ONE_QUERY_DV, 8, stages, "decode_one"))
         out.append(_attn_spec(c, quant, False, bn, dv, 8, stages, "prefill"))
     # any n_split (8 splits a chunk); the JIT launcher picks NS and HB per call (_combine_tile_shape)
     out.append(aot_spec(_combine_kernel, "combine_hb8_cp64_ns8",
