@@ -24,14 +24,18 @@ to bf16 for the P·V MMA). With DV < D the QK product runs per DV-channel slice 
 slice is V (still one load and dequant per key element). Pipeline stages prefetch the next blocks'
 rows into shared memory (CUDA). With one split the program applies the sink, normalizes and
 inverse-rotates (pairs taken apart with tl.split, put back with tl.join); with several, partial
-(m, l, acc) go to scratch and are merged (split order, sink, inverse rotation: `_combine_tile`) either
+(m, l, acc) go to scratch and are merged (sink, inverse rotation: `_combine_tile`) either
 by the last-arriving split of the query in the same launch (fuse_combine: a per-(query, channel
 slice) counter from codegen/triton/arrival.py, left at zero for the next launch / graph replay) or,
-the default (measured faster on the H200), by `_combine_kernel` (grid query x 64-channel x 16-head
-tiles); both give the same bits.
+the default (measured faster on the H200), by `_combine_kernel` (grid query x 64-channel x HB-head
+tiles); both give the same bits. The merge takes the splits NS (<= 16) at a time, the chunk's loads
+unrolled and independent so that they are in flight together: running max raised to the chunk's, the
+sums rescaled, the chunk's splits added in split order element by element (for n_split <= NS the
+arithmetic of a two-pass merge exactly). A loop over single splits waited a round trip a split (H200,
+Nsight Compute: 10.4 µs for one query's 10 splits).
 Decode splits: a batch of S queries runs SMs // S key splits (at least 1), so about one program per
-SM is in flight: one quantized query (DV 128) = 4 channel slices × 10 splits of one 64-key block,
-64 queries = 128 programs.
+SM is in flight: one quantized query (DV 128, 32-key blocks on CUDA) = 4 channel slices × 20 splits of
+one block, 64 queries (64-key blocks) = 128 programs.
 
 q·K^T once (qk_once, default where DV = D): Triton gives a dot whose result feeds another dot all
 warps on M (warpsPerTileV3), and with H = 64 rows = one warpgroup's wgmma M, 8 warps made both
@@ -48,12 +52,14 @@ For DV < D the per-slice products in branches spill more (440
 local-memory ops in the window loop at DV 128), so qk_once defaults off there.
 
 Specialization keys: H (64), D (512), ROPE (64), W (128), BN (key block), DV (output channels
-per program), QUANT (fp8/fp4 vs bf16), SPLIT, QK_ONCE, FUSE; combine: HB, CP (head x channel tile).
+per program), QUANT (fp8/fp4 vs bf16), SPLIT, QK_ONCE, FUSE, NS / FHB (the fused merge's split chunk and
+head tile); combine: HB, CP (head x channel tile), NS (splits a chunk).
 Variants: decode (SPLIT) and prefill, each for both KV formats: CUDA DV 512, BN 64 (FP8/FP4) or
 32 (bf16: its 2-stage buffers need twice the shared memory), 8 warps, 2 stages; a quantized decode
 batch (2 <= S <= SMs / 2) BATCH_BN / BATCH_STAGES; gfx950 the same with one stage; gfx942/gfx1100 (64 KB LDS:
-q alone would fill it) DV 128, BN 32, one stage. AOT specs keep FUSE off (the runtime launches the
-combine; it has no counter buffer yet).
+q alone would fill it) DV 128, BN 32, one stage; one quantized decode query (decode_one): DV 128 (ONE_QUERY_DV)
+with ONE_QUERY_BN (32) on CUDA, the decode variant's BN on ROCm. AOT specs keep FUSE off (the runtime launches
+the combine, built for any n_split with NS 8; it has no counter buffer yet).
 
 Measured before the qk_once / fused-combine / batch-tile change (H200, torch 2.11 / triton 3.6,
 benchmarks/results/kernels_attention.json, 2026-11-29; graph replay): 64 decode queries FP8/FP4 70 µs
@@ -76,6 +82,14 @@ ideal). A merge of the two splits by the second to arrive, from its own register
 (fuse_combine "reg", commit b4f2afa, reverted): 98 µs against 58 (results/tune_sparse_attention_reg.json; the
 epilogue took the kernel from 6.4 k to 9.1 k SASS instructions), and not bit-identical to the combine kernel on
 the GPU.
+
+Session 14 (H200, L2-cold graph replay; results/tune_sparse_attention_s14*.json, kernels_attention.json): the
+chunked combine and 32-key blocks for one quantized query: 25.6 µs (BN 64 with the chunked combine; 28.7 with the
+old combine) -> 15.1-15.7 µs, against torch.compile of the reference 27.4 µs (compiled_baseline.json); bf16 one
+query 20.4 -> 15.1 µs; 64 queries unchanged at 60 µs (their combine merges 2 splits; Nsight Compute, L2 flushed
+before each kernel: 9.2 µs, still mostly reading 16 MB of partials). Programs with whole keys and half the output
+channels (DV 256, no split, no combine: q·K repeated) took 112 µs for 64 queries (results/
+tune_sparse_attention_s14_before.json; their static SASS spills more: stack 744 B at BN 64).
 
 Known gaps: entries selected by the indexer that also lie in the window are attended twice
 (as the reference does, spec §3.4 note). Window rows are trusted to hold the right positions
