@@ -607,23 +607,6 @@ def test_mhc_pre_decode_gemv_splits(T, split):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_mhc_coeff_chunks_keep_the_split_order_bits(monkeypatch):
-    """mhc_coeff_kernel loads its splits a chunk at a time (masked ones as -0.0, the add's identity): the same bits
-    as one split at a time, for chunks that divide the 10 splits, do not, or hold them all."""
-    g = gen(19)
-    H, fn, base, scale, pre_prev = _mhc_inputs(g, 2, 1280, torch.float32)
-    outs = []
-    for chunk in (1, 4, 16):
-        monkeypatch.setattr(mhc, "COEFF_MAX_CHUNK", chunk)
-        outs.append(mhc.mhc_pre(H, pre_prev, fn, base, scale, 1e-20, 1e-6))
-    for other in outs[1:]:
-        for a, b in zip(outs[0], other):
-            assert torch.equal(a, b)
-    ref = mhc.mhc_pre_reference(H, pre_prev, fn, base, scale, 1e-20, 1e-6)
-    for a, b in zip(outs[1], ref):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-
-
 def test_mhc_pre_first_site_takes_stream_zero():
     g = gen(17)
     H, fn, base, scale, _ = _mhc_inputs(g, 3, 64, torch.bfloat16)

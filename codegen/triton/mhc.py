@@ -21,9 +21,7 @@ at 9..64 tokens D is split across programs (partial projections + sums of square
 reduction in `mhc_coeff_kernel`) so the 2 MB fn is streamed by many SMs. Decode (<= 8 tokens)
 uses `mhc_pre_gemv_kernel` instead: one program per (token, 128 channels), plain multiply-and-sum
 against the [24, 128] fn slices (no 16-row MMA padding, no operand shuffles), then the same
-coefficient kernel with a [T, 4, 4] tile in one or two warps, which adds the 40 splits' partials in split order,
-COEFF_MAX_CHUNK at a time with all of a chunk's loads in flight (one split a loop iteration waited an L2 round
-trip a split). (H200, before the GEMV form:
+coefficient kernel with a [T, 4, 4] tile in one or two warps. (H200, before the GEMV form:
 32 µs per site at one token under a CUDA graph, 0.5 µs bytes floor.) The Sinkhorn runs on a
 [BT, 4, 4] register tile. `mhc_post` is elementwise over (token block, D chunk).
 Divisions in the coefficient math are IEEE (div_rn) so all targets agree with the reference.
@@ -173,32 +171,19 @@ def mhc_pre_gemv_kernel(h_ptr, pre_prev_ptr, fn_ptr, x_ptr, part_ptr, sq_ptr, T,
 
 @triton.jit
 def mhc_coeff_kernel(part_ptr, sq_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, n_split, norm_eps,
-                     hc_eps, D: tl.constexpr, BT: tl.constexpr, ITERS: tl.constexpr, NS: tl.constexpr = 1):
-    """Sum the D-split partials in split order, then the coefficients.
-
-    The splits come NS at a time: the chunk's loads are unrolled and independent, so they are in flight together
-    (a loop of one split an iteration waited an L2 round trip a split: 40 at decode). A split past n_split loads
-    -0.0, the identity of the float add, so the sums are the one-split-at-a-time loop's bits for any NS."""
+                     hc_eps, D: tl.constexpr, BT: tl.constexpr, ITERS: tl.constexpr):
+    """Sum the D-split partials in split order, then the coefficients."""
     rt = tl.program_id(0) * BT + tl.arange(0, BT)
     t_ok = rt < T
     r16 = tl.arange(0, 16)
     acc_pp = tl.zeros((BT, 16), dtype=tl.float32)
     acc_c = tl.zeros((BT, 16), dtype=tl.float32)
     sumsq = tl.zeros((BT,), dtype=tl.float32)
-    for s0 in range(0, n_split, NS):
-        pps = ()
-        cs = ()
-        sqs = ()
-        for i in tl.static_range(NS):
-            ok = t_ok & (rt * 0 + (s0 + i) < n_split)
-            base = part_ptr + ((s0 + i) * T + rt[:, None]).to(tl.int64) * 32 + r16[None, :]
-            pps = pps + (tl.load(base, mask=ok[:, None], other=-0.0),)
-            cs = cs + (tl.load(base + 16, mask=ok[:, None], other=-0.0),)
-            sqs = sqs + (tl.load(sq_ptr + (s0 + i) * T + rt, mask=ok, other=-0.0),)
-        for i in tl.static_range(NS):
-            acc_pp += pps[i]
-            acc_c += cs[i]
-            sumsq += sqs[i]
+    for sp in range(0, n_split):
+        base = part_ptr + (sp * T + rt[:, None]).to(tl.int64) * 32 + r16[None, :]
+        acc_pp += tl.load(base, mask=t_ok[:, None], other=0.0)
+        acc_c += tl.load(base + 16, mask=t_ok[:, None], other=0.0)
+        sumsq += tl.load(sq_ptr + sp * T + rt, mask=t_ok, other=0.0)
     _mhc_coeffs(acc_pp, acc_c, sumsq, rt, t_ok, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr,
                 4.0 * D, norm_eps, hc_eps, ITERS, BT)
 
@@ -313,19 +298,8 @@ def mhc_pre(H, pre_prev, fn, base, scale, norm_eps: float, hc_eps: float, iters:
                                                       num_warps=4)
         BT2 = 16
         mhc_coeff_kernel[(triton.cdiv(T, BT2),)](part, sq, base32, scale32, pre, post, comb, T, nsplit,
-                                                 float(norm_eps), float(hc_eps), D=D, BT=BT2, ITERS=iters,
-                                                 NS=_coeff_chunk(nsplit), num_warps=4)
+                                                 float(norm_eps), float(hc_eps), D=D, BT=BT2, ITERS=iters, num_warps=4)
     return x, pre, post, comb
-
-
-# splits mhc_coeff_kernel loads at once: decode's 40 in five round trips. Static sm90 SASS (Triton 3.6 and 3.9, one
-# token, one warp): at 8 all 24 loads of a chunk issue before the first add; at 16 and 32 ptxas keeps ~13-27 in
-# flight and interleaves the rest with the adds (64 registers), so a larger chunk saves no round trips.
-COEFF_MAX_CHUNK = 8
-
-
-def _coeff_chunk(n_split: int) -> int:
-    return min(COEFF_MAX_CHUNK, triton.next_power_of_2(max(1, n_split)))
 
 
 GEMV_MAX_T = 8  # decode: tokens up to which mhc_pre runs the per-token GEMV form
@@ -343,7 +317,7 @@ def _mhc_pre_gemv(H, pre_prev, fn32, base32, scale32, x, pre, post, comb, norm_e
                                      num_warps=4)
     BT2 = triton.next_power_of_2(T)  # one token: a [1, 4, 4] Sinkhorn tile in one warp
     mhc_coeff_kernel[(1,)](part, sq, base32, scale32, pre, post, comb, T, nsplit, float(norm_eps), float(hc_eps),
-                           D=D, BT=BT2, ITERS=iters, NS=_coeff_chunk(nsplit), num_warps=1 if BT2 <= 2 else 2)
+                           D=D, BT=BT2, ITERS=iters, num_warps=1 if BT2 <= 2 else 2)
     return x, pre, post, comb
 
 
@@ -391,9 +365,8 @@ def _pre_variants(target: str) -> list:
     ct = {"part_ptr": "*fp32", "sq_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32", "pre_ptr": "*fp32",
           "post_ptr": "*fp32", "comb_ptr": "*fp32", "T": "i32", "n_split": "i32", "norm_eps": "fp32", "hc_eps": "fp32"}
     for bt, nw in ((1, 1), (8, 2), (16, 4)):
-        # any n_split, 8 a chunk (the JIT launcher picks the chunk per call: _coeff_chunk)
-        ce = {"D": HIDDEN, "BT": bt, "ITERS": SINKHORN_ITERS, "NS": 8}
-        out.append(aot_spec(mhc_coeff_kernel, f"coeff_bt{bt}", ct, ce, nw, 1, {"HC": HC, "mode": "decode", **ce}))
+        out.append(aot_spec(mhc_coeff_kernel, f"coeff_bt{bt}", ct, {"D": HIDDEN, "BT": bt, "ITERS": SINKHORN_ITERS},
+                            nw, 1, {"HC": HC, "mode": "decode", "D": HIDDEN, "BT": bt, "ITERS": SINKHORN_ITERS}))
     return out
 
 
@@ -412,7 +385,7 @@ def _post_variants(target: str) -> list:
 register(KernelTemplate(
     name="mhc_pre", module=__name__,
     summary="mHC site: unweighted RMSNorm + 24 projections + pre/post/Sinkhorn comb + collapse with pre_prev",
-    keys=("HC", "D", "mode", "streams", "BT", "BD", "ITERS", "PREC", "D_PER_SPLIT", "FINALIZE", "NS"), reference=mhc_pre_reference, launch=mhc_pre,
+    keys=("HC", "D", "mode", "streams", "BT", "BD", "ITERS", "PREC", "D_PER_SPLIT", "FINALIZE"), reference=mhc_pre_reference, launch=mhc_pre,
     specializations=_pre_variants))
 register(KernelTemplate(
     name="mhc_post", module=__name__, summary="mHC expand: H'_k = post_k·y + Σ_j comb[j,k]·H_j",
