@@ -125,7 +125,7 @@ def run(args):
 
 def _loops(sass: str) -> list:
     """Per backward branch whose body holds HGMMAs: its length, HGMMA count and local-memory ops."""
-    ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    ins = _instructions(sass)
     out = []
     for j, (a, t) in enumerate(ins):
         m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", t)
@@ -178,13 +178,7 @@ def sass(args):
                "fuse": fuse}
         try:
             spec = sa._attn_spec(c, True, split, bn, dv, nw, ns, "sass", qk, fuse)
-            res = compile_spec(spec, tg)
-            with tempfile.TemporaryDirectory() as tmp:
-                cubin = os.path.join(tmp, "k.cubin")
-                with open(cubin, "wb") as f:
-                    f.write(res["asm"]["cubin"])
-                text = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True).stdout
-                usage = subprocess.run([cuobjdump, "-res-usage", cubin], capture_output=True, text=True).stdout
+            text, usage = _sass_text(compile_spec(spec, tg), cuobjdump)
             m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
             if m:
                 rec.update(registers=int(m.group(1)), stack_bytes=int(m.group(2)))
@@ -196,7 +190,50 @@ def sass(args):
                        for lo in rec.get("loops", [])[:2])
         print(f"{label:26s} regs {rec.get('registers')} stack {rec.get('stack_bytes')}: {lp} {rec.get('error', '')}",
               flush=True)
+    # the combine (session 14: splits merged NS at a time): are a chunk's loads issued before its first exp?
+    for ns, hb in ((16, 4), (8, 8), (2, 16)):
+        rec = {"label": f"combine_ns{ns}_hb{hb}", "NS": ns, "HB": hb, "CP": 64, "warps": 4}
+        try:
+            spec = sa.aot_spec(sa._combine_kernel, rec["label"], COMBINE_TYPES,
+                               {"H": c.num_attention_heads, "D": c.head_dim, "ROPE": c.qk_rope_head_dim, "HB": hb,
+                                "CP": 64, "NS": ns}, num_warps=4)
+            text, usage = _sass_text(compile_spec(spec, tg), cuobjdump)
+            m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+            if m:
+                rec.update(registers=int(m.group(1)), stack_bytes=int(m.group(2)))
+            ops = [t for _, t in _instructions(text)]
+            ldg = [i for i, t in enumerate(ops) if "LDG" in t]
+            ex2 = [i for i, t in enumerate(ops) if "MUFU.EX2" in t]
+            # the schedule in one letter an instruction: L a global load, E an exp, A a float add / multiply
+            order = "".join("L" if "LDG" in t else "E" if "MUFU.EX2" in t else "A" if re.match(r"F(ADD|FMA|MUL)", t)
+                            else "" for t in ops)
+            rec.update(instructions=len(ops), ldg=len(ldg),
+                       ldg_before_first_ex2=sum(1 for i in ldg if not ex2 or i < ex2[0]), order=order)
+        except Exception as ex:  # noqa: BLE001
+            rec["error"] = f"{type(ex).__name__}: {ex}"[:400]
+        doc["rows"].append(rec)
+        print(f"{rec['label']:26s} regs {rec.get('registers')} stack {rec.get('stack_bytes')}: "
+              f"{rec.get('instructions')} instr, {rec.get('ldg')} LDG, {rec.get('ldg_before_first_ex2')} before the "
+              f"first exp {rec.get('error', '')}", flush=True)
     return doc
+
+
+COMBINE_TYPES = {"pm_ptr": "*fp32", "pl_ptr": "*fp32", "pacc_ptr": "*fp32", "qpos_ptr": "*i32", "sink_ptr": "*fp32",
+                 "cos_ptr": "*fp32", "sin_ptr": "*fp32", "o_ptr": "*bf16", "n_split": "i32"}
+
+
+def _instructions(sass: str) -> list:
+    return [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+
+
+def _sass_text(res, cuobjdump):
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(res["asm"]["cubin"])
+        text = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([cuobjdump, "-res-usage", cubin], capture_output=True, text=True).stdout
+    return text, usage
 
 
 def main(argv=None):

@@ -86,10 +86,10 @@ the GPU.
 Session 14 (H200, L2-cold graph replay; results/tune_sparse_attention_s14*.json, kernels_attention.json): the
 chunked combine and 32-key blocks for one quantized query: 25.6 µs (BN 64 with the chunked combine; 28.7 with the
 old combine) -> 15.1-15.7 µs, against torch.compile of the reference 27.4 µs (compiled_baseline.json); bf16 one
-query 20.4 -> 15.1 µs; 64 queries unchanged at 60 µs (their combine merges 2 splits; Nsight Compute, L2 flushed
+query 22.0 -> 15.1 µs; 64 queries unchanged at 60 µs (their combine merges 2 splits; Nsight Compute, L2 flushed
 before each kernel: 9.2 µs, still mostly reading 16 MB of partials). Programs with whole keys and half the output
 channels (DV 256, no split, no combine: q·K repeated) took 112 µs for 64 queries (results/
-tune_sparse_attention_s14_before.json; their static SASS spills more: stack 744 B at BN 64).
+tune_sparse_attention_s14_before.json; their static SASS spills more: stack 848 B at BN 64 under triton 3.6, 744 under 3.9).
 
 Known gaps: entries selected by the indexer that also lie in the window are attended twice
 (as the reference does, spec §3.4 note). Window rows are trusted to hold the right positions
