@@ -63,6 +63,10 @@ SHAPES = [("wo_b", 5120, 8192, 1, False), ("wo_b", 5120, 8192, 8, False), ("wq_a
 # ahead (SPF, the new default) against loading them in the step that uses them, each twice, interleaved.
 # Fourteenth (TUNE_M=8 TUNE_STACK=1 TUNE_SHAPES=shared_w13): the gated linear's stacked tile (GATED 2: 16 rows of w1
 # and the same 16 of w3 in one 32-row tile, one dot, planned as a plain linear of 2N rows) against the paired one.
+# Fifteenth (TUNE_PAIRS=1, not run yet: written in session 14, which had no device time left): the byte-pair decoder
+# (DECODE_W 2, inline PTX; static sm90 SASS, Triton 3.6: 300-303 instructions a k step for the plain 2-warp tile
+# against 369-375, 329 for the stacked gated one against 416, results/fp8_decode_pairs_sass_t36.json) against the
+# per-element one on the same tiles, interleaved; at one token on the mma path (the default there is the gemv).
 def _sk_for(per_sm, tiles, steps):
     return max(1, min(steps, per_sm * fg.N_SMS_HINT // tiles))
 
@@ -104,6 +108,14 @@ def _variants(N, K, M, gated):
             BMp, BNp, BKp, GMp, _, nwp, nsp = fg._tiles(M, N, K, True, mma_sync=mma_sync)
             st += [(f"paired_sk{sk}", {"stack": False, "tiles": (BMp, BNp, BKp, GMp, sk, nwp, nsp)}) for sk in sks]
         return [("paired", {"stack": False})] + st + [("paired_again", {"stack": False})] + st[:2]
+    if os.environ.get("TUNE_PAIRS") == "1":  # the byte-pair decoder (DECODE_W 2, inline PTX) on the same tiles, twice
+        pairs = {"decode_w": 2, "path": "mma"}
+        base = {"path": "mma"} if M == 1 else {}
+        if gated and M > 1:  # the stacked tile (the default) and the paired one
+            return [("default", {}), ("pairs", pairs), ("paired", {"stack": False}),
+                    ("paired_pairs", dict(pairs, stack=False)), ("default_again", {}), ("pairs_again", pairs)]
+        return [("mma_decode_w0", dict(base, decode_w=0)), ("pairs", pairs), ("mma_decode_w0_again", dict(base, decode_w=0)),
+                ("pairs_again", pairs)] + ([("default", {})] if M == 1 else [])
     if M > 1 and os.environ.get("TUNE_SPF") == "1":  # the scale prefetch (SPF, on by default) off, interleaved
         return out + [("spf_off", {"spf": False}), ("default_again", {}), ("spf_off_again", {"spf": False})]
     if M > 1 and os.environ.get("TUNE_BK") == "1":  # smaller k tiles (fewer registers: more programs an SM), interleaved

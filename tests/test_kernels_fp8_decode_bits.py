@@ -166,6 +166,103 @@ def test_ptx_prmt_form_matches_the_shift_mask_form():
             assert ((_prmt(w, sel) << 4) & 0x87F087F0) == shift_mask(w, P), (hex(w), P)
 
 
+# ============================================================================ DECODE_W 2 (byte pairs, inline PTX)
+
+
+def _bf16_value(h: int) -> float:
+    return torch.tensor([h & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).double().item()
+
+
+def _bf16_bits(v: float) -> int:
+    """float64 -> bf16 bits, one rounding to nearest even (v is an exact product of two bf16 values: float32 holds it
+    exactly, so torch's float64 -> float32 -> bf16 rounds once)."""
+    return int(torch.tensor([v], dtype=torch.float64).to(torch.bfloat16).view(torch.int16).item()) & 0xFFFF
+
+
+def _run_ptx(asm: str, regs: dict) -> dict:
+    """A model of the five PTX instructions `fp8_gemm._e4m3_pairs_asm` emits, run on the real asm text: mov.b32,
+    prmt.b32 (default mode, `_prmt`), shl.b32, and.b32, fma.rn.bf16x2 (per 16-bit half: a·b + c rounded once)."""
+    regs = dict(regs)
+    val = lambda t: regs[t] if t in regs else int(t, 0)  # noqa: E731
+    for ins in asm.strip("{} ").split(";"):
+        ins = ins.strip()
+        if not ins or ins.startswith(".reg"):
+            continue
+        op, args = ins.split(None, 1)
+        a = [t.strip() for t in args.split(",")]
+        if op == "mov.b32":
+            regs[a[0]] = val(a[1])
+        elif op == "prmt.b32":
+            assert a[1] == a[2]
+            regs[a[0]] = _prmt(val(a[1]), val(a[3]))
+        elif op == "shl.b32":
+            regs[a[0]] = (val(a[1]) << val(a[2])) & 0xFFFFFFFF
+        elif op == "and.b32":
+            regs[a[0]] = val(a[1]) & val(a[2])
+        elif op == "fma.rn.bf16x2":
+            x, y, z = val(a[1]), val(a[2]), val(a[3])
+            out = 0
+            for sh in (0, 16):
+                r = _bf16_value(x >> sh) * _bf16_value(y >> sh) + _bf16_value(z >> sh)
+                out |= _bf16_bits(r) << sh
+            regs[a[0]] = out
+        else:
+            raise AssertionError(f"unmodelled PTX {op}")
+    return regs
+
+
+def _pairs_factor_bits(e: int) -> tuple:
+    """e4m3_pairs_to_bf16's two bf16 factor fields for UE8M0 byte e."""
+    return (min(e, 134) + 120) << 7, 0x7FC0 if e == 255 else (max(e, 134) - 7) << 7
+
+
+@pytest.mark.parametrize("two", [False, True])
+def test_pairs_asm_all_codes_all_byte_positions(two):
+    """The inline PTX of DECODE_W 2, run instruction by instruction on its own text: every code in every byte of the
+    4-code register gives DECODE_W 0's bits, value·2^(e-127) rounded once to bf16 (the NaN codes 0x7F / 0xFF
+    excepted: the quantizers never write them); one factor is exact up to e = 134, two for every e."""
+    asm = (fg._E4M3_PAIRS_TWO if two else fg._E4M3_PAIRS_ONE).value
+    vals = e4m3_values()
+    for e in [x for x in EXPONENTS if two or x <= 134]:
+        b1, b2 = _pairs_factor_bits(e)
+        f1 = b1 | (b1 << 16)
+        f2 = b2 | (b2 << 16)
+        for c in range(256):
+            codes = [c, (c + 37) % 256, (c + 101) % 256, 255 - c]
+            word = codes[0] | codes[1] << 8 | codes[2] << 16 | codes[3] << 24
+            regs = _run_ptx(asm, {"$2": word, "$3": f1, "$4": f1, "$5": f2, "$6": f2})
+            got = [regs["$0"] & 0xFFFF, regs["$0"] >> 16, regs["$1"] & 0xFFFF, regs["$1"] >> 16]
+            for k, g in zip(codes, got):
+                if k & 0x7F == 0x7F:
+                    continue
+                want = float(torch.tensor(vals[k].item(), dtype=torch.float32) * 2.0 ** (e - 127))
+                if e == 255:
+                    assert _bf16_value(g) != _bf16_value(g), (e, k)  # NaN scale byte
+                else:
+                    assert g == _bf16_bits(want), (e, k, hex(g), want)
+
+
+def test_decode_w_2_choice_order_and_refusals(monkeypatch):
+    """DECODE_W 2 is asked for explicitly (or by DECODE_PAIRS, off) and refused where there is no inline PTX; x keeps
+    its natural column order for it (only the word decoder's tile is permuted): the launcher bug that gave session
+    11's wrong products."""
+    x = torch.randn(3, 256)
+    assert fg._decoder_x(x, 2, 128) is x and fg._decoder_x(x, 0, 128) is x
+    assert torch.equal(fg._decoder_x(x, 1, 128), fg.permute_k_w(x, 128))
+    with pytest.raises(ValueError, match="decode_w=2"):
+        fg._decode_w(2, 8, 2304, 5120, 128, torch.device("cpu"))
+    with pytest.raises(ValueError, match="0, 1 or 2"):
+        fg._decode_w(3, 8, 2304, 5120, 128, torch.device("cpu"))
+    monkeypatch.setattr(fg, "ptx_for", lambda device: True)
+    cuda = torch.device("cuda")
+    assert fg._decode_w(2, 8, 2304, 5120, 128, cuda) == 2
+    assert fg._decode_w(None, 8, 2304, 5120, 128, cuda) == 0  # DECODE_PAIRS off
+    monkeypatch.setattr(fg, "DECODE_PAIRS", True)
+    assert fg._decode_w(None, 8, 2304, 5120, 128, cuda) == 2
+    assert fg._decode_w(None, 8, 25600, 6144, 128, cuda) == fg.DECODE_W_CUDA  # the largest linear keeps the words
+    assert fg._decode_w(None, 64, 2304, 5120, 128, cuda) == 0  # prefill
+
+
 def test_fp8_gemm_decode_w_rejects_ragged_k():
     g = torch.Generator().manual_seed(3)
     w, s = nx.quant_fp8_weight(torch.randn(40, 160, generator=g))
@@ -177,6 +274,36 @@ def test_fp8_gemm_decode_w_rejects_ragged_k():
 
 
 # ============================================================================ GPU tier: published widths
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("e_hi", [False, True])
+def test_gpu_pairs_decoder_same_bits_as_per_element(e_hi):
+    """DECODE_W 2 against DECODE_W 0 on the decode tiles at 8 tokens: identical outputs (the decoded bf16 operands
+    are the same bits) for every dense linear below DECODE_W_MIN_WEIGHTS and the gated one, paired and stacked;
+    e_hi puts scale bytes 135..140 in (the two-factor loop)."""
+    if not fg.ptx_for(torch.device(DEV)):
+        pytest.skip("DECODE_W 2 is inline PTX")
+    g = torch.Generator().manual_seed(7)
+    for name, (N, K) in {**fg.DENSE_LINEARS, **fg.GATED_LINEARS}.items():
+        if N * K >= fg.DECODE_W_MIN_WEIGHTS:
+            continue
+        gated = name in fg.GATED_LINEARS
+        x = torch.randn(8, K, generator=g).to(torch.bfloat16).to(DEV)
+        ws = []
+        for _ in range(2 if gated else 1):
+            codes = torch.randint(0, 256, (N, K), generator=g, dtype=torch.int32)
+            codes = torch.where((codes & 0x7F) == 0x7F, codes ^ 1, codes).to(torch.uint8)
+            sc = torch.randint(108, 126, (triton.cdiv(N, 32), triton.cdiv(K, 32)), generator=g).to(torch.uint8)
+            if e_hi:
+                sc[::3, ::5] = torch.randint(135, 141, sc[::3, ::5].shape, generator=g).to(torch.uint8)
+            ws += [codes.view(torch.float8_e4m3fn).to(DEV), sc.to(DEV)]
+        w, s = ws[0], ws[1]
+        w3, s3 = (ws[2], ws[3]) if gated else (None, None)
+        for stack in ((False, True) if gated else (None,)):
+            y0 = fg._gemm(x, w, s, w3, s3, 1e4, False, None, name, path="mma", decode_w=0, stack=stack)
+            y2 = fg._gemm(x, w, s, w3, s3, 1e4, False, None, name, path="mma", decode_w=2, stack=stack)
+            assert torch.equal(y0.view(torch.int16), y2.view(torch.int16)), (name, stack)
 
 
 @pytest.mark.gpu

@@ -52,6 +52,10 @@ Weight decoders of the tensor-core kernel (`DECODE_W`):
      ACTIVATION columns are permuted to match (`permute_k_w`, once per call on the host), not the weights.
      (Gathering x's columns inside the kernel instead was measured much slower: engram wkv at 8 tokens
      106 vs 63 µs, tune_fp8_xgather.json.)
+  2: the byte-pair decoder (`e4m3_pairs_to_bf16`, inline PTX, CUDA only): the tile is loaded as bytes in natural k
+     order and each thread's 4 consecutive codes go through prmt / shl / and and one fma.rn.bf16x2 a pair, the bit
+     algebra of DECODE_W 1 without its column order (so x is not permuted); DECODE_W 0's bits. Explicit only
+     (`decode_w=2`, DECODE_PAIRS off): not measured since its launcher was fixed (session 14, see DECODE_PAIRS).
 
 Bit algebra (DECODE_W 1): for a byte c = s·128 + e4·8 + m (E4M3 fn: sign, 4 exponent bits bias 7, 3
 mantissa bits), the bf16 with bits (s << 15) | (e4 << 7) | (m << 4) = (s << 15) | ((c & 0x7F) << 4) is
@@ -441,6 +445,45 @@ def e4m3_words_to_bf16(ww, sc, R: tl.constexpr, BK: tl.constexpr, PTX: tl.conste
     return tl.reshape(tl.permute(t, (0, 4, 2, 1, 3)), (R, BK))  # (P, s, q, h)
 
 
+def _e4m3_pairs_asm(two: bool) -> tl.constexpr:
+    """The PTX of `e4m3_pairs_to_bf16` for 4 codes in one register ($2): code pairs (0, 1) and (2, 3), each moved to
+    the two 16-bit halves with its sign copied into the high byte (prmt), shifted and masked into bf16 bits worth
+    value·2^-120 (the bit algebra of `e4m3_bf16x2_bits`), then scaled by one (or two) fma.rn.bf16x2 by the same
+    elements' factors ($3, $4; $5, $6)."""
+    f1, f2 = ("$3", "$4"), ("$5", "$6")
+    body = ""
+    for half, sel in enumerate(("0x9180", "0xB3A2")):  # output bytes: code, its sign copy, next code, its sign copy
+        body += (f"prmt.b32 p, $2, $2, {sel}; shl.b32 p, p, 4; and.b32 p, p, 0x87F087F0; "
+                 + (f"fma.rn.bf16x2 p, p, {f1[half]}, z; fma.rn.bf16x2 ${half}, p, {f2[half]}, z; " if two
+                    else f"fma.rn.bf16x2 ${half}, p, {f1[half]}, z; "))
+    return tl.constexpr("{ .reg .b32 p, z; mov.b32 z, 0x80008000; " + body + "}")
+
+
+_E4M3_PAIRS_ONE, _E4M3_PAIRS_TWO = _e4m3_pairs_asm(False), _e4m3_pairs_asm(True)
+
+
+@triton.jit
+def e4m3_pairs_to_bf16(codes, e, R: tl.constexpr, BK: tl.constexpr, TWO: tl.constexpr):
+    """E4M3 codes [R, BK] (uint8, natural k order) + UE8M0 bytes [R, BK/32] -> the bf16 tile [R, BK]: DECODE_W 0's
+    bits (value·2^(e-127) rounded to bf16), by inline PTX (CUDA only) on code pairs: prmt, shl, and, then one
+    fma.rn.bf16x2 by 2^(min(e,134)-7) (TWO: and one by 2^(max(e,134)-134), for bytes above 134) — 4 instructions
+    a pair against the per-element decoder's 6 (e4m3 cvt, two f16 -> f32, two multiplies, a bf16x2 pack). The asm
+    is elementwise (pack 4: the 4 consecutive elements of a thread share a register), so the tile keeps its
+    natural k order and x is not permuted (unlike DECODE_W 1's words)."""
+    ei = e.to(tl.int32)
+    b1 = ((tl.minimum(ei, 134) + 120) << 7).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    b1 = expand_cols(b1, R, BK // 32, 32)
+    if TWO:
+        b2 = tl.where(ei == 255, 0x7FC0, (tl.maximum(ei, 134) - 7) << 7).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        b2 = expand_cols(b2, R, BK // 32, 32)
+        out = tl.inline_asm_elementwise(_E4M3_PAIRS_TWO, "=r,=r,r,r,r,r,r", [codes, b1, b2], dtype=tl.bfloat16,
+                                        is_pure=True, pack=4)
+    else:
+        out = tl.inline_asm_elementwise(_E4M3_PAIRS_ONE, "=r,=r,r,r,r", [codes, b1], dtype=tl.bfloat16,
+                                        is_pure=True, pack=4)
+    return out
+
+
 # ============================================================================ kernels
 
 
@@ -479,9 +522,10 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     order and runs the epilogue, otherwise `splitk_reduce_kernel` does in a second launch.
     DECODE_W 1: the weight tile is decoded from 32-bit words by bf16x2 bit assembly (`e4m3_words_to_bf16`,
     inline PTX if PTX) and x's columns must come in k_order_w(BK) per BK block (K % BK == 0)."""
-    tl.static_assert(DECODE_W == 0 or (K % BK == 0 and BK % 32 == 0), "DECODE_W 1 needs K % BK == 0, BK % 32 == 0")
+    tl.static_assert(DECODE_W != 1 or (K % BK == 0 and BK % 32 == 0), "DECODE_W 1 needs K % BK == 0, BK % 32 == 0")
+    tl.static_assert(DECODE_W != 2 or (PTX and BK % 32 == 0), "DECODE_W 2 is inline PTX (CUDA) and needs BK % 32 == 0")
     tl.static_assert(SPLIT_K == 1 or K % BK == 0, "SPLIT_K > 1 needs K % BK == 0 (splits are runs of whole k tiles)")
-    tl.static_assert(GATED != 2 or DECODE_W == 0, "the stacked gated tile (GATED 2) has the per-element decoder only")
+    tl.static_assert(GATED != 2 or DECODE_W != 1, "the stacked gated tile (GATED 2) has no word decoder (DECODE_W 1)")
     BNO: tl.constexpr = BN // (1 + (GATED == 2))  # output columns of a program (GATED 2: half its weight rows)
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -514,7 +558,7 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     if DECODE_W:
         # e > 134 needs the second bf16x2 scale factor; real checkpoints never have one, so the
         # program checks its own scale rows once and runs the one-multiply loop when it can
-        if _any_scale_above(ws_ptr, ws3_ptr, pid_n, k_lo, k_hi, N, K, BN, GATED, 134):
+        if _any_scale_above(ws_ptr, ws3_ptr, pid_n, k_lo, k_hi, N, K, BNO, GATED != 0, 134):
             acc, acc3 = _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, w3_off, s3_off, rm, rw, up, m_ok, rw_ok,
                                     k_lo, k_hi, N, K, BM, BN, BK, SPLIT_K, GATED, NATIVE_FP8, DOT_F32, DECODE_W, PTX,
                                     True, SPF)
@@ -574,7 +618,7 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, w3_off, s3_off, rm, rn, u
     """fp8_gemm_kernel's k loop over this program's split [k_lo, k_hi): (acc, acc3) [BN, BM] fp32 = W-tile · x-tileᵀ.
     rn [BN]: the tile's weight rows; GATED 2 (stacked): row i is row rn[i] of W3 (at w_ptr + w3_off, scales at
     ws_ptr + s3_off) where up[i], else of W, one tile and one dot (acc3 unused). TWO (DECODE_W 1): apply the second
-    scale factor (needed only where a UE8M0 byte exceeds 134).
+    scale factor (needed only where a UE8M0 byte exceeds 134); DECODE_W 2 likewise.
 
     SPF: the UE8M0 scale bytes of the next k tile are loaded one iteration ahead (registers carried by the loop).
     Triton's pipeline takes the weight and x tiles through cp.async stages, but not the scale loads (2 bytes a
@@ -632,7 +676,20 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, w3_off, s3_off, rm, rn, u
             s_cur = tl.load(ws_ptr + s_rows + rs[None, :], mask=sm, other=127)
             if GATED == 1:
                 s3_cur = tl.load(ws3_ptr + s_rows + rs[None, :], mask=sm, other=127)
-        if DECODE_W:
+        if DECODE_W == 2:  # byte pairs by inline PTX, natural k order; rows as DECODE_W 0's (stacked ones too)
+            wt = e4m3_pairs_to_bf16(tl.load(w_ptr + w_rows + rk[None, :], mask=wm, other=0), s_cur, BN, BK, TWO)
+            if DOT_F32:
+                acc += tl.dot(wt.to(tl.float32), tl.trans(xt), input_precision="ieee")
+            else:
+                acc += tl.dot(wt, tl.trans(xt))
+            if GATED == 1:
+                wt3 = e4m3_pairs_to_bf16(tl.load(w3_ptr + w_rows + rk[None, :], mask=wm, other=0), s3_cur, BN, BK,
+                                         TWO)
+                if DOT_F32:
+                    acc3 += tl.dot(wt3.to(tl.float32), tl.trans(xt), input_precision="ieee")
+                else:
+                    acc3 += tl.dot(wt3, tl.trans(xt))
+        elif DECODE_W:
             # the decoded tile already is bf16 (fp32 under DOT_F32) with bf16 values: no cast before the dot
             rw = (k0 // 4 + tl.arange(0, BK // 4))[None, :]
             wt = e4m3_words_to_bf16(tl.load(w_words + rw, mask=n_ok[:, None], other=0), s_cur, BN, BK, PTX, DOT_F32,
@@ -876,6 +933,12 @@ FOLD_SPLIT_K = True  # split-K epilogue by the last-arriving program (one launch
 # default from DECODE_W_MIN_WEIGHTS weight elements on (engram wkv; mtp_main_proj, 79 M, stays per element).
 DECODE_W_CUDA = 1
 DECODE_W_MIN_WEIGHTS = 100_000_000
+# The byte-pair decoder (DECODE_W 2, `e4m3_pairs_to_bf16`) as the decode default below DECODE_W_MIN_WEIGHTS: off until
+# measured. Session 11 built it and measured wrong products (rel err 1.4) and slower tiles on the H200; the cause
+# (session 14, reading that commit, e207ddd) was the launcher, not the PTX: it permuted x to the word decoder's
+# k order (`if dw:` for dw == 2 too) and chose the word decoder's 4-warp tile (`bool(dw)`). Both are fixed here;
+# the `gpu` test compares its bits with DECODE_W 0.
+DECODE_PAIRS = False
 # the tensor-core k loop loads the next k tile's scale bytes one iteration ahead (`_mma_k_loop`'s SPF), except in
 # the gated decode tile. H200, 8 tokens, L2-cold graph replay, each twice, interleaved (results/tune_fp8_spf.json):
 # wo_b 19.2-19.3 -> 17.4-17.5 µs, shared w2 10.3-10.5 -> 9.4-9.6, wq_a 8.6-8.8 -> 8.8-9.0, engram wkv 55.5-55.6 ->
@@ -953,21 +1016,32 @@ def permute_k_w(x: torch.Tensor, BK: int) -> torch.Tensor:
     return permute_blocks(x, BK, "e4m3_words", lambda: k_order_w(BK))
 
 
+def _decoder_x(x2: torch.Tensor, dw: int, BK: int) -> torch.Tensor:
+    """x's columns in the order the weight decoder's tile comes in: k_order_w for the word decoder (DECODE_W 1),
+    natural for the per-element and the pair decoders (0, 2)."""
+    return permute_k_w(x2, BK) if dw == 1 else x2
+
+
 def ptx_for(device) -> bool:
     """Inline PTX (the bf16x2 fma of DECODE_W 1) compiles on CUDA only, not in the interpreter."""
     return not interpreting() and device.type == "cuda" and torch.version.hip is None
 
 
 def _decode_w(decode_w, M: int, N: int, K: int, BK: int, device) -> int:
-    """The mma path's weight decoder: explicit 0/1, or None = DECODE_W_CUDA for M <= 16 on CUDA where K tiles
-    and the weight has at least DECODE_W_MIN_WEIGHTS elements."""
+    """The mma path's weight decoder: explicit 0/1/2, or None = DECODE_W_CUDA for M <= 16 on CUDA where K tiles
+    and the weight has at least DECODE_W_MIN_WEIGHTS elements, else DECODE_PAIRS for M <= 16 on CUDA (off: not
+    yet measured), else 0."""
     if decode_w is None:
-        return DECODE_W_CUDA if (ptx_for(device) and M <= 16 and K % BK == 0 and BK % 32 == 0
-                                 and N * K >= DECODE_W_MIN_WEIGHTS) else 0
-    if decode_w not in (0, 1):
-        raise ValueError(f"decode_w: 0 or 1, got {decode_w!r}")
-    if decode_w and (K % BK or BK % 32):
+        if ptx_for(device) and M <= 16 and K % BK == 0 and BK % 32 == 0 and N * K >= DECODE_W_MIN_WEIGHTS:
+            return DECODE_W_CUDA
+        return 2 if DECODE_PAIRS and ptx_for(device) and M <= 16 and BK % 32 == 0 else 0
+    if decode_w not in (0, 1, 2):
+        raise ValueError(f"decode_w: 0, 1 or 2, got {decode_w!r}")
+    if decode_w == 1 and (K % BK or BK % 32):
         raise ValueError(f"decode_w=1 needs K % BK == 0 and BK % 32 == 0 (K={K}, BK={BK})")
+    if decode_w == 2 and (not ptx_for(device) or BK % 32):
+        raise ValueError(f"decode_w=2 is inline PTX: a CUDA device outside the interpreter and BK % 32 == 0 "
+                         f"(device {device}, BK={BK})")
     return int(decode_w)
 
 
@@ -1085,8 +1159,9 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
     (gemv for M <= GEMV_MAX_M when K tiles). fold: split-K epilogue inside the GEMM launch
     (last-arriver) instead of a second launch; default on. tiles overrides the path's tile tuple
     (sweeps): mma (BM, BN, BK, GROUP_M, SPLIT_K, num_warps, num_stages), gemv (BN, BK, SPLIT_K,
-    num_warps, num_stages[, SEG]; SEG defaults to GEMV_SEG). decode_w: the mma path's weight decoder, 0 or 1
-    (DECODE_W; 1 permutes x's columns to k_order_w(BK) here, once per call); None: `_decode_w`'s default. pdl / prefetch: programmatic
+    num_warps, num_stages[, SEG]; SEG defaults to GEMV_SEG). decode_w: the mma path's weight decoder, 0, 1 or 2
+    (DECODE_W; 1 permutes x's columns to k_order_w(BK) here, once per call; 2 is CUDA only); None: `_decode_w`'s
+    default. pdl / prefetch: programmatic
     dependent launch (pdl.py) and the L2 prefetch of the weight rows (l2_prefetch.py); None: on for decode
     shapes on sm90+ CUDA devices; prefetch off unless asked for (`_prefetch_row_bytes`). spf: the mma path's
     scale prefetch (`_mma_k_loop`); None: `_spf`'s default. stack (gated, mma path, per-element decoder): the
@@ -1149,8 +1224,7 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
     if stacked and BN % 2:
         raise ValueError(f"{name}: the stacked gated tile needs an even BN, got {BN}")
     dw = _decode_w(decode_w, M, N, K, BK, x.device)
-    if dw:
-        x2 = permute_k_w(x2, BK)
+    x2 = _decoder_x(x2, dw, BK)
     part = y if SK == 1 else torch.empty((SK, M, (2 if gated else 1) * N), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN // 2 if stacked else BN), SK)
     cnt = counters(x.device, grid[0]) if fold and SK > 1 else y  # prefill grids never touch (or grow) them
