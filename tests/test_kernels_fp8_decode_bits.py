@@ -223,23 +223,26 @@ def test_pairs_asm_all_codes_all_byte_positions(two):
     excepted: the quantizers never write them); one factor is exact up to e = 134, two for every e."""
     asm = (fg._E4M3_PAIRS_TWO if two else fg._E4M3_PAIRS_ONE).value
     vals = e4m3_values()
-    for e in [x for x in EXPONENTS if two or x <= 134]:
-        b1, b2 = _pairs_factor_bits(e)
-        f1 = b1 | (b1 << 16)
-        f2 = b2 | (b2 << 16)
+    exps = [x for x in EXPONENTS if two or x <= 134]
+    for i, e in enumerate(exps):
+        # each of the 4 elements with its own scale byte, so a factor paired with the wrong element shows
+        es = [e, exps[(i + 3) % len(exps)], exps[(i + 7) % len(exps)], exps[(i + 11) % len(exps)]]
+        b1, b2 = zip(*(_pairs_factor_bits(x) for x in es))
+        regs_in = {"$3": b1[0] | b1[1] << 16, "$4": b1[2] | b1[3] << 16, "$5": b2[0] | b2[1] << 16,
+                   "$6": b2[2] | b2[3] << 16}
         for c in range(256):
             codes = [c, (c + 37) % 256, (c + 101) % 256, 255 - c]
             word = codes[0] | codes[1] << 8 | codes[2] << 16 | codes[3] << 24
-            regs = _run_ptx(asm, {"$2": word, "$3": f1, "$4": f1, "$5": f2, "$6": f2})
+            regs = _run_ptx(asm, dict(regs_in, **{"$2": word}))
             got = [regs["$0"] & 0xFFFF, regs["$0"] >> 16, regs["$1"] & 0xFFFF, regs["$1"] >> 16]
-            for k, g in zip(codes, got):
+            for k, ek, g in zip(codes, es, got):
                 if k & 0x7F == 0x7F:
                     continue
-                want = float(torch.tensor(vals[k].item(), dtype=torch.float32) * 2.0 ** (e - 127))
-                if e == 255:
-                    assert _bf16_value(g) != _bf16_value(g), (e, k)  # NaN scale byte
+                want = float(torch.tensor(vals[k].item(), dtype=torch.float32) * 2.0 ** (ek - 127))
+                if ek == 255:
+                    assert _bf16_value(g) != _bf16_value(g), (ek, k)  # NaN scale byte
                 else:
-                    assert g == _bf16_bits(want), (e, k, hex(g), want)
+                    assert g == _bf16_bits(want), (ek, k, hex(g), want)
 
 
 def test_decode_w_2_choice_order_and_refusals(monkeypatch):
@@ -261,6 +264,39 @@ def test_decode_w_2_choice_order_and_refusals(monkeypatch):
     assert fg._decode_w(None, 8, 2304, 5120, 128, cuda) == 2
     assert fg._decode_w(None, 8, 25600, 6144, 128, cuda) == fg.DECODE_W_CUDA  # the largest linear keeps the words
     assert fg._decode_w(None, 64, 2304, 5120, 128, cuda) == 0  # prefill
+    with pytest.raises(ValueError, match="K % 32"):
+        fg._decode_w(2, 8, 2304, 5100, 128, cuda)
+
+
+def test_decode_w_2_launches_the_2_warp_tile_on_natural_x(monkeypatch):
+    """What `_gemm` hands the kernel for each decoder (the launch replaced by a recorder, CPU tensors): DECODE_W 2 runs
+    DECODE_W 0's 2-warp tile (and the stacked one for the gated linear) on x as given; only DECODE_W 1 gets the word
+    decoder's 4-warp tile and a permuted x (session 11's launcher gave DECODE_W 2 both)."""
+    seen = {}
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.update(x=args[0], **kw)
+            return launch
+
+    monkeypatch.setattr(fg, "fp8_gemm_kernel", Recorder())
+    monkeypatch.setattr(fg, "ptx_for", lambda device: True)
+    monkeypatch.setattr(fg, "mma_sync_decode_for", lambda device: True)
+    monkeypatch.setattr(fg, "interpreting", lambda: False)  # the GPU's tile plan, not the interpreter's small tiles
+    g = torch.Generator().manual_seed(8)
+    w, s = nx.quant_fp8_weight(torch.randn(2304, 5120, generator=g) * 0.05)
+    w3, s3 = nx.quant_fp8_weight(torch.randn(2304, 5120, generator=g) * 0.05)
+    x = torch.randn(8, 5120, generator=g).to(torch.bfloat16)
+    tiles = {}
+    for dw in (0, 1, 2):
+        fg._gemm(x, w, s, None, None, 0.0, False, None, "t", path="mma", decode_w=dw)
+        tiles[dw] = (seen["BN"], seen["num_warps"], seen["SPLIT_K"])
+        assert seen["DECODE_W"] == dw and torch.equal(seen["x"], x) == (dw != 1)
+    assert tiles[2] == tiles[0] != tiles[1]
+    for dw in (0, 2):
+        fg._gemm(x, w, s, w3, s3, 10.0, False, None, "t", path="mma", decode_w=dw)
+        assert seen["GATED"] == 2 and seen["DECODE_W"] == dw and seen["num_warps"] == 2
 
 
 def test_fp8_gemm_decode_w_rejects_ragged_k():

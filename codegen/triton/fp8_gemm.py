@@ -523,7 +523,8 @@ def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     DECODE_W 1: the weight tile is decoded from 32-bit words by bf16x2 bit assembly (`e4m3_words_to_bf16`,
     inline PTX if PTX) and x's columns must come in k_order_w(BK) per BK block (K % BK == 0)."""
     tl.static_assert(DECODE_W != 1 or (K % BK == 0 and BK % 32 == 0), "DECODE_W 1 needs K % BK == 0, BK % 32 == 0")
-    tl.static_assert(DECODE_W != 2 or (PTX and BK % 32 == 0), "DECODE_W 2 is inline PTX (CUDA) and needs BK % 32 == 0")
+    tl.static_assert(DECODE_W != 2 or (PTX and BK % 32 == 0 and K % 32 == 0),
+                     "DECODE_W 2 is inline PTX (CUDA) and needs BK % 32 == 0, K % 32 == 0")
     tl.static_assert(SPLIT_K == 1 or K % BK == 0, "SPLIT_K > 1 needs K % BK == 0 (splits are runs of whole k tiles)")
     tl.static_assert(GATED != 2 or DECODE_W != 1, "the stacked gated tile (GATED 2) has no word decoder (DECODE_W 1)")
     BNO: tl.constexpr = BN // (1 + (GATED == 2))  # output columns of a program (GATED 2: half its weight rows)
@@ -617,8 +618,8 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, w3_off, s3_off, rm, rn, u
                 DECODE_W: tl.constexpr, PTX: tl.constexpr, TWO: tl.constexpr, SPF: tl.constexpr = False):
     """fp8_gemm_kernel's k loop over this program's split [k_lo, k_hi): (acc, acc3) [BN, BM] fp32 = W-tile · x-tileᵀ.
     rn [BN]: the tile's weight rows; GATED 2 (stacked): row i is row rn[i] of W3 (at w_ptr + w3_off, scales at
-    ws_ptr + s3_off) where up[i], else of W, one tile and one dot (acc3 unused). TWO (DECODE_W 1): apply the second
-    scale factor (needed only where a UE8M0 byte exceeds 134); DECODE_W 2 likewise.
+    ws_ptr + s3_off) where up[i], else of W, one tile and one dot (acc3 unused). TWO (DECODE_W 1 and 2): apply the
+    second scale factor (needed only where a UE8M0 byte exceeds 134).
 
     SPF: the UE8M0 scale bytes of the next k tile are loaded one iteration ahead (registers carried by the loop).
     Triton's pipeline takes the weight and x tiles through cp.async stages, but not the scale loads (2 bytes a
@@ -962,7 +963,7 @@ def _stack(stack, gated: bool, M: int, words: bool, mma_sync: bool, name: str = 
     if stack is None:
         return gated and not words and M <= 16 and mma_sync and STACK_GATED_DECODE
     if stack and (not gated or words):
-        raise ValueError(f"{name}: stack=True needs the gated linear (w3) and the per-element decoder (decode_w 0)")
+        raise ValueError(f"{name}: stack=True needs the gated linear (w3) and no word decoder (decode_w 0 or 2)")
     return bool(stack)
 
 
@@ -1034,14 +1035,15 @@ def _decode_w(decode_w, M: int, N: int, K: int, BK: int, device) -> int:
     if decode_w is None:
         if ptx_for(device) and M <= 16 and K % BK == 0 and BK % 32 == 0 and N * K >= DECODE_W_MIN_WEIGHTS:
             return DECODE_W_CUDA
-        return 2 if DECODE_PAIRS and ptx_for(device) and M <= 16 and BK % 32 == 0 else 0
+        return 2 if DECODE_PAIRS and ptx_for(device) and M <= 16 and BK % 32 == 0 and K % 32 == 0 else 0
     if decode_w not in (0, 1, 2):
         raise ValueError(f"decode_w: 0, 1 or 2, got {decode_w!r}")
     if decode_w == 1 and (K % BK or BK % 32):
         raise ValueError(f"decode_w=1 needs K % BK == 0 and BK % 32 == 0 (K={K}, BK={BK})")
-    if decode_w == 2 and (not ptx_for(device) or BK % 32):
-        raise ValueError(f"decode_w=2 is inline PTX: a CUDA device outside the interpreter and BK % 32 == 0 "
-                         f"(device {device}, BK={BK})")
+    if decode_w == 2 and (not ptx_for(device) or BK % 32 or K % 32):
+        # K % 32: the two-factor check (`_any_scale_above`) reads whole 32-column scale blocks only
+        raise ValueError(f"decode_w=2 is inline PTX: a CUDA device outside the interpreter, BK % 32 == 0 and "
+                         f"K % 32 == 0 (device {device}, BK={BK}, K={K})")
     return int(decode_w)
 
 
@@ -1283,8 +1285,8 @@ def _gemm_variants(target: str, gated: bool) -> list:
             stacked = False
             if mode == "decode":
                 mma_sync = tr["kind"] == "cuda" and tr["arch"] == 90
-                stacked = _stack(None, gated, 1, bool(dw), mma_sync)
-                BN, nw, kind = _decode_tile(gated, bool(dw), mma_sync, stacked)
+                stacked = _stack(None, gated, 1, dw == 1, mma_sync)
+                BN, nw, kind = _decode_tile(gated, dw == 1, mma_sync, stacked)
                 BM, BK, GM, ns = 16, DECODE_BK, 1, (4 if tr["big_tiles"] else 2)
                 SK = _split_k(1, 2 * N if stacked else N, K, BN, BK, DECODE_PROGRAMS_PER_SM[kind])
             elif tr["big_tiles"]:
