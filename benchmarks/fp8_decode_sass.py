@@ -14,9 +14,7 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
@@ -25,34 +23,17 @@ os.environ.pop("TRITON_INTERPRET", None)
 
 import triton  # noqa: E402
 
+from benchmarks.sass import loop_bodies, registers_stack, sass_of  # noqa: E402
 from dsv41c.codegen.aot_compat import compile_spec  # noqa: E402
 from dsv41c.codegen.matrix import TARGETS  # noqa: E402
 from dsv41c.codegen.triton import fp8_gemm as fg  # noqa: E402
 LINEARS = ("wq_a_decode", "wo_b_decode", "shared_w2_decode", "shared_w13_decode")
 
 
-def _sass(spec, target, cuobjdump) -> tuple:
-    """(SASS text, resource usage text) of one spec compiled ahead of time."""
-    res = compile_spec(spec, target)
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = os.path.join(tmp, "k.cubin")
-        with open(cubin, "wb") as f:
-            f.write(res["asm"]["cubin"])
-        text = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True).stdout
-        usage = subprocess.run([cuobjdump, "-res-usage", cubin], capture_output=True, text=True).stdout
-    return text, usage
-
-
 def _k_loops(text: str) -> list:
-    """Per backward branch whose body holds MMAs: the body's instruction count and a few opcode counts."""
-    ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", text)]
+    """Per loop whose body holds MMAs: the body's instruction count and a few opcode counts."""
     loops = []
-    for j, (addr, op) in enumerate(ins):
-        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", op)
-        if not m or int(m.group(1), 16) >= addr:
-            continue
-        start = next((i for i, (a, _) in enumerate(ins) if a == int(m.group(1), 16)), None)
-        body = [o for _, o in ins[start:j + 1]]
+    for body in loop_bodies(text):
         count = lambda pat: sum(1 for o in body if re.search(pat, o))  # noqa: E731
         if count(r"HG?MMA"):
             loops.append({"instructions": len(body), "mma": count(r"HG?MMA"), "prmt": count(r"PRMT"),
@@ -64,7 +45,6 @@ def _k_loops(text: str) -> list:
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     target = TARGETS["cuda:sm90"]
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     rows = []
     for gated in (False, True):
         for sp in fg._gemm_variants("cuda:sm90", gated):
@@ -72,10 +52,10 @@ def main(argv=None):
             if not sp.variant.startswith(LINEARS) or ce.get("DECODE_W"):
                 continue
             for dw in (0, 2):
-                text, usage = _sass(dataclasses.replace(sp, constexprs=dict(ce, DECODE_W=dw)), target, cuobjdump)
-                m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+                text, usage = sass_of(compile_spec(dataclasses.replace(sp, constexprs=dict(ce, DECODE_W=dw)), target))
+                regs, stack = registers_stack(usage)
                 r = {"variant": sp.variant, "DECODE_W": dw, "GATED": ce["GATED"], "BN": ce["BN"], "BK": ce["BK"],
-                     "warps": sp.num_warps, "registers": int(m.group(1)), "stack": int(m.group(2)),
+                     "warps": sp.num_warps, "registers": regs, "stack": stack,
                      "k_loops": _k_loops(text)}
                 rows.append(r)
                 print(triton.__version__, r["variant"], "DECODE_W", dw, "GATED", r["GATED"], "registers",

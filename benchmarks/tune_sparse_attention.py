@@ -18,9 +18,7 @@ import argparse
 import collections
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -124,20 +122,14 @@ def run(args):
 
 
 def _loops(sass: str) -> list:
-    """Per backward branch whose body holds HGMMAs: its length, HGMMA count and local-memory ops."""
-    ins = _instructions(sass)
+    """Per loop whose body holds HGMMAs: its length, HGMMA count and local-memory ops."""
+    from benchmarks.sass import loop_bodies
     out = []
-    for j, (a, t) in enumerate(ins):
-        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", t)
-        if not m or int(m.group(1), 16) >= a:
-            continue
-        st = next((i for i, (x, _) in enumerate(ins) if x == int(m.group(1), 16)), None)
-        if st is None:
-            continue
-        ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t2).split()[0] for _, t2 in ins[st:j + 1])
+    for body in loop_bodies(sass):
+        ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for t in body)
         hg = {k: v for k, v in ops.items() if k.startswith("HGMMA")}
         if hg:
-            out.append({"instructions": j + 1 - st, "hgmma": hg,
+            out.append({"instructions": len(body), "hgmma": hg,
                         "local_memory": sum(v for k, v in ops.items() if k.startswith(("LDL", "STL")))})
     return out
 
@@ -164,6 +156,7 @@ def sass(args):
     os.environ.pop("TRITON_INTERPRET", None)
     import triton
 
+    from benchmarks.sass import instructions, registers_stack, sass_of
     from dsv41c.codegen.aot_compat import compile_spec
     from dsv41c.codegen.matrix import TARGETS
     from dsv41c.codegen.triton import sparse_attention as sa
@@ -171,17 +164,16 @@ def sass(args):
 
     tg = TARGETS["cuda:sm90"]
     c = preset("full")
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     doc = {"kind": "tune_sparse_attention_sass", "triton": triton.__version__, "target": tg.name, "rows": []}
     for label, split, bn, dv, nw, ns, qk, fuse in SASS_CFGS:
         rec = {"label": label, "split": split, "BN": bn, "DV": dv, "warps": nw, "stages": ns, "qk_once": qk,
                "fuse": fuse}
         try:
             spec = sa._attn_spec(c, True, split, bn, dv, nw, ns, "sass", qk, fuse)
-            text, usage = _sass_text(compile_spec(spec, tg), cuobjdump)
-            m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-            if m:
-                rec.update(registers=int(m.group(1)), stack_bytes=int(m.group(2)))
+            text, usage = sass_of(compile_spec(spec, tg))
+            rs = registers_stack(usage)
+            if rs:
+                rec.update(registers=rs[0], stack_bytes=rs[1])
             rec["loops"] = _loops(text)
         except Exception as ex:  # noqa: BLE001
             rec["error"] = f"{type(ex).__name__}: {ex}"[:400]
@@ -197,11 +189,11 @@ def sass(args):
             spec = sa.aot_spec(sa._combine_kernel, rec["label"], COMBINE_TYPES,
                                {"H": c.num_attention_heads, "D": c.head_dim, "ROPE": c.qk_rope_head_dim, "HB": hb,
                                 "CP": 64, "NS": ns}, num_warps=4)
-            text, usage = _sass_text(compile_spec(spec, tg), cuobjdump)
-            m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-            if m:
-                rec.update(registers=int(m.group(1)), stack_bytes=int(m.group(2)))
-            ops = [t for _, t in _instructions(text)]
+            text, usage = sass_of(compile_spec(spec, tg))
+            rs = registers_stack(usage)
+            if rs:
+                rec.update(registers=rs[0], stack_bytes=rs[1])
+            ops = [t for _, t in instructions(text)]
             ldg = [i for i, t in enumerate(ops) if "LDG" in t]
             ex2 = [i for i, t in enumerate(ops) if "MUFU.EX2" in t]
             # the schedule in one letter an instruction: L a global load, E an exp, A a float add / multiply
@@ -220,20 +212,6 @@ def sass(args):
 
 COMBINE_TYPES = {"pm_ptr": "*fp32", "pl_ptr": "*fp32", "pacc_ptr": "*fp32", "qpos_ptr": "*i32", "sink_ptr": "*fp32",
                  "cos_ptr": "*fp32", "sin_ptr": "*fp32", "o_ptr": "*bf16", "n_split": "i32"}
-
-
-def _instructions(sass: str) -> list:
-    return [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-
-
-def _sass_text(res, cuobjdump):
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = os.path.join(tmp, "k.cubin")
-        with open(cubin, "wb") as f:
-            f.write(res["asm"]["cubin"])
-        text = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True).stdout
-        usage = subprocess.run([cuobjdump, "-res-usage", cubin], capture_output=True, text=True).stdout
-    return text, usage
 
 
 def main(argv=None):
