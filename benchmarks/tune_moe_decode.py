@@ -59,8 +59,10 @@ DOWN_SWEEP = [(16, 8, 2, None), (16, 8, 1, None), (32, 4, 2, None), (64, 8, 4, N
               (16, 4, 1, None), (32, 8, 2, None)]
 
 
-def tiles_with(k, D, I, gate_up=None, down=None, pdl=None, fine=None):
+def tiles_with(k, D, I, gate_up=None, down=None, pdl=None, fine=None, core=None):
     t = md.decode_tiles(D, I, k)
+    if core is not None:  # the GEMV core: 0 FMA (fp4_gemv), 1 tensor cores (fp4_mma_gemv)
+        t["core"] = core
     t["pdl"] = pdl  # None: the default (on for sm90+ CUDA devices)
     if fine is not None:  # the per-slot gate/up -> down handoff (default: with PDL)
         t["fine"] = fine
@@ -74,7 +76,7 @@ def tiles_with(k, D, I, gate_up=None, down=None, pdl=None, fine=None):
 
 def label(t):
     g, d = t["gate_up"], t["down"]
-    return (f"gu BN{g['BN']} BKB{g['BKB']} w{g['num_warps']} k{g.get('ksplit', 1)} | "
+    return (f"core {t.get('core', 0)} | gu BN{g['BN']} BKB{g['BKB']} w{g['num_warps']} k{g.get('ksplit', 1)} | "
             f"dn BN{d['BN']} BKB{d['BKB']} w{d['num_warps']} "
             f"s{d['split']}" + ("" if t.get("pdl") is None else f" | pdl {'on' if t['pdl'] else 'off'}")
             + ("" if t.get("fine") is None else f" | per-slot handoff {'on' if t['fine'] else 'off'}"))
@@ -268,7 +270,13 @@ def main(argv=None):
                 refs[aq] = md.moe_experts_decode_reference(x, idx, w, *ex, LIMIT, act_quant=aq)
             return refs[aq]
         # (gate/up, down, act_quant, pdl, fine): None = the default; the explicit off rows are the controls
-        if os.environ.get("TUNE_FINE") == "1" and not smoke:  # the per-slot gate/up -> down handoff on / off, twice
+        if os.environ.get("TUNE_CORE") == "1" or smoke:  # the two GEMV cores, interleaved, twice; core 1's K splits
+            ks = [(32, 8, 4, n) for n in ((2,) if smoke else (1, 2, 8, 10))]
+            configs = [(None, None, False, None, None, 0), (None, None, False, None, None, 1)] * 2 \
+                + [(g, None, False, None, None, 1) for g in ks] + [(None, None, True, None, None, 1)]
+            if smoke:
+                configs = [c for c in configs if c[0] is not None or c[2]]
+        elif os.environ.get("TUNE_FINE") == "1" and not smoke:  # the per-slot gate/up -> down handoff on / off, twice
             configs = [(None, None, False, None, None), (None, None, False, None, False)] * 2 \
                 + [(None, None, True, None, None)]
         elif os.environ.get("TUNE_DOWN") == "1" and not smoke:  # the down kernel's tiles only (gate/up default)
@@ -276,8 +284,8 @@ def main(argv=None):
         else:
             configs = ([(g, None, False, None, None) for g in gate_ups] + [(None, None, False, False, None)]
                        + [(None, d, False, None, None) for d in downs[1:]] + [(None, None, True, None, None)])
-        for g, d, aq, pdl, fine in configs:
-            t = tiles_with(k, D, I, g, d, pdl, fine)
+        for g, d, aq, pdl, fine, *core in configs:
+            t = tiles_with(k, D, I, g, d, pdl, fine, *core)
 
             def case(t=t, aq=aq):
                 step = lambda i, wi: md.moe_experts_decode(x, i, wi, *ex, LIMIT, act_quant=aq, tiles=t)  # noqa: E731

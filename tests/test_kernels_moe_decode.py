@@ -23,6 +23,7 @@ import triton.language as tl
 
 from dsv41c import formats as nx
 from dsv41c.codegen import templates
+from dsv41c.codegen.triton import fp4_mma_gemv as mg
 from dsv41c.codegen.triton import fp8_gemm as fg
 from dsv41c.codegen.triton import moe
 from dsv41c.codegen.triton import moe_decode as md
@@ -408,6 +409,70 @@ def test_aot_sm90_streams_16_byte_words_without_ftz_or_spills():
         assert v.get("local", 0) == 0, f"{name}: register spills"
 
 
+# ============================================================================ the MMA core (tiles["core"] 1)
+
+
+# The interpreter runs fp4_mma_gemv's EMU form: the same registers, loads and decode, the mma written as the
+# fragment's data movement (fp32 sums in another order than the tensor cores').
+MMA = {"prep": 8, "core": 1, "gate_up": {"BN": 32, "BKB": 8, "num_warps": 4, "ksplit": 2},
+       "down": {"BN": 32, "BKB": 4, "num_warps": 2, "split": 2}}
+
+
+@pytest.mark.parametrize("T,act_quant", [(1, False), (1, True), (3, False)])
+def test_mma_core_matches_reference(experts, T, act_quant):
+    g = gen(60 + T)
+    x = torch.randn(T, D_T, generator=g).bfloat16().to(DEV)
+    idx, w = routing(g, T)
+    kw = dict(limit=10.0, act_quant=act_quant)
+    y = md.moe_experts_decode(x, idx, w, *experts, tiles=MMA, **kw)
+    check(y, md.moe_experts_decode_reference(x, idx, w, *experts, **kw), False)
+    # no K split, one down program for all slots: the same partials, so the same bits
+    one = {**MMA, "gate_up": {**MMA["gate_up"], "ksplit": 1}, "down": {**MMA["down"], "split": 1}}
+    y1 = md.moe_experts_decode(x, idx, w, *experts, tiles=one, **kw)
+    assert rel_err(y1, y) < BF16_ULP
+
+
+def test_mma_core_pairs_decode_every_code():
+    """e2m1_pairs_f16x2: all 16 codes in all 8 positions of a word -> f16 halves equal to value·2^-14, in the
+    pair order (n0, n4), (n2, n6), (n1, n5), (n3, n7); x_order is the matching k order of x'."""
+    @triton.jit
+    def k(w_ptr, o_ptr, N: tl.constexpr):
+        i = tl.arange(0, N)
+        p0, p1, p2, p3 = mg.e2m1_pairs_f16x2(tl.load(w_ptr + i))
+        tl.store(o_ptr + 4 * i, p0)
+        tl.store(o_ptr + 4 * i + 1, p1)
+        tl.store(o_ptr + 4 * i + 2, p2)
+        tl.store(o_ptr + 4 * i + 3, p3)
+
+    g = gen(62)
+    codes = torch.cat([torch.arange(16).repeat_interleave(8).view(16, 8),  # every code in every position
+                       torch.randint(0, 16, (48, 8), generator=g)])
+    words = sum(codes[:, i].to(torch.int64) << (4 * i) for i in range(8))
+    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+    out = torch.empty(len(words), 4, dtype=torch.int32, device=DEV)
+    k[(1,)](words.to(DEV), out, N=len(words))
+    out = out.cpu()
+    halves = out.view(torch.int16).view(torch.float16).float().view(len(words), 8)  # (lo, hi) per pair
+    values = nx.e2m1_decode(codes).float()
+    pairs = [0, 4, 2, 6, 1, 5, 3, 7]
+    want = values[:, pairs] * 2.0 ** -14
+    assert torch.equal(halves, want)
+    assert torch.equal(torch.signbit(halves), torch.signbit(want))  # -0 stays -0
+    assert [mg.x_order(s) for s in pairs] == list(range(8))
+
+
+def test_mma_core_refuses_what_it_cannot_run(experts):
+    x = torch.randn(1, D_T).to(DEV)
+    idx, w = routing(gen(63), 1)
+    with pytest.raises(ValueError, match="bf16/f16 activations"):
+        md.moe_experts_decode(x, idx, w, *experts, 10.0, tiles=MMA)  # fp32 x would round in f16
+    with pytest.raises(ValueError, match="ksplit"):
+        md.moe_experts_decode(x.bfloat16(), idx, w, *experts, 10.0,
+                              tiles={**MMA, "gate_up": {**MMA["gate_up"], "ksplit": 3}})
+    with pytest.raises(ValueError, match="core=2"):
+        md.moe_experts_decode(x.bfloat16(), idx, w, *experts, 10.0, tiles={**MMA, "core": 2})
+
+
 # ============================================================================ GPU tier: published widths
 
 
@@ -545,3 +610,37 @@ def test_gpu_moe_forward_shared_expert_overlap_keeps_the_bits(sparse_fp4_experts
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(out, moe.moe_forward(x_src, gw, bias, *ex, shared, overlap_shared=False, **kw))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 8])
+@pytest.mark.parametrize("router", ["backbone", "dspark"])
+def test_gpu_mma_core_real_widths(T, router, sparse_fp4_experts):
+    """core 1 (mma.sync, decoded registers) at the published widths: against the reference (bf16 roundings of
+    h and the partials bound it, as for core 0), its K splits and down splits, and CUDA-graph replay."""
+    E, k = ROUTERS[router]
+    g = gen(44)
+    gk = torch.Generator(device=DEV).manual_seed(45)
+    x = torch.randn(T, md.HIDDEN, generator=g).bfloat16().to(DEV)
+    idx, w = routing(g, T, k=k, E=E)
+    ex = sparse_fp4_experts(E, md.HIDDEN, md.MOE_INTER, torch.unique(idx).long(), gk, DEV)
+    tiles = md.decode_tiles(top_k=k)
+    tiles["core"] = 1
+    for aq in (False, True):
+        y = md.moe_experts_decode(x, idx, w, *ex, 10.0, act_quant=aq, tiles=tiles)
+        ref = md.moe_experts_decode_reference(x, idx, w, *ex, 10.0, act_quant=aq)
+        assert rel_err(y, ref) < 2 * BF16_ULP
+        y0 = md.moe_experts_decode(x, idx, w, *ex, 10.0, act_quant=aq, tiles={**tiles, "core": 0})
+        assert rel_err(y, y0) < 2 * BF16_ULP
+    y1 = md.moe_experts_decode(x, idx, w, *ex, 10.0, tiles=tiles)
+    for ks, split in ((1, k), (8, 1), (2, k)):
+        t = {**tiles, "gate_up": {**tiles["gate_up"], "ksplit": ks}, "down": {**tiles["down"], "split": split}}
+        assert rel_err(md.moe_experts_decode(x, idx, w, *ex, 10.0, tiles=t), y1) < BF16_ULP
+    for pdl in (False, True):  # the PDL chain and the per-slot handoff keep the bits
+        assert torch.equal(md.moe_experts_decode(x, idx, w, *ex, 10.0, tiles={**tiles, "pdl": pdl}), y1)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = md.moe_experts_decode(x, idx, w, *ex, 10.0, tiles=tiles)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, y1)

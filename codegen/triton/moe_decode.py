@@ -148,6 +148,7 @@ import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
 from dsv41c.codegen.triton.arrival import arrive_last, signal_done, wait_count
+from dsv41c.codegen.triton.fp4_mma_gemv import fp4_mma_gemv, store_prescaled_f16
 from dsv41c.codegen.triton.fp8_gemm import HIDDEN, MOE_INTER, fake_quant_e4m3_pow2, interpreting, target_traits
 from dsv41c.codegen.triton.moe_router import ROUTERS
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
@@ -189,15 +190,20 @@ def round_to(v, MODE: tl.constexpr):
 
 
 @triton.jit
-def store_prescaled(v, vp_ptr, f_ptr, blk0, NBLK: tl.constexpr, RB: tl.constexpr, QUANT: tl.constexpr):
+def store_prescaled(v, vp_ptr, f_ptr, blk0, NBLK: tl.constexpr, RB: tl.constexpr, QUANT: tl.constexpr,
+                    FMT: tl.constexpr = 0):
     """Blocks blk0..blk0+RB of one activation row, v [RB, 32] fp32 in natural order -> v' and f.
 
+    FMT 1: the MMA core's f16 x' (`fp4_mma_gemv.store_prescaled_f16`, after the fake quant). FMT 0:
     QUANT: the per-32 FP8 fake quant first. Per block, with a = the exponent field of its amax:
     v' = v·2^c, c = clamp(227 - a, 0, 227) (amax' in [2^100, 2^101), or c = 0 where amax >= 2^101),
     f = 2^(126-c), so that Σ v'·(value·2^-126) · f = Σ v·value. v' is stored "nibble-major":
     k = 32b + 8q + s goes to s·(NBLK·4) + 4b + q, so that nibble s of packed word 4b+q meets it."""
     if QUANT:
         v = fake_quant_e4m3_pow2(v, RB, 32)
+    if FMT == 1:
+        store_prescaled_f16(v, vp_ptr, f_ptr, blk0, NBLK, RB)
+        return
     amax = tl.max(tl.abs(v), axis=1)
     a = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
     c = tl.minimum(tl.maximum(227 - a, 0), 227)
@@ -342,11 +348,12 @@ def fp4_gemv(wa_ptr, sa_ptr, wb_ptr, sb_ptr, xa_ptr, fa_ptr, xb_ptr, fb_ptr, row
 def moe_decode_prep_kernel(x_ptr, xp_ptr, f_ptr, cnt_ptr, K: tl.constexpr, BKB: tl.constexpr,
                            ACT_QUANT: tl.constexpr, NCNT: tl.constexpr, NCNT_P: tl.constexpr,
                            NGCNT: tl.constexpr = 0, NGCNT_P: tl.constexpr = 1, PDL: tl.constexpr = False,
-                           NDCNT: tl.constexpr = 0, NDCNT_P: tl.constexpr = 1):
+                           NDCNT: tl.constexpr = 0, NDCNT_P: tl.constexpr = 1, FMT: tl.constexpr = 0):
     """x [T, K] -> x' fp32 [T, K] and f [T, K/32] (`store_prescaled`); zeroes the token's NCNT down counters
     (cnt[t·NCNT..]), its NGCNT gate/up split counters (cnt[T·NCNT + t·NGCNT..], after all down ones) and its
     NDCNT per-slot tile counters of the gate/up -> down handoff (cnt[T·(NCNT + NGCNT) + t·NDCNT..]).
-    PDL: waits for its predecessor first (x is its output), then releases the gate/up kernel."""
+    FMT 1 (the MMA core): x' in f16 (`store_prescaled_f16`), and program (0, 0) zeroes the 16 words after all
+    counters (cnt[T·(NCNT + NGCNT + NDCNT)..]: the block-diagonal B's zero pad). PDL: waits for its predecessor first (x is its output), then releases the gate/up kernel."""
     grid_wait(PDL)
     grid_release(PDL)
     t = tl.program_id(0).to(tl.int64)
@@ -354,12 +361,15 @@ def moe_decode_prep_kernel(x_ptr, xp_ptr, f_ptr, cnt_ptr, K: tl.constexpr, BKB: 
     blk = blk0 + tl.arange(0, BKB)
     v = tl.load(x_ptr + t * K + blk[:, None] * 32 + tl.arange(0, 32)[None, :], mask=(blk < K // 32)[:, None],
                 other=0.0)
-    store_prescaled(v.to(tl.float32), xp_ptr + t * K, f_ptr + t * (K // 32), blk0, K // 32, BKB, ACT_QUANT)
+    store_prescaled(v.to(tl.float32), xp_ptr + t * K, f_ptr + t * (K // 32), blk0, K // 32, BKB, ACT_QUANT, FMT)
     if tl.program_id(1) == 0:  # the token's counters, in the three regions of cnt
         n_tok = tl.num_programs(0)
         zero_ints(cnt_ptr + t * NCNT, NCNT, NCNT_P)
         zero_ints(cnt_ptr + n_tok * NCNT + t * NGCNT, NGCNT, NGCNT_P)
         zero_ints(cnt_ptr + n_tok * (NCNT + NGCNT) + t * NDCNT, NDCNT, NDCNT_P)
+        if FMT == 1:
+            if t == 0:
+                zero_ints(cnt_ptr + n_tok * (NCNT + NGCNT + NDCNT), 16, 16)
 
 
 @triton.jit
@@ -367,7 +377,8 @@ def moe_decode_gate_up_kernel(xp_ptr, xf_ptr, idx_ptr, rw_ptr, w1_ptr, s1_ptr, w
                               ws_ptr, cnt_ptr, K: tl.constexpr, N: tl.constexpr, TOPK: tl.constexpr,
                               BN: tl.constexpr, BKB: tl.constexpr, INTER: tl.constexpr, H_QUANT: tl.constexpr,
                               KSPLIT: tl.constexpr = 1, PDL: tl.constexpr = False, done_ptr=None,
-                              DONE: tl.constexpr = False):
+                              DONE: tl.constexpr = False, z_ptr=None, CORE: tl.constexpr = 0,
+                              EMU: tl.constexpr = False):
     """h'[slot, rows] for BN rows of expert topk_idx[slot]: SwiGLU of the w1/w3 GEMVs, stored like x'.
 
     Programs are numbered slot-major from their linear block index (slot slowest, then tile, then K part), so
@@ -384,7 +395,10 @@ def moe_decode_gate_up_kernel(xp_ptr, xf_ptr, idx_ptr, rw_ptr, w1_ptr, s1_ptr, w
     (KSPLIT divides them: checked by the launcher), writes its g / u row sums to ws [T·k, KSPLIT, 2, N],
     and the last of the KSPLIT programs of (slot, n) to arrive (an acq_rel counter cnt[slot·N/BN + n],
     zeroed by the prep) adds them in z order and finishes the tile. Smaller programs, KSPLIT× as many:
-    a finer last wave over the SMs (T = 1: 432 -> 432·KSPLIT programs); the g / u sums change order."""
+    a finer last wave over the SMs (T = 1: 432 -> 432·KSPLIT programs); the g / u sums change order.
+
+    CORE 1: `fp4_mma_gemv` (tensor cores; x' in f16, z_ptr its zero pad, num_warps = BN/8; EMU: the interpreter's
+    form), the K split in 128-wide steps; h' stored in the same f16 format for the down kernel's MMA core."""
     # linear launch order (axis 0 fastest) -> (slot, tile, K part), slot slowest
     n_t = tl.num_programs(1)
     lin = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + n_t * tl.program_id(2))
@@ -398,12 +412,23 @@ def moe_decode_gate_up_kernel(xp_ptr, xf_ptr, idx_ptr, rw_ptr, w1_ptr, s1_ptr, w
     xa = xp_ptr + tok * K
     fa = xf_ptr + tok * (K // 32)
     if KSPLIT == 1:
-        g, u = fp4_gemv(w1_ptr + wo, s1_ptr + so, w3_ptr + wo, s3_ptr + so, xa, fa, xa, fa, pid_n * BN, K, N, BN,
-                        BKB, True, True, 0, 0, PDL)
+        if CORE == 1:
+            g, u = fp4_mma_gemv(w1_ptr + wo, s1_ptr + so, w3_ptr + wo, s3_ptr + so,
+                                xa.to(tl.pointer_type(tl.int32)), fa, z_ptr, pid_n * BN, K, N, BN, True,
+                                BN // 8, EMU, 0, 0, PDL)
+        else:
+            g, u = fp4_gemv(w1_ptr + wo, s1_ptr + so, w3_ptr + wo, s3_ptr + so, xa, fa, xa, fa, pid_n * BN, K, N, BN,
+                            BKB, True, True, 0, 0, PDL)
     else:
-        NCHP: tl.constexpr = (K // 32 + BKB - 1) // BKB // KSPLIT
-        gp, up = fp4_gemv(w1_ptr + wo, s1_ptr + so, w3_ptr + wo, s3_ptr + so, xa, fa, xa, fa, pid_n * BN, K, N, BN,
-                          BKB, True, True, z * NCHP, NCHP, PDL)
+        if CORE == 1:
+            NSTP: tl.constexpr = K // 128 // KSPLIT
+            gp, up = fp4_mma_gemv(w1_ptr + wo, s1_ptr + so, w3_ptr + wo, s3_ptr + so,
+                                  xa.to(tl.pointer_type(tl.int32)), fa, z_ptr, pid_n * BN, K, N, BN,
+                                  True, BN // 8, EMU, z * NSTP, NSTP, PDL)
+        else:
+            NCHP: tl.constexpr = (K // 32 + BKB - 1) // BKB // KSPLIT
+            gp, up = fp4_gemv(w1_ptr + wo, s1_ptr + so, w3_ptr + wo, s3_ptr + so, xa, fa, xa, fa, pid_n * BN, K, N,
+                              BN, BKB, True, True, z * NCHP, NCHP, PDL)
         rows = pid_n * BN + tl.arange(0, BN)
         wsp = ws_ptr + (slot * KSPLIT + z) * (2 * N) + rows
         tl.store(wsp, gp, mask=rows < N)
@@ -416,18 +441,18 @@ def moe_decode_gate_up_kernel(xp_ptr, xf_ptr, idx_ptr, rw_ptr, w1_ptr, s1_ptr, w
                 src = ws_ptr + (slot * KSPLIT + z) * (2 * N) + rows
                 g += tl.load(src, mask=rows < N, other=0.0, cache_modifier=".cg")
                 u += tl.load(src + N, mask=rows < N, other=0.0, cache_modifier=".cg")
-            swiglu_store(g, u, limit, rw_ptr, hp_ptr, hf_ptr, slot, pid_n, N, BN, INTER, H_QUANT)
+            swiglu_store(g, u, limit, rw_ptr, hp_ptr, hf_ptr, slot, pid_n, N, BN, INTER, H_QUANT, CORE)
             if DONE:
                 signal_done(done_ptr + slot)
     if KSPLIT == 1:
-        swiglu_store(g, u, limit, rw_ptr, hp_ptr, hf_ptr, slot, pid_n, N, BN, INTER, H_QUANT)
+        swiglu_store(g, u, limit, rw_ptr, hp_ptr, hf_ptr, slot, pid_n, N, BN, INTER, H_QUANT, CORE)
         if DONE:
             signal_done(done_ptr + slot)
 
 
 @triton.jit
 def swiglu_store(g, u, limit, rw_ptr, hp_ptr, hf_ptr, slot, pid_n, N: tl.constexpr, BN: tl.constexpr,
-                 INTER: tl.constexpr, H_QUANT: tl.constexpr):
+                 INTER: tl.constexpr, H_QUANT: tl.constexpr, FMT: tl.constexpr = 0):
     """The gate/up tile's finish: clamped SwiGLU × routing weight, rounded to INTER, stored like x'
     (`store_prescaled`)."""
     g = tl.minimum(g, limit, propagate_nan=tl.PropagateNan.ALL)
@@ -435,7 +460,7 @@ def swiglu_store(g, u, limit, rw_ptr, hp_ptr, hf_ptr, slot, pid_n, N: tl.constex
                    propagate_nan=tl.PropagateNan.ALL)
     h = round_to(g / (1.0 + tl.exp(-g)) * u * tl.load(rw_ptr + slot), INTER)
     store_prescaled(tl.reshape(h, (BN // 32, 32)), hp_ptr + slot * N, hf_ptr + slot * (N // 32), pid_n * (BN // 32),
-                    N // 32, BN // 32, H_QUANT)
+                    N // 32, BN // 32, H_QUANT, FMT)
 
 
 @triton.jit
@@ -443,7 +468,8 @@ def moe_decode_down_kernel(hp_ptr, hf_ptr, idx_ptr, w2_ptr, s2_ptr, shared_ptr, 
                            K: tl.constexpr, N: tl.constexpr, TOPK: tl.constexpr, BN: tl.constexpr,
                            BKB: tl.constexpr, SPLIT: tl.constexpr,
                            PARTIAL: tl.constexpr, OUT: tl.constexpr, HAS_SHARED: tl.constexpr,
-                           PDL: tl.constexpr = False, done_ptr=None, FINE: tl.constexpr = 0):
+                           PDL: tl.constexpr = False, done_ptr=None, FINE: tl.constexpr = 0, z_ptr=None,
+                           CORE: tl.constexpr = 0, EMU: tl.constexpr = False):
     """y[t, rows] = Σ_j round(h'_{t,j}·w2[e_j]ᵀ) in slot order (+ shared[t, rows]), fp32 sums -> y's dtype.
 
     PDL: the expert ids (three launches back) and the first w2 chunks are read before the grid
@@ -456,7 +482,9 @@ def moe_decode_down_kernel(hp_ptr, hf_ptr, idx_ptr, w2_ptr, s2_ptr, shared_ptr, 
 
     SPLIT = 1: the program runs the k slots itself. SPLIT > 1: program (t, n, p) runs slots
     p·k/SPLIT.., writes their rounded partials to ws [T·k, N], and the last of the SPLIT programs of
-    (t, n) to arrive (a counter, zeroed by the prep kernel) adds all k in slot order."""
+    (t, n) to arrive (a counter, zeroed by the prep kernel) adds all k in slot order.
+
+    CORE 1: `fp4_mma_gemv` on h' in f16 (z_ptr: its zero pad; num_warps = BN/16)."""
     t = tl.program_id(0).to(tl.int64)
     pid_n = tl.program_id(1)
     SPP: tl.constexpr = TOPK // SPLIT
@@ -469,9 +497,14 @@ def moe_decode_down_kernel(hp_ptr, hf_ptr, idx_ptr, w2_ptr, s2_ptr, shared_ptr, 
         xa = hp_ptr + slot * K
         fa = hf_ptr + slot * (K // 32)
         # with the per-slot waits, a program of several slots releases its dependents after the last one
-        part, _ = fp4_gemv(w2_ptr + e * N * (K // 8), s2_ptr + e * N * (K // 32), w2_ptr, s2_ptr, xa, fa, xa, fa,
-                           pid_n * BN, K, N, BN, BKB, False, True, 0, 0, PDL, done_ptr + slot, FINE,
-                           FINE == 0 or SPP == 1)
+        if CORE == 1:
+            part, _ = fp4_mma_gemv(w2_ptr + e * N * (K // 8), s2_ptr + e * N * (K // 32), w2_ptr, s2_ptr,
+                                   xa.to(tl.pointer_type(tl.int32)), fa, z_ptr, pid_n * BN, K, N, BN,
+                                   False, BN // 16, EMU, 0, 0, PDL, done_ptr + slot, FINE, FINE == 0 or SPP == 1)
+        else:
+            part, _ = fp4_gemv(w2_ptr + e * N * (K // 8), s2_ptr + e * N * (K // 32), w2_ptr, s2_ptr, xa, fa, xa,
+                               fa, pid_n * BN, K, N, BN, BKB, False, True, 0, 0, PDL, done_ptr + slot, FINE,
+                               FINE == 0 or SPP == 1)
         if SPLIT == 1:
             y += round_to(part, PARTIAL)
         else:
@@ -543,6 +576,32 @@ def decode_tiles(D: int = HIDDEN, I: int = MOE_INTER, top_k: int = 6, interp=Non
     ks = 5 if (D // 32 // bkb) % 5 == 0 else 1
     return {"prep": 32, "gate_up": {"BN": 32, "BKB": bkb, "num_warps": 4, "ksplit": ks},
             "down": {"BN": 32, "BKB": _fit(I // 32, 8), "num_warps": 2, "split": top_k}}
+
+
+def _core(tt, x, D, I, inter_dtype, gu, dn, ksplit) -> int:
+    """The GEMV core: tiles["core"] (default 0: fp4_gemv's FMAs); 1 (fp4_mma_gemv, tensor cores) needs CUDA sm80+
+    or the interpreter, f16-exact activations (bf16 / f16 x and inter_dtype), hidden and inter multiples of 128,
+    a K split of whole 128-wide steps, and BN multiples of 16 (its warps: gate/up BN/8, down BN/16)."""
+    core = int(tt.get("core", 0))
+    if core == 0:
+        return 0
+    if core != 1:
+        raise ValueError(f"moe_experts_decode: tiles core={core} is not 0 (FMA) or 1 (MMA)")
+    why = []
+    if not interpreting() and (x.device.type != "cuda" or torch.version.hip is not None
+                               or torch.cuda.get_device_capability(x.device) < (8, 0)):
+        why.append("a CUDA sm80+ device (mma.sync)")
+    if x.dtype not in (torch.bfloat16, torch.float16) or inter_dtype not in (torch.bfloat16, torch.float16):
+        why.append(f"bf16/f16 activations (x {x.dtype}, inter_dtype {inter_dtype}: f16 x' would round them)")
+    if D % 128 or I % 128:
+        why.append(f"hidden {D} and inter {I} multiples of 128")
+    if (D // 128) % ksplit:
+        why.append(f"a gate/up ksplit ({ksplit}) dividing hidden's {D // 128} steps of 128")
+    if gu["BN"] % 16 or dn["BN"] % 16:
+        why.append(f"BN multiples of 16 (gate/up {gu['BN']}, down {dn['BN']})")
+    if why:
+        raise ValueError("moe_experts_decode: core 1 (the MMA GEMV) needs " + "; ".join(why))
+    return 1
 
 
 def _check_tiles(what, t, top_k=None):
@@ -620,9 +679,13 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     _check_tiles("down", dn, k)
     if gu["BN"] % 32:
         raise ValueError(f"moe_experts_decode: gate/up BN={gu['BN']} is not a multiple of 32 (whole h blocks)")
+    ksplit = gu.get("ksplit", 1)
+    if ksplit < 1:
+        raise ValueError(f"moe_experts_decode: gate/up ksplit={ksplit} is not a positive count")
+    core = _core(tt, x, D, I, inter_dtype, gu, dn, ksplit)
     gu_chunks = triton.cdiv(D // 32, gu["BKB"])
-    if gu.get("ksplit", 1) < 1 or gu_chunks % gu.get("ksplit", 1):
-        raise ValueError(f"moe_experts_decode: gate/up ksplit={gu.get('ksplit')} does not divide the {gu_chunks} "
+    if core == 0 and gu_chunks % ksplit:
+        raise ValueError(f"moe_experts_decode: gate/up ksplit={ksplit} does not divide the {gu_chunks} "
                          f"chunks of BKB={gu['BKB']} blocks of hidden {D}")
     dev = x.device
     idx = topk_idx.to(torch.int32).contiguous()
@@ -631,28 +694,33 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     split = dn["split"]
     ncnt = n_tiles if split > 1 else 0
     gu_tiles = triton.cdiv(I, gu["BN"])
-    ksplit = gu.get("ksplit", 1)
     ngcnt = k * gu_tiles if ksplit > 1 else 0
-    xp = torch.empty(T, D, dtype=torch.float32, device=dev)
+    emu = interpreting()
+    # core 1: x' / h' in f16 (fp4_mma_gemv), and 16 zero words after the counters (its zero pad)
+    act_t = torch.float16 if core == 1 else torch.float32
+    xp = torch.empty(T, D, dtype=act_t, device=dev)
     xf = torch.empty(T, D // 32, dtype=torch.float32, device=dev)
     pdl = pdl_for(dev) and (tt.get("pdl") is None or bool(tt["pdl"]))  # never where the device has no PDL
     # the per-slot handoff from the gate/up to the down kernel: by default where PDL lets them overlap
     fine = (pdl if tt.get("fine") is None else bool(tt["fine"])) and k > 0
     ndcnt = k if fine else 0
-    cnt = torch.empty(T * max(ncnt + ngcnt + ndcnt, 1), dtype=torch.int32, device=dev)
+    n_counters = T * (ncnt + ngcnt + ndcnt)
+    cnt = torch.empty(max(n_counters, 1) + (16 if core == 1 else 0), dtype=torch.int32, device=dev)
+    zpad = cnt[n_counters:] if core == 1 else cnt
     done = cnt[T * (ncnt + ngcnt):] if fine else cnt
     moe_decode_prep_kernel[(T, triton.cdiv(D // 32, tt["prep"]))](
         x.contiguous(), xp, xf, cnt, K=D, BKB=tt["prep"], ACT_QUANT=act_quant, NCNT=ncnt,
         NCNT_P=triton.next_power_of_2(max(ncnt, 1)), NGCNT=ngcnt, NGCNT_P=triton.next_power_of_2(max(ngcnt, 1)),
-        PDL=pdl, NDCNT=ndcnt, NDCNT_P=triton.next_power_of_2(max(ndcnt, 1)), num_warps=4, **launch_kw(pdl))
-    hp = torch.empty(T * k, I, dtype=torch.float32, device=dev)
+        PDL=pdl, NDCNT=ndcnt, NDCNT_P=triton.next_power_of_2(max(ndcnt, 1)), FMT=core, num_warps=4,
+        **launch_kw(pdl))
+    hp = torch.empty(T * k, I, dtype=act_t, device=dev)
     hf = torch.empty(T * k, I // 32, dtype=torch.float32, device=dev)
     gws = torch.empty(T * k * ksplit * 2, I, dtype=torch.float32, device=dev) if ksplit > 1 else hp
     moe_decode_gate_up_kernel[(T * k, gu_tiles, ksplit)](
         xp, xf, idx, rw, _as_words(w1, "w1"), _u8(s1), _as_words(w3, "w3"), _u8(s3), hp, hf, float(limit),
         gws, cnt[T * ncnt:], K=D, N=I, TOPK=k, BN=gu["BN"], BKB=gu["BKB"], INTER=ROUND[inter_dtype],
-        H_QUANT=act_quant, KSPLIT=ksplit, PDL=pdl, done_ptr=done, DONE=fine, num_warps=gu["num_warps"], num_stages=1,
-        **launch_kw(pdl))
+        H_QUANT=act_quant, KSPLIT=ksplit, PDL=pdl, done_ptr=done, DONE=fine, z_ptr=zpad, CORE=core, EMU=emu,
+        num_warps=gu["BN"] // 8 if core == 1 else gu["num_warps"], num_stages=1, **launch_kw(pdl))
     if shared_stream is not None:
         torch.cuda.current_stream(dev).wait_stream(shared_stream)
     sh = shared.contiguous() if shared is not None else y
@@ -660,8 +728,8 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     moe_decode_down_kernel[(T, n_tiles, split)](
         hp, hf, idx, _as_words(w2, "w2"), _u8(s2), sh, y, ws, cnt, K=I, N=D, TOPK=k, BN=dn["BN"],
         BKB=dn["BKB"], SPLIT=split, PARTIAL=ROUND[partial_dtype], OUT=ROUND[out_dtype],
-        HAS_SHARED=shared is not None, PDL=pdl, done_ptr=done, FINE=gu_tiles if fine else 0,
-        num_warps=dn["num_warps"], num_stages=1, **launch_kw(pdl))
+        HAS_SHARED=shared is not None, PDL=pdl, done_ptr=done, FINE=gu_tiles if fine else 0, z_ptr=zpad, CORE=core,
+        EMU=emu, num_warps=dn["BN"] // 16 if core == 1 else dn["num_warps"], num_stages=1, **launch_kw(pdl))
     return y
 
 
@@ -679,13 +747,20 @@ def _prep_variants(target: str) -> list:
     t = _aot_tiles(tr)
     ncnt = triton.cdiv(HIDDEN, t["down"]["BN"])
     out = []
-    for aq in (False, True):
-        ce = {"K": HIDDEN, "BKB": t["prep"], "ACT_QUANT": aq, "NCNT": ncnt, "NCNT_P": triton.next_power_of_2(ncnt),
-              "NGCNT": 0, "NGCNT_P": 1, "PDL": False, "NDCNT": 0, "NDCNT_P": 1}
-        out.append(aot_spec(moe_decode_prep_kernel, "aq" if aq else "plain",
-                            {"x_ptr": "*bf16", "xp_ptr": "*fp32", "f_ptr": "*fp32", "cnt_ptr": "*i32"}, ce, 4, 1,
-                            {"act": "bf16", **ce}))
+    for core in _cores(tr):
+        for aq in (False, True):
+            ce = {"K": HIDDEN, "BKB": t["prep"], "ACT_QUANT": aq, "NCNT": ncnt,
+                  "NCNT_P": triton.next_power_of_2(ncnt), "NGCNT": 0, "NGCNT_P": 1, "PDL": False, "NDCNT": 0,
+                  "NDCNT_P": 1, "FMT": core}
+            out.append(aot_spec(moe_decode_prep_kernel, ("aq" if aq else "plain") + ("_f16" if core else ""),
+                                {"x_ptr": "*bf16", "xp_ptr": "*fp16" if core else "*fp32", "f_ptr": "*fp32",
+                                 "cnt_ptr": "*i32"}, ce, 4, 1, {"act": "bf16", **ce}))
     return out
+
+
+def _cores(tr) -> tuple:
+    """GEMV cores with ahead-of-time variants on a target: 0 (FMA) everywhere, 1 (mma.sync) on CUDA sm80+."""
+    return (0, 1) if tr["kind"] == "cuda" and tr["arch"] >= 80 else (0,)
 
 
 def _gate_up_variants(target: str) -> list:
@@ -693,18 +768,22 @@ def _gate_up_variants(target: str) -> list:
     if tr is None:
         return []
     g = _aot_tiles(tr)["gate_up"]
-    types = {"xp_ptr": "*fp32", "xf_ptr": "*fp32", "idx_ptr": "*i32", "rw_ptr": "*fp32", "w1_ptr": "*i32",
-             "s1_ptr": "*u8", "w3_ptr": "*i32", "s3_ptr": "*u8", "hp_ptr": "*fp32", "hf_ptr": "*fp32", "limit": "fp32",
-             "ws_ptr": "*fp32", "cnt_ptr": "*i32", "done_ptr": "*i32"}
     out = []
-    for name, (E, k) in ROUTERS.items():
-        for hq in (False, True):
-            ce = {"K": HIDDEN, "N": MOE_INTER, "TOPK": k, "BN": g["BN"], "BKB": g["BKB"],
-                  # KSPLIT 1 ahead of time: a K split needs a prep variant that also zeroes this router's
-                  # k·I/BN gate/up counters per token (NGCNT), and the prep variants are not keyed by router yet.
-                  "INTER": ROUND[torch.bfloat16], "H_QUANT": hq, "KSPLIT": 1, "PDL": False, "DONE": False}
-            out.append(aot_spec(moe_decode_gate_up_kernel, f"{name}_k{k}" + ("_aq" if hq else ""), types, ce,
-                                g["num_warps"], 1, {"router": name, "E": E, **ce}))
+    for core in _cores(tr):
+        act = "*fp16" if core else "*fp32"
+        types = {"xp_ptr": act, "xf_ptr": "*fp32", "idx_ptr": "*i32", "rw_ptr": "*fp32", "w1_ptr": "*i32",
+                 "s1_ptr": "*u8", "w3_ptr": "*i32", "s3_ptr": "*u8", "hp_ptr": act, "hf_ptr": "*fp32",
+                 "limit": "fp32", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "done_ptr": "*i32", "z_ptr": "*i32"}
+        for name, (E, k) in ROUTERS.items():
+            for hq in (False, True):
+                ce = {"K": HIDDEN, "N": MOE_INTER, "TOPK": k, "BN": g["BN"], "BKB": g["BKB"],
+                      # KSPLIT 1 ahead of time: a K split needs a prep variant that also zeroes this router's
+                      # k·I/BN gate/up counters per token (NGCNT), and the prep variants are not keyed by router yet.
+                      "INTER": ROUND[torch.bfloat16], "H_QUANT": hq, "KSPLIT": 1, "PDL": False, "DONE": False,
+                      "CORE": core, "EMU": False}
+                out.append(aot_spec(moe_decode_gate_up_kernel,
+                                    f"{name}_k{k}" + ("_aq" if hq else "") + ("_mma" if core else ""), types, ce,
+                                    g["BN"] // 8 if core else g["num_warps"], 1, {"router": name, "E": E, **ce}))
     return out
 
 
@@ -714,34 +793,37 @@ def _down_variants(target: str) -> list:
         return []
     d = _aot_tiles(tr)["down"]
     out = []
-    for name, (E, k) in ROUTERS.items():
-        # "experts": moe_experts' fp32 sum; "forward": moe_forward's bf16 output with the shared expert
-        for mode, out_t, has_sh in (("experts", "*fp32", False), ("forward", "*bf16", True)):
-            types = {"hp_ptr": "*fp32", "hf_ptr": "*fp32", "idx_ptr": "*i32", "w2_ptr": "*i32", "s2_ptr": "*u8",
-                     "shared_ptr": "*bf16", "y_ptr": out_t, "ws_ptr": "*fp32", "cnt_ptr": "*i32", "done_ptr": "*i32"}
-            ce = {"K": MOE_INTER, "N": HIDDEN, "TOPK": k, "BN": d["BN"], "BKB": d["BKB"],
-                  "SPLIT": k, "PARTIAL": ROUND[torch.bfloat16], "OUT": ROUND[torch.float32 if out_t == "*fp32" else
-                                                                             torch.bfloat16], "HAS_SHARED": has_sh,
-                  "PDL": False, "FINE": 0}
-            out.append(aot_spec(moe_decode_down_kernel, f"{name}_k{k}_{mode}", types, ce, d["num_warps"], 1,
-                                {"router": name, "E": E, "mode": mode, **ce}))
+    for core in _cores(tr):
+        for name, (E, k) in ROUTERS.items():
+            # "experts": moe_experts' fp32 sum; "forward": moe_forward's bf16 output with the shared expert
+            for mode, out_t, has_sh in (("experts", "*fp32", False), ("forward", "*bf16", True)):
+                types = {"hp_ptr": "*fp16" if core else "*fp32", "hf_ptr": "*fp32", "idx_ptr": "*i32",
+                         "w2_ptr": "*i32", "s2_ptr": "*u8", "shared_ptr": "*bf16", "y_ptr": out_t, "ws_ptr": "*fp32",
+                         "cnt_ptr": "*i32", "done_ptr": "*i32", "z_ptr": "*i32"}
+                ce = {"K": MOE_INTER, "N": HIDDEN, "TOPK": k, "BN": d["BN"], "BKB": d["BKB"],
+                      "SPLIT": k, "PARTIAL": ROUND[torch.bfloat16],
+                      "OUT": ROUND[torch.float32 if out_t == "*fp32" else torch.bfloat16], "HAS_SHARED": has_sh,
+                      "PDL": False, "FINE": 0, "CORE": core, "EMU": False}
+                out.append(aot_spec(moe_decode_down_kernel, f"{name}_k{k}_{mode}" + ("_mma" if core else ""), types,
+                                    ce, d["BN"] // 16 if core else d["num_warps"], 1,
+                                    {"router": name, "E": E, "mode": mode, **ce}))
     return out
 
 
 register(KernelTemplate(
     name="moe_decode_prep", module=__name__,
     summary="decode MoE: x (optionally FP8 fake-quantized) -> per-32 prescaled fp32 in nibble-major order",
-    keys=("act", "K", "BKB", "ACT_QUANT", "NCNT", "NCNT_P", "NGCNT", "NGCNT_P", "PDL", "NDCNT", "NDCNT_P"),
+    keys=("act", "K", "BKB", "ACT_QUANT", "NCNT", "NCNT_P", "NGCNT", "NGCNT_P", "PDL", "NDCNT", "NDCNT_P", "FMT"),
     reference=moe_experts_decode_reference,
     launch=moe_experts_decode, specializations=_prep_variants))
 register(KernelTemplate(
     name="moe_decode_gate_up_fp4", module=__name__,
     summary="decode MoE: per-slot MXFP4 w1/w3 GEMVs (no dispatch) + clamped SwiGLU × routing weight",
-    keys=("router", "E", "K", "N", "TOPK", "BN", "BKB", "INTER", "H_QUANT", "KSPLIT", "PDL", "DONE"),
+    keys=("router", "E", "K", "N", "TOPK", "BN", "BKB", "INTER", "H_QUANT", "KSPLIT", "PDL", "DONE", "CORE", "EMU"),
     reference=moe_experts_decode_reference, launch=moe_experts_decode, specializations=_gate_up_variants))
 register(KernelTemplate(
     name="moe_decode_down_fp4", module=__name__,
     summary="decode MoE: per-token MXFP4 w2 GEMVs over the k slots, rounded partials summed in slot order",
     keys=("router", "E", "mode", "K", "N", "TOPK", "BN", "BKB", "SPLIT", "PARTIAL", "OUT", "HAS_SHARED", "PDL",
-          "FINE"),
+          "FINE", "CORE", "EMU"),
     reference=moe_experts_decode_reference, launch=moe_experts_decode, specializations=_down_variants))
