@@ -353,7 +353,7 @@ def moe_decode_prep_kernel(x_ptr, xp_ptr, f_ptr, cnt_ptr, K: tl.constexpr, BKB: 
     (cnt[t·NCNT..]), its NGCNT gate/up split counters (cnt[T·NCNT + t·NGCNT..], after all down ones) and its
     NDCNT per-slot tile counters of the gate/up -> down handoff (cnt[T·(NCNT + NGCNT) + t·NDCNT..]).
     FMT 1 (the MMA core): x' in f16 (`store_prescaled_f16`), and program (0, 0) zeroes the 16 words after all
-    counters (cnt[T·(NCNT + NGCNT + NDCNT)..]: the block-diagonal B's zero pad). PDL: waits for its predecessor first (x is its output), then releases the gate/up kernel."""
+    counters (cnt[T·(NCNT + NGCNT + NDCNT)..] rounded up to 16 bytes: the block-diagonal B's zero pad). PDL: waits for its predecessor first (x is its output), then releases the gate/up kernel."""
     grid_wait(PDL)
     grid_release(PDL)
     t = tl.program_id(0).to(tl.int64)
@@ -368,8 +368,8 @@ def moe_decode_prep_kernel(x_ptr, xp_ptr, f_ptr, cnt_ptr, K: tl.constexpr, BKB: 
         zero_ints(cnt_ptr + n_tok * NCNT + t * NGCNT, NGCNT, NGCNT_P)
         zero_ints(cnt_ptr + n_tok * (NCNT + NGCNT) + t * NDCNT, NDCNT, NDCNT_P)
         if FMT == 1:
-            if t == 0:
-                zero_ints(cnt_ptr + n_tok * (NCNT + NGCNT + NDCNT), 16, 16)
+            if t == 0:  # at the counters' end rounded up to 16 bytes (its v4 loads)
+                zero_ints(cnt_ptr + (n_tok * (NCNT + NGCNT + NDCNT) + 3) // 4 * 4, 16, 16)
 
 
 @triton.jit
@@ -705,8 +705,16 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     fine = (pdl if tt.get("fine") is None else bool(tt["fine"])) and k > 0
     ndcnt = k if fine else 0
     n_counters = T * (ncnt + ngcnt + ndcnt)
-    cnt = torch.empty(max(n_counters, 1) + (16 if core == 1 else 0), dtype=torch.int32, device=dev)
-    zpad = cnt[n_counters:] if core == 1 else cnt
+    z_at = (n_counters + 3) // 4 * 4  # the zero pad's 16-byte aligned offset (core 1)
+    cnt = torch.empty(max(n_counters, 1) if core == 0 else z_at + 16, dtype=torch.int32, device=dev)
+    zpad = cnt[z_at:] if core == 1 else cnt
+    if core == 1:
+        for name, sc in (("s1", s1), ("s3", s3), ("s2", s2)):  # core 1 reads a step's 4 scale bytes as one word
+            if _u8(sc).data_ptr() % 4:
+                raise ValueError(f"moe_experts_decode: core 1 needs {name} 4-byte aligned (it is at "
+                                 f"{_u8(sc).data_ptr():#x})")
+    if core == 1 and zpad.data_ptr() % 16:
+        raise RuntimeError(f"moe_experts_decode: the zero pad at {zpad.data_ptr():#x} is not 16-byte aligned")
     done = cnt[T * (ncnt + ngcnt):] if fine else cnt
     moe_decode_prep_kernel[(T, triton.cdiv(D // 32, tt["prep"]))](
         x.contiguous(), xp, xf, cnt, K=D, BKB=tt["prep"], ACT_QUANT=act_quant, NCNT=ncnt,
