@@ -430,6 +430,9 @@ def test_mma_core_matches_reference(experts, T, act_quant):
     one = {**MMA, "gate_up": {**MMA["gate_up"], "ksplit": 1}, "down": {**MMA["down"], "split": 1}}
     y1 = md.moe_experts_decode(x, idx, w, *experts, tiles=one, **kw)
     assert rel_err(y1, y) < BF16_ULP
+    if T == 1:  # gate/up steps of 2 groups of 4 blocks (sub 2; inter 128 has one group for the down kernel)
+        sub = {**one, "gate_up": {**one["gate_up"], "sub": 2}}
+        assert rel_err(md.moe_experts_decode(x, idx, w, *experts, tiles=sub, **kw), y) < BF16_ULP
 
 
 def test_mma_core_pairs_decode_every_code():

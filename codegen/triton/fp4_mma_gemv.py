@@ -165,11 +165,15 @@ def store_prescaled_f16(v, xp_ptr, f_ptr, blk0, NBLK: tl.constexpr, RB: tl.const
 
 
 @triton.jit
-def _load_step(wp0, wp1, sp0, sp1, st, EMU: tl.constexpr):
-    """A lane's weight words (rows g, g + 8: block c of step st) and scale words (the step's 4 blocks)."""
-    w0 = load4(wp0 + st * 16, EMU, True)
-    w1 = load4(wp1 + st * 16, EMU, True)
-    return w0, w1, load1(sp0 + st, EMU, True), load1(sp1 + st, EMU, True)
+def _load_step(wp0, wp1, sp0, sp1, st, SUB: tl.constexpr, EMU: tl.constexpr):
+    """A lane's loads of step st: per group u of 4 blocks, its weight words (rows g, g + 8: block c of the group)
+    and the group's scale words (4 bytes a row), flat: 10 entries a group (4 + 4 words, 2 scale words)."""
+    t = ()
+    for u in tl.static_range(SUB):
+        o = (st * SUB + u) * 16
+        t = t + load4(wp0 + o, EMU, True) + load4(wp1 + o, EMU, True)
+        t = t + (load1(sp0 + st * SUB + u, EMU, True), load1(sp1 + st * SUB + u, EMU, True))
+    return t
 
 
 @triton.jit
@@ -179,32 +183,38 @@ def _e8m0(e):
 
 
 @triton.jit
-def _step(acc0, acc1, w0, w1, s0, s1, bp, fp, sh, zero, NW: tl.constexpr, EMU: tl.constexpr):
-    """One step (4 blocks) of a lane: 8 mmas in two chains, then each (row, block) partial · f · 2^(e-127)."""
-    xa = zero
-    xb = zero
-    xc = zero
-    xd = zero
-    ya = zero
-    yb = zero
-    yc = zero
-    yd = zero
-    for q in tl.static_range(4):
-        b = load4(bp + 4 * q, EMU, False)
-        p0, p1, p2, p3 = e2m1_pairs_f16x2(w0[q])
-        r0, r1, r2, r3 = e2m1_pairs_f16x2(w1[q])
-        xa, xb, xc, xd = mma_f16(p0, r0, p1, r1, b[0], b[1], xa, xb, xc, xd, NW, EMU)
-        ya, yb, yc, yd = mma_f16(p2, r2, p3, r3, b[2], b[3], ya, yb, yc, yd, NW, EMU)
-    if EMU:
-        f0 = tl.load(fp)
-        f1 = tl.load(fp + 1)
-    else:
-        f0 = load1(fp.to(tl.pointer_type(tl.int32)), EMU, False).to(tl.float32, bitcast=True)
-        f1 = load1((fp + 1).to(tl.pointer_type(tl.int32)), EMU, False).to(tl.float32, bitcast=True)
-    e0 = s0 >> sh
-    e1 = s1 >> sh
-    acc0 += ((xa + ya) * f0) * _e8m0(e0 & 0xFF) + ((xb + yb) * f1) * _e8m0((e0 >> 8) & 0xFF)
-    acc1 += ((xc + yc) * f0) * _e8m0(e1 & 0xFF) + ((xd + yd) * f1) * _e8m0((e1 >> 8) & 0xFF)
+def _step(acc0, acc1, W, st, diag, xw, z_ptr, fp0, sh, zero, SUB: tl.constexpr, NW: tl.constexpr,
+          EMU: tl.constexpr):
+    """One step of a lane (SUB groups of 4 blocks, W from `_load_step`): per group 8 mmas in two chains, then each
+    (row, block) partial · f · 2^(e-127) into the row accumulators."""
+    for u in tl.static_range(SUB):
+        grp = st * SUB + u
+        bp = tl.where(diag, xw + grp * 64, z_ptr)  # block c of the group: x' on the diagonal lanes, else zeros
+        fp = fp0 + grp * 4
+        xa = zero
+        xb = zero
+        xc = zero
+        xd = zero
+        ya = zero
+        yb = zero
+        yc = zero
+        yd = zero
+        for q in tl.static_range(4):
+            b = load4(bp + 4 * q, EMU, False)
+            p0, p1, p2, p3 = e2m1_pairs_f16x2(W[10 * u + q])
+            r0, r1, r2, r3 = e2m1_pairs_f16x2(W[10 * u + 4 + q])
+            xa, xb, xc, xd = mma_f16(p0, r0, p1, r1, b[0], b[1], xa, xb, xc, xd, NW, EMU)
+            ya, yb, yc, yd = mma_f16(p2, r2, p3, r3, b[2], b[3], ya, yb, yc, yd, NW, EMU)
+        if EMU:
+            f0 = tl.load(fp)
+            f1 = tl.load(fp + 1)
+        else:
+            f0 = load1(fp.to(tl.pointer_type(tl.int32)), EMU, False).to(tl.float32, bitcast=True)
+            f1 = load1((fp + 1).to(tl.pointer_type(tl.int32)), EMU, False).to(tl.float32, bitcast=True)
+        e0 = W[10 * u + 8] >> sh
+        e1 = W[10 * u + 9] >> sh
+        acc0 += ((xa + ya) * f0) * _e8m0(e0 & 0xFF) + ((xb + yb) * f1) * _e8m0((e0 >> 8) & 0xFF)
+        acc1 += ((xc + yc) * f0) * _e8m0(e1 & 0xFF) + ((xd + yd) * f1) * _e8m0((e1 >> 8) & 0xFF)
     return acc0, acc1
 
 
@@ -212,7 +222,7 @@ def _step(acc0, acc1, w0, w1, s0, s1, bp, fp, sh, zero, NW: tl.constexpr, EMU: t
 def fp4_mma_gemv(wa_ptr, sa_ptr, wb_ptr, sb_ptr, x_ptr, f_ptr, z_ptr, row0, K: tl.constexpr, N: tl.constexpr,
                  BN: tl.constexpr, TWO: tl.constexpr, NW: tl.constexpr, EMU: tl.constexpr, st0=0,
                  NSTP: tl.constexpr = 0, PDL: tl.constexpr = False, ready_ptr=None, READY: tl.constexpr = 0,
-                 RELEASE: tl.constexpr = True):
+                 RELEASE: tl.constexpr = True, SUB: tl.constexpr = 1):
     """Row sums [BN] (row = row0 + i) of x·dequant(W)ᵀ for W = a (and b when TWO), like moe_decode.fp4_gemv.
 
     wa/wb: int32 words of packed E2M1 [N, K/8]; sa/sb: UE8M0 bytes [N, K/32] (as a uint8 pointer); x_ptr: x' as
@@ -220,11 +230,11 @@ def fp4_mma_gemv(wa_ptr, sa_ptr, wb_ptr, sb_ptr, x_ptr, f_ptr, z_ptr, row0, K: t
     block-diagonal B's other lanes). Warps: NW = BN/16 (·2 when TWO: the first half on a, the second on b).
     NSTP > 0: steps st0..st0+NSTP only (a K split), else all K/128. PDL / READY / RELEASE as fp4_gemv: the first
     two steps' weights are loaded before the wait, x' after it."""
-    tl.static_assert(K % 128 == 0, "fp4_mma_gemv: K must be a multiple of 128 (whole 4-block steps)")
+    tl.static_assert(K % (128 * SUB) == 0, "fp4_mma_gemv: K must be a multiple of 128·SUB (whole steps)")
     tl.static_assert(BN % 16 == 0 and NW == (BN // 16) * (1 + TWO), "fp4_mma_gemv: NW must be BN/16 per matrix")
     NT: tl.constexpr = NW * 32
     KB: tl.constexpr = K // 32
-    NST: tl.constexpr = NSTP if NSTP > 0 else K // 128
+    NST: tl.constexpr = NSTP if NSTP > 0 else K // (128 * SUB)
     WPM: tl.constexpr = BN // 16
     t = tl.arange(0, NT)
     lane = t % 32
@@ -240,36 +250,35 @@ def fp4_mma_gemv(wa_ptr, sa_ptr, wb_ptr, sb_ptr, x_ptr, f_ptr, z_ptr, row0, K: t
     else:
         wbase = wa_ptr + t * 0
         sbase = sa_ptr + t * 0
-    wp0 = wbase + r0 * (K // 8) + (st0 * 4 + c) * 4  # step st: + 16·st words
-    wp1 = wbase + r1 * (K // 8) + (st0 * 4 + c) * 4
+    g0 = st0 * SUB  # the first group of 4 blocks
+    wp0 = wbase + r0 * (K // 8) + (g0 * 4 + c) * 4  # group j: + 16·j words
+    wp1 = wbase + r1 * (K // 8) + (g0 * 4 + c) * 4
     s32 = sbase.to(tl.pointer_type(tl.int32))
-    sp0 = s32 + (r0 * KB + st0 * 4) // 4  # the step's 4 scale bytes as one word (K % 128 == 0: aligned)
-    sp1 = s32 + (r1 * KB + st0 * 4) // 4
+    sp0 = s32 + (r0 * KB + g0 * 4) // 4  # a group's 4 scale bytes as one word (K % 128 == 0: aligned)
+    sp1 = s32 + (r1 * KB + g0 * 4) // 4
     sh = (c % 2) * 16  # lane c scales columns 2c, 2c + 1: the word's bytes 2(c % 2), 2(c % 2) + 1
-    xw = x_ptr + (st0 * 4 + c) * 16  # block c of step st: + 64·st words (f16 pairs, 16 a block)
-    fp0 = f_ptr + st0 * 4 + 2 * (c % 2)
+    xw = x_ptr + (g0 * 4 + c) * 16  # block c of group j: + 64·j words (f16 pairs, 16 a block)
+    fp0 = f_ptr + g0 * 4 + 2 * (c % 2)
     zero = tl.zeros((NT,), dtype=tl.float32)
     acc0 = zero
     acc1 = zero
-    wa0, wa1, sa0, sa1 = _load_step(wp0, wp1, sp0, sp1, 0, EMU)
-    wb0, wb1, sb0, sb1 = _load_step(wp0, wp1, sp0, sp1, tl.minimum(1, NST - 1), EMU)
+    diag = g == c
+    wa = _load_step(wp0, wp1, sp0, sp1, 0, SUB, EMU)
+    wb = _load_step(wp0, wp1, sp0, sp1, tl.minimum(1, NST - 1), SUB, EMU)
     if READY > 0:
         wait_count(ready_ptr, READY)
     else:
         grid_wait(PDL)
     if RELEASE:
         grid_release(PDL)
-    diag = g == c
+    # two buffers, each refilled two steps ahead right after its step (refills past the end reload the last step)
     for s in range(0, NST - 1, 2):
-        acc0, acc1 = _step(acc0, acc1, wa0, wa1, sa0, sa1, tl.where(diag, xw + s * 64, z_ptr), fp0 + s * 4, sh,
-                           zero, NW, EMU)
-        wa0, wa1, sa0, sa1 = _load_step(wp0, wp1, sp0, sp1, tl.minimum(s + 2, NST - 1), EMU)
-        acc0, acc1 = _step(acc0, acc1, wb0, wb1, sb0, sb1, tl.where(diag, xw + (s + 1) * 64, z_ptr),
-                           fp0 + (s + 1) * 4, sh, zero, NW, EMU)
-        wb0, wb1, sb0, sb1 = _load_step(wp0, wp1, sp0, sp1, tl.minimum(s + 3, NST - 1), EMU)
+        acc0, acc1 = _step(acc0, acc1, wa, s, diag, xw, z_ptr, fp0, sh, zero, SUB, NW, EMU)
+        wa = _load_step(wp0, wp1, sp0, sp1, tl.minimum(s + 2, NST - 1), SUB, EMU)
+        acc0, acc1 = _step(acc0, acc1, wb, s + 1, diag, xw, z_ptr, fp0, sh, zero, SUB, NW, EMU)
+        wb = _load_step(wp0, wp1, sp0, sp1, tl.minimum(s + 3, NST - 1), SUB, EMU)
     if NST % 2 == 1:
-        acc0, acc1 = _step(acc0, acc1, wa0, wa1, sa0, sa1, tl.where(diag, xw + (NST - 1) * 64, z_ptr),
-                           fp0 + (NST - 1) * 4, sh, zero, NW, EMU)
+        acc0, acc1 = _step(acc0, acc1, wa, NST - 1, diag, xw, z_ptr, fp0, sh, zero, SUB, NW, EMU)
     # rows: warp w's g and g + 8 (sum over the 4 lanes c) -> [NW·16] in order w·16 + h·8 + g
     s0 = tl.sum(tl.reshape(acc0, (NW, 8, 4)), axis=2)
     s1 = tl.sum(tl.reshape(acc1, (NW, 8, 4)), axis=2)
