@@ -150,6 +150,7 @@ from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
 from dsv41c.codegen.triton.arrival import arrive_last, signal_done, wait_count
 from dsv41c.codegen.triton.fp4_mma_gemv import fp4_mma_gemv, store_prescaled_f16
 from dsv41c.codegen.triton.fp8_gemm import HIDDEN, MOE_INTER, fake_quant_e4m3_pow2, interpreting, target_traits
+from dsv41c.codegen.triton.kv_quant import sm_count
 from dsv41c.codegen.triton.moe_router import ROUTERS
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 
@@ -555,8 +556,17 @@ def _fit(KB: int, BKB: int) -> int:
     return b if KB % b == 0 else BKB
 
 
-def decode_tiles(D: int = HIDDEN, I: int = MOE_INTER, top_k: int = 6, interp=None) -> dict:
-    """Launch parameters: prep BKB; gate_up {BN, BKB, num_warps, ksplit}; down {BN, BKB, num_warps, split}.
+def decode_tiles(D: int = HIDDEN, I: int = MOE_INTER, top_k: int = 6, interp=None, core=None, tokens: int = 1,
+                 n_sm: int = 132) -> dict:
+    """Launch parameters: prep BKB; core; gate_up {BN, BKB, num_warps, ksplit[, sub]}; down {BN, BKB, num_warps,
+    split[, sub]}.
+
+    core (default: 1 on a CUDA sm80+ device where hidden and inter are multiples of 128, else 0): 1 is
+    fp4_mma_gemv (tensor cores). Its tiles (H200, results/tune_moe_decode_core.json, rotating graph): gate/up
+    BN 32 (4 warps), steps of one group of 4 blocks (sub 1; sub 2 and 4 were slower at T = 1: 60-64 µs), the K
+    split the smallest divisor of hidden's steps that gives about 16 programs per SM for `tokens`·top_k slots
+    (T = 1: 5, the measured best; T = 8: 1: 282.9 µs against 307-315 with 5); down BN 32 (2 warps), steps of
+    2 groups (sub 2: T = 1 54.2 -> 49.6 µs; sub 3 50.0), split = k. Core 0 (fp4_gemv, CUDA-core FMAs):
 
     sm90: gate/up BN = 32 (a program owns whole h blocks), BKB = 8 (8 lanes across the blocks of a
     row), 4 warps: 2 rows per thread per matrix, 104 registers, 4 programs per SM fit, so T = 1's 432
@@ -573,10 +583,25 @@ def decode_tiles(D: int = HIDDEN, I: int = MOE_INTER, top_k: int = 6, interp=Non
         return {"prep": 8, "gate_up": {"BN": 32, "BKB": _fit(D // 32, 8), "num_warps": 4},
                 "down": {"BN": 32, "BKB": _fit(I // 32, 4), "num_warps": 4, "split": top_k}}
     bkb = _fit(D // 32, 8)
+    if core is None:
+        core = 1 if _mma_device() and D % 128 == 0 and I % 128 == 0 else 0
+    if core == 1:
+        steps = D // 128
+        want = -(-n_sm * 16 // max(1, tokens * top_k * (I // 32)))
+        ks = min(d for d in range(1, steps + 1) if steps % d == 0 and (d >= want or d == steps))
+        return {"prep": 32, "core": 1, "gate_up": {"BN": 32, "BKB": bkb, "num_warps": 4, "ksplit": ks, "sub": 1},
+                "down": {"BN": 32, "BKB": _fit(I // 32, 8), "num_warps": 2, "split": top_k,
+                         "sub": 2 if I % 256 == 0 else 1}}
     # K split in 5 (H200 sweep, tune_moe_decode.json: T = 1 62.3 -> 57.1 µs; T = 8 neutral) where it divides
     ks = 5 if (D // 32 // bkb) % 5 == 0 else 1
     return {"prep": 32, "gate_up": {"BN": 32, "BKB": bkb, "num_warps": 4, "ksplit": ks},
             "down": {"BN": 32, "BKB": _fit(I // 32, 8), "num_warps": 2, "split": top_k}}
+
+
+def _mma_device() -> bool:
+    """The current device runs core 1 (mma.sync): CUDA sm80+, not the interpreter."""
+    return (not interpreting() and torch.cuda.is_available() and torch.version.hip is None
+            and torch.cuda.get_device_capability() >= (8, 0))
 
 
 def _core(tt, x, D, I, inter_dtype, gu, dn, ksplit) -> int:
@@ -677,7 +702,12 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     y = torch.empty(T, D, dtype=out_dtype, device=x.device)
     if T == 0:
         return y
-    tt = tiles or decode_tiles(D, I, k)
+    tt = tiles or decode_tiles(D, I, k, tokens=T, n_sm=sm_count(x.device))
+    if tiles is None and tt.get("core", 0) == 1:  # the default core 1 only where it runs these inputs exactly
+        try:
+            _core(tt, x, D, I, inter_dtype, tt["gate_up"], tt["down"], tt["gate_up"]["ksplit"])
+        except ValueError:
+            tt = decode_tiles(D, I, k, core=0)
     gu, dn = tt["gate_up"], tt["down"]
     _check_tiles("gate/up", gu)
     _check_tiles("down", dn, k)
@@ -749,8 +779,8 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
 # ============================================================================ ahead-of-time variants
 
 
-def _aot_tiles(tr) -> dict:
-    return decode_tiles(interp=False)
+def _aot_tiles(tr, core=0) -> dict:
+    return decode_tiles(interp=False, core=core)
 
 
 def _prep_variants(target: str) -> list:
@@ -780,9 +810,9 @@ def _gate_up_variants(target: str) -> list:
     tr = target_traits(target)
     if tr is None:
         return []
-    g = _aot_tiles(tr)["gate_up"]
     out = []
     for core in _cores(tr):
+        g = _aot_tiles(tr, core)["gate_up"]
         act = "*fp16" if core else "*fp32"
         types = {"xp_ptr": act, "xf_ptr": "*fp32", "idx_ptr": "*i32", "rw_ptr": "*fp32", "w1_ptr": "*i32",
                  "s1_ptr": "*u8", "w3_ptr": "*i32", "s3_ptr": "*u8", "hp_ptr": act, "hf_ptr": "*fp32",
@@ -804,9 +834,9 @@ def _down_variants(target: str) -> list:
     tr = target_traits(target)
     if tr is None:
         return []
-    d = _aot_tiles(tr)["down"]
     out = []
     for core in _cores(tr):
+        d = _aot_tiles(tr, core)["down"]
         for name, (E, k) in ROUTERS.items():
             # "experts": moe_experts' fp32 sum; "forward": moe_forward's bf16 output with the shared expert
             for mode, out_t, has_sh in (("experts", "*fp32", False), ("forward", "*bf16", True)):
