@@ -502,7 +502,7 @@ def test_gpu_decode_real_widths(T, router, sparse_fp4_experts):
     # both down variants: the same per-slot partials summed in the same order, so the same bits
     y0 = md.moe_experts_decode(x, idx, w, *ex, 10.0)
     for split in (1, k):
-        tiles = md.decode_tiles(top_k=k)
+        tiles = md.decode_tiles(top_k=k, tokens=T)  # the default's plan (its K split depends on the slots)
         tiles["down"]["split"] = split
         assert torch.equal(md.moe_experts_decode(x, idx, w, *ex, 10.0, tiles=tiles), y0)
 
