@@ -32,6 +32,14 @@ Algorithm (three launches; no sort, no host sync, CUDA-graph capturable):
    order, adds the shared expert, stores. SPLIT > 1 (the default, SPLIT = k: 6× the programs at
    T = 1): the rounded partials go to a [T·k, D] workspace, and the last of the SPLIT programs of a
    tile (an acq_rel counter) adds all k in slot order. Deterministic either way: no float atomics.
+Two GEMV cores (tiles["core"]): 1, the default on CUDA sm80+ where the inputs allow it, is `fp4_mma_gemv.py`
+(mma.sync on weights decoded in registers, 11 integer instructions per 8 codes, x' / h' in f16: 2.7 SASS
+instructions per weight element against 4.6; H200, real routing, L2-cold (results/kernels_ffn.json, session 15):
+T = 1 53.15 -> 47.6 µs (2.00x -> 1.79x the bytes floor), T = 8 344 -> 279 µs (1.73x -> 1.40x); its tiles in
+`decode_tiles`); 0 is `fp4_gemv` below (CUDA-core FMAs, exact fp32 sums), the interpreter's default and the
+fallback elsewhere (ROCm, fp32 activations). Core 1's sums are the tensor cores' (not bit-identical to core 0 or
+the reference: rel err ~1e-4 after the bf16 roundings, against ~1e-5).
+
 `fp4_gemv`: a chunk of a program's tile is P = BN·BKB (row, block) pairs, p = BKB·row + (5·block mod
 BKB), each a 16-byte vector of 4 packed words: every tensor in the loop is [P, 4] (weights, x', the
 decoded products) or [P] (scale bytes, f, the accumulator), and the reduction over the 4 words is along
@@ -141,6 +149,8 @@ An L2 bulk prefetch of each program's weight slab, tried with it, took T = 1 fro
 (results/tune_moe_decode_prefetch.json) and was removed.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -604,21 +614,16 @@ def _mma_device() -> bool:
             and torch.cuda.get_device_capability() >= (8, 0))
 
 
-def _core(tt, x, D, I, inter_dtype, gu, dn, ksplit) -> int:
-    """The GEMV core: tiles["core"] (default 0: fp4_gemv's FMAs); 1 (fp4_mma_gemv, tensor cores) needs CUDA sm80+
-    or the interpreter, f16-exact activations (bf16 / f16 x and inter_dtype), hidden and inter multiples of 128,
-    a K split of whole 128-wide steps, and BN multiples of 16 (its warps: gate/up BN/8, down BN/16)."""
-    core = int(tt.get("core", 0))
-    if core == 0:
-        return 0
-    if core != 1:
-        raise ValueError(f"moe_experts_decode: tiles core={core} is not 0 (FMA) or 1 (MMA)")
+def _core_problems(device, x_dtype, inter_dtype, D, I, gu, dn, ksplit) -> list:
+    """Why core 1 (fp4_mma_gemv) cannot run these inputs and tiles ([] if it can): it needs CUDA sm80+ or the
+    interpreter, f16-exact activations (bf16 / f16 x and inter_dtype), hidden and inter multiples of 128·sub, a
+    K split of whole steps, and BN multiples of 16 (its warps: gate/up BN/8, down BN/16)."""
     why = []
-    if not interpreting() and (x.device.type != "cuda" or torch.version.hip is not None
-                               or torch.cuda.get_device_capability(x.device) < (8, 0)):
+    if not interpreting() and (device.type != "cuda" or torch.version.hip is not None
+                               or torch.cuda.get_device_capability(device) < (8, 0)):
         why.append("a CUDA sm80+ device (mma.sync)")
-    if x.dtype not in (torch.bfloat16, torch.float16) or inter_dtype not in (torch.bfloat16, torch.float16):
-        why.append(f"bf16/f16 activations (x {x.dtype}, inter_dtype {inter_dtype}: f16 x' would round them)")
+    if x_dtype not in (torch.bfloat16, torch.float16) or inter_dtype not in (torch.bfloat16, torch.float16):
+        why.append(f"bf16/f16 activations (x {x_dtype}, inter_dtype {inter_dtype}: f16 x' would round them)")
     su, sd = gu.get("sub", 1), dn.get("sub", 1)
     if su not in (1, 2, 3, 4) or sd not in (1, 2, 3, 4):
         why.append(f"sub (groups of 4 blocks a step) 1 to 4 (gate/up {su}, down {sd})")
@@ -628,9 +633,19 @@ def _core(tt, x, D, I, inter_dtype, gu, dn, ksplit) -> int:
         why.append(f"a gate/up ksplit ({ksplit}) dividing hidden's {D // (128 * su)} steps of 128·{su}")
     if gu["BN"] % 16 or dn["BN"] % 16:
         why.append(f"BN multiples of 16 (gate/up {gu['BN']}, down {dn['BN']})")
-    if why:
-        raise ValueError("moe_experts_decode: core 1 (the MMA GEMV) needs " + "; ".join(why))
-    return 1
+    return why
+
+
+@functools.lru_cache(maxsize=256)
+def _default_tiles(D, I, k, T, device, x_dtype, inter_dtype, interp) -> dict:
+    """decode_tiles for T tokens on `device`, falling back to core 0 where core 1 cannot run these inputs. Cached:
+    the launcher's host time counts where decode steps are not replayed from a graph (the caller must not
+    modify the dict)."""
+    tt = decode_tiles(D, I, k, interp=interp, tokens=T, n_sm=sm_count(device))
+    if tt.get("core", 0) == 1 and _core_problems(device, x_dtype, inter_dtype, D, I, tt["gate_up"], tt["down"],
+                                                 tt["gate_up"]["ksplit"]):
+        tt = decode_tiles(D, I, k, interp=interp, core=0)
+    return tt
 
 
 def _check_tiles(what, t, top_k=None):
@@ -702,12 +717,7 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     y = torch.empty(T, D, dtype=out_dtype, device=x.device)
     if T == 0:
         return y
-    tt = tiles or decode_tiles(D, I, k, tokens=T, n_sm=sm_count(x.device))
-    if tiles is None and tt.get("core", 0) == 1:  # the default core 1 only where it runs these inputs exactly
-        try:
-            _core(tt, x, D, I, inter_dtype, tt["gate_up"], tt["down"], tt["gate_up"]["ksplit"])
-        except ValueError:
-            tt = decode_tiles(D, I, k, core=0)
+    tt = tiles or _default_tiles(D, I, k, T, x.device, x.dtype, inter_dtype, interpreting())
     gu, dn = tt["gate_up"], tt["down"]
     _check_tiles("gate/up", gu)
     _check_tiles("down", dn, k)
@@ -716,7 +726,12 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     ksplit = gu.get("ksplit", 1)
     if ksplit < 1:
         raise ValueError(f"moe_experts_decode: gate/up ksplit={ksplit} is not a positive count")
-    core = _core(tt, x, D, I, inter_dtype, gu, dn, ksplit)
+    core = int(tt.get("core", 0))
+    if core not in (0, 1):
+        raise ValueError(f"moe_experts_decode: tiles core={core} is not 0 (FMA) or 1 (MMA)")
+    why = _core_problems(x.device, x.dtype, inter_dtype, D, I, gu, dn, ksplit) if core == 1 and tiles else []
+    if why:
+        raise ValueError("moe_experts_decode: core 1 (the MMA GEMV) needs " + "; ".join(why))
     gu_chunks = triton.cdiv(D // 32, gu["BKB"])
     if core == 0 and gu_chunks % ksplit:
         raise ValueError(f"moe_experts_decode: gate/up ksplit={ksplit} does not divide the {gu_chunks} "
@@ -742,11 +757,12 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     z_at = (n_counters + 3) // 4 * 4  # the zero pad's 16-byte aligned offset (core 1)
     cnt = torch.empty(max(n_counters, 1) if core == 0 else z_at + 16, dtype=torch.int32, device=dev)
     zpad = cnt[z_at:] if core == 1 else cnt
+    s1, s3, s2 = _u8(s1), _u8(s3), _u8(s2)
     if core == 1:
         for name, sc in (("s1", s1), ("s3", s3), ("s2", s2)):  # core 1 reads a step's 4 scale bytes as one word
-            if _u8(sc).data_ptr() % 4:
+            if sc.data_ptr() % 4:
                 raise ValueError(f"moe_experts_decode: core 1 needs {name} 4-byte aligned (it is at "
-                                 f"{_u8(sc).data_ptr():#x})")
+                                 f"{sc.data_ptr():#x})")
     if core == 1 and zpad.data_ptr() % 16:
         raise RuntimeError(f"moe_experts_decode: the zero pad at {zpad.data_ptr():#x} is not 16-byte aligned")
     done = cnt[T * (ncnt + ngcnt):] if fine else cnt
@@ -759,7 +775,7 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     hf = torch.empty(T * k, I // 32, dtype=torch.float32, device=dev)
     gws = torch.empty(T * k * ksplit * 2, I, dtype=torch.float32, device=dev) if ksplit > 1 else hp
     moe_decode_gate_up_kernel[(T * k, gu_tiles, ksplit)](
-        xp, xf, idx, rw, _as_words(w1, "w1"), _u8(s1), _as_words(w3, "w3"), _u8(s3), hp, hf, float(limit),
+        xp, xf, idx, rw, _as_words(w1, "w1"), s1, _as_words(w3, "w3"), s3, hp, hf, float(limit),
         gws, cnt[T * ncnt:], K=D, N=I, TOPK=k, BN=gu["BN"], BKB=gu["BKB"], INTER=ROUND[inter_dtype],
         H_QUANT=act_quant, KSPLIT=ksplit, PDL=pdl, done_ptr=done, DONE=fine, z_ptr=zpad, CORE=core, EMU=emu,
         SUB=gu.get("sub", 1) if core == 1 else 1,
@@ -769,10 +785,11 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     sh = shared.contiguous() if shared is not None else y
     ws = torch.empty(T * k, D, dtype=torch.float32, device=dev) if split > 1 else y
     moe_decode_down_kernel[(T, n_tiles, split)](
-        hp, hf, idx, _as_words(w2, "w2"), _u8(s2), sh, y, ws, cnt, K=I, N=D, TOPK=k, BN=dn["BN"],
+        hp, hf, idx, _as_words(w2, "w2"), s2, sh, y, ws, cnt, K=I, N=D, TOPK=k, BN=dn["BN"],
         BKB=dn["BKB"], SPLIT=split, PARTIAL=ROUND[partial_dtype], OUT=ROUND[out_dtype],
         HAS_SHARED=shared is not None, PDL=pdl, done_ptr=done, FINE=gu_tiles if fine else 0, z_ptr=zpad, CORE=core,
-        EMU=emu, SUB=dn.get("sub", 1) if core == 1 else 1, num_warps=dn["BN"] // 16 if core == 1 else dn["num_warps"], num_stages=1, **launch_kw(pdl))
+        EMU=emu, SUB=dn.get("sub", 1) if core == 1 else 1,
+        num_warps=dn["BN"] // 16 if core == 1 else dn["num_warps"], num_stages=1, **launch_kw(pdl))
     return y
 
 
