@@ -68,19 +68,17 @@ def tiles_with(k, D, I, gate_up=None, down=None, pdl=None, fine=None, core=None)
         t["fine"] = fine
     if gate_up:
         t["gate_up"] = {"BN": gate_up[0], "BKB": gate_up[1], "num_warps": gate_up[2],
-                        "ksplit": gate_up[3] if len(gate_up) > 3 else 1, "sub": gate_up[4] if len(gate_up) > 4 else 1,
-                        "depth": gate_up[5] if len(gate_up) > 5 else 2}
+                        "ksplit": gate_up[3] if len(gate_up) > 3 else 1, "sub": gate_up[4] if len(gate_up) > 4 else 1}
     if down:
         t["down"] = {"BN": down[0], "BKB": down[1], "num_warps": down[2], "split": down[3] or k,
-                     "sub": down[4] if len(down) > 4 else 1, "depth": down[5] if len(down) > 5 else 2}
+                     "sub": down[4] if len(down) > 4 else 1}
     return t
 
 
 def label(t):
     g, d = t["gate_up"], t["down"]
     return (f"core {t.get('core', 0)} | gu BN{g['BN']} BKB{g['BKB']} w{g['num_warps']} k{g.get('ksplit', 1)} "
-            f"sub{g.get('sub', 1)} d{g.get('depth', 2)} | dn BN{d['BN']} BKB{d['BKB']} w{d['num_warps']} "
-            f"sub{d.get('sub', 1)} d{d.get('depth', 2)} "
+            f"sub{g.get('sub', 1)} | dn BN{d['BN']} BKB{d['BKB']} w{d['num_warps']} sub{d.get('sub', 1)} "
             f"s{d['split']}" + ("" if t.get("pdl") is None else f" | pdl {'on' if t['pdl'] else 'off'}")
             + ("" if t.get("fine") is None else f" | per-slot handoff {'on' if t['fine'] else 'off'}"))
 
@@ -275,11 +273,9 @@ def main(argv=None):
         # (gate/up, down, act_quant, pdl, fine): None = the default; the explicit off rows are the controls
         if os.environ.get("TUNE_CORE") == "1" or smoke:  # the two GEMV cores, interleaved, twice; core 1's K splits
             # and steps of 2 / 4 groups of 4 blocks (sub; more bytes in flight a lane); (BN, BKB, warps, ksplit, sub)
-            # and 3 steps of weights in flight (depth); (BN, BKB, warps, ksplit, sub, depth)
-            ks = [(32, 8, 4, 2, 1, 3)] if smoke else [(32, 8, 4, n, sb, dp) for n, sb, dp in
-                                                      ((1, 1, 2), (5, 1, 3), (4, 1, 3), (8, 1, 3), (2, 2, 2),
-                                                       (5, 2, 3), (1, 1, 3))]
-            dsub = [] if smoke else [(32, 8, 2, None, 2, 3), (32, 8, 2, None, 1, 3), (32, 8, 2, None, 3, 2)]
+            ks = [(32, 8, 4, 2, 1)] if smoke else [(32, 8, 4, n, sb) for n, sb in
+                                                   ((1, 1), (5, 2), (2, 2), (1, 2), (5, 4), (1, 4))]
+            dsub = [] if smoke else [(32, 8, 2, None, 2), (32, 8, 2, None, 3)]
             configs = [(None, None, False, None, None, 0), (None, None, False, None, None, 1)] * 2 \
                 + [(g, None, False, None, None, 1) for g in ks] + [(None, d, False, None, None, 1) for d in dsub] \
                 + [(None, None, True, None, None, 1)]

@@ -222,16 +222,14 @@ def _step(acc0, acc1, W, st, diag, xw, z_ptr, fp0, sh, zero, SUB: tl.constexpr, 
 def fp4_mma_gemv(wa_ptr, sa_ptr, wb_ptr, sb_ptr, x_ptr, f_ptr, z_ptr, row0, K: tl.constexpr, N: tl.constexpr,
                  BN: tl.constexpr, TWO: tl.constexpr, NW: tl.constexpr, EMU: tl.constexpr, st0=0,
                  NSTP: tl.constexpr = 0, PDL: tl.constexpr = False, ready_ptr=None, READY: tl.constexpr = 0,
-                 RELEASE: tl.constexpr = True, SUB: tl.constexpr = 1, DEPTH: tl.constexpr = 2):
+                 RELEASE: tl.constexpr = True, SUB: tl.constexpr = 1):
     """Row sums [BN] (row = row0 + i) of x·dequant(W)ᵀ for W = a (and b when TWO), like moe_decode.fp4_gemv.
 
     wa/wb: int32 words of packed E2M1 [N, K/8]; sa/sb: UE8M0 bytes [N, K/32] (as a uint8 pointer); x_ptr: x' as
     int32 words (f16 pairs, `store_prescaled_f16`), f_ptr: its block factors; z_ptr: 16 zero words (the
     block-diagonal B's other lanes). Warps: NW = BN/16 (·2 when TWO: the first half on a, the second on b).
-    NSTP > 0: steps st0..st0+NSTP only (a K split), else all K/(128·SUB). PDL / READY / RELEASE as fp4_gemv: the
-    first DEPTH steps' weights are loaded before the wait, x' after it. DEPTH (2 or 3): steps of weights in flight
-    (buffers refilled DEPTH steps ahead)."""
-    tl.static_assert(DEPTH == 2 or DEPTH == 3, "fp4_mma_gemv: DEPTH is 2 or 3")
+    NSTP > 0: steps st0..st0+NSTP only (a K split), else all K/128. PDL / READY / RELEASE as fp4_gemv: the first
+    two steps' weights are loaded before the wait, x' after it."""
     tl.static_assert(K % (128 * SUB) == 0, "fp4_mma_gemv: K must be a multiple of 128·SUB (whole steps)")
     tl.static_assert(BN % 16 == 0 and NW == (BN // 16) * (1 + TWO), "fp4_mma_gemv: NW must be BN/16 per matrix")
     NT: tl.constexpr = NW * 32
@@ -267,33 +265,20 @@ def fp4_mma_gemv(wa_ptr, sa_ptr, wb_ptr, sb_ptr, x_ptr, f_ptr, z_ptr, row0, K: t
     diag = g == c
     wa = _load_step(wp0, wp1, sp0, sp1, 0, SUB, EMU)
     wb = _load_step(wp0, wp1, sp0, sp1, tl.minimum(1, NST - 1), SUB, EMU)
-    if DEPTH == 3:
-        wc = _load_step(wp0, wp1, sp0, sp1, tl.minimum(2, NST - 1), SUB, EMU)
     if READY > 0:
         wait_count(ready_ptr, READY)
     else:
         grid_wait(PDL)
     if RELEASE:
         grid_release(PDL)
-    # DEPTH buffers, each refilled DEPTH steps ahead right after its step (refills past the end reload the last step)
-    if DEPTH == 2:
-        for s in range(0, NST - 1, 2):
-            acc0, acc1 = _step(acc0, acc1, wa, s, diag, xw, z_ptr, fp0, sh, zero, SUB, NW, EMU)
-            wa = _load_step(wp0, wp1, sp0, sp1, tl.minimum(s + 2, NST - 1), SUB, EMU)
-            acc0, acc1 = _step(acc0, acc1, wb, s + 1, diag, xw, z_ptr, fp0, sh, zero, SUB, NW, EMU)
-            wb = _load_step(wp0, wp1, sp0, sp1, tl.minimum(s + 3, NST - 1), SUB, EMU)
-    else:
-        for s in range(0, NST - 2, 3):
-            acc0, acc1 = _step(acc0, acc1, wa, s, diag, xw, z_ptr, fp0, sh, zero, SUB, NW, EMU)
-            wa = _load_step(wp0, wp1, sp0, sp1, tl.minimum(s + 3, NST - 1), SUB, EMU)
-            acc0, acc1 = _step(acc0, acc1, wb, s + 1, diag, xw, z_ptr, fp0, sh, zero, SUB, NW, EMU)
-            wb = _load_step(wp0, wp1, sp0, sp1, tl.minimum(s + 4, NST - 1), SUB, EMU)
-            acc0, acc1 = _step(acc0, acc1, wc, s + 2, diag, xw, z_ptr, fp0, sh, zero, SUB, NW, EMU)
-            wc = _load_step(wp0, wp1, sp0, sp1, tl.minimum(s + 5, NST - 1), SUB, EMU)
-    if NST % DEPTH >= 1:  # the last NST % DEPTH steps sit in the first buffers
-        acc0, acc1 = _step(acc0, acc1, wa, NST - NST % DEPTH, diag, xw, z_ptr, fp0, sh, zero, SUB, NW, EMU)
-    if NST % DEPTH == 2:
-        acc0, acc1 = _step(acc0, acc1, wb, NST - 1, diag, xw, z_ptr, fp0, sh, zero, SUB, NW, EMU)
+    # two buffers, each refilled two steps ahead right after its step (refills past the end reload the last step)
+    for s in range(0, NST - 1, 2):
+        acc0, acc1 = _step(acc0, acc1, wa, s, diag, xw, z_ptr, fp0, sh, zero, SUB, NW, EMU)
+        wa = _load_step(wp0, wp1, sp0, sp1, tl.minimum(s + 2, NST - 1), SUB, EMU)
+        acc0, acc1 = _step(acc0, acc1, wb, s + 1, diag, xw, z_ptr, fp0, sh, zero, SUB, NW, EMU)
+        wb = _load_step(wp0, wp1, sp0, sp1, tl.minimum(s + 3, NST - 1), SUB, EMU)
+    if NST % 2 == 1:
+        acc0, acc1 = _step(acc0, acc1, wa, NST - 1, diag, xw, z_ptr, fp0, sh, zero, SUB, NW, EMU)
     # rows: warp w's g and g + 8 (sum over the 4 lanes c) -> [NW·16] in order w·16 + h·8 + g
     s0 = tl.sum(tl.reshape(acc0, (NW, 8, 4)), axis=2)
     s1 = tl.sum(tl.reshape(acc1, (NW, 8, 4)), axis=2)

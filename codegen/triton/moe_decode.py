@@ -389,7 +389,7 @@ def moe_decode_gate_up_kernel(xp_ptr, xf_ptr, idx_ptr, rw_ptr, w1_ptr, s1_ptr, w
                               BN: tl.constexpr, BKB: tl.constexpr, INTER: tl.constexpr, H_QUANT: tl.constexpr,
                               KSPLIT: tl.constexpr = 1, PDL: tl.constexpr = False, done_ptr=None,
                               DONE: tl.constexpr = False, z_ptr=None, CORE: tl.constexpr = 0,
-                              EMU: tl.constexpr = False, SUB: tl.constexpr = 1, DEPTH: tl.constexpr = 2):
+                              EMU: tl.constexpr = False, SUB: tl.constexpr = 1):
     """h'[slot, rows] for BN rows of expert topk_idx[slot]: SwiGLU of the w1/w3 GEMVs, stored like x'.
 
     Programs are numbered slot-major from their linear block index (slot slowest, then tile, then K part), so
@@ -426,7 +426,7 @@ def moe_decode_gate_up_kernel(xp_ptr, xf_ptr, idx_ptr, rw_ptr, w1_ptr, s1_ptr, w
         if CORE == 1:
             g, u = fp4_mma_gemv(w1_ptr + wo, s1_ptr + so, w3_ptr + wo, s3_ptr + so,
                                 xa.to(tl.pointer_type(tl.int32)), fa, z_ptr, pid_n * BN, K, N, BN, True,
-                                BN // 8, EMU, 0, 0, PDL, SUB=SUB, DEPTH=DEPTH)
+                                BN // 8, EMU, 0, 0, PDL, SUB=SUB)
         else:
             g, u = fp4_gemv(w1_ptr + wo, s1_ptr + so, w3_ptr + wo, s3_ptr + so, xa, fa, xa, fa, pid_n * BN, K, N, BN,
                             BKB, True, True, 0, 0, PDL)
@@ -435,7 +435,7 @@ def moe_decode_gate_up_kernel(xp_ptr, xf_ptr, idx_ptr, rw_ptr, w1_ptr, s1_ptr, w
             NSTP: tl.constexpr = K // (128 * SUB) // KSPLIT
             gp, up = fp4_mma_gemv(w1_ptr + wo, s1_ptr + so, w3_ptr + wo, s3_ptr + so,
                                   xa.to(tl.pointer_type(tl.int32)), fa, z_ptr, pid_n * BN, K, N, BN,
-                                  True, BN // 8, EMU, z * NSTP, NSTP, PDL, SUB=SUB, DEPTH=DEPTH)
+                                  True, BN // 8, EMU, z * NSTP, NSTP, PDL, SUB=SUB)
         else:
             NCHP: tl.constexpr = (K // 32 + BKB - 1) // BKB // KSPLIT
             gp, up = fp4_gemv(w1_ptr + wo, s1_ptr + so, w3_ptr + wo, s3_ptr + so, xa, fa, xa, fa, pid_n * BN, K, N,
@@ -480,8 +480,7 @@ def moe_decode_down_kernel(hp_ptr, hf_ptr, idx_ptr, w2_ptr, s2_ptr, shared_ptr, 
                            BKB: tl.constexpr, SPLIT: tl.constexpr,
                            PARTIAL: tl.constexpr, OUT: tl.constexpr, HAS_SHARED: tl.constexpr,
                            PDL: tl.constexpr = False, done_ptr=None, FINE: tl.constexpr = 0, z_ptr=None,
-                           CORE: tl.constexpr = 0, EMU: tl.constexpr = False, SUB: tl.constexpr = 1,
-                           DEPTH: tl.constexpr = 2):
+                           CORE: tl.constexpr = 0, EMU: tl.constexpr = False, SUB: tl.constexpr = 1):
     """y[t, rows] = Σ_j round(h'_{t,j}·w2[e_j]ᵀ) in slot order (+ shared[t, rows]), fp32 sums -> y's dtype.
 
     PDL: the expert ids (three launches back) and the first w2 chunks are read before the grid
@@ -513,7 +512,7 @@ def moe_decode_down_kernel(hp_ptr, hf_ptr, idx_ptr, w2_ptr, s2_ptr, shared_ptr, 
             part, _ = fp4_mma_gemv(w2_ptr + e * N * (K // 8), s2_ptr + e * N * (K // 32), w2_ptr, s2_ptr,
                                    xa.to(tl.pointer_type(tl.int32)), fa, z_ptr, pid_n * BN, K, N, BN,
                                    False, BN // 16, EMU, 0, 0, PDL, done_ptr + slot, FINE, FINE == 0 or SPP == 1,
-                                   SUB, DEPTH)
+                                   SUB)
         else:
             part, _ = fp4_gemv(w2_ptr + e * N * (K // 8), s2_ptr + e * N * (K // 32), w2_ptr, s2_ptr, xa, fa, xa,
                                fa, pid_n * BN, K, N, BN, BKB, False, True, 0, 0, PDL, done_ptr + slot, FINE,
@@ -626,8 +625,6 @@ def _core_problems(device, x_dtype, inter_dtype, D, I, gu, dn, ksplit) -> list:
     if x_dtype not in (torch.bfloat16, torch.float16) or inter_dtype not in (torch.bfloat16, torch.float16):
         why.append(f"bf16/f16 activations (x {x_dtype}, inter_dtype {inter_dtype}: f16 x' would round them)")
     su, sd = gu.get("sub", 1), dn.get("sub", 1)
-    if gu.get("depth", 2) not in (2, 3) or dn.get("depth", 2) not in (2, 3):
-        why.append(f"depth (weight steps in flight) 2 or 3 (gate/up {gu.get('depth', 2)}, down {dn.get('depth', 2)})")
     if su not in (1, 2, 3, 4) or sd not in (1, 2, 3, 4):
         why.append(f"sub (groups of 4 blocks a step) 1 to 4 (gate/up {su}, down {sd})")
     elif D % (128 * su) or I % (128 * sd):
@@ -781,7 +778,7 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
         xp, xf, idx, rw, _as_words(w1, "w1"), s1, _as_words(w3, "w3"), s3, hp, hf, float(limit),
         gws, cnt[T * ncnt:], K=D, N=I, TOPK=k, BN=gu["BN"], BKB=gu["BKB"], INTER=ROUND[inter_dtype],
         H_QUANT=act_quant, KSPLIT=ksplit, PDL=pdl, done_ptr=done, DONE=fine, z_ptr=zpad, CORE=core, EMU=emu,
-        SUB=gu.get("sub", 1) if core == 1 else 1, DEPTH=gu.get("depth", 2) if core == 1 else 2,
+        SUB=gu.get("sub", 1) if core == 1 else 1,
         num_warps=gu["BN"] // 8 if core == 1 else gu["num_warps"], num_stages=1, **launch_kw(pdl))
     if shared_stream is not None:
         torch.cuda.current_stream(dev).wait_stream(shared_stream)
@@ -791,7 +788,7 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
         hp, hf, idx, _as_words(w2, "w2"), s2, sh, y, ws, cnt, K=I, N=D, TOPK=k, BN=dn["BN"],
         BKB=dn["BKB"], SPLIT=split, PARTIAL=ROUND[partial_dtype], OUT=ROUND[out_dtype],
         HAS_SHARED=shared is not None, PDL=pdl, done_ptr=done, FINE=gu_tiles if fine else 0, z_ptr=zpad, CORE=core,
-        EMU=emu, SUB=dn.get("sub", 1) if core == 1 else 1, DEPTH=dn.get("depth", 2) if core == 1 else 2,
+        EMU=emu, SUB=dn.get("sub", 1) if core == 1 else 1,
         num_warps=dn["BN"] // 16 if core == 1 else dn["num_warps"], num_stages=1, **launch_kw(pdl))
     return y
 
@@ -843,8 +840,7 @@ def _gate_up_variants(target: str) -> list:
                       # KSPLIT 1 ahead of time: a K split needs a prep variant that also zeroes this router's
                       # k·I/BN gate/up counters per token (NGCNT), and the prep variants are not keyed by router yet.
                       "INTER": ROUND[torch.bfloat16], "H_QUANT": hq, "KSPLIT": 1, "PDL": False, "DONE": False,
-                      "CORE": core, "EMU": False, "SUB": g.get("sub", 1) if core else 1,
-                      "DEPTH": g.get("depth", 2) if core else 2}
+                      "CORE": core, "EMU": False, "SUB": g.get("sub", 1) if core else 1}
                 out.append(aot_spec(moe_decode_gate_up_kernel,
                                     f"{name}_k{k}" + ("_aq" if hq else "") + ("_mma" if core else ""), types, ce,
                                     g["BN"] // 8 if core else g["num_warps"], 1, {"router": name, "E": E, **ce}))
@@ -867,8 +863,7 @@ def _down_variants(target: str) -> list:
                 ce = {"K": MOE_INTER, "N": HIDDEN, "TOPK": k, "BN": d["BN"], "BKB": d["BKB"],
                       "SPLIT": k, "PARTIAL": ROUND[torch.bfloat16],
                       "OUT": ROUND[torch.float32 if out_t == "*fp32" else torch.bfloat16], "HAS_SHARED": has_sh,
-                      "PDL": False, "FINE": 0, "CORE": core, "EMU": False, "SUB": d.get("sub", 1) if core else 1,
-                      "DEPTH": d.get("depth", 2) if core else 2}
+                      "PDL": False, "FINE": 0, "CORE": core, "EMU": False, "SUB": d.get("sub", 1) if core else 1}
                 out.append(aot_spec(moe_decode_down_kernel, f"{name}_k{k}_{mode}" + ("_mma" if core else ""), types,
                                     ce, d["BN"] // 16 if core else d["num_warps"], 1,
                                     {"router": name, "E": E, "mode": mode, **ce}))
@@ -884,11 +879,11 @@ register(KernelTemplate(
 register(KernelTemplate(
     name="moe_decode_gate_up_fp4", module=__name__,
     summary="decode MoE: per-slot MXFP4 w1/w3 GEMVs (no dispatch) + clamped SwiGLU × routing weight",
-    keys=("router", "E", "K", "N", "TOPK", "BN", "BKB", "INTER", "H_QUANT", "KSPLIT", "PDL", "DONE", "CORE", "EMU", "SUB", "DEPTH"),
+    keys=("router", "E", "K", "N", "TOPK", "BN", "BKB", "INTER", "H_QUANT", "KSPLIT", "PDL", "DONE", "CORE", "EMU", "SUB"),
     reference=moe_experts_decode_reference, launch=moe_experts_decode, specializations=_gate_up_variants))
 register(KernelTemplate(
     name="moe_decode_down_fp4", module=__name__,
     summary="decode MoE: per-token MXFP4 w2 GEMVs over the k slots, rounded partials summed in slot order",
     keys=("router", "E", "mode", "K", "N", "TOPK", "BN", "BKB", "SPLIT", "PARTIAL", "OUT", "HAS_SHARED", "PDL",
-          "FINE", "CORE", "EMU", "SUB", "DEPTH"),
+          "FINE", "CORE", "EMU", "SUB"),
     reference=moe_experts_decode_reference, launch=moe_experts_decode, specializations=_down_variants))
