@@ -435,6 +435,18 @@ def test_mma_core_matches_reference(experts, T, act_quant):
         assert rel_err(md.moe_experts_decode(x, idx, w, *experts, tiles=sub, **kw), y) < BF16_ULP
 
 
+def test_mma_core_loop_and_tail():
+    """Hidden 640 = 5 steps of 4 blocks: the two-buffer loop runs twice, then the odd step's tail; inter 384 = 3 down
+    steps (one loop turn and the tail) — the reference's numbers either way."""
+    ex = experts_for(64, 8, 640, 384)
+    g = gen(65)
+    x = torch.randn(1, 640, generator=g).bfloat16().to(DEV)
+    idx, w = routing(g, 1, k=3, E=8)
+    t = {**MMA, "gate_up": {**MMA["gate_up"], "ksplit": 1}, "down": {**MMA["down"], "split": 3}}
+    check(md.moe_experts_decode(x, idx, w, *ex, limit=10.0, tiles=t),
+          md.moe_experts_decode_reference(x, idx, w, *ex, limit=10.0), False)
+
+
 def test_mma_core_pairs_decode_every_code():
     """e2m1_pairs_f16x2: all 16 codes in all 8 positions of a word -> f16 halves equal to value·2^-14, in the
     pair order (n0, n4), (n2, n6), (n1, n5), (n3, n7); x_order is the matching k order of x'."""
