@@ -63,13 +63,10 @@ SHAPES = [("wo_b", 5120, 8192, 1, False), ("wo_b", 5120, 8192, 8, False), ("wq_a
 # ahead (SPF, the new default) against loading them in the step that uses them, each twice, interleaved.
 # Fourteenth (TUNE_M=8 TUNE_STACK=1 TUNE_SHAPES=shared_w13): the gated linear's stacked tile (GATED 2: 16 rows of w1
 # and the same 16 of w3 in one 32-row tile, one dot, planned as a plain linear of 2N rows) against the paired one.
-# Fifteenth (TUNE_PAIRS=1, written in session 14, run in session 15: results/tune_fp8_pairs_s15.json, slower
-# everywhere): the byte-pair decoder (DECODE_W 2, inline PTX; static sm90 SASS, Triton 3.6: 300-303 instructions a k
-# step for the plain 2-warp tile against 369-375, 329 for the stacked gated one against 416,
-# results/fp8_decode_pairs_sass_t36.json) against the per-element one on the same tiles, interleaved; at one token on
-# the mma path (the default there is the gemv).
-# Sixteenth (TUNE_REGS=1, session 15): fp8_mma_gemv.py (path "regs": mma.sync on weights decoded in registers, no
-# shared memory; static sm90 SASS 4.4 instructions a weight against ~6, 68-72 registers) against the default tile.
+# Fifteenth (TUNE_PAIRS=1, not run yet: written in session 14, which had no device time left): the byte-pair decoder
+# (DECODE_W 2, inline PTX; static sm90 SASS, Triton 3.6: 300-303 instructions a k step for the plain 2-warp tile
+# against 369-375, 329 for the stacked gated one against 416, results/fp8_decode_pairs_sass_t36.json) against the
+# per-element one on the same tiles, interleaved; at one token on the mma path (the default there is the gemv).
 def _sk_for(per_sm, tiles, steps):
     return max(1, min(steps, per_sm * fg.N_SMS_HINT // tiles))
 
@@ -111,15 +108,6 @@ def _variants(N, K, M, gated):
             BMp, BNp, BKp, GMp, _, nwp, nsp = fg._tiles(M, N, K, True, mma_sync=mma_sync)
             st += [(f"paired_sk{sk}", {"stack": False, "tiles": (BMp, BNp, BKp, GMp, sk, nwp, nsp)}) for sk in sks]
         return [("paired", {"stack": False})] + st + [("paired_again", {"stack": False})] + st[:2]
-    if M > 1 and os.environ.get("TUNE_REGS") == "1":  # fp8_mma_gemv (path "regs"), interleaved with the default
-        # (BN, K split): its default (BN 32, the split planned for PROGRAMS_PER_SM), BN 16, and splits planned for
-        # 8 / 12 / 24 programs an SM
-        from dsv41c.codegen.triton import fp8_mma_gemv as fm
-        rg = [("regs", {"path": "regs"}), ("regs_bn16", {"path": "regs", "tiles": (16, None)})]
-        for per in (8, 12, 24):
-            sk = fg._split_k(M, N, K, 32, 128, per)
-            rg.append((f"regs_c{per}_sk{sk}", {"path": "regs", "tiles": (32, sk)}))
-        return [("default", {})] + rg + [("default_again", {})] + rg[:2]
     if os.environ.get("TUNE_PAIRS") == "1":  # the byte-pair decoder (DECODE_W 2, inline PTX) on the same tiles, twice
         pairs = {"decode_w": 2, "path": "mma"}
         base = {"path": "mma"} if M == 1 else {}

@@ -22,7 +22,6 @@ from dsv41c.codegen import templates
 from dsv41c.codegen.triton import engram as en
 from dsv41c.codegen.triton import fp4_unpack as fu
 from dsv41c.codegen.triton import fp8_gemm as fg
-from dsv41c.codegen.triton import fp8_mma_gemv as fm
 from dsv41c.codegen.triton import mhc
 from dsv41c.codegen.triton import moe
 from dsv41c.codegen.triton import rmsnorm as rn
@@ -293,61 +292,6 @@ def test_decode_split_fills_one_wave():
     for T, E, want in ((1, 384, 10), (8, 384, 2), (1, 128, 10), (4, 384, 5)):
         split, k_per = mr._gemv_split(T, E, 5120, 512, interp=False)
         assert split == want and (split - 1) * k_per < 5120 <= split * k_per, (T, E, split, k_per)
-
-
-@pytest.mark.parametrize("gated", [False, True])
-def test_fp8_regs_path(gated):
-    """path "regs" (fp8_mma_gemv: mma.sync on weights decoded in registers; the interpreter runs its EMU form):
-    1, 3 and 8 tokens, ragged N (70: a partial 16-row group and 32-row scale block), BN 16 / 32, K splits 1-3 (fold
-    and the separate reduce give the same bits), against the reference in fp32 output."""
-    from dsv41c.codegen.triton import arrival
-
-    g = gen(12)
-    N, K = 70, 384
-    w1, s1 = fp8_weight(g, N, K)
-    w3, s3 = (fp8_weight(g, N, K) if gated else (None, None))
-    for M in (1, 3, 8):
-        x = randn(g, M, K, dtype=torch.bfloat16)
-        ref = (fg.fp8_gemm_swiglu_reference(x.float(), w1, s1, w3, s3, 0.5) if gated
-               else fg.fp8_gemm_reference(x.float(), w1, s1))
-        for tiles in ((32, 1), (16, 3), (32, 2)):
-            run = lambda fold: fg._gemm(x, w1, s1, w3, s3, 0.5, False, torch.float32, "t", path="regs",  # noqa: E731
-                                        tiles=tiles, fold=fold)
-            y = run(True)
-            torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
-            assert torch.equal(y, run(False))
-    assert int(arrival.counters(x.device, 1).abs().sum()) == 0
-    with pytest.raises(ValueError, match="at most 8 tokens"):
-        fg._gemm(randn(g, 9, K, dtype=torch.bfloat16), w1, s1, w3, s3, 0.5, False, None, "t", path="regs")
-    with pytest.raises(ValueError, match="bf16 activations"):
-        fg._gemm(randn(g, 2, K), w1, s1, w3, s3, 0.5, False, None, "t", path="regs")
-    with pytest.raises(ValueError, match="SPLIT_K=4"):
-        fg._gemm(randn(g, 2, K, dtype=torch.bfloat16), w1, s1, w3, s3, 0.5, False, None, "t", path="regs",
-                 tiles=(32, 4))
-
-
-def test_fp8_regs_decode_every_code():
-    """e4m3_word_bf16x2: every E4M3 byte in every position of a word -> bf16 halves equal to value·2^-120 (E4M3
-    subnormals on bf16 subnormals; the NaN codes 0x7F / 0xFF are left out: they decode as finite numbers)."""
-    @triton.jit
-    def k(w_ptr, o_ptr, N: tl.constexpr):
-        i = tl.arange(0, N)
-        lo, hi = fm.e4m3_word_bf16x2(tl.load(w_ptr + i))
-        tl.store(o_ptr + 2 * i, lo)
-        tl.store(o_ptr + 2 * i + 1, hi)
-
-    codes = torch.arange(256, dtype=torch.int64)
-    codes = codes[(codes & 0x7F) != 0x7F]
-    words = torch.stack([codes.roll(j) for j in range(4)], 1)  # every code in every byte position
-    packed = sum(words[:, j] << (8 * j) for j in range(4))
-    packed = torch.where(packed >= 2 ** 31, packed - 2 ** 32, packed).to(torch.int32)
-    n = len(packed)
-    packed = torch.cat([packed, torch.zeros(256 - n, dtype=torch.int32)])  # a power of two for tl.arange
-    out = torch.empty(256, 2, dtype=torch.int32, device=DEV)
-    k[(1,)](packed.to(DEV), out, N=256)
-    halves = out[:n].cpu().view(torch.int16).view(torch.bfloat16).float().view(-1, 4)  # bytes 0, 1, 2, 3
-    want = words.to(torch.uint8).view(torch.float8_e4m3fn).float() * 2.0 ** -120
-    assert torch.equal(halves, want)
 
 
 def test_fp8_gemm_picks_gemv_for_one_token():
@@ -1024,33 +968,3 @@ def test_gpu_fp8_stacked_gated_tile():
         assert torch.equal(stacked, run(stack=True, fold=False)), M
         if fg.mma_sync_decode_for(x.device):  # the default there
             assert torch.equal(stacked, fg.fp8_gemm_swiglu(x, w1, s1, w3, s3, 10.0)), M
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("M", [2, 8])
-def test_gpu_fp8_regs_path_real_widths(M):
-    """path "regs" at the published widths (wq_a, wo_b, shared w2, the gated shared w1/w3): against float64 and
-    the default tile, fold and the separate reduce with the same bits, CUDA-graph replay."""
-    g = gen(33)
-    x = randn(g, M, 8192, dtype=torch.bfloat16)
-    for N, K in ((1280, 5120), (5120, 8192), (5120, 2304)):
-        w, s = fp8_weight(g, N, K)
-        xx = x[:, :K].contiguous()
-        exact = xx.double() @ nx.dequant_fp8_weight(w, s).double().T
-        run = lambda **kw: fg._gemm(xx, w, s, None, None, 0.0, False, None, "t", path="regs", **kw)  # noqa: E731
-        y = run()
-        assert rel_err(y, exact) < BF16_ULP
-        assert rel_err(y, fg.fp8_gemm(xx, w, s)) < BF16_ULP
-        assert torch.equal(run(fold=True), run(fold=False))
-    w1, s1 = fp8_weight(g, 2304, 5120)
-    w3, s3 = fp8_weight(g, 2304, 5120)
-    xx = x[:, :5120].contiguous()
-    h = fg._gemm(xx, w1, s1, w3, s3, 10.0, False, None, "t", path="regs")
-    assert rel_err(h, fg.fp8_gemm_swiglu_reference(xx, w1, s1, w3, s3, 10.0)) < 2 * BF16_ULP
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fg._gemm(xx, w1, s1, w3, s3, 10.0, False, None, "t", path="regs")
-    for _ in range(3):
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, h)

@@ -54,8 +54,6 @@ XE_KEEP = tl.constexpr(-1077952577)  # ~0x40404040
 XO_SIGN = tl.constexpr(-2139062144)  # 0x80808080: where xo keeps each odd code's own sign
 XO_KEEP = tl.constexpr(2139062143)  # ~0x80808080
 
-_MMA_BF16 = tl.constexpr("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, {$4, $5, $6, $7}, "
-                         "{$8, $9}, {$10, $11, $12, $13};")
 _MMA = tl.constexpr("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, "
         "{$10, $11, $12, $13};")
 
@@ -83,31 +81,21 @@ def _f16_halves(v):
 
 
 @triton.jit
-def _bf16_halves(v):
-    """bf16x2 int32 -> (low, high) as fp32 (exact)."""
-    return (v << 16).to(tl.float32, bitcast=True), (v & -65536).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _frag4(r0, r1, NW: tl.constexpr, BF16: tl.constexpr = False):
-    """Two f16x2 (BF16: bf16x2) registers per lane -> [NW, 8 (g), 4 (c), 4 (k-slot)] fp32 (r0's halves, then r1's)."""
-    if BF16:
-        a, b = _bf16_halves(r0)
-        c, d = _bf16_halves(r1)
-    else:
-        a, b = _f16_halves(r0)
-        c, d = _f16_halves(r1)
+def _frag4(r0, r1, NW: tl.constexpr):
+    """Two f16x2 registers per lane -> [NW, 8 (g), 4 (c), 4 (k-slot)] fp32 (r0's halves, then r1's)."""
+    a, b = _f16_halves(r0)
+    c, d = _f16_halves(r1)
     v = tl.join(tl.join(a, b), tl.join(c, d))  # [NT, 2, 2]
     return tl.reshape(v, (NW, 8, 4, 4))
 
 
 @triton.jit
-def _mma_emulated(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, NW: tl.constexpr, BF16: tl.constexpr = False):
+def _mma_emulated(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, NW: tl.constexpr):
     """mma.sync m16n8k16 (row.col, f16 -> f32) on per-lane registers, written as the fragment's data movement:
     D[g, n] = C + Σ_{c, slot} A[g, (c, slot)]·B[(c, slot), n], B's column n from lane (n, c)."""
-    ag = _frag4(a0, a2, NW, BF16)  # rows g: k-slots (2c, 2c+1) then (2c+8, 2c+9)
-    ag8 = _frag4(a1, a3, NW, BF16)  # rows g + 8
-    bb = _frag4(b0, b1, NW, BF16)  # [NW, 8 (n = the lane's g), 4 (c), 4]
+    ag = _frag4(a0, a2, NW)  # rows g: k-slots (2c, 2c+1) then (2c+8, 2c+9)
+    ag8 = _frag4(a1, a3, NW)  # rows g + 8
+    bb = _frag4(b0, b1, NW)  # [NW, 8 (n = the lane's g), 4 (c), 4]
     d_g = tl.sum(tl.sum(ag[:, :, None, :, :] * bb[:, None, :, :, :], axis=4), axis=3)  # [NW, 8 (row), 8 (n)]
     d_g8 = tl.sum(tl.sum(ag8[:, :, None, :, :] * bb[:, None, :, :, :], axis=4), axis=3)
     NT: tl.constexpr = NW * 32
@@ -118,16 +106,10 @@ def _mma_emulated(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, NW: tl.constexpr, BF16
 
 
 @triton.jit
-def mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, NW: tl.constexpr, EMU: tl.constexpr, BF16: tl.constexpr = False):
-    """D = A·B + C, one m16n8k16 mma per warp (f16x2 A / B registers as int32, BF16: bf16x2; fp32 C / D); EMU:
-    `_mma_emulated`."""
+def mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, NW: tl.constexpr, EMU: tl.constexpr):
+    """D = A·B + C, one m16n8k16 mma per warp (f16x2 A / B registers as int32, fp32 C / D); EMU: `_mma_emulated`."""
     if EMU:
-        return _mma_emulated(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, NW, BF16)
-    elif BF16:
-        return tl.inline_asm_elementwise(_MMA_BF16, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
-                                         [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
-                                         dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True,
-                                         pack=1)
+        return _mma_emulated(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, NW)
     else:
         return tl.inline_asm_elementwise(_MMA, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
                                          [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
@@ -147,19 +129,6 @@ def load4(p, EMU: tl.constexpr, NC: tl.constexpr):
     else:
         return tl.inline_asm_elementwise("ld.global.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", [p],
                                          dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
-
-
-@triton.jit
-def load2(p, EMU: tl.constexpr, NC: tl.constexpr):
-    """2 consecutive int32 words at p (8-byte aligned); NC: the read-only path, for weights."""
-    if EMU:
-        return tl.load(p), tl.load(p + 1)
-    elif NC:
-        return tl.inline_asm_elementwise("ld.global.nc.L1::no_allocate.v2.b32 {$0, $1}, [$2];", "=r,=r,l", [p],
-                                         dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
-    else:
-        return tl.inline_asm_elementwise("ld.global.v2.b32 {$0, $1}, [$2];", "=r,=r,l", [p],
-                                         dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
 
 
 @triton.jit

@@ -1188,13 +1188,6 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
     w3u, s3u = (as_u8(w3), as_u8(s3)) if gated else (wu, su)
     if path is None:
         path = "gemv" if M <= GEMV_MAX_M and _gemv_tiles(N, K, gated) is not None else "mma"
-    if path == "regs":  # fp8_mma_gemv.py: mma.sync on weights decoded in registers (M <= 8, explicit)
-        if decode_w or stack:
-            raise ValueError(f"{name}: path 'regs' has its own decoder and tile (decode_w={decode_w}, stack={stack})")
-        from dsv41c.codegen.triton.fp8_mma_gemv import gemm_regs
-        gemm_regs(x2, wu, su, w3u if gated else None, s3u if gated else None, y, limit, tiles,
-                  FOLD_SPLIT_K if fold is None else fold, pdl, name)
-        return y.reshape(*x.shape[:-1], N)
     if path == "gemv":
         if M != 1:
             raise ValueError(f"{name}: the gemv path takes one token, got M={M}")
