@@ -63,10 +63,15 @@ SHAPES = [("wo_b", 5120, 8192, 1, False), ("wo_b", 5120, 8192, 8, False), ("wq_a
 # ahead (SPF, the new default) against loading them in the step that uses them, each twice, interleaved.
 # Fourteenth (TUNE_M=8 TUNE_STACK=1 TUNE_SHAPES=shared_w13): the gated linear's stacked tile (GATED 2: 16 rows of w1
 # and the same 16 of w3 in one 32-row tile, one dot, planned as a plain linear of 2N rows) against the paired one.
-# Fifteenth (TUNE_PAIRS=1, not run yet: written in session 14, which had no device time left): the byte-pair decoder
-# (DECODE_W 2, inline PTX; static sm90 SASS, Triton 3.6: 300-303 instructions a k step for the plain 2-warp tile
-# against 369-375, 329 for the stacked gated one against 416, results/fp8_decode_pairs_sass_t36.json) against the
-# per-element one on the same tiles, interleaved; at one token on the mma path (the default there is the gemv).
+# Fifteenth (TUNE_PAIRS=1, written in session 14, run in session 15: results/tune_fp8_pairs_s15.json, slower
+# everywhere): the byte-pair decoder (DECODE_W 2, inline PTX; static sm90 SASS, Triton 3.6: 300-303 instructions a k
+# step for the plain 2-warp tile against 369-375, 329 for the stacked gated one against 416,
+# results/fp8_decode_pairs_sass_t36.json) against the per-element one on the same tiles, interleaved; at one token on
+# the mma path (the default there is the gemv).
+# Sixteenth (TUNE_REGS=1 as of commit 83c57b6, session 15; the path was then reverted): fp8_mma_gemv.py, mma.sync on E4M3
+# weights decoded in registers (no shared memory; 4.4 static SASS instructions a weight against ~6, 68-72 registers)
+# against the default tile, BN 16 / 32 and splits planned for 8-24 programs an SM: correct (its gpu test passed,
+# results/gpu_tests_fp8_regs.txt) and slower on every linear (results/tune_fp8_regs.json).
 def _sk_for(per_sm, tiles, steps):
     return max(1, min(steps, per_sm * fg.N_SMS_HINT // tiles))
 
