@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from dsv41c.codegen.triton.pdl import grid_release, grid_wait
+
 _COUNTERS: dict = {}
 
 
@@ -59,6 +61,19 @@ def wait_count(counter_ptr, n):
     c = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
     while c < n:
         c = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+
+
+@triton.jit
+def wait_inputs(ready_ptr, READY: tl.constexpr, PDL: tl.constexpr, RELEASE: tl.constexpr):
+    """Before a kernel reads its producer's output: READY > 0 spins until the counter at ready_ptr reaches READY
+    (`wait_count`: the producer counts its finished tiles), else the PDL grid dependency wait (pdl.py); then, with
+    RELEASE, releases the dependent grid (a caller with more waits to come releases itself later)."""
+    if READY > 0:
+        wait_count(ready_ptr, READY)
+    else:
+        grid_wait(PDL)
+    if RELEASE:
+        grid_release(PDL)
 
 
 _RETIRED: list = []

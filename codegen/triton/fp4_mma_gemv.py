@@ -45,8 +45,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from dsv41c.codegen.triton.pdl import grid_release, grid_wait
-from dsv41c.codegen.triton.arrival import wait_count
+from dsv41c.codegen.triton.arrival import wait_inputs
 
 PAIR_MASK = tl.constexpr(-1912566272)  # 0x8E008E00: f16 sign (bit 15) and e1 e0 m (bits 11..9) of both halves
 XE_SIGN = tl.constexpr(0x40404040)  # where xe takes each even code's sign (3 bits above it)
@@ -265,12 +264,7 @@ def fp4_mma_gemv(wa_ptr, sa_ptr, wb_ptr, sb_ptr, x_ptr, f_ptr, z_ptr, row0, K: t
     diag = g == c
     wa = _load_step(wp0, wp1, sp0, sp1, 0, SUB, EMU)
     wb = _load_step(wp0, wp1, sp0, sp1, tl.minimum(1, NST - 1), SUB, EMU)
-    if READY > 0:
-        wait_count(ready_ptr, READY)
-    else:
-        grid_wait(PDL)
-    if RELEASE:
-        grid_release(PDL)
+    wait_inputs(ready_ptr, READY, PDL, RELEASE)
     # two buffers, each refilled two steps ahead right after its step (refills past the end reload the last step)
     for s in range(0, NST - 1, 2):
         acc0, acc1 = _step(acc0, acc1, wa, s, diag, xw, z_ptr, fp0, sh, zero, SUB, NW, EMU)

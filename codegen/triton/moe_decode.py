@@ -157,7 +157,7 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
-from dsv41c.codegen.triton.arrival import arrive_last, signal_done, wait_count
+from dsv41c.codegen.triton.arrival import arrive_last, signal_done, wait_inputs
 from dsv41c.codegen.triton.fp4_mma_gemv import fp4_mma_gemv, store_prescaled_f16
 from dsv41c.codegen.triton.fp8_gemm import HIDDEN, MOE_INTER, fake_quant_e4m3_pow2, interpreting, target_traits
 from dsv41c.codegen.triton.kv_quant import sm_count
@@ -331,12 +331,7 @@ def fp4_gemv(wa_ptr, sa_ptr, wb_ptr, sb_ptr, xa_ptr, fa_ptr, xb_ptr, fb_ptr, row
     aw, asc, bw, bsc = fp4_load_chunk(wa_ptr, sa_ptr, wb_ptr, sb_ptr, w_row, s_row, r_ok, lanes, K, TWO, MASKED)
     aw1, asc1, bw1, bsc1 = fp4_load_chunk(wa_ptr, sa_ptr, wb_ptr, sb_ptr, w_row, s_row, r_ok,
                                           tl.minimum(1, NCH - 1) * BKB + lanes, K, TWO, MASKED)
-    if READY > 0:
-        wait_count(ready_ptr, READY)
-    else:
-        grid_wait(PDL)
-    if RELEASE:
-        grid_release(PDL)
+    wait_inputs(ready_ptr, READY, PDL, RELEASE)
     for c in range(0, NCH - 1, 2):
         acc_a, acc_b = fp4_fma_chunk(acc_a, acc_b, aw, asc, bw, bsc, xa_ptr, fa_ptr, xb_ptr, fb_ptr, c * BKB + lanes, K,
                                      TWO, SAME_X, MASKED)
