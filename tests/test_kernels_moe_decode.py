@@ -27,6 +27,7 @@ from dsv41c.codegen.triton import fp4_mma_gemv as mg
 from dsv41c.codegen.triton import fp8_gemm as fg
 from dsv41c.codegen.triton import moe
 from dsv41c.codegen.triton import moe_decode as md
+from dsv41c.codegen.triton.kv_quant import sm_count
 from dsv41c.codegen.triton.moe_router import ROUTERS
 from dsv41c.codegen.triton.moe_decode import fp4_gemv
 
@@ -476,6 +477,19 @@ def test_mma_core_pairs_decode_every_code():
     assert [mg.x_order(s) for s in pairs] == list(range(8))
 
 
+def test_mma_core_plan():
+    """decode_tiles' core-1 plan (as on a 132-SM GPU): the gate/up K split for ~16 programs an SM with at least
+    MMA_MIN_STEPS steps a program, down steps of 2 groups; the launcher's checks name what core 1 cannot run."""
+    for T, k, ks in ((1, 6, 5), (2, 6, 4), (8, 6, 1), (1, 3, 5)):
+        t = md.decode_tiles(top_k=k, tokens=T, interp=False, core=1, n_sm=132)
+        assert (t["core"], t["gate_up"]["ksplit"], t["gate_up"]["sub"], t["down"]["sub"]) == (1, ks, 1, 2), (T, k)
+    assert md.decode_tiles(interp=False, core=0).get("core", 0) == 0
+    t = md.decode_tiles(interp=False, core=1)
+    why = md._core_problems(torch.device(DEV), torch.float32, torch.float32, md.HIDDEN, md.MOE_INTER, t["gate_up"],
+                            t["down"], 3)
+    assert any("bf16/f16 activations" in w for w in why) and any("ksplit (3)" in w for w in why)
+
+
 def test_mma_core_refuses_what_it_cannot_run(experts):
     x = torch.randn(1, D_T).to(DEV)
     idx, w = routing(gen(63), 1)
@@ -514,7 +528,8 @@ def test_gpu_decode_real_widths(T, router, sparse_fp4_experts):
     # both down variants: the same per-slot partials summed in the same order, so the same bits
     y0 = md.moe_experts_decode(x, idx, w, *ex, 10.0)
     for split in (1, k):
-        tiles = md.decode_tiles(top_k=k, tokens=T)  # the default's plan (its K split depends on the slots)
+        # the default's plan (core 1's K split depends on the slots and the SMs)
+        tiles = md.decode_tiles(top_k=k, tokens=T, n_sm=sm_count(x.device), device=x.device)
         tiles["down"]["split"] = split
         assert torch.equal(md.moe_experts_decode(x, idx, w, *ex, 10.0, tiles=tiles), y0)
 

@@ -27,7 +27,9 @@ x' is stored in the matching order: within each 8 consecutive k, positions [0, 4
 (position of k-offset s = bit reversal of s's 3 bits), as f16 scaled per block to amax in [2^14, 2^15):
 x' = x·2^(141 - a) (a = the block amax's exponent field), f = 2^(a - 127) = 2^14·2^-(141 - a), so
 Σ x'·(value·2^-14)·f = Σ x·value. bf16 and f16 inputs, and their E4M3 fake quant, are exact in f16 down to
-2^-28 of the block's amax (below, f16 subnormals round: ≤ 2^-25 of the amax per element).
+2^-28 of the block's amax (below, f16 subnormals round, each such element by at most 2^-39 of the amax). An
+infinite activation makes its block's f infinite, and the zero columns' lanes then add 0·inf = NaN where the
+reference may give ±inf.
 
 Numerics: the products are exact in the MMA; its fp32 accumulation order and rounding are the tensor core's,
 so sums differ from the FMA core's in the last bits (not bit-identical to the reference; the tests bound the
@@ -36,8 +38,8 @@ error). NaN scales (e = 255) give NaN rows like the reference.
 Interpreter (EMU): the loads are tl.loads and the mma is computed from the same registers by reshaping the
 [NT] tensors to [warps, 8, 4] (the fragment's (g, c)) — the same data movement, fp32 sums in another order.
 
-Known gaps: CUDA sm80+ only (mma.sync); K must be a multiple of 128 (whole steps) and the rows a multiple of
-16 per warp; half of each MMA's columns are zeros (T = 1 per slot; the tensor cores have the room); x' of
+Known gaps: CUDA sm80+ only (mma.sync); K must be a multiple of 128·SUB (whole steps) and BN of 16 (rows past N
+are clamped and dropped); half of each MMA's columns are zeros (T = 1 per slot; the tensor cores have the room); x' of
 fp32 activations would round (the launcher keeps them on core 0).
 """
 from __future__ import annotations
@@ -52,6 +54,7 @@ XE_SIGN = tl.constexpr(0x40404040)  # where xe takes each even code's sign (3 bi
 XE_KEEP = tl.constexpr(-1077952577)  # ~0x40404040
 XO_SIGN = tl.constexpr(-2139062144)  # 0x80808080: where xo keeps each odd code's own sign
 XO_KEEP = tl.constexpr(2139062143)  # ~0x80808080
+POISON = tl.constexpr(0x7FFFFFFF)  # EMU's misaligned load: NaN as f16 pairs and as UE8M0 scales, ±6 as E2M1 codes
 
 _MMA = tl.constexpr("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, "
         "{$10, $11, $12, $13};")
@@ -118,28 +121,33 @@ def mma_f16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, NW: tl.constexpr, EMU: tl.co
 
 @triton.jit
 def load4(p, EMU: tl.constexpr, NC: tl.constexpr):
-    """4 consecutive int32 words at p (16-byte aligned); NC: the read-only (non-coherent) path, for weights."""
+    """4 consecutive int32 words at p (16-byte aligned); NC: the read-only (non-coherent) path, for weights. The
+    other loads (x', f, the zero pad: written by the previous kernel) are not `is_pure`, so that the compiler keeps
+    them after the grid dependency wait / counter spin. EMU: an address the GPU's vector load would fault on
+    (misaligned) reads POISON instead, so that the interpreter's tests fail where the GPU would."""
     if EMU:
-        return tl.load(p), tl.load(p + 1), tl.load(p + 2), tl.load(p + 3)
+        ok = p.to(tl.int64, bitcast=True) % 16 == 0
+        return (tl.load(p, mask=ok, other=POISON), tl.load(p + 1, mask=ok, other=POISON),
+                tl.load(p + 2, mask=ok, other=POISON), tl.load(p + 3, mask=ok, other=POISON))
     elif NC:
         return tl.inline_asm_elementwise("ld.global.nc.L1::no_allocate.v4.b32 {$0, $1, $2, $3}, [$4];",
                                          "=r,=r,=r,=r,l", [p], dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
                                          is_pure=True, pack=1)
     else:
         return tl.inline_asm_elementwise("ld.global.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", [p],
-                                         dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
+                                         dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=False, pack=1)
 
 
 @triton.jit
 def load1(p, EMU: tl.constexpr, NC: tl.constexpr):
-    """One 32-bit word at p (4-byte aligned), as int32."""
+    """One 32-bit word at p (4-byte aligned), as int32 (NC and purity as `load4`)."""
     if EMU:
-        return tl.load(p)
+        return tl.load(p, mask=p.to(tl.int64, bitcast=True) % 4 == 0, other=POISON)
     elif NC:
         return tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [p], dtype=tl.int32, is_pure=True,
                                          pack=1)
     else:
-        return tl.inline_asm_elementwise("ld.global.b32 $0, [$1];", "=r,l", [p], dtype=tl.int32, is_pure=True,
+        return tl.inline_asm_elementwise("ld.global.b32 $0, [$1];", "=r,l", [p], dtype=tl.int32, is_pure=False,
                                          pack=1)
 
 

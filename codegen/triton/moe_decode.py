@@ -10,13 +10,15 @@ Weights are MXFP4: E2M1 codes packed two per byte (low nibble = even k), one UE8
 Algorithm (three launches; no sort, no host sync, CUDA-graph capturable):
 1. `moe_decode_prep_kernel`, grid (token, blocks/BKB): x -> x' = x·2^c (fp32) and f = 2^(126-c) per
    32-block, c = clamp(227 - amax exponent field, 0, 227), stored nibble-major (k = 32b + 8q + s at
-   s·K/8 + 4b + q: nibble s of packed word 4b + q meets it); zeroes the down kernel's counters (and
+   s·K/8 + 4b + q: nibble s of packed word 4b + q meets it) for core 0; for core 1 x' in f16, scaled to an
+   amax in [2^14, 2^15), in fp4_mma_gemv's pair order (`store_prescaled_f16`), plus its zero pad; zeroes the down kernel's counters (and
    the gate/up split's, when ksplit > 1, and the handoff's per-slot ones).
 2. `moe_decode_gate_up_kernel`, T·k·I/BN programs (grid (T·k, I/BN), numbered slot-major, below):
    e = topk_idx[slot]; streams BN rows of w1[e] and w3[e] as int32 words against x' (`fp4_gemv`), then
    the clamped SwiGLU × routing weight, the inter_dtype rounding, the optional h fake quant (BN is a
    multiple of 32: whole h blocks per program) and the prep's prescale/order, into h' [T·k, I] and its
-   f. Option `ksplit` (KSPLIT; default 5 where it divides K's chunks, else 1; the interpreter 1): KSPLIT
+   f. Option `ksplit` (KSPLIT; core 0: 5 where it divides K's chunks, else 1; core 1: planned per slot count
+   in `decode_tiles`, 5 at one token and 1 at eight for the backbone router; the interpreter 1): KSPLIT
    times the programs (grid (T·k, I/BN, KSPLIT)), each one of KSPLIT equal ranges of K's chunks, g / u
    partials to a [T·k, KSPLIT, 2, I] workspace, the last of the KSPLIT programs of a tile (an acq_rel counter zeroed by
    the prep) adds them in range order and finishes the tile (deterministic; the fp32 sum order changes).
@@ -33,12 +35,13 @@ Algorithm (three launches; no sort, no host sync, CUDA-graph capturable):
    T = 1): the rounded partials go to a [T·k, D] workspace, and the last of the SPLIT programs of a
    tile (an acq_rel counter) adds all k in slot order. Deterministic either way: no float atomics.
 Two GEMV cores (tiles["core"]): 1, the default on CUDA sm80+ where the inputs allow it, is `fp4_mma_gemv.py`
-(mma.sync on weights decoded in registers, 11 integer instructions per 8 codes, x' / h' in f16: 2.7 SASS
-instructions per weight element against 4.6; H200, real routing, L2-cold (results/kernels_ffn.json, session 15):
-T = 1 53.15 -> 47.6 µs (2.00x -> 1.79x the bytes floor), T = 8 344 -> 279 µs (1.73x -> 1.40x); its tiles in
-`decode_tiles`); 0 is `fp4_gemv` below (CUDA-core FMAs, exact fp32 sums), the interpreter's default and the
-fallback elsewhere (ROCm, fp32 activations). Core 1's sums are the tensor cores' (not bit-identical to core 0 or
-the reference: rel err ~1e-4 after the bf16 roundings, against ~1e-5).
+(mma.sync on weights decoded in registers, 11 integer instructions per 8 codes, x' / h' in f16: 2.7 static sm90
+SASS instructions per weight element against 4.6, results/moe_decode_sass*.json; H200, real routing, L2-cold,
+session 15: T = 1 53.15 -> 47.6 µs (2.00x -> 1.79x the bytes floor), T = 8 344 -> 279 µs (1.73x -> 1.40x):
+results/kernels_ffn_s14.json -> kernels_ffn.json; its tiles in `decode_tiles`); 0 is `fp4_gemv` below (CUDA-core
+FMAs, exact fp32 sums), the interpreter's default and the fallback elsewhere (ROCm, fp32 activations, scale
+tensors not 4-byte aligned). Core 1's sums are the tensor cores' (not bit-identical to core 0 or the reference:
+in that table rel err 1.2e-4 at both T, against 1.5e-5 (T = 1) and 1.1e-4 (T = 8) for core 0).
 
 `fp4_gemv`: a chunk of a program's tile is P = BN·BKB (row, block) pairs, p = BKB·row + (5·block mod
 BKB), each a 16-byte vector of 4 packed words: every tensor in the loop is [P, 4] (weights, x', the
@@ -561,17 +564,23 @@ def _fit(KB: int, BKB: int) -> int:
     return b if KB % b == 0 else BKB
 
 
+MMA_MIN_STEPS = 8  # core 1's gate/up K split keeps at least this many 128-wide steps a program (prologue, epilogue)
+
+
 def decode_tiles(D: int = HIDDEN, I: int = MOE_INTER, top_k: int = 6, interp=None, core=None, tokens: int = 1,
-                 n_sm: int = 132) -> dict:
+                 n_sm: int = 132, device=None) -> dict:
     """Launch parameters: prep BKB; core; gate_up {BN, BKB, num_warps, ksplit[, sub]}; down {BN, BKB, num_warps,
     split[, sub]}.
 
     core (default: 1 on a CUDA sm80+ device where hidden and inter are multiples of 128, else 0): 1 is
-    fp4_mma_gemv (tensor cores). Its tiles (H200, results/tune_moe_decode_core.json, rotating graph): gate/up
-    BN 32 (4 warps), steps of one group of 4 blocks (sub 1; sub 2 and 4 were slower at T = 1: 60-64 µs), the K
-    split the smallest divisor of hidden's steps that gives about 16 programs per SM for `tokens`·top_k slots
-    (T = 1: 5, the measured best; T = 8: 1: 282.9 µs against 307-315 with 5); down BN 32 (2 warps), steps of
-    2 groups (sub 2: T = 1 54.2 -> 49.6 µs; sub 3 50.0), split = k. Core 0 (fp4_gemv, CUDA-core FMAs):
+    fp4_mma_gemv (tensor cores). Its tiles (H200, results/tune_moe_decode_core*.json, rotating graph): gate/up
+    BN 32 (4 warps), steps of one group of 4 blocks (sub 1: 48.6-49.0 µs at T = 1 in the final run; sub 2 / 4 at
+    K split 5 55 / 51, sub 2 at K split 2 50.9), the K split the smallest divisor of hidden's steps that gives
+    about 16 programs per SM for `tokens`·top_k slots while keeping at least MMA_MIN_STEPS steps a program (T = 1:
+    5, the measured best, 10 with 4 steps was slower; T = 8: 1: 283-296 µs against 307-334 with 5); down BN 32
+    (2 warps), steps of 2 groups (sub 2: T = 1 54.2 -> 49.6 µs; sub 3 50.0), split = k. Only the backbone
+    router (top-6) was timed. interp: the interpreter's tiles (core 0), whatever `core` says. Core 0 (fp4_gemv,
+    CUDA-core FMAs):
 
     sm90: gate/up BN = 32 (a program owns whole h blocks), BKB = 8 (8 lanes across the blocks of a
     row), 4 warps: 2 rows per thread per matrix, 104 registers, 4 programs per SM fit, so T = 1's 432
@@ -589,11 +598,12 @@ def decode_tiles(D: int = HIDDEN, I: int = MOE_INTER, top_k: int = 6, interp=Non
                 "down": {"BN": 32, "BKB": _fit(I // 32, 4), "num_warps": 4, "split": top_k}}
     bkb = _fit(D // 32, 8)
     if core is None:
-        core = 1 if _mma_device() and D % 128 == 0 and I % 128 == 0 else 0
+        core = 1 if _mma_device(device) and D % 128 == 0 and I % 128 == 0 else 0
     if core == 1:
         steps = D // 128
         want = -(-n_sm * 16 // max(1, tokens * top_k * (I // 32)))
-        ks = min(d for d in range(1, steps + 1) if steps % d == 0 and (d >= want or d == steps))
+        ok = [d for d in range(1, steps + 1) if steps % d == 0 and steps // d >= min(MMA_MIN_STEPS, steps)]
+        ks = min([d for d in ok if d >= want] or [max(ok)])
         return {"prep": 32, "core": 1, "gate_up": {"BN": 32, "BKB": bkb, "num_warps": 4, "ksplit": ks, "sub": 1},
                 "down": {"BN": 32, "BKB": _fit(I // 32, 8), "num_warps": 2, "split": top_k,
                          "sub": 2 if I % 256 == 0 else 1}}
@@ -603,10 +613,13 @@ def decode_tiles(D: int = HIDDEN, I: int = MOE_INTER, top_k: int = 6, interp=Non
             "down": {"BN": 32, "BKB": _fit(I // 32, 8), "num_warps": 2, "split": top_k}}
 
 
-def _mma_device() -> bool:
-    """The current device runs core 1 (mma.sync): CUDA sm80+, not the interpreter."""
-    return (not interpreting() and torch.cuda.is_available() and torch.version.hip is None
-            and torch.cuda.get_device_capability() >= (8, 0))
+def _mma_device(device=None) -> bool:
+    """`device` (default: the current CUDA device) runs core 1 (mma.sync): CUDA sm80+, not the interpreter."""
+    if interpreting() or torch.version.hip is not None or not torch.cuda.is_available():
+        return False
+    if device is not None and torch.device(device).type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def _core_problems(device, x_dtype, inter_dtype, D, I, gu, dn, ksplit) -> list:
@@ -636,7 +649,7 @@ def _default_tiles(D, I, k, T, device, x_dtype, inter_dtype, interp) -> dict:
     """decode_tiles for T tokens on `device`, falling back to core 0 where core 1 cannot run these inputs. Cached:
     the launcher's host time counts where decode steps are not replayed from a graph (the caller must not
     modify the dict)."""
-    tt = decode_tiles(D, I, k, interp=interp, tokens=T, n_sm=sm_count(device))
+    tt = decode_tiles(D, I, k, interp=interp, tokens=T, n_sm=sm_count(device), device=device)
     if tt.get("core", 0) == 1 and _core_problems(device, x_dtype, inter_dtype, D, I, tt["gate_up"], tt["down"],
                                                  tt["gate_up"]["ksplit"]):
         tt = decode_tiles(D, I, k, interp=interp, core=0)
@@ -713,6 +726,8 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     if T == 0:
         return y
     tt = tiles or _default_tiles(D, I, k, T, x.device, x.dtype, inter_dtype, interpreting())
+    if tiles is None and tt.get("core", 0) == 1 and any(_u8(sc).data_ptr() % 4 for sc in (s1, s3, s2)):
+        tt = decode_tiles(D, I, k, core=0)  # core 1 reads a group's 4 scale bytes as one word
     gu, dn = tt["gate_up"], tt["down"]
     _check_tiles("gate/up", gu)
     _check_tiles("down", dn, k)
@@ -814,7 +829,12 @@ def _prep_variants(target: str) -> list:
 
 
 def _cores(tr) -> tuple:
-    """GEMV cores with ahead-of-time variants on a target: 0 (FMA) everywhere, 1 (mma.sync) on CUDA sm80+."""
+    """GEMV cores with ahead-of-time variants on a target: 0 (FMA) everywhere, 1 (mma.sync) on CUDA sm80+.
+
+    A core-1 variant's launch contract beyond its signature (what `moe_experts_decode` does): xp / hp are f16 in
+    fp4_mma_gemv's order (the core-1 prep variants write them), z_ptr points at 16 zero int32 words at a 16-byte
+    aligned offset (the prep zeroes cnt[round_up(T·NCNT, 4)..+16) for the down counters it is built with), the
+    scale tensors are 4-byte aligned, and num_warps is BN/8 (gate/up) or BN/16 (down)."""
     return (0, 1) if tr["kind"] == "cuda" and tr["arch"] >= 80 else (0,)
 
 
