@@ -505,16 +505,23 @@ def test_mma_core_refuses_what_it_cannot_run(experts):
 # ============================================================================ GPU tier: published widths
 
 
+def real_width_case(router, T, seed, sparse_fp4_experts):
+    """T tokens of bf16 x at the published widths, their routing for `router` and MXFP4 experts (only the routed ones
+    random): -> (generator, x, idx, w, experts)."""
+    E, k = ROUTERS[router]
+    g = gen(seed)
+    gk = torch.Generator(device=DEV).manual_seed(seed + 1)
+    x = torch.randn(T, md.HIDDEN, generator=g).bfloat16().to(DEV)
+    idx, w = routing(g, T, k=k, E=E)
+    return g, x, idx, w, sparse_fp4_experts(E, md.HIDDEN, md.MOE_INTER, torch.unique(idx).long(), gk, DEV)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 8])
 @pytest.mark.parametrize("router", ["backbone", "dspark"])
 def test_gpu_decode_real_widths(T, router, sparse_fp4_experts):
-    E, k = ROUTERS[router]
-    g = gen(40)
-    gk = torch.Generator(device=DEV).manual_seed(41)
-    x = torch.randn(T, md.HIDDEN, generator=g).bfloat16().to(DEV)
-    idx, w = routing(g, T, k=k, E=E)
-    ex = sparse_fp4_experts(E, md.HIDDEN, md.MOE_INTER, torch.unique(idx).long(), gk, DEV)
+    k = ROUTERS[router][1]
+    g, x, idx, w, ex = real_width_case(router, T, 40, sparse_fp4_experts)
     for aq in (False, True):
         y = md.moe_experts_decode(x, idx, w, *ex, 10.0, act_quant=aq)
         ref = md.moe_experts_decode_reference(x, idx, w, *ex, 10.0, act_quant=aq)
@@ -648,12 +655,8 @@ def test_gpu_moe_forward_shared_expert_overlap_keeps_the_bits(sparse_fp4_experts
 def test_gpu_mma_core_real_widths(T, router, sparse_fp4_experts):
     """core 1 (mma.sync, decoded registers) at the published widths: against the reference (bf16 roundings of
     h and the partials bound it, as for core 0), its K splits and down splits, and CUDA-graph replay."""
-    E, k = ROUTERS[router]
-    g = gen(44)
-    gk = torch.Generator(device=DEV).manual_seed(45)
-    x = torch.randn(T, md.HIDDEN, generator=g).bfloat16().to(DEV)
-    idx, w = routing(g, T, k=k, E=E)
-    ex = sparse_fp4_experts(E, md.HIDDEN, md.MOE_INTER, torch.unique(idx).long(), gk, DEV)
+    k = ROUTERS[router][1]
+    g, x, idx, w, ex = real_width_case(router, T, 44, sparse_fp4_experts)
     tiles = md.decode_tiles(top_k=k)
     tiles["core"] = 1
     for aq in (False, True):

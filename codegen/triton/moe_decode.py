@@ -725,8 +725,9 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     y = torch.empty(T, D, dtype=out_dtype, device=x.device)
     if T == 0:
         return y
+    s1, s3, s2 = _u8(s1), _u8(s3), _u8(s2)
     tt = tiles or _default_tiles(D, I, k, T, x.device, x.dtype, inter_dtype, interpreting())
-    if tiles is None and tt.get("core", 0) == 1 and any(_u8(sc).data_ptr() % 4 for sc in (s1, s3, s2)):
+    if tiles is None and tt.get("core", 0) == 1 and any(sc.data_ptr() % 4 for sc in (s1, s3, s2)):
         tt = decode_tiles(D, I, k, core=0)  # core 1 reads a group's 4 scale bytes as one word
     gu, dn = tt["gate_up"], tt["down"]
     _check_tiles("gate/up", gu)
@@ -767,7 +768,6 @@ def moe_experts_decode(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float
     z_at = (n_counters + 3) // 4 * 4  # the zero pad's 16-byte aligned offset (core 1)
     cnt = torch.empty(max(n_counters, 1) if core == 0 else z_at + 16, dtype=torch.int32, device=dev)
     zpad = cnt[z_at:] if core == 1 else cnt
-    s1, s3, s2 = _u8(s1), _u8(s3), _u8(s2)
     if core == 1:
         for name, sc in (("s1", s1), ("s3", s3), ("s2", s2)):  # core 1 reads a step's 4 scale bytes as one word
             if sc.data_ptr() % 4:
