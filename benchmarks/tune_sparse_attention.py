@@ -41,6 +41,10 @@ VARIANTS = {
         ("dv256_split1", {"dv": 256, "n_split": 1}),
         ("dv256_split1_bn32", {"dv": 256, "n_split": 1, "block_n": 32, "num_stages": 3}),
         ("split1", {"n_split": 1}),
+        # session 16: kv_pairs.py's bf16x2 tile decoders, the lazy rescale, both
+        ("pairs", {"kv_pairs": True}),
+        ("lazy8", {"lazy_rescale": 8.0}),
+        ("pairs_lazy8", {"kv_pairs": True, "lazy_rescale": 8.0}),
     ]),
     "decode_S1": (1, [
         ("old", {"qk_once": False, "fuse_combine": False}),
@@ -58,6 +62,8 @@ VARIANTS = {
         ("dv128_bn16", {"dv": 128, "block_n": 16, "num_stages": 3}),
         ("dv512_bn32", {"dv": 512, "block_n": 32}),
         ("bn64", {"dv": 128, "block_n": 64}),  # the one-query default before session 14
+        ("pairs", {"kv_pairs": True}),
+        ("pairs_lazy8", {"kv_pairs": True, "lazy_rescale": 8.0}),
         ("dv128_bn32_ns3", {"dv": 128, "block_n": 32, "num_stages": 3}),
         ("dv256_bn32", {"dv": 256, "block_n": 32}),
         ("dv128_bn32_w4", {"dv": 128, "block_n": 32, "num_warps": 4}),

@@ -287,46 +287,62 @@ def _attn_inputs(S, H, D, W, KC, N, quant, seed, R=None):
 
 
 @triton.jit
-def _kv_tile_probe(kv_ptr, sc_ptr, o_ptr, n_rows, BN: tl.constexpr, D: tl.constexpr, WIN: tl.constexpr):
+def _kv_tile_probe(kv_ptr, sc_ptr, o_ptr, n_rows, BN: tl.constexpr, D: tl.constexpr, WIN: tl.constexpr,
+                   UPCAST: tl.constexpr = True, PAIRS: tl.constexpr = False, PTX: tl.constexpr = False):
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
-    v = sa._kv_tile(kv_ptr, sc_ptr, rows, rows < n_rows, 0, BN, D, D, WIN, True, True) * 256.0  # units of 2^-8
+    v = sa._kv_tile(kv_ptr, sc_ptr, rows, rows < n_rows, 0, BN, D, D, WIN, True, UPCAST, PAIRS, PTX)
+    v = v.to(tl.float32) * 256.0  # units of 2^-8
     tl.store(o_ptr + rows[:, None] * D + tl.arange(0, D)[None, :], v, mask=(rows < n_rows)[:, None])
 
 
-@pytest.mark.parametrize("win", [True, False])
-def test_kv_tile_dequant_exact_every_code(win):
-    """The attention kernel's in-register dequant (fp16 bit patterns + group scale) equals the
-    format's reference for every E4M3 / packed-E2M1 code, with extreme and subnormal scales."""
-    D, n = 64, 24
+def _kv_tile_every_code(win, pairs=False, ptx=False, D=64, n=24, dev=DEV):
+    """Probe _kv_tile on every E4M3 / packed-E2M1 code with extreme and subnormal scales; bits vs the reference."""
+    g = torch.Generator().manual_seed(1)
     g = torch.Generator().manual_seed(1)
     if win:
         codes = torch.arange(256, dtype=torch.int32).repeat(n * D // 256 + 1)[:n * D].view(n, D)
         codes[(codes & 0x7F) == 0x7F] = 0  # E4M3 NaN is not produced by the quantizer
         codes = codes.to(torch.uint8)
         sc = torch.randint(100, 150, (n, D // 32), generator=g).to(torch.uint8)
-        sc[0] = torch.tensor([1, 254], dtype=torch.uint8)  # 2^-126 and 2^127
+        sc[0, :2] = torch.tensor([1, 254], dtype=torch.uint8)  # 2^-126 and 2^127
         ref = nx.dequant_fp8_ue8m0(codes.view(torch.float8_e4m3fn), sc, 32)
     else:
         codes = torch.randint(0, 256, (n, D // 2), generator=g).to(torch.uint8)
         codes[0, :] = torch.arange(D // 2, dtype=torch.uint8) * 8  # every nibble value twice
         sc = torch.randint(0, 127, (n, D // 16), generator=g).to(torch.uint8)
-        sc[1] = torch.tensor([1, 7, 8, 0x7E], dtype=torch.uint8)  # E4M3 subnormals, smallest normal, 448
+        sc[1, :4] = torch.tensor([1, 7, 8, 0x7E], dtype=torch.uint8)  # E4M3 subnormals, smallest normal, 448
         ref = nx.dequant_fp4_e4m3(codes, sc.view(torch.float8_e4m3fn), 16)
-    out = torch.full((n, D), float("nan"), device=DEV)
-    _kv_tile_probe[(triton.cdiv(n, 16),)](codes.to(DEV), sc.to(DEV), out, n, BN=16, D=D, WIN=win)
-    assert torch.equal(out.cpu().view(torch.int32), ref.float().view(torch.int32))
+    out = torch.full((n, D), float("nan"), device=dev)
+    _kv_tile_probe[(triton.cdiv(n, 16),)](codes.to(dev), sc.to(dev), out, n, BN=16, D=D, WIN=win,
+                                         UPCAST=not ptx, PAIRS=pairs, PTX=ptx)
+    ref = ref.float()
+    if ptx:  # a bf16 tile (units of 2^-8): the exact value rounded once to nearest even bf16
+        ref = (ref / 256).to(torch.bfloat16).float() * 256
+    assert torch.equal(out.cpu().view(torch.int32), ref.view(torch.int32))
 
 
-@pytest.mark.parametrize("S,quant,n_split,dv", [(3, True, None, None), (1, True, None, None), (4, False, 1, None),
-                                               (2, True, 1, 64), (1, False, 3, 64), (1, True, 2, 32)])
-def test_sparse_attention(S, quant, n_split, dv):
+@pytest.mark.parametrize("win", [True, False])
+@pytest.mark.parametrize("pairs", [False, True])
+def test_kv_tile_dequant_exact_every_code(win, pairs):
+    """The attention kernel's in-register dequant (fp16 bit patterns + group scale; pairs: kv_pairs.py's
+    emulated bf16x2 bit fields for E2M1) equals the format's reference for every E4M3 / packed-E2M1 code,
+    with extreme and subnormal scales."""
+    _kv_tile_every_code(win, pairs)
+
+
+@pytest.mark.parametrize("S,quant,n_split,dv,lazy", [(3, True, None, None, 0.0), (1, True, None, None, 0.0),
+                                                    (4, False, 1, None, 0.0), (2, True, 1, 64, 0.0),
+                                                    (1, False, 3, 64, 0.0), (1, True, 2, 32, 0.0),
+                                                    (3, True, None, None, 4.0), (2, False, 1, 64, 4.0)])
+def test_sparse_attention(S, quant, n_split, dv, lazy):
     """Key splits (+ combine) and channel slices (dv < D: QK per slice, slice cv is V); KC = 21 is not a
-    multiple of the key block (the kernel masks the tail)."""
+    multiple of the key block (the kernel masks the tail); lazy: the running max's slack (`_attend_block`)."""
     H, D, W, KC, N = 16, 128, 16, 21, 40
     cos, sin = rope_table(512, 16)
     q, qpos, wkv, ckv, idx, sink = _attn_inputs(S, H, D, W, KC, N, quant, seed=S + 10 * bool(quant))
     kw = dict(window=W, block_n=16)
-    o = sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin, n_split=n_split, dv=dv, **kw)
+    o = sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin, n_split=n_split, dv=dv, lazy_rescale=lazy,
+                            **kw)
     r = sa.sparse_attention_ref(q, qpos, wkv, ckv, idx, sink, cos, sin, **kw)
     assert_bf16_close(o, r, ulps=2, floor=1e-3)
 
@@ -442,7 +458,9 @@ def test_gpu_compressor_real_widths(ratio, T):
 @pytest.mark.gpu
 @pytest.mark.parametrize("S,quant,cfg", [(1, True, {}), (1, False, {}), (48, True, {}), (1, True, {"dv": 128}),
                                          (1, True, {"block_n": 32}), (64, True, {"n_split": 1}),
-                                         (3, False, {"dv": 256})])
+                                         (3, False, {"dv": 256}), (64, True, {"kv_pairs": True}),
+                                         (64, True, {"lazy_rescale": 8.0}),
+                                         (1, True, {"kv_pairs": True, "lazy_rescale": 8.0})])
 def test_gpu_sparse_attention_real_widths(S, quant, cfg):
     H, D, W, KC, N = 64, 512, 128, 512, 3000
     cos, sin = rope_table(4096, 32)
@@ -452,6 +470,14 @@ def test_gpu_sparse_attention_real_widths(S, quant, cfg):
     # P is rounded to bf16 for the P·V MMA: the error scales with the values (|v| ~ 2), not with
     # the (cancelling) output, so the floor is two bf16 ulps of the value scale
     assert_bf16_close(o, r, ulps=4, floor=2.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("win", [True, False])
+def test_gpu_kv_tile_pairs_every_code(win):
+    """kv_pairs.py's inline-PTX bf16x2 decoders (register order of the packed operands, prmt selectors) give the
+    reference's bits for every code and the extreme scales, at the kernel's real width."""
+    _kv_tile_every_code(win, pairs=True, ptx=True, D=512, n=40, dev="cuda")
 
 
 @pytest.mark.gpu

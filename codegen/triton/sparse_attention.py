@@ -110,6 +110,7 @@ from dsv41c.codegen.templates import KernelTemplate, register
 from dsv41c.codegen.triton.arrival import arrive_last, counters, reset_counter
 from dsv41c.codegen.triton.kv_quant import (
     aot_spec, e4m3_decode, interpreting, is_rocm, pow2_float, round_bf16, sm_count)
+from dsv41c.codegen.triton.kv_pairs import e2m1_tile_pairs, e4m3_tile_pairs
 from dsv41c import formats as nx
 
 
@@ -121,7 +122,8 @@ def _f16_bits_to_f32(h):
 
 @triton.jit
 def _kv_tile(kv_ptr, sc_ptr, rows, valid, c0, BN: tl.constexpr, N: tl.constexpr, D: tl.constexpr,
-             WIN: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr):
+             WIN: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr, PAIRS: tl.constexpr = False,
+             PTX: tl.constexpr = False):
     """Rows [BN] x channels c0..c0+N of a KV cache -> the MMA operand [BN, N] (bf16; fp32 if UPCAST),
     natural channel order, exact; quantized caches come out in units of 2^-8.
 
@@ -130,23 +132,35 @@ def _kv_tile(kv_ptr, sc_ptr, rows, valid, c0, BN: tl.constexpr, N: tl.constexpr,
     mantissa fields are moved into an fp16 bit pattern (E4M3 -> value * 2^-8, E2M1 -> value * 2^-14,
     subnormals included): a value costs ~3 integer ops, one convert and one multiply by its group
     scale. The E4M3 bias step 2^-8 stays in the tile (the kernel folds 2^8 into the logit scale and
-    the output), so every UE8M0 byte 1..254 scales without overflow; E2M1 tiles match it."""
+    the output), so every UE8M0 byte 1..254 scales without overflow; E2M1 tiles match it.
+    PAIRS: the bf16x2 decoders of kv_pairs.py instead (the same values): compressed tiles by inline PTX (PTX) or
+    its float32 emulation, window tiles by inline PTX only (without PTX they keep this decoder)."""
     r = rows.to(tl.int64)
     if QUANT:
         r3 = r[:, None, None]
         m3 = valid[:, None, None]
-        if WIN:  # E4M3 codes [R, D] + one UE8M0 byte per 32 channels
+        if WIN and PAIRS and PTX:  # E4M3 codes [R, N], UE8M0 bytes [R, N/32]: bf16x2 pairs
+            cc = c0 + tl.arange(0, N)
+            c = tl.load(kv_ptr + r[:, None] * D + cc[None, :], mask=valid[:, None], other=0)
+            e = tl.load(sc_ptr + r[:, None] * (D // 32) + (c0 // 32 + tl.arange(0, N // 32))[None, :],
+                        mask=valid[:, None], other=127)
+            v = e4m3_tile_pairs(c, e, BN, N)
+        elif WIN:  # E4M3 codes [R, D] + one UE8M0 byte per 32 channels
             g = c0 // 32 + tl.arange(0, N // 32)[None, :, None]
             c = tl.load(kv_ptr + r3 * D + g * 32 + tl.arange(0, 32)[None, None, :], mask=m3, other=0).to(tl.int32)
             e = tl.load(sc_ptr + r3 * (D // 32) + g, mask=m3, other=127).to(tl.int32)
             v = _f16_bits_to_f32(((c & 0x80) << 8) | ((c & 0x7F) << 7)) * pow2_float(e - 127)
         else:  # packed E2M1 [R, D/2] (low nibble = even channel) + one E4M3 scale per 16 channels
             g = c0 // 16 + tl.arange(0, N // 16)[None, :, None]
-            b = tl.load(kv_ptr + r3 * (D // 2) + g * 8 + tl.arange(0, 8)[None, None, :], mask=m3,
-                        other=0).to(tl.int32)
-            sc = e4m3_decode(tl.load(sc_ptr + r3 * (D // 16) + g, mask=m3, other=0)) * 64.0  # 2^14 (fp16 bias step) x 2^-8 (tile unit)
-            lo = _f16_bits_to_f32(((b & 7) << 9) | ((b & 8) << 12)) * sc
-            hi = _f16_bits_to_f32(((b & 0x70) << 5) | ((b & 0x80) << 8)) * sc
+            b = tl.load(kv_ptr + r3 * (D // 2) + g * 8 + tl.arange(0, 8)[None, None, :], mask=m3, other=0)
+            sb = tl.load(sc_ptr + r3 * (D // 16) + g, mask=m3, other=0)
+            if PAIRS:
+                lo, hi = e2m1_tile_pairs(b, sb, PTX)
+            else:
+                b = b.to(tl.int32)
+                sc = e4m3_decode(sb) * 64.0  # 2^14 (fp16 bias step) x 2^-8 (tile unit)
+                lo = _f16_bits_to_f32(((b & 7) << 9) | ((b & 8) << 12)) * sc
+                hi = _f16_bits_to_f32(((b & 0x70) << 5) | ((b & 0x80) << 8)) * sc
             v = tl.join(lo, hi)  # [BN, N/16, 8, 2]: channel 16g + 2i + nibble
         v = tl.reshape(v, (BN, N))
     else:
@@ -186,15 +200,20 @@ def _qk_part(q, kt, has_key, H: tl.constexpr, BN: tl.constexpr, QK_ONCE: tl.cons
 @triton.jit
 def _attend_block(q, q_rows, kv_ptr, sc_ptr, rows, valid, cv, scale, m_i, l_i, acc, H: tl.constexpr,
                   BN: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, WIN: tl.constexpr, QUANT: tl.constexpr,
-                  UPCAST: tl.constexpr, QK_ONCE: tl.constexpr):
+                  UPCAST: tl.constexpr, QK_ONCE: tl.constexpr, PAIRS: tl.constexpr = False, PTX: tl.constexpr = False,
+                  LAZY: tl.constexpr = 0.0):
     """One key block: q·K^T over all D channels, online softmax, P·V for this program's DV channels.
     K = V (the shared latent), so each key element is loaded and dequantized once: with DV = D the
     tile is both MMA operands; with DV < D the QK product runs per DV-channel slice (each slice's
     product added separately: a product accumulating into the next would be a chained dot again) and
-    slice cv is V."""
+    slice cv is V.
+    LAZY > 0 (lazy rescaling): the running max m moves only when some head's block max exceeds it by more than
+    LAZY (natural-log units), so most blocks skip the [H, DV] rescale of the accumulator; the probabilities are
+    then exp(logit - m) <= e^LAZY, which fp32 sums and the bf16 P operand hold at the same relative precision.
+    The result is the same softmax (different roundings, not bits)."""
     has_key = tl.max(valid.to(tl.int32), axis=0) > 0
     if DV == D:
-        v = _kv_tile(kv_ptr, sc_ptr, rows, valid, 0, BN, D, D, WIN, QUANT, UPCAST)
+        v = _kv_tile(kv_ptr, sc_ptr, rows, valid, 0, BN, D, D, WIN, QUANT, UPCAST, PAIRS, PTX)
         qk = _qk_part(q, v, has_key, H, BN, QK_ONCE)
     else:
         qk = tl.zeros((H, BN), tl.float32)
@@ -203,7 +222,7 @@ def _attend_block(q, q_rows, kv_ptr, sc_ptr, rows, valid, cv, scale, m_i, l_i, a
         else:
             v = tl.zeros((BN, DV), tl.bfloat16)
         for j in tl.static_range(D // DV):
-            kj = _kv_tile(kv_ptr, sc_ptr, rows, valid, j * DV, BN, DV, D, WIN, QUANT, UPCAST)
+            kj = _kv_tile(kv_ptr, sc_ptr, rows, valid, j * DV, BN, DV, D, WIN, QUANT, UPCAST, PAIRS, PTX)
             if QK_ONCE:
                 qk += _qk_part(_load_q(q_rows, j * DV, DV, UPCAST), kj, has_key, H, BN, QK_ONCE)
             else:
@@ -211,12 +230,26 @@ def _attend_block(q, q_rows, kv_ptr, sc_ptr, rows, valid, cv, scale, m_i, l_i, a
             v = tl.where(cv == j, kj, v)
     logits = tl.where(valid[None, :], qk * scale, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(logits, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp(m_i - m_safe)
-    pr = tl.exp(logits - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(pr, axis=1)
-    acc = tl.dot(pr.to(v.dtype), v, acc * alpha[:, None])
-    return m_new, l_i, acc
+    if LAZY > 0:
+        # a block whose maxima all stay within LAZY of m keeps m: no rescale (the branch skips the acc multiply)
+        if tl.max((m_new > m_i + LAZY).to(tl.int32), axis=0) > 0:
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m_i - m_safe)
+            l_i = l_i * alpha
+            acc = acc * alpha[:, None]
+            m_i = m_new
+        m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
+        pr = tl.exp(logits - m_use[:, None])
+        l_i = l_i + tl.sum(pr, axis=1)
+        acc = tl.dot(pr.to(v.dtype), v, acc)
+    else:
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        pr = tl.exp(logits - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(pr, axis=1)
+        acc = tl.dot(pr.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -244,7 +277,8 @@ def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx
                         H: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr, W: tl.constexpr, BN: tl.constexpr,
                         DV: tl.constexpr, QUANT: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr,
                         QK_ONCE: tl.constexpr = False, FUSE: tl.constexpr = False, CP: tl.constexpr = 64,
-                        NS: tl.constexpr = 8, FHB: tl.constexpr = 16):
+                        NS: tl.constexpr = 8, FHB: tl.constexpr = 16, PAIRS: tl.constexpr = False,
+                        PTX: tl.constexpr = False, LAZY: tl.constexpr = 0.0):
     NWB: tl.constexpr = W // BN
     s = tl.program_id(0)
     cv = tl.program_id(1)
@@ -272,7 +306,7 @@ def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx
         valid = j >= 0
         rows = wbase + tl.where(valid, j, 0) % R
         m_i, l_i, acc = _attend_block(q, q_rows, wkv_ptr, wsc_ptr, rows, valid, cv, scale, m_i, l_i, acc,
-                                      H, BN, D, DV, True, QUANT, UPCAST, QK_ONCE)
+                                      H, BN, D, DV, True, QUANT, UPCAST, QK_ONCE, PAIRS, PTX, LAZY)
     # selected compressed entries (-1 = padding; columns past KC are padding too)
     for blk in range(tl.maximum(b0, NWB), b1):
         jj = (blk - NWB) * BN + tl.arange(0, BN)
@@ -280,7 +314,7 @@ def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx
         valid = e >= 0
         rows = cbase + tl.where(valid, e, 0)
         m_i, l_i, acc = _attend_block(q, q_rows, ckv_ptr, csc_ptr, rows, valid, cv, scale, m_i, l_i, acc,
-                                      H, BN, D, DV, False, QUANT, UPCAST, QK_ONCE)
+                                      H, BN, D, DV, False, QUANT, UPCAST, QK_ONCE, PAIRS, PTX, LAZY)
     if QUANT:
         acc = acc * 256.0
     cols = cv * DV + tl.arange(0, DV)
@@ -375,7 +409,8 @@ def _kv_parts(kv, what):
 def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: int = 128, ring: int | None = None,
                      win_base=None, cmp_base=None, scale: float | None = None, n_split: int | None = None, dv: int | None = None,
                      block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                     qk_once: bool | None = None, fuse_combine: bool | None = None):
+                     qk_once: bool | None = None, fuse_combine: bool | None = None, kv_pairs: bool | None = None,
+                     lazy_rescale: float | None = None):
     """q [S, H, D] bf16 post-RoPE; qpos [S] int32; win_kv: (E4M3 codes [R, D] u8, UE8M0 [R, D/32] u8)
     or bf16 [R, D] (ring, slot = pos % R); cmp_kv: (packed FP4 [N, D/2] u8, E4M3 [N, D/16] u8) or
     bf16 [N, D]; idx [S, KC] int32 compressed rows (-1 = padding); sink [H] fp32; cos/sin [P, rope/2].
@@ -383,7 +418,9 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     (both or neither). n_split: key splits per query (default: enough programs for every SM).
     Tuning knobs (None = DEFAULT_BN, BATCH_BN / BATCH_STAGES, QK_ONCE, FUSE_COMBINE, ONE_QUERY_DV / ONE_QUERY_BN): dv, block_n, num_warps,
     num_stages; qk_once: q·K^T split over the warpgroups (not repeated in each); fuse_combine: the
-    last-arriving split merges the partials in the same launch (no _combine_kernel launch).
+    last-arriving split merges the partials in the same launch (no _combine_kernel launch); kv_pairs: the bf16x2
+    tile decoders of kv_pairs.py (quantized KV on CUDA only; elsewhere ignored); lazy_rescale: the running max's
+    slack in natural-log units (`_attend_block`; 0 = rescale every block).
     Returns o [S, H, D] bf16 (inverse-rotated)."""
     S, H, D = q.shape
     wkv, wsc, wq = _kv_parts(win_kv, "win_kv")
@@ -425,6 +462,11 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     # per-slice products (DV < D) in branches spill more than they save (module docstring): off there
     qk_once = (QK_ONCE and DV == D) if qk_once is None else bool(qk_once)
     fuse = split and (FUSE_COMBINE if fuse_combine is None else bool(fuse_combine))
+    ptx = dev.type == "cuda" and torch.version.hip is None and not interpreting()
+    pairs = wq and ptx and (KV_PAIRS if kv_pairs is None else bool(kv_pairs))
+    lazy = float(LAZY_RESCALE if lazy_rescale is None else lazy_rescale)
+    if lazy < 0:
+        raise ValueError(f"sparse_attention: lazy_rescale {lazy} must be >= 0")
     CP = min(64, DV)
     NS, HB = _combine_tile_shape(n_split, H)
     if split:
@@ -441,7 +483,7 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
         q.contiguous(), qpos, wkv, wsc, ckv, csc, idx, wb, cb, sink, cos, sin, out, pm, pl, pacc, cnt,
         R, KC, int(has_base), bps, n_split, scale,
         H=H, D=D, ROPE=rope, W=window, BN=BN, DV=DV, QUANT=wq, SPLIT=split, UPCAST=interpreting(),
-        QK_ONCE=qk_once, FUSE=fuse, CP=CP, NS=NS, FHB=min(H, 16),
+        QK_ONCE=qk_once, FUSE=fuse, CP=CP, NS=NS, FHB=min(H, 16), PAIRS=pairs, PTX=ptx, LAZY=lazy,
         num_warps=num_warps or 8, num_stages=num_stages or (BATCH_STAGES if batch else _default_stages()))
     if split and not fuse:
         CP = min(64, D)
@@ -462,6 +504,10 @@ FUSE_COMBINE = False
 # combine) — the same as the single-query CUDA defaults today
 BATCH_BN, BATCH_STAGES = 64, 2
 ONE_QUERY_DV = 128  # output channels per program for a single quantized decode query
+# quantized KV tiles decoded two values a register (kv_pairs.py; CUDA) and the online softmax's lazy rescale
+# (`_attend_block`; natural-log slack of the running max, 0 = off): not yet measured, off
+KV_PAIRS = False
+LAZY_RESCALE = 0.0
 # and its key block (CUDA): H200, session 14 (results/tune_sparse_attention_s14.json, after the chunked combine), L2-cold
 # graph replay: BN 32 15.1 µs, BN 64 25.6 (the DV 512 tiles: BN 16 16.8, BN 32 17.8; DV 64 22.3)
 ONE_QUERY_BN = 32
@@ -543,13 +589,15 @@ _ATTN_TYPES = {"q_ptr": "*bf16", "qpos_ptr": "*i32", "idx_ptr": "*i32", "wbase_p
 
 
 def _attn_spec(c, quant: bool, split: bool, bn: int, dv: int, num_warps: int, num_stages: int, phase: str,
-               qk_once: bool | None = None, fuse: bool = False):
+               qk_once: bool | None = None, fuse: bool = False, pairs: bool = False, lazy: float = 0.0):
+    """pairs: the bf16x2 KV decoders (kv_pairs.py: inline PTX, CUDA targets only)."""
     kvt = "*u8" if quant else "*bf16"
     types = dict(_ATTN_TYPES, wkv_ptr=kvt, wsc_ptr=kvt, ckv_ptr=kvt, csc_ptr=kvt)
     const = {"H": c.num_attention_heads, "D": c.head_dim, "ROPE": c.qk_rope_head_dim, "W": c.sliding_window,
              "BN": bn, "DV": dv, "QUANT": quant, "SPLIT": split, "UPCAST": False,
              "QK_ONCE": (QK_ONCE and dv == c.head_dim) if qk_once is None else qk_once, "FUSE": fuse,
-             "CP": min(64, dv), "NS": 8, "FHB": 16}
+             "CP": min(64, dv), "NS": 8, "FHB": 16, "PAIRS": bool(pairs and quant), "PTX": bool(pairs and quant),
+             "LAZY": float(lazy)}
     return aot_spec(_sparse_attn_kernel, f"{phase}_{'fp8fp4' if quant else 'bf16'}_dv{dv}_bn{bn}", types, const,
                     num_warps=num_warps, num_stages=num_stages)
 

@@ -1,0 +1,94 @@
+"""KV-cache codes -> bf16 operands two at a time (bf16x2): the sparse attention kernel's tile decoders.
+
+What: the attention kernel dequantizes every key tile once into the bf16 operand of both its MMAs
+(K = V). The per-element decoder (`sparse_attention._kv_tile`, the reference form) moves a code's
+fields into an fp16 bit pattern, converts it to float32, multiplies by the group scale and packs
+pairs to bf16: ~5.5 SASS instructions a value, and on the H200 the compressed-key loop of the
+64-query batch ran 2,133 instructions a key block per warp. These decoders build the bf16 bits of
+two codes in one 32-bit register and scale both with one `fma.rn.bf16x2` (x·s + -0.0):
+
+- compressed cache, packed E2M1 + one E4M3 scale per 16 channels (`e2m1_tile_pairs`). For a byte
+  b (low nibble = even channel) the bf16 with bits (s << 15) | (e << 7) | (m << 6), from the nibble
+  s·8 + e·2 + m, is exactly value·2^-126 (e >= 1: 2^(e-127)·(1 + m/2) = 2^(e-1)·(1 + m/2)·2^-126;
+  e = 0: the bf16 subnormal (m·64/128)·2^-126 = (m/2)·2^-126). So, on a register p holding byte j in
+  the low byte of half 0 and byte j' in that of half 1 (one prmt for two bytes),
+      low nibbles:  ((p << 6) & 0x01C001C0) | ((p << 12) & 0x80008000)
+      high nibbles: ((p << 2) & 0x01C001C0) | ((p << 8) & 0x80008000)
+  (the other byte of each half only lands on masked-out bits). The factor is the scale times 2^118
+  in bf16 (E4M3 values 2^-9..448 -> 2^109..1.75·2^126: normal, exact), so the product is
+  value·scale·2^-8 — the kernel's tile unit (`_kv_tile`: K in units of 2^-8). It is exact: an E2M1
+  value has 2 significant bits and an E4M3 scale 4, so the product has at most 6 (bf16 holds 8), and
+  its smallest magnitude 0.5·2^-9·2^-8 is a bf16 normal. The bf16 fma has no flush-to-zero form,
+  so the subnormal inputs (the ±0.5 codes) survive; ±0 codes give ±0 as the float path does.
+  4 bytes (8 values): 2 prmt + 16 shift/mask/or (ptxas merges them into LOP3s) + 4 fma.
+- window ring, E4M3 + one UE8M0 byte per 32 channels: `fp8_gemm.e4m3_pairs_to_bf16` (prmt, shl,
+  and, then fma.rn.bf16x2 by two exact powers of two), given the exponent e - 8 so that its
+  value·2^(e-127) becomes the tile unit's value·2^(e-135).
+
+Both are CUDA inline PTX (`PTX`). `e2m1_tile_pairs` also has an emulation in plain Triton (the same
+fields and masks, the multiply in float32, exact) that the interpreter tests run; the PTX itself
+(register order of the packed operands, prmt selectors) is checked on a GPU only
+(`tests/test_kernels_attention.py::test_gpu_kv_tile_pairs_every_code`).
+
+Known gaps: no ROCm form (the kernel keeps the per-element decoder there). E4M3 scale code 0x7F
+(NaN) is not decoded specially, as in the per-element decoder (the quantizer never writes it).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from dsv41c.codegen.triton.fp8_gemm import e4m3_pairs_to_bf16
+from dsv41c.codegen.triton.kv_quant import e4m3_decode
+
+# 2^118: moves an E4M3 scale so that (value·2^-126) x factor = value·scale·2^-8 (module docstring)
+_E2M1_FACTOR = tl.constexpr(2.0 ** 118)
+
+
+def _e2m1_pairs_asm() -> tl.constexpr:
+    """The PTX of `e2m1_tile_pairs` for 4 bytes in one register ($4) and their two scale pairs ($5: bytes 0-1,
+    $6: bytes 2-3): outputs $0/$1 the low nibbles of bytes 0-1 / 2-3, $2/$3 their high nibbles."""
+    body = ""
+    for half, sel in enumerate(("0x3120", "0x1302")):  # bytes (0, 1) / (2, 3) to the low byte of each 16-bit half
+        f = f"${5 + half}"
+        body += (f"prmt.b32 p, $4, $4, {sel}; "
+                 f"shl.b32 a, p, 6; and.b32 a, a, 0x01C001C0; shl.b32 b, p, 12; and.b32 b, b, 0x80008000; "
+                 f"or.b32 a, a, b; fma.rn.bf16x2 ${half}, a, {f}, z; "
+                 f"shl.b32 a, p, 2; and.b32 a, a, 0x01C001C0; shl.b32 b, p, 8; and.b32 b, b, 0x80008000; "
+                 f"or.b32 a, a, b; fma.rn.bf16x2 ${2 + half}, a, {f}, z; ")
+    return tl.constexpr("{ .reg .b32 p, a, b, z; mov.b32 z, 0x80008000; " + body + "}")
+
+
+_E2M1_PAIRS = _e2m1_pairs_asm()
+
+
+@triton.jit
+def _bf16_bits_f32(bits):
+    """bf16 bit patterns (int32, low 16 bits) -> float32 (exact)."""
+    return (bits << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e2m1_tile_pairs(b, s, PTX: tl.constexpr):
+    """Packed E2M1 bytes b [..., 8] (uint8; low nibble = even channel) and their E4M3 scale bytes s [..., 1]
+    -> (low-nibble values, high-nibble values), each [..., 8], worth value·scale·2^-8: bf16 (PTX, inline
+    bf16x2 fma) or float32 (the emulation: the same bit fields, multiplied in float32; exact, so the same values).
+    tl.join(lo, hi) then is channel order."""
+    f = e4m3_decode(s) * _E2M1_FACTOR  # exact: 2^109..1.75·2^126
+    if PTX:
+        fb = tl.broadcast_to(f.to(tl.bfloat16), b.shape)
+        lo, hi = tl.inline_asm_elementwise(_E2M1_PAIRS, "=r,=r,=r,=r,r,r,r", [b, fb],
+                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    else:
+        bi = b.to(tl.int32)
+        lo = _bf16_bits_f32(((bi & 7) << 6) | ((bi & 8) << 12)) * f
+        hi = _bf16_bits_f32(((bi & 0x70) << 2) | ((bi & 0x80) << 8)) * f
+    return lo, hi
+
+
+@triton.jit
+def e4m3_tile_pairs(c, e, R: tl.constexpr, C: tl.constexpr):
+    """E4M3 codes c [R, C] (uint8, natural channel order) + UE8M0 bytes e [R, C/32] -> bf16 [R, C] worth
+    value·2^(e-127)·2^-8 (the tile unit), by `fp8_gemm.e4m3_pairs_to_bf16` at exponent e - 8 with both of its
+    factors (exact for every byte 1..254). CUDA inline PTX only."""
+    return e4m3_pairs_to_bf16(c, e.to(tl.int32) - 8, R, C, True)
