@@ -45,6 +45,8 @@ VARIANTS = {
         ("pairs", {"kv_pairs": True}),
         ("lazy8", {"lazy_rescale": 8.0}),
         ("pairs_lazy8", {"kv_pairs": True, "lazy_rescale": 8.0}),
+        ("pairs_pdl", {"kv_pairs": True, "pdl": True}),
+        ("pdl", {"pdl": True}),
     ]),
     "decode_S1": (1, [
         ("old", {"qk_once": False, "fuse_combine": False}),
@@ -64,6 +66,8 @@ VARIANTS = {
         ("bn64", {"dv": 128, "block_n": 64}),  # the one-query default before session 14
         ("pairs", {"kv_pairs": True}),
         ("pairs_lazy8", {"kv_pairs": True, "lazy_rescale": 8.0}),
+        ("pairs_pdl", {"kv_pairs": True, "pdl": True}),
+        ("pdl", {"pdl": True}),
         ("dv128_bn32_ns3", {"dv": 128, "block_n": 32, "num_stages": 3}),
         ("dv256_bn32", {"dv": 256, "block_n": 32}),
         ("dv128_bn32_w4", {"dv": 128, "block_n": 32, "num_warps": 4}),
@@ -194,7 +198,7 @@ def sass(args):
         try:
             spec = sa.aot_spec(sa._combine_kernel, rec["label"], COMBINE_TYPES,
                                {"H": c.num_attention_heads, "D": c.head_dim, "ROPE": c.qk_rope_head_dim, "HB": hb,
-                                "CP": 64, "NS": ns}, num_warps=4)
+                                "CP": 64, "NS": ns, "PDL": False}, num_warps=4)
             text, usage = sass_of(compile_spec(spec, tg))
             rs = registers_stack(usage)
             if rs:

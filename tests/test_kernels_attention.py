@@ -460,7 +460,8 @@ def test_gpu_compressor_real_widths(ratio, T):
                                          (1, True, {"block_n": 32}), (64, True, {"n_split": 1}),
                                          (3, False, {"dv": 256}), (64, True, {"kv_pairs": True}),
                                          (64, True, {"lazy_rescale": 8.0}),
-                                         (1, True, {"kv_pairs": True, "lazy_rescale": 8.0})])
+                                         (1, True, {"kv_pairs": True, "lazy_rescale": 8.0}),
+                                         (64, True, {"kv_pairs": True, "pdl": True}), (1, True, {"pdl": True})])
 def test_gpu_sparse_attention_real_widths(S, quant, cfg):
     H, D, W, KC, N = 64, 512, 128, 512, 3000
     cos, sin = rope_table(4096, 32)

@@ -111,6 +111,7 @@ from dsv41c.codegen.triton.arrival import arrive_last, counters, reset_counter
 from dsv41c.codegen.triton.kv_quant import (
     aot_spec, e4m3_decode, interpreting, is_rocm, pow2_float, round_bf16, sm_count)
 from dsv41c.codegen.triton.kv_pairs import e2m1_tile_pairs, e4m3_tile_pairs
+from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 from dsv41c import formats as nx
 
 
@@ -278,8 +279,12 @@ def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx
                         DV: tl.constexpr, QUANT: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr,
                         QK_ONCE: tl.constexpr = False, FUSE: tl.constexpr = False, CP: tl.constexpr = 64,
                         NS: tl.constexpr = 8, FHB: tl.constexpr = 16, PAIRS: tl.constexpr = False,
-                        PTX: tl.constexpr = False, LAZY: tl.constexpr = 0.0):
+                        PTX: tl.constexpr = False, LAZY: tl.constexpr = 0.0, PDL: tl.constexpr = False):
     NWB: tl.constexpr = W // BN
+    # PDL (pdl.py): q, the ring and the indices may be the previous kernel's; releasing at once lets the combine
+    # launch be scheduled while this grid runs (it waits for this grid's completion before it reads a partial)
+    grid_wait(PDL)
+    grid_release(PDL)
     s = tl.program_id(0)
     cv = tl.program_id(1)
     sp = tl.program_id(2)
@@ -387,7 +392,9 @@ def _combine_tile(pm_ptr, pl_ptr, pacc_ptr, sink_ptr, cos_ptr, sin_ptr, o_ptr, s
 @triton.jit
 def _combine_kernel(pm_ptr, pl_ptr, pacc_ptr, qpos_ptr, sink_ptr, cos_ptr, sin_ptr, o_ptr, n_split,
                     H: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr, HB: tl.constexpr, CP: tl.constexpr,
-                    NS: tl.constexpr = 8):
+                    NS: tl.constexpr = 8, PDL: tl.constexpr = False):
+    grid_wait(PDL)  # every input is the attention kernel's output
+    grid_release(PDL)
     s = tl.program_id(0)
     hh = tl.program_id(2) * HB + tl.arange(0, HB)
     _combine_tile(pm_ptr, pl_ptr, pacc_ptr, sink_ptr, cos_ptr, sin_ptr, o_ptr, s.to(tl.int64), n_split,
@@ -410,7 +417,7 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
                      win_base=None, cmp_base=None, scale: float | None = None, n_split: int | None = None, dv: int | None = None,
                      block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                      qk_once: bool | None = None, fuse_combine: bool | None = None, kv_pairs: bool | None = None,
-                     lazy_rescale: float | None = None):
+                     lazy_rescale: float | None = None, pdl: bool | None = None):
     """q [S, H, D] bf16 post-RoPE; qpos [S] int32; win_kv: (E4M3 codes [R, D] u8, UE8M0 [R, D/32] u8)
     or bf16 [R, D] (ring, slot = pos % R); cmp_kv: (packed FP4 [N, D/2] u8, E4M3 [N, D/16] u8) or
     bf16 [N, D]; idx [S, KC] int32 compressed rows (-1 = padding); sink [H] fp32; cos/sin [P, rope/2].
@@ -420,7 +427,8 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     num_stages; qk_once: q·K^T split over the warpgroups (not repeated in each); fuse_combine: the
     last-arriving split merges the partials in the same launch (no _combine_kernel launch); kv_pairs: the bf16x2
     tile decoders of kv_pairs.py (quantized KV on CUDA only; elsewhere ignored); lazy_rescale: the running max's
-    slack in natural-log units (`_attend_block`; 0 = rescale every block).
+    slack in natural-log units (`_attend_block`; 0 = rescale every block); pdl: programmatic dependent launch of
+    both kernels (pdl.py; None: where the device has it, PDL_ATTENTION).
     Returns o [S, H, D] bf16 (inverse-rotated)."""
     S, H, D = q.shape
     wkv, wsc, wq = _kv_parts(win_kv, "win_kv")
@@ -465,6 +473,7 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     ptx = dev.type == "cuda" and torch.version.hip is None and not interpreting()
     pairs = wq and ptx and (KV_PAIRS if kv_pairs is None else bool(kv_pairs))
     lazy = float(LAZY_RESCALE if lazy_rescale is None else lazy_rescale)
+    pdl = pdl_for(dev) and (PDL_ATTENTION if pdl is None else bool(pdl))
     if lazy < 0:
         raise ValueError(f"sparse_attention: lazy_rescale {lazy} must be >= 0")
     CP = min(64, DV)
@@ -483,12 +492,14 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
         q.contiguous(), qpos, wkv, wsc, ckv, csc, idx, wb, cb, sink, cos, sin, out, pm, pl, pacc, cnt,
         R, KC, int(has_base), bps, n_split, scale,
         H=H, D=D, ROPE=rope, W=window, BN=BN, DV=DV, QUANT=wq, SPLIT=split, UPCAST=interpreting(),
-        QK_ONCE=qk_once, FUSE=fuse, CP=CP, NS=NS, FHB=min(H, 16), PAIRS=pairs, PTX=ptx, LAZY=lazy,
-        num_warps=num_warps or 8, num_stages=num_stages or (BATCH_STAGES if batch else _default_stages()))
+        QK_ONCE=qk_once, FUSE=fuse, CP=CP, NS=NS, FHB=min(H, 16), PAIRS=pairs, PTX=ptx, LAZY=lazy, PDL=pdl,
+        num_warps=num_warps or 8, num_stages=num_stages or (BATCH_STAGES if batch else _default_stages()),
+        **launch_kw(pdl))
     if split and not fuse:
         CP = min(64, D)
         _combine_kernel[(S, D // CP, H // HB)](pm, pl, pacc, qpos, sink, cos, sin, out, n_split,
-                                              H=H, D=D, ROPE=rope, HB=HB, CP=CP, NS=NS, num_warps=4)
+                                              H=H, D=D, ROPE=rope, HB=HB, CP=CP, NS=NS, PDL=pdl, num_warps=4,
+                                              **launch_kw(pdl))
     return out
 
 
@@ -508,6 +519,7 @@ ONE_QUERY_DV = 128  # output channels per program for a single quantized decode 
 # (`_attend_block`; natural-log slack of the running max, 0 = off): not yet measured, off
 KV_PAIRS = False
 LAZY_RESCALE = 0.0
+PDL_ATTENTION = False  # not yet measured
 # and its key block (CUDA): H200, session 14 (results/tune_sparse_attention_s14.json, after the chunked combine), L2-cold
 # graph replay: BN 32 15.1 µs, BN 64 25.6 (the DV 512 tiles: BN 16 16.8, BN 32 17.8; DV 64 22.3)
 ONE_QUERY_BN = 32
@@ -597,7 +609,7 @@ def _attn_spec(c, quant: bool, split: bool, bn: int, dv: int, num_warps: int, nu
              "BN": bn, "DV": dv, "QUANT": quant, "SPLIT": split, "UPCAST": False,
              "QK_ONCE": (QK_ONCE and dv == c.head_dim) if qk_once is None else qk_once, "FUSE": fuse,
              "CP": min(64, dv), "NS": 8, "FHB": 16, "PAIRS": bool(pairs and quant), "PTX": bool(pairs and quant),
-             "LAZY": float(lazy)}
+             "LAZY": float(lazy), "PDL": False}
     return aot_spec(_sparse_attn_kernel, f"{phase}_{'fp8fp4' if quant else 'bf16'}_dv{dv}_bn{bn}", types, const,
                     num_warps=num_warps, num_stages=num_stages)
 
@@ -628,7 +640,7 @@ def _specs(target):
                          "sink_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "o_ptr": "*bf16",
                          "n_split": "i32"},
                         {"H": c.num_attention_heads, "D": c.head_dim, "ROPE": c.qk_rope_head_dim, "HB": 8, "CP": 64,
-                         "NS": 8},
+                         "NS": 8, "PDL": False},
                         num_warps=4))
     return out
 
@@ -636,5 +648,6 @@ def _specs(target):
 register(KernelTemplate(
     name="sparse_attention", module=__name__,
     summary="one softmax over SWA window ∪ selected compressed entries + sink, FP8/FP4 KV dequantized in-kernel, inverse RoPE",
-    keys=("H", "D", "ROPE", "W", "BN", "DV", "QUANT", "SPLIT", "QK_ONCE", "FUSE", "CP", "HB", "NS", "FHB", "UPCAST"),
+    keys=("H", "D", "ROPE", "W", "BN", "DV", "QUANT", "SPLIT", "QK_ONCE", "FUSE", "CP", "HB", "NS", "FHB", "UPCAST", "PAIRS",
+          "PTX", "LAZY", "PDL"),
     reference=sparse_attention_ref, launch=sparse_attention, specializations=_specs))
