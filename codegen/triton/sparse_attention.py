@@ -515,11 +515,14 @@ FUSE_COMBINE = False
 # combine) — the same as the single-query CUDA defaults today
 BATCH_BN, BATCH_STAGES = 64, 2
 ONE_QUERY_DV = 128  # output channels per program for a single quantized decode query
-# quantized KV tiles decoded two values a register (kv_pairs.py; CUDA) and the online softmax's lazy rescale
-# (`_attend_block`; natural-log slack of the running max, 0 = off): not yet measured, off
-KV_PAIRS = False
+# Session 16, H200, L2-cold graph replay, two interleaved runs (results/tune_sparse_attention_s16*.json):
+# quantized KV tiles decoded two values a register (kv_pairs.py; CUDA): 64 queries 60.5-60.7 -> 58.2-58.3 µs, one
+# query 15.3-15.5 -> 14.6-14.9; with PDL on both launches as well: 57.3-57.4 and 13.9-14.2. The online softmax's
+# lazy rescale (`_attend_block`; the running max's slack in natural-log units) measured level (61.8 µs at slack 8):
+# off, selectable.
+KV_PAIRS = True
 LAZY_RESCALE = 0.0
-PDL_ATTENTION = False  # not yet measured
+PDL_ATTENTION = True
 # and its key block (CUDA): H200, session 14 (results/tune_sparse_attention_s14.json, after the chunked combine), L2-cold
 # graph replay: BN 32 15.1 µs, BN 64 25.6 (the DV 512 tiles: BN 16 16.8, BN 32 17.8; DV 64 22.3)
 ONE_QUERY_BN = 32
@@ -623,17 +626,18 @@ def _specs(target):
     lds64 = target in ("rocm:gfx942", "rocm:gfx1100")
     stages = 1 if is_rocm(target) else 2
     out = []
+    pairs = KV_PAIRS and not is_rocm(target)  # inline PTX: CUDA targets only
     for quant in (True, False):
         dv, bn = (128, 32) if lds64 else (c.head_dim, DEFAULT_BN[quant])
-        out.append(_attn_spec(c, quant, True, bn, dv, 8, stages, "decode"))
+        out.append(_attn_spec(c, quant, True, bn, dv, 8, stages, "decode", pairs=pairs))
         # the batched-decode default (BATCH_BN, BATCH_STAGES), where it differs from the plain decode variant
         if quant and not is_rocm(target) and (BATCH_BN, BATCH_STAGES) != (bn, stages):
-            out.append(_attn_spec(c, quant, True, BATCH_BN, dv, 8, BATCH_STAGES, "decode_batch"))
+            out.append(_attn_spec(c, quant, True, BATCH_BN, dv, 8, BATCH_STAGES, "decode_batch", pairs=pairs))
         # the single-query default (sparse_attention's DV and BN rules; ROCm keeps the decode variant's key block)
         one_bn = bn if is_rocm(target) else ONE_QUERY_BN
         if quant and (dv, bn) != (ONE_QUERY_DV, one_bn):
-            out.append(_attn_spec(c, quant, True, one_bn, ONE_QUERY_DV, 8, stages, "decode_one"))
-        out.append(_attn_spec(c, quant, False, bn, dv, 8, stages, "prefill"))
+            out.append(_attn_spec(c, quant, True, one_bn, ONE_QUERY_DV, 8, stages, "decode_one", pairs=pairs))
+        out.append(_attn_spec(c, quant, False, bn, dv, 8, stages, "prefill", pairs=pairs))
     # any n_split (8 splits a chunk); the JIT launcher picks NS and HB per call (_combine_tile_shape)
     out.append(aot_spec(_combine_kernel, "combine_hb8_cp64_ns8",
                         {"pm_ptr": "*fp32", "pl_ptr": "*fp32", "pacc_ptr": "*fp32", "qpos_ptr": "*i32",
