@@ -47,6 +47,10 @@ VARIANTS = {
         ("pairs_lazy8", {"kv_pairs": True, "lazy_rescale": 8.0}),
         ("pairs_pdl", {"kv_pairs": True, "pdl": True}),
         ("pdl", {"pdl": True}),
+        # session 16: 16 warps (4 warpgroups: 64 accumulator registers a thread instead of 128, 4 warps a scheduler)
+        ("w16_bn64", {"num_warps": 16}),
+        ("w16_bn32_ns3", {"num_warps": 16, "block_n": 32, "num_stages": 3}),
+        ("w16_bn32_ns2", {"num_warps": 16, "block_n": 32, "num_stages": 2}),
     ]),
     "decode_S1": (1, [
         ("old", {"qk_once": False, "fuse_combine": False}),
