@@ -152,9 +152,15 @@ def _kv_tile(kv_ptr, sc_ptr, rows, valid, c0, BN: tl.constexpr, N: tl.constexpr,
             e = tl.load(sc_ptr + r3 * (D // 32) + g, mask=m3, other=127).to(tl.int32)
             v = _f16_bits_to_f32(((c & 0x80) << 8) | ((c & 0x7F) << 7)) * pow2_float(e - 127)
         else:  # packed E2M1 [R, D/2] (low nibble = even channel) + one E4M3 scale per 16 channels
-            g = c0 // 16 + tl.arange(0, N // 16)[None, :, None]
-            b = tl.load(kv_ptr + r3 * (D // 2) + g * 8 + tl.arange(0, 8)[None, None, :], mask=m3, other=0)
-            sb = tl.load(sc_ptr + r3 * (D // 16) + g, mask=m3, other=0)
+            # rows load as [BN, N/2] bytes (then viewed as [BN, groups, 8]): the address's contiguity along the
+            # whole row gives lanes consecutive 16-byte pieces of a row; the 3-D load's layout put a warp's lanes on
+            # different rows, 32-way bank conflicts on the pipeline's shared-memory stage (H200 profile, session 16)
+            cb = c0 // 2 + tl.arange(0, N // 2)
+            b = tl.reshape(tl.load(kv_ptr + r[:, None] * (D // 2) + cb[None, :], mask=valid[:, None], other=0),
+                           (BN, N // 16, 8))
+            cs = c0 // 16 + tl.arange(0, N // 16)
+            sb = tl.reshape(tl.load(sc_ptr + r[:, None] * (D // 16) + cs[None, :], mask=valid[:, None], other=0),
+                            (BN, N // 16, 1))
             if PAIRS:
                 lo, hi = e2m1_tile_pairs(b, sb, PTX)
             else:
