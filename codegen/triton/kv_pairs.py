@@ -10,17 +10,20 @@ two codes in one 32-bit register and scale both with one `fma.rn.bf16x2` (x·s +
 - compressed cache, packed E2M1 + one E4M3 scale per 16 channels (`e2m1_tile_pairs`). For a byte
   b (low nibble = even channel) the bf16 with bits (s << 15) | (e << 7) | (m << 6), from the nibble
   s·8 + e·2 + m, is exactly value·2^-126 (e >= 1: 2^(e-127)·(1 + m/2) = 2^(e-1)·(1 + m/2)·2^-126;
-  e = 0: the bf16 subnormal (m·64/128)·2^-126 = (m/2)·2^-126). So, on a register p holding byte j in
-  the low byte of half 0 and byte j' in that of half 1 (one prmt for two bytes),
-      low nibbles:  ((p << 6) & 0x01C001C0) | ((p << 12) & 0x80008000)
-      high nibbles: ((p << 2) & 0x01C001C0) | ((p << 8) & 0x80008000)
-  (the other byte of each half only lands on masked-out bits). The factor is the scale times 2^118
+  e = 0: the bf16 subnormal (m·64/128)·2^-126 = (m/2)·2^-126). A byte b alone in a register, times
+  4097 (= b | b << 12), has its low nibble at bits 0..3 and its high nibble at bits 16..19, so
+      ((p << 6) & 0x01C001C0) | ((p << 12) & 0x80008000)
+  is the bf16x2 of the byte's two channels in channel order (low nibble in bits 0..15; bits 12..15 of
+  p, a copy of the low nibble, land on masked-out bits). The factor is the scale times 2^118
   in bf16 (E4M3 values 2^-9..448 -> 2^109..1.75·2^126: normal, exact), so the product is
   value·scale·2^-8 — the kernel's tile unit (`_kv_tile`: K in units of 2^-8). It is exact: an E2M1
   value has 2 significant bits and an E4M3 scale 4, so the product has at most 6 (bf16 holds 8), and
   its smallest magnitude 0.5·2^-9·2^-8 is a bf16 normal. The bf16 fma has no flush-to-zero form,
   so the subnormal inputs (the ±0.5 codes) survive; ±0 codes give ±0 as the float path does.
-  4 bytes (8 values): 2 prmt + 16 shift/mask/or (ptxas merges them into LOP3s) + 4 fma.
+  A byte (2 values): prmt, mul, 2 shifts, 2 masks, or, fma. Its output keeps the byte's own place in
+  the [rows, bytes] tile, so the tile's register layout follows the row-contiguous load (an earlier
+  form paired the low nibbles of two bytes, and regrouping them into channel pairs cost a PRMT a
+  value).
 - window ring, E4M3 + one UE8M0 byte per 32 channels: `fp8_gemm.e4m3_pairs_to_bf16` (prmt, shl,
   and, then fma.rn.bf16x2 by two exact powers of two), given the exponent e - 8 so that its
   value·2^(e-127) becomes the tile unit's value·2^(e-135).
@@ -46,17 +49,17 @@ _E2M1_FACTOR = tl.constexpr(2.0 ** 118)
 
 
 def _e2m1_pairs_asm() -> tl.constexpr:
-    """The PTX of `e2m1_tile_pairs` for 4 bytes in one register ($4) and their two scale pairs ($5: bytes 0-1,
-    $6: bytes 2-3): outputs $0/$1 the low nibbles of bytes 0-1 / 2-3, $2/$3 their high nibbles."""
+    """The PTX of `e2m1_tile_pairs` for 4 bytes in one register ($4) and their scale pairs ($5: bytes 0-1, $6: bytes
+    2-3; a 4-byte-aligned run of bytes lies in one scale group): output $j is byte j's bf16x2 (low nibble in bits
+    0..15, high nibble in 16..31). Byte j is moved alone to the low byte (prmt with a zero register), multiplied by
+    4097 so that its high nibble also sits at bits 16..19, then both halves take the low-nibble bit moves."""
     body = ""
-    for half, sel in enumerate(("0x3120", "0x1302")):  # bytes (0, 1) / (2, 3) to the low byte of each 16-bit half
-        f = f"${5 + half}"
-        body += (f"prmt.b32 p, $4, $4, {sel}; "
+    for j in range(4):
+        f = "$5" if j < 2 else "$6"
+        body += (f"prmt.b32 p, $4, z0, 0x444{j}; mul.lo.u32 p, p, 4097; "
                  f"shl.b32 a, p, 6; and.b32 a, a, 0x01C001C0; shl.b32 b, p, 12; and.b32 b, b, 0x80008000; "
-                 f"or.b32 a, a, b; fma.rn.bf16x2 ${half}, a, {f}, z; "
-                 f"shl.b32 a, p, 2; and.b32 a, a, 0x01C001C0; shl.b32 b, p, 8; and.b32 b, b, 0x80008000; "
-                 f"or.b32 a, a, b; fma.rn.bf16x2 ${2 + half}, a, {f}, z; ")
-    return tl.constexpr("{ .reg .b32 p, a, b, z; mov.b32 z, 0x80008000; " + body + "}")
+                 f"or.b32 a, a, b; fma.rn.bf16x2 ${j}, a, {f}, z; ")
+    return tl.constexpr("{ .reg .b32 p, a, b, z, z0; mov.b32 z, 0x80008000; mov.b32 z0, 0; " + body + "}")
 
 
 _E2M1_PAIRS = _e2m1_pairs_asm()
@@ -69,21 +72,23 @@ def _bf16_bits_f32(bits):
 
 
 @triton.jit
-def e2m1_tile_pairs(b, s, PTX: tl.constexpr):
-    """Packed E2M1 bytes b [..., 8] (uint8; low nibble = even channel) and their E4M3 scale bytes s [..., 1]
-    -> (low-nibble values, high-nibble values), each [..., 8], worth value·scale·2^-8: bf16 (PTX, inline
-    bf16x2 fma) or float32 (the emulation: the same bit fields, multiplied in float32; exact, so the same values).
-    tl.join(lo, hi) then is channel order."""
+def e2m1_tile_pairs(b, s, R: tl.constexpr, C: tl.constexpr, PTX: tl.constexpr):
+    """Packed E2M1 bytes b [R, C/2] (uint8; low nibble = even channel) and their E4M3 scale bytes s [R, C/16] -> the
+    tile [R, C] in channel order, worth value·scale·2^-8: bf16 (PTX: one inline bf16x2 fma a byte, the byte's two
+    channels in one register) or float32 (the emulation: the same bit fields, multiplied in float32; exact, so the
+    same values)."""
     f = e4m3_decode(s) * _E2M1_FACTOR  # exact: 2^109..1.75·2^126
+    f = tl.reshape(tl.broadcast_to(f[:, :, None], (R, C // 16, 8)), (R, C // 2))  # per byte
     if PTX:
-        fb = tl.broadcast_to(f.to(tl.bfloat16), b.shape)
-        lo, hi = tl.inline_asm_elementwise(_E2M1_PAIRS, "=r,=r,=r,=r,r,r,r", [b, fb],
-                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+        w = tl.inline_asm_elementwise(_E2M1_PAIRS, "=r,=r,=r,=r,r,r,r", [b, f.to(tl.bfloat16)], dtype=tl.int32,
+                                      is_pure=True, pack=4)
+        lo = (w & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        hi = ((w >> 16) & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True)
     else:
         bi = b.to(tl.int32)
         lo = _bf16_bits_f32(((bi & 7) << 6) | ((bi & 8) << 12)) * f
         hi = _bf16_bits_f32(((bi & 0x70) << 2) | ((bi & 0x80) << 8)) * f
-    return lo, hi
+    return tl.reshape(tl.join(lo, hi), (R, C))
 
 
 @triton.jit

@@ -152,23 +152,21 @@ def _kv_tile(kv_ptr, sc_ptr, rows, valid, c0, BN: tl.constexpr, N: tl.constexpr,
             e = tl.load(sc_ptr + r3 * (D // 32) + g, mask=m3, other=127).to(tl.int32)
             v = _f16_bits_to_f32(((c & 0x80) << 8) | ((c & 0x7F) << 7)) * pow2_float(e - 127)
         else:  # packed E2M1 [R, D/2] (low nibble = even channel) + one E4M3 scale per 16 channels
-            # rows load as [BN, N/2] bytes (then viewed as [BN, groups, 8]): the address's contiguity along the
-            # whole row gives lanes consecutive 16-byte pieces of a row; the 3-D load's layout put a warp's lanes on
-            # different rows, 32-way bank conflicts on the pipeline's shared-memory stage (H200 profile, session 16)
+            # rows load as [BN, N/2] bytes: the address's contiguity along the whole row gives lanes consecutive
+            # 16-byte pieces of a row; a 3-D [rows, groups, 8] load put a warp's lanes on different rows, 32-way
+            # bank conflicts on the pipeline's shared-memory stage (H200 profile, session 16)
             cb = c0 // 2 + tl.arange(0, N // 2)
-            b = tl.reshape(tl.load(kv_ptr + r[:, None] * (D // 2) + cb[None, :], mask=valid[:, None], other=0),
-                           (BN, N // 16, 8))
+            b = tl.load(kv_ptr + r[:, None] * (D // 2) + cb[None, :], mask=valid[:, None], other=0)
             cs = c0 // 16 + tl.arange(0, N // 16)
-            sb = tl.reshape(tl.load(sc_ptr + r[:, None] * (D // 16) + cs[None, :], mask=valid[:, None], other=0),
-                            (BN, N // 16, 1))
+            sb = tl.load(sc_ptr + r[:, None] * (D // 16) + cs[None, :], mask=valid[:, None], other=0)
             if PAIRS:
-                lo, hi = e2m1_tile_pairs(b, sb, PTX)
+                v = e2m1_tile_pairs(b, sb, BN, N, PTX)
             else:
-                b = b.to(tl.int32)
-                sc = e4m3_decode(sb) * 64.0  # 2^14 (fp16 bias step) x 2^-8 (tile unit)
+                b = tl.reshape(b, (BN, N // 16, 8)).to(tl.int32)
+                sc = e4m3_decode(tl.reshape(sb, (BN, N // 16, 1))) * 64.0  # 2^14 (fp16 bias step) x 2^-8 (tile unit)
                 lo = _f16_bits_to_f32(((b & 7) << 9) | ((b & 8) << 12)) * sc
                 hi = _f16_bits_to_f32(((b & 0x70) << 5) | ((b & 0x80) << 8)) * sc
-            v = tl.join(lo, hi)  # [BN, N/16, 8, 2]: channel 16g + 2i + nibble
+                v = tl.join(lo, hi)  # [BN, N/16, 8, 2]: channel 16g + 2i + nibble
         v = tl.reshape(v, (BN, N))
     else:
         v = tl.load(kv_ptr + r[:, None] * D + (c0 + tl.arange(0, N))[None, :], mask=valid[:, None], other=0.0)
