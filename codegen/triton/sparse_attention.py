@@ -15,10 +15,10 @@ Algorithm (flash-decoding): a program owns one query, all H heads (the MMA rows:
 every key, MQA), DV output channels and a range of key blocks of BN keys. q [64, 512] is loaded
 once (the compiler stages it in shared memory for the whole key loop). Window blocks and compressed
 blocks run in two loops (no format branch inside a loop). Per key block the program gathers the key
-rows once and dequantizes them once into a bf16 tile [BN, 512] (`_kv_tile`: loads shaped
-[rows, scale groups, group bytes] so a group's scale broadcasts; E4M3/E2M1 codes become fp16 bit
-patterns, ~6 ops a value; quantized tiles carry K in units of 2^-8, folded into the logit scale and
-the output). Because K = V, that one tile is both MMA operands: q·K^T over all 512 channels, then,
+rows once and dequantizes them once into a bf16 tile [BN, 512] (`_kv_tile`; quantized tiles carry K in
+units of 2^-8, folded into the logit scale and the output; on CUDA the bf16x2 decoders of kv_pairs.py, elsewhere
+E4M3/E2M1 codes become fp16 bit patterns, ~6 ops a value, from loads shaped [rows, scale groups, group bytes] so a
+group's scale broadcasts). Because K = V, that one tile is both MMA operands: q·K^T over all 512 channels, then,
 after the online-softmax update (m, l in fp32), P·V into the [64, DV] fp32 accumulator (P rounded
 to bf16 for the P·V MMA). With DV < D the QK product runs per DV-channel slice and the program's own
 slice is V (still one load and dequant per key element). Pipeline stages prefetch the next blocks'
@@ -53,7 +53,8 @@ local-memory ops in the window loop at DV 128), so qk_once defaults off there.
 
 Specialization keys: H (64), D (512), ROPE (64), W (128), BN (key block), DV (output channels
 per program), QUANT (fp8/fp4 vs bf16), SPLIT, QK_ONCE, FUSE, NS / FHB (the fused merge's split chunk and
-head tile); combine: HB, CP (head x channel tile), NS (splits a chunk).
+head tile), PAIRS / PTX (kv_pairs.py's decoders, inline PTX), LAZY (the rescale's slack), PDL; combine: HB, CP
+(head x channel tile), NS (splits a chunk), PDL.
 Variants: decode (SPLIT) and prefill, each for both KV formats: CUDA DV 512, BN 64 (FP8/FP4) or
 32 (bf16: its 2-stage buffers need twice the shared memory), 8 warps, 2 stages; a quantized decode
 batch (2 <= S <= SMs / 2) BATCH_BN / BATCH_STAGES; gfx950 the same with one stage; gfx942/gfx1100 (64 KB LDS:
@@ -91,14 +92,30 @@ before each kernel: 9.2 µs, still mostly reading 16 MB of partials). Programs w
 channels (DV 256, no split, no combine: q·K repeated) took 112 µs for 64 queries (results/
 tune_sparse_attention_s14_before.json; their static SASS spills more: stack 848 B at BN 64 under triton 3.6, 744 under 3.9).
 
+Session 16 (H200, L2-cold graph replay; results/tune_sparse_attention_s16_*.json, kernels_attention.json,
+ncu_attn_batch_S64_s16*.txt): on CUDA the quantized tiles are decoded two values a register (kv_pairs.py: the
+E4M3 window by fp8_gemm's byte-pair decoder at exponent e - 8, the E2M1 rows a byte a bf16x2 fma; the same bits;
+static sm90 SASS of the 64-query compressed loop 2,133 -> 1,530 instructions), the compressed rows load as
+[rows, bytes] (the [rows, groups, 8] load gave a warp's lanes different rows: its cp.async stage ran 32-way bank
+conflicts, 1.05 M of the kernel's 5.0 M shared-memory wavefronts; after: none on that stage, 3.7 M in all), and
+both launches use PDL (pdl.py: the combine is scheduled while the attention grid runs). 64 queries 60.5 ->
+52.1-52.8 µs, one query 15.4 -> 13.2-13.5 µs, prefill 1024 queries 0.72 -> 0.58 ms (do_bench). Measured and
+left off: the lazy rescale (level: 53.3 against 52.3 µs), 16 warps (4 warpgroups, 128 registers: 74-85 µs; they
+spill), and again BN 32 / 16 and 1 / 4 splits with the new decoders (all slower). What is left (the second
+profile): the dequantized tile's shared-memory stores and the raw stage's loads still run 16-way conflicts (the
+tile's register layout puts a warp's lanes on 8 rows), a spill reload at the top of the compressed loop, and the
+wgmma waits; 27 % of the samples fall outside the loops (q's load, the partials' store).
+
 Known gaps: entries selected by the indexer that also lie in the window are attended twice
 (as the reference does, spec §3.4 note). Window rows are trusted to hold the right positions
 (the ring must be at least W + S - 1 rows for a prefill chunk of S queries). Probabilities are
 rounded to bf16 for the P·V MMA on GPUs (fp32 in the interpreter). No paging (base rows only).
 UE8M0 byte 0 / 255 and E4M3 NaN are not decoded specially (the quantizers never produce them).
 The fused combine's counters (arrival.counters) are per device: two fused launches must not run
-concurrently on different streams. BN 64 decode batches spill (328 B stack; BN 32 56 B, 12
-local loads per compressed block under triton 3.6).
+concurrently on different streams. BN 64 decode batches spill (320 B stack with the pair decoders; BN 32 136 B,
+21 local loads per compressed block under triton 3.6). The pair decoders are CUDA-only (ROCm and the interpreter
+keep the per-element decoder; the interpreter tests run the E2M1 pair decoder's emulation). The AOT variants are
+built with PDL off.
 """
 from __future__ import annotations
 
