@@ -79,12 +79,14 @@ def render(path: str, read: dict | None = None) -> str:
              + ("| read floor ms " if read is not None else "")
              + "| × floor | bf16-rate frac | check | goal |", "|---|---|---|---|---|---|---|---|---|---|---|---|"
              + ("---|" if read is not None else "")]
+    # rows re-run in a later session and merged into the file (its "merged" entries) keep their own run's ceilings
+    own = {n: m["ceilings"] for m in d.get("merged", []) if m.get("ceilings") for n in m.get("rows", [])}
     refloored = False
     for r in d["results"]:
         if "name" in r and "triton_ms" not in r:
             lines.append(f"| {r['name']} | FAILED: {str(r.get('error'))[:80]} |")
             continue
-        r = refloor(r, ceil)
+        r = refloor(r, own.get(r["name"], ceil))
         mark = " †" if "refloored_from" in r else ""
         refloored = refloored or bool(mark)
         g = r.get("graph_ms", r.get("triton_cudagraph_ms"))
@@ -106,6 +108,10 @@ def render(path: str, read: dict | None = None) -> str:
                      f"{_f(r.get('speedup_vs_eager'), '{:.1f}×')} | {_f(r.get('compiled_ms'), '{:.4f}')} | "
                      f"{_f(r.get('floor_ms'), '{:.4f}')} | {rcol}"
                      f"{_f(over, '{:.2f}')} | {_f(frac, '{:.0%}')} | {_err(r)} | {goal} |")
+    if own:
+        lines += ["", "Rows re-run later and merged into this file (its `merged` entries: "
+                  + "; ".join(f"session {m.get('session')}: {', '.join(m.get('rows', []))}" for m in d.get("merged", []))
+                  + ") are floored with their own run's ceilings."]
     if refloored:
         lines += ["", "† floor and verdicts recomputed from the row's own bytes, FLOPs and times and its run's ceilings "
                   "by `floors.floor_ms` as it is now (int8 at twice the bf16 rate, `floors.int8_rate`); the JSON keeps "

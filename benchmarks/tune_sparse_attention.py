@@ -144,7 +144,9 @@ def _loops(sass: str) -> list:
         hg = {k: v for k, v in ops.items() if k.startswith("HGMMA")}
         if hg:
             out.append({"instructions": len(body), "hgmma": hg,
-                        "local_memory": sum(v for k, v in ops.items() if k.startswith(("LDL", "STL")))})
+                        "local_memory": sum(v for k, v in ops.items() if k.startswith(("LDL", "STL"))),
+                        "prmt": sum(v for k, v in ops.items() if k.startswith("PRMT")),
+                        "ldgsts": {k: v for k, v in ops.items() if k.startswith("LDGSTS")}})
     return out
 
 
@@ -163,6 +165,12 @@ SASS_CFGS = [  # (label, split, BN, DV, warps, stages, qk_once, fuse)
     ("batch_dv256_nosplit_bn64_qk_once", False, 64, 256, 8, 2, True, False),
     ("batch_dv256_nosplit_bn32_ns3", False, 32, 256, 8, 3, False, False),
     ("batch_dv256_nosplit_bn64_w4", False, 64, 256, 4, 2, False, False),
+    # session 16: kv_pairs.py's bf16x2 decoders (the 9th field), the batch and one-query defaults and 16 warps
+    ("pairs_qk_once_bn64", True, 64, 512, 8, 2, True, False, True),
+    ("pairs_one_query_dv128_bn32", True, 32, 128, 8, 2, False, False, True),
+    ("pairs_bn32_ns2", True, 32, 512, 8, 2, True, False, True),
+    ("pairs_w16_bn64", True, 64, 512, 16, 2, True, False, True),
+    ("pairs_w16_bn32_ns3", True, 32, 512, 16, 3, True, False, True),
 ]
 
 
@@ -179,11 +187,12 @@ def sass(args):
     tg = TARGETS["cuda:sm90"]
     c = preset("full")
     doc = {"kind": "tune_sparse_attention_sass", "triton": triton.__version__, "target": tg.name, "rows": []}
-    for label, split, bn, dv, nw, ns, qk, fuse in SASS_CFGS:
+    for label, split, bn, dv, nw, ns, qk, fuse, *more in SASS_CFGS:
+        pairs = bool(more and more[0])
         rec = {"label": label, "split": split, "BN": bn, "DV": dv, "warps": nw, "stages": ns, "qk_once": qk,
-               "fuse": fuse}
+               "fuse": fuse, "pairs": pairs}
         try:
-            spec = sa._attn_spec(c, True, split, bn, dv, nw, ns, "sass", qk, fuse)
+            spec = sa._attn_spec(c, True, split, bn, dv, nw, ns, "sass", qk, fuse, pairs=pairs)
             text, usage = sass_of(compile_spec(spec, tg))
             rs = registers_stack(usage)
             if rs:

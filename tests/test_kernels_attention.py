@@ -298,7 +298,6 @@ def _kv_tile_probe(kv_ptr, sc_ptr, o_ptr, n_rows, BN: tl.constexpr, D: tl.conste
 def _kv_tile_every_code(win, pairs=False, ptx=False, D=64, n=24, dev=DEV):
     """Probe _kv_tile on every E4M3 / packed-E2M1 code with extreme and subnormal scales; bits vs the reference."""
     g = torch.Generator().manual_seed(1)
-    g = torch.Generator().manual_seed(1)
     if win:
         codes = torch.arange(256, dtype=torch.int32).repeat(n * D // 256 + 1)[:n * D].view(n, D)
         codes[(codes & 0x7F) == 0x7F] = 0  # E4M3 NaN is not produced by the quantizer
@@ -319,6 +318,35 @@ def _kv_tile_every_code(win, pairs=False, ptx=False, D=64, n=24, dev=DEV):
     if ptx:  # a bf16 tile (units of 2^-8): the exact value rounded once to nearest even bf16
         ref = (ref / 256).to(torch.bfloat16).float() * 256
     assert torch.equal(out.cpu().view(torch.int32), ref.view(torch.int32))
+
+
+def _e4m3_value(byte: int) -> float:
+    return torch.tensor([byte], dtype=torch.uint8).view(torch.float8_e4m3fn).double().item()
+
+
+def test_e2m1_pairs_asm_every_byte_every_position():
+    """kv_pairs.py's inline PTX for packed E2M1, run instruction by instruction on its own text (tests/ptx_model.py):
+    every byte value in each of the 4 byte positions, each byte with its own E4M3 scale (so a factor applied to the
+    wrong byte shows), gives the bf16 bits of value·scale·2^-8 for both of its channels (exact: no rounding)."""
+    from dsv41c.codegen.triton import kv_pairs
+    from ptx_model import bf16_bits, run_ptx
+
+    asm = kv_pairs._E2M1_PAIRS.value
+    e2m1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    value = lambda n: (-1.0 if n & 8 else 1.0) * e2m1[n & 7]  # noqa: E731
+    factor = lambda sb: bf16_bits(_e4m3_value(sb) * 2.0 ** 118)  # noqa: E731
+    scale_sets = [(0x38, 0x39, 0x3A, 0x3B), (1, 7, 8, 0x7E), (0, 0x7E, 1, 0x40), (0x20, 0x55, 0x66, 0x11)]
+    for sbs in scale_sets:
+        f = [factor(x) for x in sbs]
+        regs_in = {"$5": f[0] | f[1] << 16, "$6": f[2] | f[3] << 16}
+        for c in range(256):
+            codes = [c, (c + 37) % 256, (c + 101) % 256, 255 - c]
+            word = codes[0] | codes[1] << 8 | codes[2] << 16 | codes[3] << 24
+            out = run_ptx(asm, dict(regs_in, **{"$4": word}))
+            for j in range(4):
+                sc = _e4m3_value(sbs[j])
+                want = bf16_bits(value(codes[j] & 15) * sc / 256) | bf16_bits(value(codes[j] >> 4) * sc / 256) << 16
+                assert out[f"${j}"] == want, (sbs, j, hex(codes[j]), hex(out[f"${j}"]), hex(want))
 
 
 @pytest.mark.parametrize("win", [True, False])
@@ -461,7 +489,8 @@ def test_gpu_compressor_real_widths(ratio, T):
                                          (3, False, {"dv": 256}), (64, True, {"kv_pairs": True}),
                                          (64, True, {"lazy_rescale": 8.0}),
                                          (1, True, {"kv_pairs": True, "lazy_rescale": 8.0}),
-                                         (64, True, {"kv_pairs": True, "pdl": True}), (1, True, {"pdl": True})])
+                                         (64, True, {"kv_pairs": True, "pdl": True}), (1, True, {"pdl": True}),
+                                         (64, True, {"kv_pairs": False, "pdl": False}), (1, True, {"kv_pairs": False})])
 def test_gpu_sparse_attention_real_widths(S, quant, cfg):
     H, D, W, KC, N = 64, 512, 128, 512, 3000
     cos, sin = rope_table(4096, 32)

@@ -15,6 +15,7 @@ import triton.language as tl
 
 from dsv41c.codegen.triton import fp8_gemm as fg
 from dsv41c import formats as nx
+from ptx_model import bf16_bits, bf16_value, prmt, run_ptx
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 BF16_ULP = 2.0 ** -7
@@ -142,14 +143,8 @@ def test_fp8_gemm_decode_w_large_scales_take_the_two_factor_loop():
 
 
 def _prmt(a: int, sel: int) -> int:
-    """PTX prmt.b32 d, a, a, sel (default mode): output byte i <- byte (sel >> 4i) & 7 of {a, a}, +8: its sign."""
-    src = [(a >> (8 * (j % 4))) & 0xFF for j in range(8)]
-    out = 0
-    for i in range(4):
-        nib = (sel >> (4 * i)) & 0xF
-        b = src[nib & 7]
-        out |= ((0xFF if b & 0x80 else 0) if nib & 8 else b) << (8 * i)
-    return out
+    """prmt.b32 d, a, a, sel (default mode)."""
+    return prmt(a, a, sel)
 
 
 def test_ptx_prmt_form_matches_the_shift_mask_form():
@@ -167,48 +162,6 @@ def test_ptx_prmt_form_matches_the_shift_mask_form():
 
 
 # ============================================================================ DECODE_W 2 (byte pairs, inline PTX)
-
-
-def _bf16_value(h: int) -> float:
-    return torch.tensor([h & 0xFFFF], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).double().item()
-
-
-def _bf16_bits(v: float) -> int:
-    """float64 -> bf16 bits, one rounding to nearest even (v is an exact product of two bf16 values: float32 holds it
-    exactly, so torch's float64 -> float32 -> bf16 rounds once)."""
-    return int(torch.tensor([v], dtype=torch.float64).to(torch.bfloat16).view(torch.int16).item()) & 0xFFFF
-
-
-def _run_ptx(asm: str, regs: dict) -> dict:
-    """A model of the five PTX instructions `fp8_gemm._e4m3_pairs_asm` emits, run on the real asm text: mov.b32,
-    prmt.b32 (default mode, `_prmt`), shl.b32, and.b32, fma.rn.bf16x2 (per 16-bit half: a·b + c rounded once)."""
-    regs = dict(regs)
-    val = lambda t: regs[t] if t in regs else int(t, 0)  # noqa: E731
-    for ins in asm.strip("{} ").split(";"):
-        ins = ins.strip()
-        if not ins or ins.startswith(".reg"):
-            continue
-        op, args = ins.split(None, 1)
-        a = [t.strip() for t in args.split(",")]
-        if op == "mov.b32":
-            regs[a[0]] = val(a[1])
-        elif op == "prmt.b32":
-            assert a[1] == a[2]
-            regs[a[0]] = _prmt(val(a[1]), val(a[3]))
-        elif op == "shl.b32":
-            regs[a[0]] = (val(a[1]) << val(a[2])) & 0xFFFFFFFF
-        elif op == "and.b32":
-            regs[a[0]] = val(a[1]) & val(a[2])
-        elif op == "fma.rn.bf16x2":
-            x, y, z = val(a[1]), val(a[2]), val(a[3])
-            out = 0
-            for sh in (0, 16):
-                r = _bf16_value(x >> sh) * _bf16_value(y >> sh) + _bf16_value(z >> sh)
-                out |= _bf16_bits(r) << sh
-            regs[a[0]] = out
-        else:
-            raise AssertionError(f"unmodelled PTX {op}")
-    return regs
 
 
 def _pairs_factor_bits(e: int) -> tuple:
@@ -233,16 +186,16 @@ def test_pairs_asm_all_codes_all_byte_positions(two):
         for c in range(256):
             codes = [c, (c + 37) % 256, (c + 101) % 256, 255 - c]
             word = codes[0] | codes[1] << 8 | codes[2] << 16 | codes[3] << 24
-            regs = _run_ptx(asm, dict(regs_in, **{"$2": word}))
+            regs = run_ptx(asm, dict(regs_in, **{"$2": word}))
             got = [regs["$0"] & 0xFFFF, regs["$0"] >> 16, regs["$1"] & 0xFFFF, regs["$1"] >> 16]
             for k, ek, g in zip(codes, es, got):
                 if k & 0x7F == 0x7F:
                     continue
                 want = float(torch.tensor(vals[k].item(), dtype=torch.float32) * 2.0 ** (ek - 127))
                 if ek == 255:
-                    assert _bf16_value(g) != _bf16_value(g), (ek, k)  # NaN scale byte
+                    assert bf16_value(g) != bf16_value(g), (ek, k)  # NaN scale byte
                 else:
-                    assert g == _bf16_bits(want), (ek, k, hex(g), want)
+                    assert g == bf16_bits(want), (ek, k, hex(g), want)
 
 
 def test_decode_w_2_choice_order_and_refusals(monkeypatch):

@@ -130,6 +130,15 @@ def test_bad_dv_is_rejected():
         sa.sparse_attention(*args, cos, sin, dv=48, **kw)
 
 
+@pytest.mark.parametrize("lazy", [-1.0, float("inf"), float("nan"), 31.0])
+def test_bad_lazy_rescale_is_rejected(lazy):
+    S, H, D, W, KC, N = 2, 16, 64, 16, 8, 8
+    cos, sin = rope_table(64, 8)
+    args, kw = batch_inputs(S, H, D, W, KC, N, True, seed=1)
+    with pytest.raises(ValueError, match="lazy_rescale"):
+        sa.sparse_attention(*args, cos, sin, lazy_rescale=lazy, **kw)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [{}, {"qk_once": False, "fuse_combine": False, "block_n": 64, "num_stages": 2},
                                  {"block_n": 64, "num_stages": 2}, {"block_n": 16}, {"n_split": 4},

@@ -20,18 +20,22 @@ two codes in one 32-bit register and scale both with one `fma.rn.bf16x2` (x·s +
   value has 2 significant bits and an E4M3 scale 4, so the product has at most 6 (bf16 holds 8), and
   its smallest magnitude 0.5·2^-9·2^-8 is a bf16 normal. The bf16 fma has no flush-to-zero form,
   so the subnormal inputs (the ±0.5 codes) survive; ±0 codes give ±0 as the float path does.
-  A byte (2 values): prmt, mul, 2 shifts, 2 masks, or, fma. Its output keeps the byte's own place in
+  A byte (2 values): prmt, mul, 2 shifts, 2 masks, or, a prmt copying its own factor into both halves,
+  fma. Its output keeps the byte's own place in
   the [rows, bytes] tile, so the tile's register layout follows the row-contiguous load (an earlier
   form paired the low nibbles of two bytes, and regrouping them into channel pairs cost a PRMT a
   value).
 - window ring, E4M3 + one UE8M0 byte per 32 channels: `fp8_gemm.e4m3_pairs_to_bf16` (prmt, shl,
   and, then fma.rn.bf16x2 by two exact powers of two), given the exponent e - 8 so that its
-  value·2^(e-127) becomes the tile unit's value·2^(e-135).
+  value·2^(e-127) becomes the tile unit's value·2^(e-135): the per-element decoder's bits for every scale
+  byte 1..254 (values below bf16's normal range round once, as they do there; bytes 0 and 255 are not
+  decoded specially by either).
 
 Both are CUDA inline PTX (`PTX`). `e2m1_tile_pairs` also has an emulation in plain Triton (the same
 fields and masks, the multiply in float32, exact) that the interpreter tests run; the PTX itself
-(register order of the packed operands, prmt selectors) is checked on a GPU only
-(`tests/test_kernels_attention.py::test_gpu_kv_tile_pairs_every_code`).
+is run instruction by instruction on its own text by a model of its PTX instructions (`tests/ptx_model.py`,
+`tests/test_kernels_attention.py::test_e2m1_pairs_asm_every_byte_every_position`, CPU) and checked on a GPU
+(`test_gpu_kv_tile_pairs_every_code`: the register order of the packed operands).
 
 Known gaps: no ROCm form (the kernel keeps the per-element decoder there). E4M3 scale code 0x7F
 (NaN) is not decoded specially, as in the per-element decoder (the quantizer never writes it).
@@ -49,17 +53,19 @@ _E2M1_FACTOR = tl.constexpr(2.0 ** 118)
 
 
 def _e2m1_pairs_asm() -> tl.constexpr:
-    """The PTX of `e2m1_tile_pairs` for 4 bytes in one register ($4) and their scale pairs ($5: bytes 0-1, $6: bytes
-    2-3; a 4-byte-aligned run of bytes lies in one scale group): output $j is byte j's bf16x2 (low nibble in bits
-    0..15, high nibble in 16..31). Byte j is moved alone to the low byte (prmt with a zero register), multiplied by
-    4097 so that its high nibble also sits at bits 16..19, then both halves take the low-nibble bit moves."""
+    """The PTX of `e2m1_tile_pairs` for 4 bytes in one register ($4) and their 4 scale factors as two bf16 pairs ($5:
+    bytes 0-1, $6: bytes 2-3): output $j is byte j's bf16x2 (low nibble in bits 0..15, high nibble in 16..31). Byte
+    j is moved alone to the low byte (prmt with a zero register), multiplied by 4097 so that its high nibble also
+    sits at bits 16..19, then both halves take the low-nibble bit moves; byte j's own factor is copied into both
+    halves (prmt) for its fma, so the result does not depend on which 4 elements Triton packs into a register."""
     body = ""
     for j in range(4):
         f = "$5" if j < 2 else "$6"
+        dup = "0x1010" if j % 2 == 0 else "0x3232"  # the pair's low / high factor in both halves
         body += (f"prmt.b32 p, $4, z0, 0x444{j}; mul.lo.u32 p, p, 4097; "
                  f"shl.b32 a, p, 6; and.b32 a, a, 0x01C001C0; shl.b32 b, p, 12; and.b32 b, b, 0x80008000; "
-                 f"or.b32 a, a, b; fma.rn.bf16x2 ${j}, a, {f}, z; ")
-    return tl.constexpr("{ .reg .b32 p, a, b, z, z0; mov.b32 z, 0x80008000; mov.b32 z0, 0; " + body + "}")
+                 f"or.b32 a, a, b; prmt.b32 s, {f}, {f}, {dup}; fma.rn.bf16x2 ${j}, a, s, z; ")
+    return tl.constexpr("{ .reg .b32 p, a, b, s, z, z0; mov.b32 z, 0x80008000; mov.b32 z0, 0; " + body + "}")
 
 
 _E2M1_PAIRS = _e2m1_pairs_asm()
@@ -95,5 +101,5 @@ def e2m1_tile_pairs(b, s, R: tl.constexpr, C: tl.constexpr, PTX: tl.constexpr):
 def e4m3_tile_pairs(c, e, R: tl.constexpr, C: tl.constexpr):
     """E4M3 codes c [R, C] (uint8, natural channel order) + UE8M0 bytes e [R, C/32] -> bf16 [R, C] worth
     value·2^(e-127)·2^-8 (the tile unit), by `fp8_gemm.e4m3_pairs_to_bf16` at exponent e - 8 with both of its
-    factors (exact for every byte 1..254). CUDA inline PTX only."""
+    factors (for every byte 1..254 the per-element decoder's bits). CUDA inline PTX only."""
     return e4m3_pairs_to_bf16(c, e.to(tl.int32) - 8, R, C, True)

@@ -31,7 +31,8 @@ the AMD targets compile unchanged). `PDL_CUDA = False` turns it off everywhere.
 
 Known gaps: the ahead-of-time variants are built with PDL off (the runtime's launcher would have
 to set the launch attribute); the benchmarks time single kernels in a graph, where PDL has no
-predecessor to overlap, so it shows only in the multi-launch rows (MoE experts, the whole FFN).
+predecessor to overlap, so it shows only in the multi-launch rows (MoE experts, the whole FFN, sparse
+attention with its combine).
 """
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ once (the compiler stages it in shared memory for the whole key loop). Window bl
 blocks run in two loops (no format branch inside a loop). Per key block the program gathers the key
 rows once and dequantizes them once into a bf16 tile [BN, 512] (`_kv_tile`; quantized tiles carry K in
 units of 2^-8, folded into the logit scale and the output; on CUDA the bf16x2 decoders of kv_pairs.py, elsewhere
-E4M3/E2M1 codes become fp16 bit patterns, ~6 ops a value, from loads shaped [rows, scale groups, group bytes] so a
-group's scale broadcasts). Because K = V, that one tile is both MMA operands: q·K^T over all 512 channels, then,
+E4M3/E2M1 codes become fp16 bit patterns, ~6 ops a value; compressed rows load as [rows, bytes], window rows as
+[rows, scale groups, 32] on the per-element path so a group's scale broadcasts). Because K = V, that one tile is both MMA operands: q·K^T over all 512 channels, then,
 after the online-softmax update (m, l in fp32), P·V into the [64, DV] fp32 accumulator (P rounded
 to bf16 for the P·V MMA). With DV < D the QK product runs per DV-channel slice and the program's own
 slice is V (still one load and dequant per key element). Pipeline stages prefetch the next blocks'
@@ -93,18 +93,22 @@ channels (DV 256, no split, no combine: q·K repeated) took 112 µs for 64 queri
 tune_sparse_attention_s14_before.json; their static SASS spills more: stack 848 B at BN 64 under triton 3.6, 744 under 3.9).
 
 Session 16 (H200, L2-cold graph replay; results/tune_sparse_attention_s16_*.json, kernels_attention.json,
-ncu_attn_batch_S64_s16*.txt): on CUDA the quantized tiles are decoded two values a register (kv_pairs.py: the
-E4M3 window by fp8_gemm's byte-pair decoder at exponent e - 8, the E2M1 rows a byte a bf16x2 fma; the same bits;
-static sm90 SASS of the 64-query compressed loop 2,133 -> 1,530 instructions), the compressed rows load as
-[rows, bytes] (the [rows, groups, 8] load gave a warp's lanes different rows: its cp.async stage ran 32-way bank
-conflicts, 1.05 M of the kernel's 5.0 M shared-memory wavefronts; after: none on that stage, 3.7 M in all), and
-both launches use PDL (pdl.py: the combine is scheduled while the attention grid runs). 64 queries 60.5 ->
-52.1-52.8 µs, one query 15.4 -> 13.2-13.5 µs, prefill 1024 queries 0.72 -> 0.58 ms (do_bench). Measured and
-left off: the lazy rescale (level: 53.3 against 52.3 µs), 16 warps (4 warpgroups, 128 registers: 74-85 µs; they
-spill), and again BN 32 / 16 and 1 / 4 splits with the new decoders (all slower). What is left (the second
-profile): the dequantized tile's shared-memory stores and the raw stage's loads still run 16-way conflicts (the
-tile's register layout puts a warp's lanes on 8 rows), a spill reload at the top of the compressed loop, and the
-wgmma waits; 27 % of the samples fall outside the loops (q's load, the partials' store).
+ncu_attn_batch_S64_s16*.txt, tune_sparse_attention_sass_s16_t36.json): on CUDA the quantized tiles are decoded
+two values a register (kv_pairs.py: the E4M3 window by fp8_gemm's byte-pair decoder at exponent e - 8, the E2M1
+rows a byte a bf16x2 fma; the same bits; static sm90 SASS of the 64-query compressed loop 2,130 -> 1,554
+instructions), the compressed rows load as [rows, bytes] (the [rows, groups, 8] load gave a warp's lanes
+different rows: 32-way bank conflicts on its cp.async stage, 1.05 M of the kernel's 4.96 M shared-memory
+wavefronts; after: 3.73 M), and both launches use PDL (pdl.py: the combine is scheduled while the attention grid
+runs). 64 queries 60.5 -> 52.1-52.8 µs, one query 15.4 -> 13.2-13.5 µs, prefill 1024 queries 0.72 -> 0.58 ms
+(do_bench). The E2M1 asm's final form (each byte's own scale factor copied into both halves, one prmt a byte)
+came after those timings: checked on the CPU by a model of its PTX (tests/ptx_model.py) and by ptxas, not run on a
+GPU. Measured and left off: the lazy rescale (level: 53.3 against 52.3 µs), 16 warps (4 warpgroups, 128
+registers: 74-85 µs; they spill), and again BN 32 / 16 and 1 / 4 splits with the new decoders (all slower). PDL
+without the pair decoders made one quantized query slower (16.2 against 15.4 µs); it is on with them. What is left
+(the second profile): the dequantized tile's shared-memory stores still run 16-way conflicts (its register layout,
+32 channels a thread and 16 lanes a row, against the wgmma operand's 128-byte swizzle: docs/KERNELS.md), a spill
+reload at the top of the compressed loop, and the wgmma waits; 27 % of the samples fall outside the loops (q's
+load, the partials' store).
 
 Known gaps: entries selected by the indexer that also lie in the window are attended twice
 (as the reference does, spec §3.4 note). Window rows are trusted to hold the right positions
@@ -495,8 +499,8 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     pairs = wq and ptx and (KV_PAIRS if kv_pairs is None else bool(kv_pairs))
     lazy = float(LAZY_RESCALE if lazy_rescale is None else lazy_rescale)
     pdl = pdl_for(dev) and (PDL_ATTENTION if pdl is None else bool(pdl))
-    if lazy < 0:
-        raise ValueError(f"sparse_attention: lazy_rescale {lazy} must be >= 0")
+    if not 0 <= lazy <= LAZY_MAX:  # e^slack bounds each probability: fp32 sums and bf16 P stay finite
+        raise ValueError(f"sparse_attention: lazy_rescale {lazy} must be in [0, {LAZY_MAX}]")
     CP = min(64, DV)
     NS, HB = _combine_tile_shape(n_split, H)
     if split:
@@ -543,6 +547,7 @@ ONE_QUERY_DV = 128  # output channels per program for a single quantized decode 
 # off, selectable.
 KV_PAIRS = True
 LAZY_RESCALE = 0.0
+LAZY_MAX = 30.0  # the largest slack accepted: e^30 ~ 1e13 a probability, ~7e15 summed over 640 keys
 PDL_ATTENTION = True
 # and its key block (CUDA): H200, session 14 (results/tune_sparse_attention_s14.json, after the chunked combine), L2-cold
 # graph replay: BN 32 15.1 µs, BN 64 25.6 (the DV 512 tiles: BN 16 16.8, BN 32 17.8; DV 64 22.3)
