@@ -10,7 +10,8 @@ two codes in one 32-bit register and scale both with one `fma.rn.bf16x2` (x·s +
 - compressed cache, packed E2M1 + one E4M3 scale per 16 channels (`e2m1_tile_pairs`). For a byte
   b (low nibble = even channel) the bf16 with bits (s << 15) | (e << 7) | (m << 6), from the nibble
   s·8 + e·2 + m, is exactly value·2^-126 (e >= 1: 2^(e-127)·(1 + m/2) = 2^(e-1)·(1 + m/2)·2^-126;
-  e = 0: the bf16 subnormal (m·64/128)·2^-126 = (m/2)·2^-126). A byte b alone in a register, times
+  e = 0: the bf16 subnormal (m·64/128)·2^-126 = (m/2)·2^-126; the algebra of the MoE decoders'
+  `fp4_unpack.e2m1_bf16x2_bits`). A byte b alone in a register, times
   4097 (= b | b << 12), has its low nibble at bits 0..3 and its high nibble at bits 16..19, so
       ((p << 6) & 0x01C001C0) | ((p << 12) & 0x80008000)
   is the bf16x2 of the byte's two channels in channel order (low nibble in bits 0..15; bits 12..15 of
@@ -20,11 +21,10 @@ two codes in one 32-bit register and scale both with one `fma.rn.bf16x2` (x·s +
   value has 2 significant bits and an E4M3 scale 4, so the product has at most 6 (bf16 holds 8), and
   its smallest magnitude 0.5·2^-9·2^-8 is a bf16 normal. The bf16 fma has no flush-to-zero form,
   so the subnormal inputs (the ±0.5 codes) survive; ±0 codes give ±0 as the float path does.
-  A byte (2 values): prmt, mul, 2 shifts, 2 masks, or, a prmt copying its own factor into both halves,
-  fma. Its output keeps the byte's own place in
-  the [rows, bytes] tile, so the tile's register layout follows the row-contiguous load (an earlier
-  form paired the low nibbles of two bytes, and regrouping them into channel pairs cost a PRMT a
-  value).
+  A byte (2 values): prmt, mul, 2 shifts, 2 masks, or, a prmt copying its own factor into both
+  halves, fma. Its output keeps the byte's own place in the [rows, bytes] tile, so the tile's
+  register layout follows the row-contiguous load (an earlier form paired the low nibbles of two
+  bytes, and regrouping them into channel pairs cost a PRMT a value).
 - window ring, E4M3 + one UE8M0 byte per 32 channels: `fp8_gemm.e4m3_pairs_to_bf16` (prmt, shl,
   and, then fma.rn.bf16x2 by two exact powers of two), given the exponent e - 8 so that its
   value·2^(e-127) becomes the tile unit's value·2^(e-135): the per-element decoder's bits for every scale
@@ -45,7 +45,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from dsv41c.codegen.triton.fp8_gemm import e4m3_pairs_to_bf16
+from dsv41c.codegen.triton.fp8_gemm import bits_f32, e4m3_pairs_to_bf16
 from dsv41c.codegen.triton.kv_quant import e4m3_decode
 
 # 2^118: moves an E4M3 scale so that (value·2^-126) x factor = value·scale·2^-8 (module docstring)
@@ -72,12 +72,6 @@ _E2M1_PAIRS = _e2m1_pairs_asm()
 
 
 @triton.jit
-def _bf16_bits_f32(bits):
-    """bf16 bit patterns (int32, low 16 bits) -> float32 (exact)."""
-    return (bits << 16).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def e2m1_tile_pairs(b, s, R: tl.constexpr, C: tl.constexpr, PTX: tl.constexpr):
     """Packed E2M1 bytes b [R, C/2] (uint8; low nibble = even channel) and their E4M3 scale bytes s [R, C/16] -> the
     tile [R, C] in channel order, worth value·scale·2^-8: bf16 (PTX: one inline bf16x2 fma a byte, the byte's two
@@ -92,8 +86,8 @@ def e2m1_tile_pairs(b, s, R: tl.constexpr, C: tl.constexpr, PTX: tl.constexpr):
         hi = ((w >> 16) & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True)
     else:
         bi = b.to(tl.int32)
-        lo = _bf16_bits_f32(((bi & 7) << 6) | ((bi & 8) << 12)) * f
-        hi = _bf16_bits_f32(((bi & 0x70) << 2) | ((bi & 0x80) << 8)) * f
+        lo = bits_f32((((bi & 7) << 6) | ((bi & 8) << 12)) << 16) * f  # bf16 bits -> float32
+        hi = bits_f32((((bi & 0x70) << 2) | ((bi & 0x80) << 8)) << 16) * f
     return tl.reshape(tl.join(lo, hi), (R, C))
 
 

@@ -116,8 +116,8 @@ Known gaps: entries selected by the indexer that also lie in the window are atte
 rounded to bf16 for the P·V MMA on GPUs (fp32 in the interpreter). No paging (base rows only).
 UE8M0 byte 0 / 255 and E4M3 NaN are not decoded specially (the quantizers never produce them).
 The fused combine's counters (arrival.counters) are per device: two fused launches must not run
-concurrently on different streams. BN 64 decode batches spill (320 B stack with the pair decoders; BN 32 136 B,
-21 local loads per compressed block under triton 3.6). The pair decoders are CUDA-only (ROCm and the interpreter
+concurrently on different streams. BN 64 decode batches spill (320 B stack with the pair decoders; BN 32 144 B,
+22 local-memory operations per compressed block under triton 3.6: tune_sparse_attention_sass_s16_t36.json). The pair decoders are CUDA-only (ROCm and the interpreter
 keep the per-element decoder; the interpreter tests run the E2M1 pair decoder's emulation). The AOT variants are
 built with PDL off.
 """
