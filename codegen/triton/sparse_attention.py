@@ -652,7 +652,7 @@ def _specs(target):
     lds64 = target in ("rocm:gfx942", "rocm:gfx1100")
     stages = 1 if is_rocm(target) else 2
     out = []
-    pairs = KV_PAIRS and not is_rocm(target)  # inline PTX: CUDA targets only
+    pairs = KV_PAIRS and target.startswith("cuda:")  # inline PTX: CUDA targets only (not ROCm, not Ascend)
     for quant in (True, False):
         dv, bn = (128, 32) if lds64 else (c.head_dim, DEFAULT_BN[quant])
         out.append(_attn_spec(c, quant, True, bn, dv, 8, stages, "decode", pairs=pairs))
