@@ -14,6 +14,7 @@ import triton.language as tl
 
 from dsv41c.codegen.triton import compressor as cm
 from dsv41c.codegen.triton import indexer as ix
+from dsv41c.codegen.triton import kv_pairs
 from dsv41c.codegen.triton import kv_quant as kq
 from dsv41c.codegen.triton import sparse_attention as sa
 from dsv41c import formats as nx
@@ -21,6 +22,7 @@ from dsv41c import formats as nx
 from kernel_helpers import (DEV, assert_bf16_close, assert_compressor_close, bits,  # noqa: E402
                             compressor_weights, rope_table)
 from kernel_helpers import fp4_e4m3_close as _fp4_e4m3_close  # noqa: E402
+from ptx_model import bf16_bits, run_ptx  # noqa: E402
 
 
 # ============================================================================ kv_quant
@@ -328,9 +330,6 @@ def test_e2m1_pairs_asm_every_byte_every_position():
     """kv_pairs.py's inline PTX for packed E2M1, run instruction by instruction on its own text (tests/ptx_model.py):
     every byte value in each of the 4 byte positions, each byte with its own E4M3 scale (so a factor applied to the
     wrong byte shows), gives the bf16 bits of value·scale·2^-8 for both of its channels (exact: no rounding)."""
-    from dsv41c.codegen.triton import kv_pairs
-    from ptx_model import bf16_bits, run_ptx
-
     asm = kv_pairs._E2M1_PAIRS.value
     e2m1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
     value = lambda n: (-1.0 if n & 8 else 1.0) * e2m1[n & 7]  # noqa: E731
