@@ -131,6 +131,7 @@ from dsv41c.codegen.templates import KernelTemplate, register
 from dsv41c.codegen.triton.arrival import arrive_last, counters, reset_counter
 from dsv41c.codegen.triton.kv_quant import (
     aot_spec, e4m3_decode, interpreting, is_rocm, pow2_float, round_bf16, sm_count)
+from dsv41c.codegen.triton.fp8_gemm import ptx_for
 from dsv41c.codegen.triton.kv_pairs import e2m1_tile_pairs, e4m3_tile_pairs
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 from dsv41c import formats as nx
@@ -495,7 +496,7 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     # per-slice products (DV < D) in branches spill more than they save (module docstring): off there
     qk_once = (QK_ONCE and DV == D) if qk_once is None else bool(qk_once)
     fuse = split and (FUSE_COMBINE if fuse_combine is None else bool(fuse_combine))
-    ptx = dev.type == "cuda" and torch.version.hip is None and not interpreting()
+    ptx = ptx_for(dev)
     pairs = wq and ptx and (KV_PAIRS if kv_pairs is None else bool(kv_pairs))
     lazy = float(LAZY_RESCALE if lazy_rescale is None else lazy_rescale)
     pdl = pdl_for(dev) and (PDL_ATTENTION if pdl is None else bool(pdl))
