@@ -29,6 +29,7 @@ KERNEL_MODULES = (
     "dsv41c.codegen.triton.moe_router",
     "dsv41c.codegen.triton.moe_decode",
     "dsv41c.codegen.triton.fp8_gemm",
+    "dsv41c.codegen.triton.fp8_warp_split",
     "dsv41c.codegen.triton.rmsnorm",
     "dsv41c.codegen.triton.engram",
 )
@@ -64,6 +65,8 @@ class KernelTemplate:
     specializations: Callable[[str], list]  # target string ("cuda:sm90", ...) -> [AotSpec]
     # targets where only a generic (unspecialized) variant exists, with the reason
     generic_on: dict = field(default_factory=dict)
+    # targets with no variant on purpose, with the reason the matrix shows for the gap
+    missing_on: dict = field(default_factory=dict)
 
 
 def aot_spec(kernel, variant, types: dict, constexprs: dict, num_warps=4, num_stages=2, keys=None,

@@ -30,8 +30,10 @@ DOT_F32 (operands upcast to fp32 before tl.dot) and every rounding step is integ
 
 Decode shapes: one token (M = 1) runs `fp8_gemv_kernel` on the CUDA cores (no tensor-core
 padding to 16 rows; the block scale multiplies the activation, not each weight element: 3.5 SASS
-instructions per weight element vs 6.3 in the MMA loop). M <= 16 otherwise runs the tensor-core
-kernel with the per-element decoder DECODE_W 0, except the largest linear (engram wkv, from
+instructions per weight element vs 6.3 in the MMA loop). 2-8 tokens on sm90 for the linears it was measured on
+(shared w1/w3, shared w2, wq_a, wo_b) run fp8_warp_split.py instead: one program per 16 weight rows with K split
+over its warps and summed in shared memory, no split-K partials (4-20 % faster at 8 tokens, session 17). M <= 16
+otherwise runs the tensor-core kernel with the per-element decoder DECODE_W 0, except the largest linear (engram wkv, from
 DECODE_W_MIN_WEIGHTS elements), where the word decoder DECODE_W 1 (below) is faster on the H200;
 `_gemm(decode_w=)` forces either. On sm90 the DECODE_W 0 tile has 2 warps and 32 weight rows, so that Triton
 emits mma.sync rather than wgmma (`_decode_tile`: faster at 8 tokens on the H200); DECODE_W 1's, and every tile
@@ -1157,8 +1159,9 @@ def _prefetch_row_bytes(prefetch, device, w, w3, k_split: int, rows: int) -> int
 
 def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=None, fold=None, decode_w=None,
           pdl=None, prefetch=None, spf=None, stack=None):
-    """Shared launcher. path: "gemv" (one token on the CUDA cores), "mma" (tensor cores), or None
-    (gemv for M <= GEMV_MAX_M when K tiles). fold: split-K epilogue inside the GEMM launch
+    """Shared launcher. path: "gemv" (one token on the CUDA cores), "mma" (tensor cores), "warp_split" (decode, the
+    K split over one program's warps: fp8_warp_split.py), or None (gemv for M <= GEMV_MAX_M when K tiles; warp_split
+    where `fp8_warp_split.default_for` says so and none of the mma options below is given; else mma). fold: split-K epilogue inside the GEMM launch
     (last-arriver) instead of a second launch; default on. tiles overrides the path's tile tuple
     (sweeps): mma (BM, BN, BK, GROUP_M, SPLIT_K, num_warps, num_stages), gemv (BN, BK, SPLIT_K,
     num_warps, num_stages[, SEG]; SEG defaults to GEMV_SEG). decode_w: the mma path's weight decoder, 0, 1 or 2
@@ -1186,6 +1189,18 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
     gated = w3 is not None
     wu, su = as_u8(w), as_u8(s)
     w3u, s3u = (as_u8(w3), as_u8(s3)) if gated else (wu, su)
+    mma_args = {k: v for k, v in (("tiles", tiles), ("fold", fold), ("decode_w", decode_w), ("prefetch", prefetch),
+                                  ("spf", spf), ("stack", stack)) if v is not None}
+    if path is None and M > GEMV_MAX_M and not mma_args:
+        from dsv41c.codegen.triton import fp8_warp_split as ws  # it imports this module's helpers
+        if ws.default_for(x.device, M, N, K, gated) and (not gated or (w3u.data_ptr() - wu.data_ptr()) % 16 == 0):
+            path = "warp_split"
+    if path == "warp_split":
+        from dsv41c.codegen.triton import fp8_warp_split as ws
+        if mma_args:
+            raise ValueError(f"{name}: the warp-split path takes none of the mma path's options ({sorted(mma_args)})")
+        return ws.fp8_gemm_warp_split(x2, w, s, w3, s3, limit, out_dtype or x.dtype, pdl=pdl,
+                                      name=name).reshape(*x.shape[:-1], N)
     if path is None:
         path = "gemv" if M <= GEMV_MAX_M and _gemv_tiles(N, K, gated) is not None else "mma"
     if path == "gemv":

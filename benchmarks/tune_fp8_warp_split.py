@@ -1,0 +1,114 @@
+"""Time the warp-split FP8 decode GEMM (codegen/triton/fp8_warp_split.py) against fp8_gemm's default decode path.
+
+For the decode linears at 8 tokens (shared w1/w3 gated 2304×5120, shared w2 5120×2304, wq_a 1280×5120, wo_b
+5120×8192): fp8_gemm's default (the 2-warp mma.sync tile, split-K folded by the last arriver; the stacked tile for
+the gated one), then the warp-split kernel over S (warps = K slices) 4 / 8 / 16, BK 32 / 64 / 128 and 2-4 stages
+where K tiles, then the default again and the best three warp-split tiles again (interleaved, so drift shows). Each
+row: the relative error against x·dequant(W)ᵀ (the gated one against fp8_gemm_swiglu_reference), the graph-replay
+median warm and L2-cold (`common.ms_graph`), and the cold time over the bytes floor.
+
+    python benchmarks/tune_fp8_warp_split.py --out tune_fp8_warp_split.json [--shapes shared_w13,shared_w2]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+import triton  # noqa: E402
+
+from benchmarks.common import env_info, measure_ceilings, ms_graph, rel_err, write_json  # noqa: E402
+from dsv41c.codegen.triton import fp8_gemm as fg  # noqa: E402
+from dsv41c.codegen.triton import fp8_warp_split as ws  # noqa: E402
+from dsv41c import formats as nx  # noqa: E402
+
+DEV = "cuda"
+SHAPES = {"shared_w13": (2304, 5120, True), "shared_w2": (5120, 2304, False), "wq_a": (1280, 5120, False),
+          "wo_b": (5120, 8192, False)}
+M = 8
+
+
+def _weights(N, K):
+    w = torch.randint(-126, 127, (N, K), device=DEV, dtype=torch.int8).view(torch.uint8)
+    w = torch.where((w & 0x7F) == 0x7F, w ^ 1, w).view(torch.float8_e4m3fn)
+    s = torch.randint(112, 118, (triton.cdiv(N, 32), triton.cdiv(K, 32)), device=DEV, dtype=torch.uint8)
+    return w, s
+
+
+def _tiles(K, grid: str = "first"):
+    """(S, RB, BK, stages) to time. "first" (run 1): S 4 / 8 / 16 × BK 32 / 64 / 128 × 2-4 stages at RB 16. "second"
+    (run 2, after run 1 favoured few warps and wide k tiles): S 2 / 4 / 8 × BK 64 / 128 / 256 × 3-4 stages at RB 16,
+    and RB 32 (two M tiles a warp: half the x bytes a weight byte, half the programs) at S 4 / 8 × BK 64 / 128."""
+    out = []
+    if grid == "first":
+        cands = [(S, 16, BK, ns) for S in (4, 8, 16) for BK in (32, 64, 128) for ns in (2, 3, 4)]
+    else:
+        cands = [(S, 16, BK, ns) for S in (2, 4, 8) for BK in (64, 128, 256) for ns in (3, 4)]
+        cands += [(S, 32, BK, ns) for S in (4, 8) for BK in (64, 128) for ns in (3, 4)]
+    return [t for t in cands if K % (t[0] * t[2]) == 0]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--grid", choices=("first", "second"), default="second", help="the tiles to time (`_tiles`)")
+    args = ap.parse_args(argv)
+    torch.manual_seed(0)
+    ceil = measure_ceilings()
+    doc = {**env_info(), "ceilings": ceil, "M": M, "rows": []}
+    for name in args.shapes.split(","):
+        N, K, gated = SHAPES[name]
+        w, s = _weights(N, K)
+        w3, s3 = _weights(N, K) if gated else (None, None)
+        x = torch.randn(M, K, device=DEV).to(torch.bfloat16)
+        lim = 10.0
+        if gated:
+            ref = fg.fp8_gemm_swiglu_reference(x, w, s, w3, s3, lim).float()
+        else:
+            ref = x.float() @ nx.dequant_fp8_weight(w, s, dtype=torch.bfloat16).float().T
+        wbytes = N * K * (1 + 1 / 1024) * (2 if gated else 1)
+        floor = (wbytes + M * K * 2 + M * N * 2) / (ceil["copy_TBps"] * 1e12) * 1e3
+
+        def default():
+            return fg._gemm(x, w, s, w3, s3, lim, False, None, name)
+
+        def split(t):
+            return lambda: ws.fp8_gemm_warp_split(x, w, s, w3, s3, lim, tiles=t, name=name)
+
+        def timed(label, fn, tiles=None):
+            row = {"shape": name, "M": M, "N": N, "K": K, "gated": gated, "variant": label, "tiles": tiles}
+            try:
+                row["rel_err"] = rel_err(fn(), ref)
+                t = ms_graph(fn)
+                row["warm_ms"] = t if isinstance(t, str) else float(t)
+                row["cold_ms"] = None if isinstance(t, str) else t.cold
+                if row["cold_ms"]:
+                    row["cold_over_floor"] = row["cold_ms"] / floor
+            except Exception as e:  # noqa: BLE001 - a tile that does not compile is a row, not the end of the run
+                row["error"] = f"{type(e).__name__}: {e}"[:300]
+            row["floor_ms"] = floor
+            doc["rows"].append(row)
+            print(name, label, {k: (round(v * 1e3, 2) if isinstance(v, float) and k.endswith("ms") else v)
+                                for k, v in row.items() if k in ("rel_err", "warm_ms", "cold_ms", "error")}, flush=True)
+            write_json(args.out, doc)
+            return row
+
+        timed("default", default)
+        rows = [timed(f"ws_S{t[0]}_rb{t[1]}_bk{t[2]}_ns{t[3]}", split(t), t) for t in _tiles(K, args.grid)]
+        timed("default_again", default)
+        best = sorted((r for r in rows if r.get("cold_ms")), key=lambda r: r["cold_ms"])[:3]
+        for r in best:
+            timed(r["variant"] + "_again", split(tuple(r["tiles"])), r["tiles"])
+        timed("default_third", default)
+    write_json(args.out, doc)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""FP8 decode GEMM with the K split across the warps of one program (no split-K round trip through memory).
+
+What: y[M, N] = x[M, K] · dequant(W)ᵀ for decode shapes (M <= 16 tokens), W E4M3 [N, K] with one UE8M0 scale per
+32×32 block, fp32 accumulation; GATED: the shared expert's gate/up pair, y = silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L),
+on a stacked tile (a program's RB weight rows are RB/2 rows of W1 then the same RB/2 rows of W3, W3 addressed
+from W's pointer by its byte distance, as `fp8_gemm`'s GATED 2).
+
+Why: at 8 tokens `fp8_gemm`'s decode tile splits K over 7-11 programs per output tile and folds the partials with
+a last-arriver epilogue (arrival.py). Nsight Compute of the shared w1/w3 GEMM at 8 tokens (session 17,
+`ncu_fp8_w13_M8_s17_source.txt`) puts ~20 % of its warps' samples in that epilogue: the partial stores, the
+release fence (ERRBAR / CCTL.IVALL), the atomic ticket's round trip that every thread waits for at a barrier, and
+the last program's re-read of the partials; in a grid of one wave it is on the critical path of every program.
+
+Algorithm: one program per RB weight rows (RB = 16: one mma.sync M tile). Its S warps each take one contiguous
+slice of K (K / S elements): the weight tile of a k step is [S, RB, BK] (slice s at k = s·K/S + i·BK), decoded
+per element (E4M3 -> fp32 × the block scale -> bf16, exact: `fp8_gemm`'s DECODE_W 0 numerics), and multiplied by
+x's matching [S, BK, BM] tile in ONE batched `tl.dot` whose batch dimension Triton spreads over the warps (a rank-3
+dot gives every warp its own batch entries: warpsPerCTA [S, 1, 1]); so each warp runs an independent k loop over
+its slice, pipelined through cp.async stages like the 2-D tile. The S partial products are then summed over the
+batch axis, a cross-warp reduction through shared memory inside the program: no partial leaves the SM, no fence,
+no atomic, no second pass. Deterministic (fixed reduction tree); the sum's association differs from fp8_gemm's
+split order, so the two paths agree to fp32 rounding, not bit for bit.
+
+Constraints: K % (S·BK) == 0 and BK % 32 == 0 (every slice is whole k tiles, and each 32-wide scale block sits
+inside one k tile); S a power of two. The launcher checks and names the violation.
+
+Known gaps: the x tile is loaded per slice (S·BK·BM·2 bytes a step, from the L2), so x's shared-memory stages are as
+large as the weights' at BM 8; one program per 16 rows gives 288 programs for shared w1/w3 and 320 for w2 (2.2 and
+2.4 an SM on 132 SMs), so SMs hold 2 or 3 programs (no balancing across them). Decode shapes only (M <= 16); CUDA
+and the interpreter (ROCm's mfma batched dot was not checked).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
+from dsv41c.codegen.triton.fp8_gemm import (GATED_LINEARS, DENSE_LINEARS, N_SMS_HINT,
+                                           _byte_distance, _check_w, as_u8, dot_f32_for, e4m3_to_f32, e8m0_to_f32,
+                                           fp8_gemm_reference, fp8_gemm_swiglu_reference, mma_sync_decode_for,
+                                           native_fp8_for, target_traits)
+from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
+
+WARP_SPLIT_DECODE = True  # fp8_gemm's default decode path for 2..WARP_SPLIT_MAX_M tokens where `default_for` agrees
+WARP_SPLIT_MAX_M = 8  # measured at 8 tokens (BM 8: the same kernel from 2 to 8); 9-16 tokens double x's tile: not measured
+# the linears it was measured on (and beat fp8_gemm's decode tile on); the others keep fp8_gemm's path until timed
+MEASURED_LINEARS = ("shared_w13", "shared_w2", "wq_a", "wo_b")
+
+
+@triton.jit
+def _swiglu(g, u, limit):
+    g = tl.minimum(g, limit)
+    u = tl.minimum(tl.maximum(u, -limit), limit)
+    return g / (1.0 + tl.exp(-g)) * u
+
+
+@triton.jit
+def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
+                          N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, RB: tl.constexpr, S: tl.constexpr,
+                          BK: tl.constexpr, STAGES: tl.constexpr, GATED: tl.constexpr, NATIVE_FP8: tl.constexpr,
+                          DOT_F32: tl.constexpr, PDL: tl.constexpr):
+    """One program: RB weight rows (GATED: RB/2 of W1 then the same of W3) × all M tokens, K split over S warps."""
+    tl.static_assert(K % (S * BK) == 0 and BK % 32 == 0, "K must be whole BK tiles per slice, BK % 32 == 0")
+    RBO: tl.constexpr = RB // (1 + GATED)  # output columns of a program
+    KSL: tl.constexpr = K // S  # one warp's slice of K
+    KS: tl.constexpr = (K + 31) // 32  # scale bytes a scale row
+    pid = tl.program_id(0)
+    rr = tl.arange(0, RB)
+    rw = pid * RBO + rr % RBO  # weight row (of W1 or, where up, of W3)
+    up = (rr >= RBO) & (GATED != 0)
+    rw_ok = rw < N
+    w_rows = rw.to(tl.int64) * K + up.to(tl.int64) * w3_off  # [RB] byte offsets of the rows
+    s_rows = (rw // 32).to(tl.int64) * KS + up.to(tl.int64) * s3_off
+    rm = tl.arange(0, BM)
+    m_ok = rm < M
+    sl = tl.arange(0, S) * KSL  # [S] first k of each slice
+    kk = tl.arange(0, BK)
+    kb = tl.arange(0, BK // 32)
+    grid_wait(PDL)
+    grid_release(PDL)
+    acc = tl.zeros((S, RB, BM), dtype=tl.float32)
+    for i in tl.range(0, KSL // BK, num_stages=STAGES):
+        k = sl[:, None] + i * BK + kk[None, :]  # [S, BK]
+        wb = tl.load(w_ptr + w_rows[None, :, None] + k[:, None, :], mask=rw_ok[None, :, None], other=0)
+        ks = (sl // 32 + i * (BK // 32))[:, None] + kb[None, :]  # [S, BK/32] scale columns
+        sb = tl.load(ws_ptr + s_rows[None, :, None] + ks[:, None, :], mask=rw_ok[None, :, None], other=127)
+        sc = tl.reshape(tl.broadcast_to(e8m0_to_f32(sb)[:, :, :, None], (S, RB, BK // 32, 32)), (S, RB, BK))
+        wt = e4m3_to_f32(wb, NATIVE_FP8) * sc
+        xt = tl.load(x_ptr + rm[None, None, :].to(tl.int64) * K + k[:, :, None], mask=m_ok[None, None, :], other=0.0)
+        if DOT_F32:
+            acc += tl.dot(wt, xt.to(tl.float32), input_precision="ieee")
+        else:
+            acc += tl.dot(wt.to(tl.bfloat16), xt.to(tl.bfloat16))
+    out = tl.sum(acc, axis=0)  # [RB, BM]: the cross-warp sum
+    rn = pid * RBO + tl.arange(0, RBO)
+    if GATED:
+        g, u = tl.split(tl.permute(tl.reshape(out, (2, RBO, BM)), (1, 2, 0)))
+        out = _swiglu(g, u, limit)
+    omask = m_ok[:, None] & (rn < N)[None, :]
+    tl.store(y_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], tl.trans(out).to(y_ptr.dtype.element_ty), mask=omask)
+
+
+def tiles_for(N: int, K: int, gated: bool = False, sms: int = N_SMS_HINT):
+    """(S, RB, BK, stages) for a decode linear, or None where K does not split into the measured tiles.
+
+    H200, 8 tokens, L2-cold graph replay, each interleaved with fp8_gemm's default decode tile (session 17:
+    results/tune_fp8_warp_split_run1.json and _run2.json; S 2-16 warps, RB 16 / 32, BK 32-256, 2-4 stages):
+    4 warps of 128-wide k tiles at 3 stages were the best or level with it where 4 slices of whole 128 tiles
+    divide K (shared w1/w3 12.4-12.7 µs against 12.9-13.3, wo_b 16.8-16.9 against 17.4-17.7), with 256-wide tiles
+    where the grid has fewer programs than SMs (wq_a's 80: 7.2 µs against 8.9-9.1; 128 wide 7.9-8.4); 2 warps of
+    128 where only 256 divides K (shared w2: 8.6-8.7 µs against 9.1-9.4). 8 and 16 warps, 32- and 64-wide tiles,
+    and 32 rows a warp were slower everywhere."""
+    programs = -(-N // (8 if gated else 16))
+    if K % 512 == 0:
+        return 4, 16, (256 if programs < sms and K % 1024 == 0 else 128), 3
+    if K % 256 == 0:
+        return 2, 16, 128, 3
+    return None
+
+
+def _measured(N: int, K: int, gated: bool) -> str | None:
+    """The name of the MEASURED_LINEARS linear of this shape, or None."""
+    table = GATED_LINEARS if gated else DENSE_LINEARS
+    return next((n for n in MEASURED_LINEARS if table.get(n) == (N, K)), None)
+
+
+def default_for(device, M: int, N: int, K: int, gated: bool = False) -> bool:
+    """Whether fp8_gemm's decode (2..8 tokens) takes this kernel: WARP_SPLIT_DECODE on the chip it was measured on
+    (CUDA sm90: `mma_sync_decode_for`) for the linears it was measured on (MEASURED_LINEARS: wq_b, wkv, the indexer's
+    wq_b, the MTP projection and engram wkv keep fp8_gemm's tile until they are timed)."""
+    return (WARP_SPLIT_DECODE and 2 <= M <= WARP_SPLIT_MAX_M and _measured(N, K, gated) is not None
+            and tiles_for(N, K, gated) is not None and mma_sync_decode_for(device))
+
+
+def check_tiles(K: int, tiles: tuple, name: str) -> tuple:
+    """(S, RB, BK, stages), validated against K; a ValueError names what does not fit."""
+    S, RB, BK, ns = tiles
+    if S < 1 or S & (S - 1) or RB < 16 or RB & (RB - 1) or BK < 32 or BK & (BK - 1) or ns < 1:
+        raise ValueError(f"{name}: warp-split tiles (S={S}, RB={RB}, BK={BK}, stages={ns}) need powers of two, "
+                         "RB >= 16, BK >= 32 and at least one stage")
+    if K % (S * BK):
+        raise ValueError(f"{name}: K={K} is not S·BK={S * BK} ({S} slices of whole {BK}-wide k tiles)")
+    return S, RB, BK, ns
+
+
+def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype=None, tiles=None, pdl=None,
+                        name: str = "fp8_gemm_warp_split"):
+    """x [..., K] (M <= 16 tokens) · dequant(W)ᵀ -> [..., N]; with w3/s3: silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L).
+    tiles = (S warps / K slices, RB weight rows a program, BK, stages); None: `tiles_for`. pdl: None = on where the
+    device has programmatic dependent launch. fp8_gemm / fp8_gemm_swiglu call it for decode shapes (`default_for`)."""
+    K = x.shape[-1]
+    _check_w(w, s, K, name)
+    gated = w3 is not None
+    if gated:
+        _check_w(w3, s3, K, name)
+        if w3.shape != w.shape:
+            raise ValueError(f"{name}: w1 {tuple(w.shape)} and w3 {tuple(w3.shape)} differ")
+    x2 = x.reshape(-1, K).contiguous()
+    M, N = x2.shape[0], w.shape[0]
+    if M > 16:
+        raise ValueError(f"{name}: decode shapes only (M <= 16 tokens), got M={M}")
+    tiles = tiles or tiles_for(N, K, gated)
+    if tiles is None:
+        raise ValueError(f"{name}: no warp-split tile for K={K} (needs K % 256 == 0, or explicit tiles)")
+    S, RB, BK, ns = check_tiles(K, tiles, name)
+    y = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
+    if M == 0:
+        return y.reshape(*x.shape[:-1], N)
+    wu, su = as_u8(w), as_u8(s)
+    w3_off = s3_off = 0
+    if gated:
+        w3_off = _byte_distance(as_u8(w3), wu, 16, name)
+        s3_off = _byte_distance(as_u8(s3), su, 1, name)
+    BM = max(8, triton.next_power_of_2(M))
+    RBO = RB // (2 if gated else 1)
+    pdl = pdl_for(x.device) and (pdl is None or bool(pdl))
+    fp8_warp_split_kernel[(triton.cdiv(N, RBO),)](
+        x2, wu, su, y, M, float(limit), w3_off, s3_off, N=N, K=K, BM=BM, RB=RB, S=S, BK=BK, STAGES=ns,
+        GATED=int(gated), NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2), PDL=pdl,
+        num_warps=S, num_stages=ns, **launch_kw(pdl))
+    return y.reshape(*x.shape[:-1], N)
+
+
+# ============================================================================ ahead-of-time variants
+
+
+def _variants(target: str, gated: bool) -> list:
+    """One decode variant per MEASURED_LINEARS linear (the ones `default_for` sends here), on CUDA targets (mma.sync:
+    a rank-3 dot is never wgmma). None on ROCm (`_NO_ROCM`: the matrix shows the gap and why)."""
+    tr = target_traits(target)
+    if tr is None or tr["kind"] != "cuda":
+        return []
+    out = []
+    for name, (N, K) in (GATED_LINEARS if gated else DENSE_LINEARS).items():
+        t = tiles_for(N, K, gated)
+        if t is None or name not in MEASURED_LINEARS:
+            continue
+        S, RB, BK, ns = t
+        ce = {"N": N, "K": K, "BM": 8, "RB": RB, "S": S, "BK": BK, "STAGES": ns, "GATED": int(gated),
+              "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "PDL": False}
+        types = {"x_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "y_ptr": "*bf16", "M": "i32", "limit": "fp32",
+                 "w3_off": "i64", "s3_off": "i64"}
+        out.append(aot_spec(fp8_warp_split_kernel, f"{name}_decode", types, ce, S, ns,
+                            {"linear": name, "mode": "decode", "act": "bf16", **ce}, matrix="mma.sync",
+                            divisible={"w3_off": 16} if gated else None))
+    return out
+
+
+# Triton 3.9 compiled offline (session 17): the rank-3 dot becomes FMA loops on gfx942 / gfx950 (no v_mfma) and WMMA on
+# gfx1100; none was run. Decode on ROCm keeps fp8_gemm's tile.
+_NO_ROCM = {t: "the batched dot lowers to FMA, not MFMA (gfx942/gfx950, Triton 3.9); WMMA on gfx1100 not run; "
+               "fp8_gemm's decode tile serves ROCm" for t in ("rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")}
+_KEYS = ("linear", "N", "K", "mode", "act", "BM", "RB", "S", "BK", "STAGES", "GATED", "NATIVE_FP8", "DOT_F32", "PDL")
+register(KernelTemplate(
+    name="fp8_gemm_warp_split", module=__name__,
+    summary="decode x · dequant(E4M3 W)ᵀ, K split over the warps of a program (no split-K round trip)",
+    keys=_KEYS, reference=fp8_gemm_reference, launch=fp8_gemm_warp_split,
+    specializations=lambda t: _variants(t, False), missing_on=_NO_ROCM))
+register(KernelTemplate(
+    name="fp8_gemm_swiglu_warp_split", module=__name__,
+    summary="decode shared-expert gate/up (stacked tile), K split over the warps of a program",
+    keys=_KEYS, reference=fp8_gemm_swiglu_reference, launch=fp8_gemm_warp_split,
+    specializations=lambda t: _variants(t, True), missing_on=_NO_ROCM))

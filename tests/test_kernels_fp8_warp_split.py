@@ -1,0 +1,125 @@
+"""The warp-split FP8 decode GEMM (codegen/triton/fp8_warp_split.py): the reference's numbers in the interpreter
+(plain and gated, ragged N, 1-16 tokens, every slice count), bad requests refused by name, and on a GPU the real
+widths against float64 and against fp8_gemm's default decode path, also under CUDA-graph replay with PDL."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsv41c.codegen.triton import fp8_gemm as fg
+from dsv41c.codegen.triton import fp8_warp_split as ws
+from dsv41c import formats as nx
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+BF16_ULP = 2.0 ** -7
+
+
+def _w(g, N, K, scale=0.05):
+    w, s = nx.quant_fp8_weight(torch.randn(N, K, generator=g) * scale)
+    return w.to(DEV), s.to(DEV)
+
+
+def _rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("N,K,M,tiles", [(70, 256, 8, (4, 16, 32, 2)), (64, 512, 1, (8, 16, 64, 3)),
+                                         (48, 256, 16, (2, 32, 64, 1)), (33, 128, 3, (1, 16, 128, 2))])
+def test_plain_matches_reference(N, K, M, tiles):
+    g = torch.Generator().manual_seed(N + K + M)
+    x = (torch.randn(M, K, generator=g) * 2).to(DEV)
+    w, s = _w(g, N, K)
+    y = ws.fp8_gemm_warp_split(x, w, s, tiles=tiles)
+    assert y.shape == (M, N) and y.dtype == x.dtype
+    torch.testing.assert_close(y, fg.fp8_gemm_reference(x, w, s), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("N,K,M,tiles", [(70, 256, 8, (4, 16, 32, 2)), (40, 512, 3, (8, 16, 64, 2)),
+                                         (64, 256, 16, (2, 32, 64, 3))])
+def test_gated_matches_reference(N, K, M, tiles):
+    """The stacked gated tile: RB/2 rows of w1 over the same rows of w3; the clamp is exercised."""
+    g = torch.Generator().manual_seed(7 * N + K)
+    x = (torch.randn(M, K, generator=g) * 2).to(DEV)
+    w1, s1 = _w(g, N, K)
+    w3, s3 = _w(g, N, K)
+    lim = 0.5
+    ref = fg.fp8_gemm_swiglu_reference(x, w1, s1, w3, s3, lim)
+    y = ws.fp8_gemm_warp_split(x, w1, s1, w3, s3, lim, tiles=tiles)
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
+    assert ref.abs().max() > 0.1
+
+
+def test_bf16_against_float64():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(8, 512, generator=g).to(torch.bfloat16).to(DEV)
+    w, s = _w(g, 96, 512)
+    y = ws.fp8_gemm_warp_split(x, w, s, tiles=(4, 16, 64, 2))
+    assert y.dtype == torch.bfloat16
+    exact = x.double() @ nx.dequant_fp8_weight(w, s).double().T
+    assert _rel(y, exact) < BF16_ULP
+
+
+def test_bad_requests_are_named():
+    g = torch.Generator().manual_seed(4)
+    w, s = _w(g, 32, 256)
+    with pytest.raises(ValueError, match="lin: K=256 is not S·BK=512"):
+        ws.fp8_gemm_warp_split(torch.zeros(4, 256, device=DEV), w, s, tiles=(8, 16, 64, 2), name="lin")
+    with pytest.raises(ValueError, match="lin: decode shapes only"):
+        ws.fp8_gemm_warp_split(torch.zeros(17, 256, device=DEV), w, s, tiles=(4, 16, 64, 2), name="lin")
+    with pytest.raises(ValueError, match="powers of two"):
+        ws.fp8_gemm_warp_split(torch.zeros(4, 256, device=DEV), w, s, tiles=(3, 16, 64, 2), name="lin")
+    with pytest.raises(ValueError, match="scale"):
+        ws.fp8_gemm_warp_split(torch.zeros(4, 256, device=DEV), w, s[:, :1], tiles=(4, 16, 64, 2), name="lin")
+    assert ws.fp8_gemm_warp_split(torch.zeros(0, 256, device=DEV), w, s, tiles=(4, 16, 64, 2)).shape == (0, 32)
+
+
+@pytest.mark.gpu
+def test_gpu_real_widths_and_graph_replay():
+    """Shared w1/w3 (gated, 2304×5120) and w2 (5120×2304) at 8 tokens with the default tiles: within a bf16 ulp of
+    float64 (the gated one of the float32 reference), agreeing with fp8_gemm's default path to bf16 rounding; the
+    w1/w3 -> w2 chain replayed from a CUDA graph (PDL on) gives the eager chain's bits every time."""
+    g = torch.Generator().manual_seed(30)
+    x = torch.randn(8, 5120, generator=g).to(torch.bfloat16).to(DEV)
+    w1, s1 = _w(g, 2304, 5120)
+    w3, s3 = _w(g, 2304, 5120)
+    w2, s2 = _w(g, 5120, 2304)
+    lim = 10.0
+    h = ws.fp8_gemm_warp_split(x, w1, s1, w3, s3, lim)
+    assert _rel(h, fg.fp8_gemm_swiglu_reference(x, w1, s1, w3, s3, lim)) < BF16_ULP
+    assert _rel(h, fg.fp8_gemm_swiglu(x, w1, s1, w3, s3, lim)) < BF16_ULP
+    tiles2 = (8, 16, 32, 3)  # K 2304 = 8 slices of 9 32-wide tiles
+    y = ws.fp8_gemm_warp_split(h, w2, s2, tiles=tiles2)
+    assert _rel(y, h.double() @ nx.dequant_fp8_weight(w2, s2).double().T) < BF16_ULP
+    chain = lambda: ws.fp8_gemm_warp_split(ws.fp8_gemm_warp_split(x, w1, s1, w3, s3, lim), w2, s2,  # noqa: E731
+                                           tiles=tiles2)
+    eager = chain()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain()
+    for _ in range(3):
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+
+
+def test_fp8_gemm_dispatch():
+    """fp8_gemm / fp8_gemm_swiglu reach the kernel by path="warp_split" (the reference's numbers); the default takes it
+    only on sm90 CUDA for the measured linears at 2-8 tokens; the mma path's options are refused on it by name."""
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(8, 512, generator=g).to(DEV)
+    w1, s1 = _w(g, 40, 512)
+    w3, s3 = _w(g, 40, 512)
+    y = fg._gemm(x, w1, s1, None, None, 0.0, False, None, "lin", path="warp_split")
+    torch.testing.assert_close(y, fg.fp8_gemm_reference(x, w1, s1), rtol=1e-5, atol=1e-5)
+    h = fg._gemm(x, w1, s1, w3, s3, 0.5, False, None, "lin", path="warp_split")
+    torch.testing.assert_close(h, fg.fp8_gemm_swiglu_reference(x, w1, s1, w3, s3, 0.5), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"lin: the warp-split path takes none of the mma path's options \(\['fold'\]\)"):
+        fg._gemm(x, w1, s1, None, None, 0.0, False, None, "lin", path="warp_split", fold=True)
+    cpu = torch.device("cpu")
+    assert not ws.default_for(cpu, 8, 2304, 5120, True)  # never off sm90 (the interpreter included)
+    assert ws._measured(2304, 5120, True) == "shared_w13" and ws._measured(5120, 2304, False) == "shared_w2"
+    assert ws._measured(32768, 1280, False) is None  # wq_b: not measured, keeps fp8_gemm's tile
+    assert ws.tiles_for(1280, 5120) == (4, 16, 256, 3) and ws.tiles_for(5120, 8192) == (4, 16, 128, 3)
+    assert ws.tiles_for(5120, 2304) == (2, 16, 128, 3) and ws.tiles_for(64, 160) is None
