@@ -3,7 +3,9 @@
 For the decode linears at 8 tokens (shared w1/w3 gated 2304×5120, shared w2 5120×2304, wq_a 1280×5120, wo_b
 5120×8192): fp8_gemm's default (the 2-warp mma.sync tile, split-K folded by the last arriver; the stacked tile for
 the gated one), then the warp-split kernel over S (warps = K slices) 4 / 8 / 16, BK 32 / 64 / 128 and 2-4 stages
-where K tiles, then the default again and the best three warp-split tiles again (interleaved, so drift shows). Each
+where K tiles, then the default again and the best three warp-split tiles again (interleaved, so drift shows);
+`--grid pairs`: the default path (the warp-split kernel itself since session 17), the warp-split kernel at `tiles_for`'s tile
+with the per-element decoder and with the byte-pair one (inline PTX), twice, interleaved. Each
 row: the relative error against x·dequant(W)ᵀ (the gated one against fp8_gemm_swiglu_reference), the graph-replay
 median warm and L2-cold (`common.ms_graph`), and the cold time over the bytes floor.
 
@@ -58,7 +60,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--grid", choices=("first", "second"), default="second", help="the tiles to time (`_tiles`)")
+    ap.add_argument("--grid", choices=("first", "second", "pairs"), default="second",
+                    help="the tiles to time (`_tiles`); pairs: `tiles_for`'s tile with both weight decoders")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     ceil = measure_ceilings()
@@ -100,6 +103,14 @@ def main(argv=None):
             write_json(args.out, doc)
             return row
 
+        if args.grid == "pairs":  # the default tile with the per-element and the byte-pair decoder, interleaved, twice
+            t = ws.tiles_for(N, K, gated)
+            pairs = lambda: ws.fp8_gemm_warp_split(x, w, s, w3, s3, lim, tiles=t, name=name, pairs=True)  # noqa: E731
+            for rep in ("", "_again"):
+                timed("default" + rep, default)
+                timed("ws_elements" + rep, split(t), t)
+                timed("ws_pairs" + rep, pairs, t)
+            continue
         timed("default", default)
         rows = [timed(f"ws_S{t[0]}_rb{t[1]}_bk{t[2]}_ns{t[3]}", split(t), t) for t in _tiles(K, args.grid)]
         timed("default_again", default)

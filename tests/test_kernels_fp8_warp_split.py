@@ -71,6 +71,9 @@ def test_bad_requests_are_named():
         ws.fp8_gemm_warp_split(torch.zeros(4, 256, device=DEV), w, s, tiles=(3, 16, 64, 2), name="lin")
     with pytest.raises(ValueError, match="scale"):
         ws.fp8_gemm_warp_split(torch.zeros(4, 256, device=DEV), w, s[:, :1], tiles=(4, 16, 64, 2), name="lin")
+    if DEV == "cpu":
+        with pytest.raises(ValueError, match="lin: pairs=True is inline PTX"):
+            ws.fp8_gemm_warp_split(torch.zeros(4, 256), w, s, tiles=(4, 16, 64, 2), name="lin", pairs=True)
     assert ws.fp8_gemm_warp_split(torch.zeros(0, 256, device=DEV), w, s, tiles=(4, 16, 64, 2)).shape == (0, 32)
 
 
@@ -88,9 +91,13 @@ def test_gpu_real_widths_and_graph_replay():
     h = ws.fp8_gemm_warp_split(x, w1, s1, w3, s3, lim)
     assert _rel(h, fg.fp8_gemm_swiglu_reference(x, w1, s1, w3, s3, lim)) < BF16_ULP
     assert _rel(h, fg.fp8_gemm_swiglu(x, w1, s1, w3, s3, lim)) < BF16_ULP
+    # the byte-pair decoder (inline PTX) gives the per-element decoder's weights, so the same dots' bits
+    assert torch.equal(ws.fp8_gemm_warp_split(x, w1, s1, w3, s3, lim, pairs=True), h)
     tiles2 = (8, 16, 32, 3)  # K 2304 = 8 slices of 9 32-wide tiles
     y = ws.fp8_gemm_warp_split(h, w2, s2, tiles=tiles2)
     assert _rel(y, h.double() @ nx.dequant_fp8_weight(w2, s2).double().T) < BF16_ULP
+    assert torch.equal(ws.fp8_gemm_warp_split(h, w2, s2, tiles=tiles2, pairs=True), y)
+    assert torch.equal(ws.fp8_gemm_warp_split(h, w2, s2, pairs=True), ws.fp8_gemm_warp_split(h, w2, s2))
     chain = lambda: ws.fp8_gemm_warp_split(ws.fp8_gemm_warp_split(x, w1, s1, w3, s3, lim), w2, s2,  # noqa: E731
                                            tiles=tiles2)
     eager = chain()

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
-from dsv41c.codegen.triton.fp8_gemm import (GATED_LINEARS, DENSE_LINEARS, N_SMS_HINT,
+from dsv41c.codegen.triton.fp8_gemm import (_E4M3_PAIRS_TWO, GATED_LINEARS, ptx_for, DENSE_LINEARS, N_SMS_HINT,
                                            _byte_distance, _check_w, as_u8, dot_f32_for, e4m3_to_f32, e8m0_to_f32,
                                            fp8_gemm_reference, fp8_gemm_swiglu_reference, mma_sync_decode_for,
                                            native_fp8_for, target_traits)
@@ -59,7 +59,7 @@ def _swiglu(g, u, limit):
 def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
                           N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, RB: tl.constexpr, S: tl.constexpr,
                           BK: tl.constexpr, STAGES: tl.constexpr, GATED: tl.constexpr, NATIVE_FP8: tl.constexpr,
-                          DOT_F32: tl.constexpr, PDL: tl.constexpr):
+                          DOT_F32: tl.constexpr, PDL: tl.constexpr, PAIRS: tl.constexpr = False):
     """One program: RB weight rows (GATED: RB/2 of W1 then the same of W3) × all M tokens, K split over S warps."""
     tl.static_assert(K % (S * BK) == 0 and BK % 32 == 0, "K must be whole BK tiles per slice, BK % 32 == 0")
     RBO: tl.constexpr = RB // (1 + GATED)  # output columns of a program
@@ -85,13 +85,24 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
         wb = tl.load(w_ptr + w_rows[None, :, None] + k[:, None, :], mask=rw_ok[None, :, None], other=0)
         ks = (sl // 32 + i * (BK // 32))[:, None] + kb[None, :]  # [S, BK/32] scale columns
         sb = tl.load(ws_ptr + s_rows[None, :, None] + ks[:, None, :], mask=rw_ok[None, :, None], other=127)
-        sc = tl.reshape(tl.broadcast_to(e8m0_to_f32(sb)[:, :, :, None], (S, RB, BK // 32, 32)), (S, RB, BK))
-        wt = e4m3_to_f32(wb, NATIVE_FP8) * sc
         xt = tl.load(x_ptr + rm[None, None, :].to(tl.int64) * K + k[:, :, None], mask=m_ok[None, None, :], other=0.0)
-        if DOT_F32:
-            acc += tl.dot(wt, xt.to(tl.float32), input_precision="ieee")
+        if PAIRS:  # byte pairs by inline PTX, both scale factors (exact for every UE8M0 byte): 5 instructions a pair
+            ei = sb.to(tl.int32)
+            b1 = ((tl.minimum(ei, 134) + 120) << 7).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+            b2 = tl.where(ei == 255, 0x7FC0, (tl.maximum(ei, 134) - 7) << 7).to(tl.uint16).to(tl.bfloat16,
+                                                                                                 bitcast=True)
+            b1 = tl.reshape(tl.broadcast_to(b1[:, :, :, None], (S, RB, BK // 32, 32)), (S, RB, BK))
+            b2 = tl.reshape(tl.broadcast_to(b2[:, :, :, None], (S, RB, BK // 32, 32)), (S, RB, BK))
+            wp = tl.inline_asm_elementwise(_E4M3_PAIRS_TWO, "=r,=r,r,r,r,r,r", [wb, b1, b2], dtype=tl.bfloat16,
+                                           is_pure=True, pack=4)
+            acc += tl.dot(wp, xt.to(tl.bfloat16))
         else:
-            acc += tl.dot(wt.to(tl.bfloat16), xt.to(tl.bfloat16))
+            sc = tl.reshape(tl.broadcast_to(e8m0_to_f32(sb)[:, :, :, None], (S, RB, BK // 32, 32)), (S, RB, BK))
+            wt = e4m3_to_f32(wb, NATIVE_FP8) * sc
+            if DOT_F32:
+                acc += tl.dot(wt, xt.to(tl.float32), input_precision="ieee")
+            else:
+                acc += tl.dot(wt.to(tl.bfloat16), xt.to(tl.bfloat16))
     out = tl.sum(acc, axis=0)  # [RB, BM]: the cross-warp sum
     rn = pid * RBO + tl.arange(0, RBO)
     if GATED:
@@ -145,10 +156,11 @@ def check_tiles(K: int, tiles: tuple, name: str) -> tuple:
 
 
 def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype=None, tiles=None, pdl=None,
-                        name: str = "fp8_gemm_warp_split"):
+                        name: str = "fp8_gemm_warp_split", pairs: bool = False):
     """x [..., K] (M <= 16 tokens) · dequant(W)ᵀ -> [..., N]; with w3/s3: silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L).
     tiles = (S warps / K slices, RB weight rows a program, BK, stages); None: `tiles_for`. pdl: None = on where the
-    device has programmatic dependent launch. fp8_gemm / fp8_gemm_swiglu call it for decode shapes (`default_for`)."""
+    device has programmatic dependent launch. pairs: the byte-pair decoder (inline PTX, CUDA only; the per-element
+    decoder's bits). fp8_gemm / fp8_gemm_swiglu call it for decode shapes (`default_for`)."""
     K = x.shape[-1]
     _check_w(w, s, K, name)
     gated = w3 is not None
@@ -172,12 +184,15 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
     if gated:
         w3_off = _byte_distance(as_u8(w3), wu, 16, name)
         s3_off = _byte_distance(as_u8(s3), su, 1, name)
+    if pairs and not ptx_for(x.device):
+        raise ValueError(f"{name}: pairs=True is inline PTX: a CUDA device outside the interpreter (got {x.device})")
     BM = max(8, triton.next_power_of_2(M))
     RBO = RB // (2 if gated else 1)
     pdl = pdl_for(x.device) and (pdl is None or bool(pdl))
     fp8_warp_split_kernel[(triton.cdiv(N, RBO),)](
         x2, wu, su, y, M, float(limit), w3_off, s3_off, N=N, K=K, BM=BM, RB=RB, S=S, BK=BK, STAGES=ns,
         GATED=int(gated), NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2), PDL=pdl,
+        PAIRS=bool(pairs),
         num_warps=S, num_stages=ns, **launch_kw(pdl))
     return y.reshape(*x.shape[:-1], N)
 
@@ -198,7 +213,7 @@ def _variants(target: str, gated: bool) -> list:
             continue
         S, RB, BK, ns = t
         ce = {"N": N, "K": K, "BM": 8, "RB": RB, "S": S, "BK": BK, "STAGES": ns, "GATED": int(gated),
-              "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "PDL": False}
+              "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "PDL": False, "PAIRS": False}
         types = {"x_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "y_ptr": "*bf16", "M": "i32", "limit": "fp32",
                  "w3_off": "i64", "s3_off": "i64"}
         out.append(aot_spec(fp8_warp_split_kernel, f"{name}_decode", types, ce, S, ns,
@@ -211,7 +226,7 @@ def _variants(target: str, gated: bool) -> list:
 # gfx1100; none was run. Decode on ROCm keeps fp8_gemm's tile.
 _NO_ROCM = {t: "the batched dot lowers to FMA, not MFMA (gfx942/gfx950, Triton 3.9); WMMA on gfx1100 not run; "
                "fp8_gemm's decode tile serves ROCm" for t in ("rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")}
-_KEYS = ("linear", "N", "K", "mode", "act", "BM", "RB", "S", "BK", "STAGES", "GATED", "NATIVE_FP8", "DOT_F32", "PDL")
+_KEYS = ("linear", "N", "K", "mode", "act", "BM", "RB", "S", "BK", "STAGES", "GATED", "NATIVE_FP8", "DOT_F32", "PDL", "PAIRS")
 register(KernelTemplate(
     name="fp8_gemm_warp_split", module=__name__,
     summary="decode x · dequant(E4M3 W)ᵀ, K split over the warps of a program (no split-K round trip)",
