@@ -7,6 +7,9 @@ PRMTs, F2FP / HADD2.F32 packs, HFMA2s and local-memory operations, and the kerne
 
     python benchmarks/fp8_decode_sass.py [OUT.json]    # under each Triton version to compare
 
+Session 17 added the warp-split decode kernel (fp8_warp_split.py) at its default tiles with the per-element and the
+byte-pair decoder (PAIRS): rows named warp_split_*, with the weights a thread decodes per k step.
+
 Known gaps: static counts only (no timing); the loops are found by their backward branches, which assumes Triton's
 usual loop shape.
 """
@@ -27,6 +30,7 @@ from benchmarks.sass import loop_bodies, registers_stack, sass_of  # noqa: E402
 from dsv41c.codegen.aot_compat import compile_spec  # noqa: E402
 from dsv41c.codegen.matrix import TARGETS  # noqa: E402
 from dsv41c.codegen.triton import fp8_gemm as fg  # noqa: E402
+from dsv41c.codegen.triton import fp8_warp_split as ws  # noqa: E402
 LINEARS = ("wq_a_decode", "wo_b_decode", "shared_w2_decode", "shared_w13_decode")
 
 
@@ -60,6 +64,19 @@ def main(argv=None):
                 rows.append(r)
                 print(triton.__version__, r["variant"], "DECODE_W", dw, "GATED", r["GATED"], "registers",
                       r["registers"], "stack", r["stack"], r["k_loops"], flush=True)
+    # session 17: the warp-split decode kernel (fp8_warp_split.py) at its default tiles, both decoders
+    for gated in (False, True):
+        for sp in ws._variants("cuda:sm90", gated):
+            for pairs in (False, True):
+                ce = dict(sp.constexprs, PAIRS=pairs)
+                text, usage = sass_of(compile_spec(dataclasses.replace(sp, constexprs=ce), target))
+                regs, stack = registers_stack(usage)
+                r = {"variant": "warp_split_" + sp.variant, "PAIRS": pairs, "GATED": ce["GATED"], "RB": ce["RB"],
+                     "S": ce["S"], "BK": ce["BK"], "warps": sp.num_warps, "registers": regs, "stack": stack,
+                     "weights_a_thread_a_step": ce["RB"] * ce["BK"] // 32, "k_loops": _k_loops(text)}
+                rows.append(r)
+                print(triton.__version__, r["variant"], "PAIRS", pairs, "registers", regs, "stack", stack,
+                      r["k_loops"], flush=True)
     if argv:
         with open(argv[0], "w") as f:
             json.dump({"kind": "fp8_decode_pairs_sass", "triton": triton.__version__, "target": "cuda:sm90",

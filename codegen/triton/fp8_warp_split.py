@@ -43,6 +43,11 @@ from dsv41c.codegen.triton.fp8_gemm import (_E4M3_PAIRS_TWO, GATED_LINEARS, ptx_
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 
 WARP_SPLIT_DECODE = True  # fp8_gemm's default decode path for 2..WARP_SPLIT_MAX_M tokens where `default_for` agrees
+# the byte-pair decoder (inline PTX) where the device takes it: the per-element decoder's bits, and level or faster on
+# all four measured linears (results/tune_fp8_warp_split_pairs.json, H200, 8 tokens, L2-cold, twice, interleaved:
+# shared w1/w3 12.42-12.48 µs against 12.56-12.80, shared w2 8.33-8.38 against 8.37-8.41, wq_a 6.80-7.08 against
+# 7.25-7.29, wo_b 16.47-16.51 against 17.32-17.36)
+PAIRS_DEFAULT = True
 WARP_SPLIT_MAX_M = 8  # measured at 8 tokens (BM 8: the same kernel from 2 to 8); 9-16 tokens double x's tile: not measured
 # the linears it was measured on (and beat fp8_gemm's decode tile on); the others keep fp8_gemm's path until timed
 MEASURED_LINEARS = ("shared_w13", "shared_w2", "wq_a", "wo_b")
@@ -156,11 +161,12 @@ def check_tiles(K: int, tiles: tuple, name: str) -> tuple:
 
 
 def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype=None, tiles=None, pdl=None,
-                        name: str = "fp8_gemm_warp_split", pairs: bool = False):
+                        name: str = "fp8_gemm_warp_split", pairs: bool | None = None):
     """x [..., K] (M <= 16 tokens) · dequant(W)ᵀ -> [..., N]; with w3/s3: silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L).
     tiles = (S warps / K slices, RB weight rows a program, BK, stages); None: `tiles_for`. pdl: None = on where the
     device has programmatic dependent launch. pairs: the byte-pair decoder (inline PTX, CUDA only; the per-element
-    decoder's bits). fp8_gemm / fp8_gemm_swiglu call it for decode shapes (`default_for`)."""
+    decoder's bits); None = PAIRS_DEFAULT where inline PTX compiles (`fp8_gemm.ptx_for`), else the per-element one.
+    fp8_gemm / fp8_gemm_swiglu call it for decode shapes (`default_for`)."""
     K = x.shape[-1]
     _check_w(w, s, K, name)
     gated = w3 is not None
@@ -184,7 +190,9 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
     if gated:
         w3_off = _byte_distance(as_u8(w3), wu, 16, name)
         s3_off = _byte_distance(as_u8(s3), su, 1, name)
-    if pairs and not ptx_for(x.device):
+    if pairs is None:
+        pairs = PAIRS_DEFAULT and ptx_for(x.device)
+    elif pairs and not ptx_for(x.device):
         raise ValueError(f"{name}: pairs=True is inline PTX: a CUDA device outside the interpreter (got {x.device})")
     BM = max(8, triton.next_power_of_2(M))
     RBO = RB // (2 if gated else 1)
@@ -213,7 +221,7 @@ def _variants(target: str, gated: bool) -> list:
             continue
         S, RB, BK, ns = t
         ce = {"N": N, "K": K, "BM": 8, "RB": RB, "S": S, "BK": BK, "STAGES": ns, "GATED": int(gated),
-              "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "PDL": False, "PAIRS": False}
+              "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "PDL": False, "PAIRS": PAIRS_DEFAULT}
         types = {"x_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "y_ptr": "*bf16", "M": "i32", "limit": "fp32",
                  "w3_off": "i64", "s3_off": "i64"}
         out.append(aot_spec(fp8_warp_split_kernel, f"{name}_decode", types, ce, S, ns,
