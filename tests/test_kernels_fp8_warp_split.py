@@ -25,7 +25,8 @@ def _rel(a, b):
 
 
 @pytest.mark.parametrize("N,K,M,tiles", [(70, 256, 8, (4, 16, 32, 2)), (64, 512, 1, (8, 16, 64, 3)),
-                                         (48, 256, 16, (2, 32, 64, 1)), (33, 128, 3, (1, 16, 128, 2))])
+                                         (48, 256, 16, (2, 32, 64, 1)), (33, 128, 3, (1, 16, 128, 2)),
+                                         (70, 256, 5, (4, 8, 32, 2))])  # RB 8: the weights as the dot's N
 def test_plain_matches_reference(N, K, M, tiles):
     g = torch.Generator().manual_seed(N + K + M)
     x = (torch.randn(M, K, generator=g) * 2).to(DEV)
@@ -36,7 +37,7 @@ def test_plain_matches_reference(N, K, M, tiles):
 
 
 @pytest.mark.parametrize("N,K,M,tiles", [(70, 256, 8, (4, 16, 32, 2)), (40, 512, 3, (8, 16, 64, 2)),
-                                         (64, 256, 16, (2, 32, 64, 3))])
+                                         (64, 256, 16, (2, 32, 64, 3)), (38, 512, 8, (4, 8, 64, 2))])
 def test_gated_matches_reference(N, K, M, tiles):
     """The stacked gated tile: RB/2 rows of w1 over the same rows of w3; the clamp is exercised."""
     g = torch.Generator().manual_seed(7 * N + K)
@@ -69,6 +70,8 @@ def test_bad_requests_are_named():
         ws.fp8_gemm_warp_split(torch.zeros(17, 256, device=DEV), w, s, tiles=(4, 16, 64, 2), name="lin")
     with pytest.raises(ValueError, match="powers of two"):
         ws.fp8_gemm_warp_split(torch.zeros(4, 256, device=DEV), w, s, tiles=(3, 16, 64, 2), name="lin")
+    with pytest.raises(ValueError, match="RB >= 8"):
+        ws.fp8_gemm_warp_split(torch.zeros(4, 256, device=DEV), w, s, tiles=(4, 4, 64, 2), name="lin")
     with pytest.raises(ValueError, match="scale"):
         ws.fp8_gemm_warp_split(torch.zeros(4, 256, device=DEV), w, s[:, :1], tiles=(4, 16, 64, 2), name="lin")
     if DEV == "cpu":
@@ -95,6 +98,8 @@ def test_gpu_real_widths_and_graph_replay():
         assert torch.equal(fg.fp8_gemm_swiglu(x, w1, s1, w3, s3, lim), ws.fp8_gemm_warp_split(x, w1, s1, w3, s3, lim))
     else:
         assert _rel(fg.fp8_gemm_swiglu(x, w1, s1, w3, s3, lim), h) < BF16_ULP
+    h8 = ws.fp8_gemm_warp_split(x, w1, s1, w3, s3, lim, tiles=(4, 8, 128, 3))  # 8-row programs (weights as N)
+    assert _rel(h8, fg.fp8_gemm_swiglu_reference(x, w1, s1, w3, s3, lim)) < BF16_ULP
     # the byte-pair decoder (inline PTX) gives the per-element decoder's weights, so the same dots' bits
     assert torch.equal(ws.fp8_gemm_warp_split(x, w1, s1, w3, s3, lim, pairs=True), h)
     tiles2 = (8, 16, 32, 3)  # K 2304 = 8 slices of 9 32-wide tiles

@@ -21,6 +21,12 @@ batch axis, a cross-warp reduction through shared memory inside the program: no 
 no atomic, no second pass. Deterministic (fixed reduction tree); the sum's association differs from fp8_gemm's
 split order, so the two paths agree to fp32 rounding, not bit for bit.
 
+RB = 8 (explicit tiles only, not timed yet: `benchmarks/tune_fp8_warp_split.py --grid rows8`): the weights are the
+dot's N operand and x its M (Triton pads 8 tokens to the MMA's 16), so a program takes 8 weight rows (GATED: 4 of W1
+over the same 4 of W3) and the grid has twice the programs (576 for shared w1/w3: 4.4 an SM instead of 2.2, where
+2 or 3 an SM now leaves SMs unevenly loaded), at the cost of reading x twice as often and 218 instead of 325 static
+SASS instructions a k step for half the weights (sm90, Triton 3.9, byte pairs).
+
 Constraints: K % (S·BK) == 0 and BK % 32 == 0 (every slice is whole k tiles, and each 32-wide scale block sits
 inside one k tile); S a power of two. The launcher checks and names the violation.
 
@@ -65,7 +71,8 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
                           N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, RB: tl.constexpr, S: tl.constexpr,
                           BK: tl.constexpr, STAGES: tl.constexpr, GATED: tl.constexpr, NATIVE_FP8: tl.constexpr,
                           DOT_F32: tl.constexpr, PDL: tl.constexpr, PAIRS: tl.constexpr = False):
-    """One program: RB weight rows (GATED: RB/2 of W1 then the same of W3) × all M tokens, K split over S warps."""
+    """One program: RB weight rows (GATED: RB/2 of W1 then the same of W3) × all M tokens, K split over S warps;
+    RB 8: the weights as the dot's N operand (ROWS_N)."""
     tl.static_assert(K % (S * BK) == 0 and BK % 32 == 0, "K must be whole BK tiles per slice, BK % 32 == 0")
     RBO: tl.constexpr = RB // (1 + GATED)  # output columns of a program
     KSL: tl.constexpr = K // S  # one warp's slice of K
@@ -84,13 +91,23 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
     kb = tl.arange(0, BK // 32)
     grid_wait(PDL)
     grid_release(PDL)
-    acc = tl.zeros((S, RB, BM), dtype=tl.float32)
+    ROWS_N: tl.constexpr = RB < 16  # 8-row tiles: the weights are the dot's N operand, x its M (padded by Triton)
+    if ROWS_N:
+        acc = tl.zeros((S, BM, RB), dtype=tl.float32)
+    else:
+        acc = tl.zeros((S, RB, BM), dtype=tl.float32)
+    DT: tl.constexpr = tl.float32 if DOT_F32 else tl.bfloat16
     for i in tl.range(0, KSL // BK, num_stages=STAGES):
         k = sl[:, None] + i * BK + kk[None, :]  # [S, BK]
         wb = tl.load(w_ptr + w_rows[None, :, None] + k[:, None, :], mask=rw_ok[None, :, None], other=0)
         ks = (sl // 32 + i * (BK // 32))[:, None] + kb[None, :]  # [S, BK/32] scale columns
         sb = tl.load(ws_ptr + s_rows[None, :, None] + ks[:, None, :], mask=rw_ok[None, :, None], other=127)
-        xt = tl.load(x_ptr + rm[None, None, :].to(tl.int64) * K + k[:, :, None], mask=m_ok[None, None, :], other=0.0)
+        if ROWS_N:
+            xt = tl.load(x_ptr + rm[None, :, None].to(tl.int64) * K + k[:, None, :], mask=m_ok[None, :, None],
+                         other=0.0)  # [S, BM, BK]
+        else:
+            xt = tl.load(x_ptr + rm[None, None, :].to(tl.int64) * K + k[:, :, None], mask=m_ok[None, None, :],
+                         other=0.0)  # [S, BK, BM]
         if PAIRS:  # byte pairs by inline PTX, both scale factors (exact for every UE8M0 byte): 5 instructions a pair
             ei = sb.to(tl.int32)
             b1 = ((tl.minimum(ei, 134) + 120) << 7).to(tl.uint16).to(tl.bfloat16, bitcast=True)
@@ -98,23 +115,30 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
                                                                                                  bitcast=True)
             b1 = tl.reshape(tl.broadcast_to(b1[:, :, :, None], (S, RB, BK // 32, 32)), (S, RB, BK))
             b2 = tl.reshape(tl.broadcast_to(b2[:, :, :, None], (S, RB, BK // 32, 32)), (S, RB, BK))
-            wp = tl.inline_asm_elementwise(_E4M3_PAIRS_TWO, "=r,=r,r,r,r,r,r", [wb, b1, b2], dtype=tl.bfloat16,
+            wt = tl.inline_asm_elementwise(_E4M3_PAIRS_TWO, "=r,=r,r,r,r,r,r", [wb, b1, b2], dtype=tl.bfloat16,
                                            is_pure=True, pack=4)
-            acc += tl.dot(wp, xt.to(tl.bfloat16))
         else:
             sc = tl.reshape(tl.broadcast_to(e8m0_to_f32(sb)[:, :, :, None], (S, RB, BK // 32, 32)), (S, RB, BK))
-            wt = e4m3_to_f32(wb, NATIVE_FP8) * sc
-            if DOT_F32:
-                acc += tl.dot(wt, xt.to(tl.float32), input_precision="ieee")
-            else:
-                acc += tl.dot(wt.to(tl.bfloat16), xt.to(tl.bfloat16))
-    out = tl.sum(acc, axis=0)  # [RB, BM]: the cross-warp sum
+            wt = (e4m3_to_f32(wb, NATIVE_FP8) * sc).to(DT)  # exact: an E4M3 value times a power of two
+        if ROWS_N:
+            acc += tl.dot(xt.to(DT), tl.permute(wt, (0, 2, 1)), input_precision="ieee" if DOT_F32 else None)
+        else:
+            acc += tl.dot(wt, xt.to(DT), input_precision="ieee" if DOT_F32 else None)
     rn = pid * RBO + tl.arange(0, RBO)
-    if GATED:
-        g, u = tl.split(tl.permute(tl.reshape(out, (2, RBO, BM)), (1, 2, 0)))
-        out = _swiglu(g, u, limit)
     omask = m_ok[:, None] & (rn < N)[None, :]
-    tl.store(y_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], tl.trans(out).to(y_ptr.dtype.element_ty), mask=omask)
+    if ROWS_N:
+        out = tl.sum(acc, axis=0)  # [BM, RB]: the cross-warp sum
+        if GATED:
+            g, u = tl.split(tl.permute(tl.reshape(out, (BM, 2, RBO)), (0, 2, 1)))
+            out = _swiglu(g, u, limit)
+        tl.store(y_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], out.to(y_ptr.dtype.element_ty), mask=omask)
+    else:
+        out = tl.sum(acc, axis=0)  # [RB, BM]: the cross-warp sum
+        if GATED:
+            g, u = tl.split(tl.permute(tl.reshape(out, (2, RBO, BM)), (1, 2, 0)))
+            out = _swiglu(g, u, limit)
+        tl.store(y_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], tl.trans(out).to(y_ptr.dtype.element_ty),
+                 mask=omask)
 
 
 def tiles_for(N: int, K: int, gated: bool = False, sms: int = N_SMS_HINT):
@@ -152,9 +176,9 @@ def default_for(device, M: int, N: int, K: int, gated: bool = False) -> bool:
 def check_tiles(K: int, tiles: tuple, name: str) -> tuple:
     """(S, RB, BK, stages), validated against K; a ValueError names what does not fit."""
     S, RB, BK, ns = tiles
-    if S < 1 or S & (S - 1) or RB < 16 or RB & (RB - 1) or BK < 32 or BK & (BK - 1) or ns < 1:
+    if S < 1 or S & (S - 1) or RB < 8 or RB & (RB - 1) or BK < 32 or BK & (BK - 1) or ns < 1:
         raise ValueError(f"{name}: warp-split tiles (S={S}, RB={RB}, BK={BK}, stages={ns}) need powers of two, "
-                         "RB >= 16, BK >= 32 and at least one stage")
+                         "RB >= 8, BK >= 32 and at least one stage")
     if K % (S * BK):
         raise ValueError(f"{name}: K={K} is not S·BK={S * BK} ({S} slices of whole {BK}-wide k tiles)")
     return S, RB, BK, ns
