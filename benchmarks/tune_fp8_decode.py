@@ -4,7 +4,9 @@ For the dense linears whose decode time matters (wo_b 5120×8192, engram wkv 256
 1280×5120, shared w2 5120×2304, the shared expert's gated w1/w3 2304×5120): the default path (one
 token: `fp8_gemv_kernel`; 8 tokens: the tensor-core kernel, split-K folded), the old MMA + reduce
 launch as the control, at one token the gemv's k-loop pipelines and K splits, at 8 tokens both weight
-decoders forced (`decode_w` 0 / 1); for each the relative error against x·dequant(W)ᵀ on fresh random
+decoders forced (`decode_w` 0 / 1; since session 17 the `default` rows at 8 tokens of shared w1/w3, shared w2, wq_a
+and wo_b time fp8_warp_split.py, the new default there, while every row that passes an mma option still times the
+split-K tile); for each the relative error against x·dequant(W)ᵀ on fresh random
 data, the graph-replay median (warm and L2-cold), and the time
 over the bytes floor (weights + activations over the copy bandwidth measured here). The best per
 shape is printed last; `_tiles`/`_gemv_tiles` in codegen/triton/fp8_gemm.py take it by hand.

@@ -790,7 +790,8 @@ def test_gpu_fp8_gemm_real_widths(M):
 @pytest.mark.parametrize("M", [1, 8])
 def test_gpu_fp8_decode_paths_under_graph_replay(M):
     """wo_b at decode: every path matches float64; the folded split-K epilogue gives the separate reduce
-    kernel's bits; a CUDA graph replayed three times gives the same bits each time (counters reset)."""
+    kernel's bits; a CUDA graph replayed three times gives the same bits each time, for the default path (at 8 tokens
+    on sm90 the warp-split kernel) and for the split-K tile (its arrival counters reset)."""
     g = gen(31)
     x = randn(g, M, 8192, dtype=torch.bfloat16)
     w, s = fp8_weight(g, 5120, 8192)
@@ -801,16 +802,17 @@ def test_gpu_fp8_decode_paths_under_graph_replay(M):
     assert rel_err(folded, exact) < BF16_ULP
     if M == 1:
         assert rel_err(run(path="gemv"), exact) < BF16_ULP
-    y = run()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        yg = run()
-    outs = []
-    for _ in range(3):
-        graph.replay()
-        torch.cuda.synchronize()
-        outs.append(yg.clone())
-    assert all(torch.equal(o, y) for o in outs)
+    for kw in ({}, {"path": "mma", "fold": True}):
+        y = run(**kw)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            yg = run(**kw)
+        outs = []
+        for _ in range(3):
+            graph.replay()
+            torch.cuda.synchronize()
+            outs.append(yg.clone())
+        assert all(torch.equal(o, y) for o in outs), kw
 
 
 @pytest.mark.gpu
@@ -843,19 +845,20 @@ def test_gpu_fp8_prefetch_and_pdl_chain_keep_the_bits(M):
         torch.testing.assert_close(piped.float(), h.float(), rtol=2.0 ** -7, atol=1e-6)
     if not pdl_for(x.device):
         return
-    xs = x.clone()
-    chain(xs, pdl=True)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        xs.copy_(x)
-        yg = chain(xs, pdl=True)
-    for i in range(3):
-        x.copy_(randn(g, M, 5120, dtype=torch.bfloat16))
-        graph.replay()
-        torch.cuda.synchronize()
-        # no prefetch argument on either side: both take the default path (at 8 tokens on sm90 the warp-split kernel,
-        # which has no prefetch; an mma option would send the reference to the split-K tile, another sum order)
-        assert torch.equal(yg, chain(x, pdl=False)), f"replay {i}"
+    # the default path (at 8 tokens on sm90 the warp-split kernel, which has no prefetch) and, with fold=True (an mma
+    # option), the split-K tile; each compared with itself without PDL (the two sum in different orders)
+    for kw in ({}, {"fold": True}):
+        xs = x.clone()
+        chain(xs, pdl=True, **kw)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            xs.copy_(x)
+            yg = chain(xs, pdl=True, **kw)
+        for i in range(3):
+            x.copy_(randn(g, M, 5120, dtype=torch.bfloat16))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(yg, chain(x, pdl=False, **kw)), f"replay {i} {kw}"
 
 
 @pytest.mark.gpu

@@ -1,6 +1,7 @@
 """The warp-split FP8 decode GEMM (codegen/triton/fp8_warp_split.py): the reference's numbers in the interpreter
-(plain and gated, ragged N, 1-16 tokens, every slice count), bad requests refused by name, and on a GPU the real
-widths against float64 and against fp8_gemm's default decode path, also under CUDA-graph replay with PDL."""
+(plain and gated, ragged N, 1-16 tokens, 1-8 slices, 8 / 16 / 32 rows a program), bad requests refused by name, the
+dispatch rule, and on a GPU the real widths against float64, the byte-pair decoder against the per-element one (ragged
+shapes, scale bytes past 134 and 255 included), and CUDA-graph replay with PDL."""
 from __future__ import annotations
 
 import pytest
@@ -48,7 +49,8 @@ def test_gated_matches_reference(N, K, M, tiles):
     ref = fg.fp8_gemm_swiglu_reference(x, w1, s1, w3, s3, lim)
     y = ws.fp8_gemm_warp_split(x, w1, s1, w3, s3, lim, tiles=tiles)
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
-    assert ref.abs().max() > 0.1
+    gate, up = fg.fp8_gemm_reference(x, w1, s1), fg.fp8_gemm_reference(x, w3, s3)
+    assert (gate > lim).any() and (up.abs() > lim).any()  # both clamps are exercised
 
 
 def test_bf16_against_float64():
@@ -118,6 +120,42 @@ def test_gpu_real_widths_and_graph_replay():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N,K,M,tiles", [(70, 256, 3, (1, 16, 128, 2)), (70, 512, 8, (2, 32, 64, 3)),
+                                         (40, 1024, 5, (4, 8, 128, 3)), (64, 512, 8, None)])
+def test_gpu_pairs_decoder_bits(N, K, M, tiles):
+    """The byte-pair decoder (inline PTX) against the per-element one, bit for bit (NaN where both are NaN): ragged N,
+    fewer than 8 tokens, 1-4 slices, 8 / 16 / 32 rows a program, and scale bytes past 134 (the second bf16x2 factor)
+    and 255 (NaN), plain and gated."""
+    g = torch.Generator().manual_seed(N * K + M)
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16).to(DEV)
+    codes = torch.randint(0, 256, (2, N, K), generator=g, dtype=torch.uint8)
+    codes = torch.where((codes & 0x7F) == 0x7F, codes ^ 1, codes)  # no NaN codes
+    w1, w3 = (c.view(torch.float8_e4m3fn).to(DEV) for c in codes)
+    scales = torch.randint(100, 141, (2, -(-N // 32), K // 32), generator=g, dtype=torch.uint8)
+    scales[0, 0, 1] = 255
+    s1, s3 = (c.to(DEV) for c in scales)
+    for gated in (False, True):
+        args = (x, w1, s1, w3, s3, 0.5) if gated else (x, w1, s1)
+        a = ws.fp8_gemm_warp_split(*args, tiles=tiles, pairs=True)
+        b = ws.fp8_gemm_warp_split(*args, tiles=tiles, pairs=False)
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+        assert torch.isnan(b).any() and torch.isfinite(b).any(), gated
+
+
+def test_fp8_gemm_dispatch_rule(monkeypatch):
+    """`default_for` as it reads on sm90: 2-8 tokens, the measured linears only."""
+    monkeypatch.setattr(ws, "mma_sync_decode_for", lambda device: True)
+    cpu = torch.device("cpu")
+    assert ws.default_for(cpu, 8, 2304, 5120, True) and ws.default_for(cpu, 2, 5120, 2304)
+    assert ws.default_for(cpu, 8, 1280, 5120) and ws.default_for(cpu, 8, 5120, 8192)
+    assert not ws.default_for(cpu, 1, 2304, 5120, True) and not ws.default_for(cpu, 9, 2304, 5120, True)
+    assert not ws.default_for(cpu, 8, 32768, 1280) and not ws.default_for(cpu, 8, 25600, 6144)  # wq_b, engram wkv
+    assert not ws.default_for(cpu, 8, 2304, 5120, False)  # w1/w3's shape as a plain linear: not measured
+    monkeypatch.setattr(ws, "WARP_SPLIT_DECODE", False)
+    assert not ws.default_for(cpu, 8, 2304, 5120, True)
 
 
 def test_fp8_gemm_dispatch():

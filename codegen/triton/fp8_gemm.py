@@ -32,7 +32,7 @@ Decode shapes: one token (M = 1) runs `fp8_gemv_kernel` on the CUDA cores (no te
 padding to 16 rows; the block scale multiplies the activation, not each weight element: 3.5 SASS
 instructions per weight element vs 6.3 in the MMA loop). 2-8 tokens on sm90 for the linears it was measured on
 (shared w1/w3, shared w2, wq_a, wo_b) run fp8_warp_split.py instead: one program per 16 weight rows with K split
-over its warps and summed in shared memory, no split-K partials (4-20 % faster at 8 tokens, session 17). M <= 16
+over its warps and summed in shared memory, no split-K partials (3-20 % faster at 8 tokens, session 17). M <= 16
 otherwise runs the tensor-core kernel with the per-element decoder DECODE_W 0, except the largest linear (engram wkv, from
 DECODE_W_MIN_WEIGHTS elements), where the word decoder DECODE_W 1 (below) is faster on the H200;
 `_gemm(decode_w=)` forces either. On sm90 the DECODE_W 0 tile has 2 warps and 32 weight rows, so that Triton

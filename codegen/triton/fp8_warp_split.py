@@ -5,7 +5,7 @@ What: y[M, N] = x[M, K] · dequant(W)ᵀ for decode shapes (M <= 16 tokens), W E
 on a stacked tile (a program's RB weight rows are RB/2 rows of W1 then the same RB/2 rows of W3, W3 addressed
 from W's pointer by its byte distance, as `fp8_gemm`'s GATED 2).
 
-Why: at 8 tokens `fp8_gemm`'s decode tile splits K over 7-11 programs per output tile and folds the partials with
+Why: at 8 tokens `fp8_gemm`'s decode tile splits K over 7-8 programs per output tile (wq_a 20) and folds the partials with
 a last-arriver epilogue (arrival.py). Nsight Compute of the shared w1/w3 GEMM at 8 tokens (session 17,
 `ncu_fp8_w13_M8_s17_source.txt`) puts ~20 % of its warps' samples in that epilogue: the partial stores, the
 release fence (ERRBAR / CCTL.IVALL), the atomic ticket's round trip that every thread waits for at a barrier, and
@@ -13,7 +13,9 @@ the last program's re-read of the partials; in a grid of one wave it is on the c
 
 Algorithm: one program per RB weight rows (RB = 16: one mma.sync M tile). Its S warps each take one contiguous
 slice of K (K / S elements): the weight tile of a k step is [S, RB, BK] (slice s at k = s·K/S + i·BK), decoded
-per element (E4M3 -> fp32 × the block scale -> bf16, exact: `fp8_gemm`'s DECODE_W 0 numerics), and multiplied by
+to bf16 with `fp8_gemm`'s DECODE_W 0 numerics (E4M3 value × the block scale, exact), on CUDA by default two codes a
+register in inline PTX (PAIRS: prmt / shl / and and two bf16x2 fmas, the same bits), else per element
+(E4M3 -> fp32 × scale -> bf16), and multiplied by
 x's matching [S, BK, BM] tile in ONE batched `tl.dot` whose batch dimension Triton spreads over the warps (a rank-3
 dot gives every warp its own batch entries: warpsPerCTA [S, 1, 1]); so each warp runs an independent k loop over
 its slice, pipelined through cp.async stages like the 2-D tile. The S partial products are then summed over the
@@ -24,8 +26,9 @@ split order, so the two paths agree to fp32 rounding, not bit for bit.
 RB = 8 (explicit tiles only, not timed yet: `benchmarks/tune_fp8_warp_split.py --grid rows8`): the weights are the
 dot's N operand and x its M (Triton pads 8 tokens to the MMA's 16), so a program takes 8 weight rows (GATED: 4 of W1
 over the same 4 of W3) and the grid has twice the programs (576 for shared w1/w3: 4.4 an SM instead of 2.2, where
-2 or 3 an SM now leaves SMs unevenly loaded), at the cost of reading x twice as often and 218 instead of 325 static
-SASS instructions a k step for half the weights (sm90, Triton 3.9, byte pairs).
+2 or 3 an SM now leaves SMs unevenly loaded), at the cost of reading x twice as often and 216 instead of 323 static
+SASS instructions a k step for half the weights (sm90, Triton 3.9, byte pairs: `benchmarks/fp8_decode_sass.py`'s
+`warp_split_*_rb8` rows).
 
 Constraints: K % (S·BK) == 0 and BK % 32 == 0 (every slice is whole k tiles, and each 32-wide scale block sits
 inside one k tile); S a power of two. The launcher checks and names the violation.
@@ -33,7 +36,8 @@ inside one k tile); S a power of two. The launcher checks and names the violatio
 Known gaps: the x tile is loaded per slice (S·BK·BM·2 bytes a step, from the L2), so x's shared-memory stages are as
 large as the weights' at BM 8; one program per 16 rows gives 288 programs for shared w1/w3 and 320 for w2 (2.2 and
 2.4 an SM on 132 SMs), so SMs hold 2 or 3 programs (no balancing across them). Decode shapes only (M <= 16); CUDA
-and the interpreter (ROCm's mfma batched dot was not checked).
+and the interpreter. No ROCm variant: Triton 3.9 lowers the rank-3 dot to FMA loops on gfx942 / gfx950 (compiled
+offline, `benchmarks/results/aot_warp_split_s17.json`), so ROCm keeps fp8_gemm's decode tile.
 """
 from __future__ import annotations
 
@@ -116,7 +120,7 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
             b1 = tl.reshape(tl.broadcast_to(b1[:, :, :, None], (S, RB, BK // 32, 32)), (S, RB, BK))
             b2 = tl.reshape(tl.broadcast_to(b2[:, :, :, None], (S, RB, BK // 32, 32)), (S, RB, BK))
             wt = tl.inline_asm_elementwise(_E4M3_PAIRS_TWO, "=r,=r,r,r,r,r,r", [wb, b1, b2], dtype=tl.bfloat16,
-                                           is_pure=True, pack=4)
+                                           is_pure=True, pack=4).to(DT)  # fp32 x (DOT_F32): an exact fp32 dot
         else:
             sc = tl.reshape(tl.broadcast_to(e8m0_to_f32(sb)[:, :, :, None], (S, RB, BK // 32, 32)), (S, RB, BK))
             wt = (e4m3_to_f32(wb, NATIVE_FP8) * sc).to(DT)  # exact: an E4M3 value times a power of two
@@ -148,8 +152,8 @@ def tiles_for(N: int, K: int, gated: bool = False, sms: int = N_SMS_HINT):
     results/tune_fp8_warp_split_run1.json and _run2.json; S 2-16 warps, RB 16 / 32, BK 32-256, 2-4 stages):
     4 warps of 128-wide k tiles at 3 stages were the best or level with it where 4 slices of whole 128 tiles
     divide K (shared w1/w3 12.4-12.7 µs against 12.9-13.3, wo_b 16.8-16.9 against 17.4-17.7), with 256-wide tiles
-    where the grid has fewer programs than SMs (wq_a's 80: 7.2 µs against 8.9-9.1; 128 wide 7.9-8.4); 2 warps of
-    128 where only 256 divides K (shared w2: 8.6-8.7 µs against 9.1-9.4). 8 and 16 warps, 32- and 64-wide tiles,
+    where the grid has fewer programs than SMs (wq_a's 80: 7.2 µs against 8.9-9.1; 128 wide 7.8-8.5); 2 warps of
+    128 where only 256 divides K (shared w2: 8.6-8.7 µs against 9.1-9.6). 8 and 16 warps, 32- and 64-wide tiles,
     and 32 rows a warp were slower everywhere."""
     programs = -(-N // (8 if gated else 16))
     if K % 512 == 0:
