@@ -465,6 +465,16 @@ _E4M3_PAIRS_ONE, _E4M3_PAIRS_TWO = _e4m3_pairs_asm(False), _e4m3_pairs_asm(True)
 
 
 @triton.jit
+def e4m3_pair_factors(e):
+    """UE8M0 bytes -> the bf16 scale factors of `_E4M3_PAIRS_*`'s bit patterns (worth value·2^-120):
+    2^(min(e,134)-7) and 2^(max(e,134)-134) (NaN for e = 255), one per byte, not yet expanded per element."""
+    ei = e.to(tl.int32)
+    b1 = ((tl.minimum(ei, 134) + 120) << 7).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    b2 = tl.where(ei == 255, 0x7FC0, (tl.maximum(ei, 134) - 7) << 7).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return b1, b2
+
+
+@triton.jit
 def e4m3_pairs_to_bf16(codes, e, R: tl.constexpr, BK: tl.constexpr, TWO: tl.constexpr):
     """E4M3 codes [R, BK] (uint8, natural k order) + UE8M0 bytes [R, BK/32] -> the bf16 tile [R, BK]: DECODE_W 0's
     bits (value·2^(e-127) rounded to bf16), by inline PTX (CUDA only) on code pairs: prmt, shl, and, then one
@@ -472,11 +482,9 @@ def e4m3_pairs_to_bf16(codes, e, R: tl.constexpr, BK: tl.constexpr, TWO: tl.cons
     a pair against the per-element decoder's 6 (e4m3 cvt, two f16 -> f32, two multiplies, a bf16x2 pack). The asm
     is elementwise (pack 4: the 4 consecutive elements of a thread share a register), so the tile keeps its
     natural k order and x is not permuted (unlike DECODE_W 1's words)."""
-    ei = e.to(tl.int32)
-    b1 = ((tl.minimum(ei, 134) + 120) << 7).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    b1, b2 = e4m3_pair_factors(e)
     b1 = expand_cols(b1, R, BK // 32, 32)
     if TWO:
-        b2 = tl.where(ei == 255, 0x7FC0, (tl.maximum(ei, 134) - 7) << 7).to(tl.uint16).to(tl.bfloat16, bitcast=True)
         b2 = expand_cols(b2, R, BK // 32, 32)
         out = tl.inline_asm_elementwise(_E4M3_PAIRS_TWO, "=r,=r,r,r,r,r,r", [codes, b1, b2], dtype=tl.bfloat16,
                                         is_pure=True, pack=4)

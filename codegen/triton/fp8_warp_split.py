@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
-from dsv41c.codegen.triton.fp8_gemm import (_E4M3_PAIRS_TWO, GATED_LINEARS, ptx_for, DENSE_LINEARS, N_SMS_HINT,
+from dsv41c.codegen.triton.fp8_gemm import (_E4M3_PAIRS_TWO, GATED_LINEARS, _swiglu, e4m3_pair_factors, ptx_for, DENSE_LINEARS, N_SMS_HINT,
                                            _byte_distance, _check_w, as_u8, dot_f32_for, e4m3_to_f32, e8m0_to_f32,
                                            fp8_gemm_reference, fp8_gemm_swiglu_reference, mma_sync_decode_for,
                                            native_fp8_for, target_traits)
@@ -61,13 +61,6 @@ PAIRS_DEFAULT = True
 WARP_SPLIT_MAX_M = 8  # measured at 8 tokens (BM 8: the same kernel from 2 to 8); 9-16 tokens double x's tile: not measured
 # the linears it was measured on (and beat fp8_gemm's decode tile on); the others keep fp8_gemm's path until timed
 MEASURED_LINEARS = ("shared_w13", "shared_w2", "wq_a", "wo_b")
-
-
-@triton.jit
-def _swiglu(g, u, limit):
-    g = tl.minimum(g, limit)
-    u = tl.minimum(tl.maximum(u, -limit), limit)
-    return g / (1.0 + tl.exp(-g)) * u
 
 
 @triton.jit
@@ -113,10 +106,7 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
             xt = tl.load(x_ptr + rm[None, None, :].to(tl.int64) * K + k[:, :, None], mask=m_ok[None, None, :],
                          other=0.0)  # [S, BK, BM]
         if PAIRS:  # byte pairs by inline PTX, both scale factors (exact for every UE8M0 byte): 5 instructions a pair
-            ei = sb.to(tl.int32)
-            b1 = ((tl.minimum(ei, 134) + 120) << 7).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-            b2 = tl.where(ei == 255, 0x7FC0, (tl.maximum(ei, 134) - 7) << 7).to(tl.uint16).to(tl.bfloat16,
-                                                                                                 bitcast=True)
+            b1, b2 = e4m3_pair_factors(sb)
             b1 = tl.reshape(tl.broadcast_to(b1[:, :, :, None], (S, RB, BK // 32, 32)), (S, RB, BK))
             b2 = tl.reshape(tl.broadcast_to(b2[:, :, :, None], (S, RB, BK // 32, 32)), (S, RB, BK))
             wt = tl.inline_asm_elementwise(_E4M3_PAIRS_TWO, "=r,=r,r,r,r,r,r", [wb, b1, b2], dtype=tl.bfloat16,
