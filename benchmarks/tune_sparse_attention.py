@@ -51,6 +51,10 @@ VARIANTS = {
         ("w16_bn64", {"num_warps": 16}),
         ("w16_bn32_ns3", {"num_warps": 16, "block_n": 32, "num_stages": 3}),
         ("w16_bn32_ns2", {"num_warps": 16, "block_n": 32, "num_stages": 2}),
+        # session 17 (not yet run): the packed FP4 rows loaded 4 / 8 bytes a thread (`_kv_tile`'s CVEC): a
+        # dequantized-tile layout that stores without bank conflicts, for more cp.async and stage loads
+        ("cvec4", {"cvec": 4}),
+        ("cvec8", {"cvec": 8}),
     ]),
     "decode_S1": (1, [
         ("old", {"qk_once": False, "fuse_combine": False}),
@@ -75,6 +79,7 @@ VARIANTS = {
         ("dv128_bn32_ns3", {"dv": 128, "block_n": 32, "num_stages": 3}),
         ("dv256_bn32", {"dv": 256, "block_n": 32}),
         ("dv128_bn32_w4", {"dv": 128, "block_n": 32, "num_warps": 4}),
+        ("cvec4", {"cvec": 4}),  # session 17 (not yet run): see decode_batch_S64
     ]),
 }
 
@@ -146,7 +151,21 @@ def _loops(sass: str) -> list:
             out.append({"instructions": len(body), "hgmma": hg,
                         "local_memory": sum(v for k, v in ops.items() if k.startswith(("LDL", "STL"))),
                         "prmt": sum(v for k, v in ops.items() if k.startswith("PRMT")),
+                        "sts": {k: v for k, v in ops.items() if k.startswith("STS")},
+                        "lds": {k: v for k, v in ops.items() if k.startswith("LDS")},
                         "ldgsts": {k: v for k, v in ops.items() if k.startswith("LDGSTS")}})
+    return out
+
+
+def _tile_store_layouts(ttgir: str) -> list:
+    """The register layouts of the bf16 KV tiles stored into shared memory for the MMAs (`ttg.local_alloc` of a bf16
+    tensor from registers), with the shared layout they go to: the store's bank conflicts follow from the pair (a
+    thread's contiguous channels and the lanes along a row against the 128-byte swizzle; docs/KERNELS.md)."""
+    defs = dict(re.findall(r"^(#\w+) = (.*)$", ttgir, re.M))
+    out = []
+    for m in re.finditer(r"ttg\.local_alloc %\w+ : \(tensor<(\w+)xbf16, (#\w+)>\) -> !ttg\.memdesc<[^,]+, (#\w+)", ttgir):
+        out.append({"shape": m.group(1), "registers": defs.get(m.group(2), m.group(2)),
+                    "shared": defs.get(m.group(3), m.group(3))})
     return out
 
 
@@ -171,6 +190,10 @@ SASS_CFGS = [  # (label, split, BN, DV, warps, stages, qk_once, fuse)
     ("pairs_bn32_ns2", True, 32, 512, 8, 2, True, False, True),
     ("pairs_w16_bn64", True, 64, 512, 16, 2, True, False, True),
     ("pairs_w16_bn32_ns3", True, 32, 512, 16, 3, True, False, True),
+    # session 17: the packed FP4 rows loaded 4 / 8 bytes a thread (the 10th field: `_kv_tile`'s CVEC)
+    ("pairs_qk_once_bn64_cvec4", True, 64, 512, 8, 2, True, False, True, 4),
+    ("pairs_qk_once_bn64_cvec8", True, 64, 512, 8, 2, True, False, True, 8),
+    ("pairs_one_query_dv128_bn32_cvec4", True, 32, 128, 8, 2, False, False, True, 4),
 ]
 
 
@@ -189,11 +212,14 @@ def sass(args):
     doc = {"kind": "tune_sparse_attention_sass", "triton": triton.__version__, "target": tg.name, "rows": []}
     for label, split, bn, dv, nw, ns, qk, fuse, *more in SASS_CFGS:
         pairs = bool(more and more[0])
+        cvec = more[1] if len(more) > 1 else 16
         rec = {"label": label, "split": split, "BN": bn, "DV": dv, "warps": nw, "stages": ns, "qk_once": qk,
-               "fuse": fuse, "pairs": pairs}
+               "fuse": fuse, "pairs": pairs, "cvec": cvec}
         try:
-            spec = sa._attn_spec(c, True, split, bn, dv, nw, ns, "sass", qk, fuse, pairs=pairs)
-            text, usage = sass_of(compile_spec(spec, tg))
+            spec = sa._attn_spec(c, True, split, bn, dv, nw, ns, "sass", qk, fuse, pairs=pairs, cvec=cvec)
+            compiled = compile_spec(spec, tg)
+            text, usage = sass_of(compiled)
+            rec["tile_store_layouts"] = _tile_store_layouts(compiled["asm"]["ttgir"])
             rs = registers_stack(usage)
             if rs:
                 rec.update(registers=rs[0], stack_bytes=rs[1])

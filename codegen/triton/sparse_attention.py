@@ -53,7 +53,8 @@ local-memory ops in the window loop at DV 128), so qk_once defaults off there.
 
 Specialization keys: H (64), D (512), ROPE (64), W (128), BN (key block), DV (output channels
 per program), QUANT (fp8/fp4 vs bf16), SPLIT, QK_ONCE, FUSE, NS / FHB (the fused merge's split chunk and
-head tile), PAIRS / PTX (kv_pairs.py's decoders, inline PTX), LAZY (the rescale's slack), PDL; combine: HB, CP
+head tile), PAIRS / PTX (kv_pairs.py's decoders, inline PTX), LAZY (the rescale's slack), PDL, CVEC (the bytes a
+thread loads along a packed FP4 row: 16, or 4 / 8 for a bank-conflict-free tile store, not timed); combine: HB, CP
 (head x channel tile), NS (splits a chunk), PDL.
 Variants: decode (SPLIT) and prefill, each for both KV formats: CUDA DV 512, BN 64 (FP8/FP4) or
 32 (bf16: its 2-stage buffers need twice the shared memory), 8 warps, 2 stages; a quantized decode
@@ -146,7 +147,7 @@ def _f16_bits_to_f32(h):
 @triton.jit
 def _kv_tile(kv_ptr, sc_ptr, rows, valid, c0, BN: tl.constexpr, N: tl.constexpr, D: tl.constexpr,
              WIN: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr, PAIRS: tl.constexpr = False,
-             PTX: tl.constexpr = False):
+             PTX: tl.constexpr = False, CVEC: tl.constexpr = 16):
     """Rows [BN] x channels c0..c0+N of a KV cache -> the MMA operand [BN, N] (bf16; fp32 if UPCAST),
     natural channel order, exact; quantized caches come out in units of 2^-8.
 
@@ -157,7 +158,13 @@ def _kv_tile(kv_ptr, sc_ptr, rows, valid, c0, BN: tl.constexpr, N: tl.constexpr,
     scale. The E4M3 bias step 2^-8 stays in the tile (the kernel folds 2^8 into the logit scale and
     the output), so every UE8M0 byte 1..254 scales without overflow; E2M1 tiles match it.
     PAIRS: the bf16x2 decoders of kv_pairs.py instead (the same values): compressed tiles by inline PTX (PTX) or
-    its float32 emulation, window tiles by inline PTX only (without PTX they keep this decoder)."""
+    its float32 emulation, window tiles by inline PTX only (without PTX they keep this decoder).
+    CVEC < 16 (compressed rows; explicit, not timed yet): the packed row's offsets are written as
+    (c // CVEC)·CVEC + c % CVEC, so Triton's axis analysis proves only CVEC-byte runs and gives a thread CVEC-byte
+    vectors: at 4, a thread's decoded channels are 8 consecutive ones (one
+    16-byte store) and 8 lanes cover a 64-channel block, the layout that stores into wgmma's 128-byte swizzle without
+    bank conflicts (16 bytes a thread put 8 lanes on 2 of a block row's 8 chunks; docs/KERNELS.md, session 16), for
+    4x the cp.async and stage-load instructions."""
     r = rows.to(tl.int64)
     if QUANT:
         r3 = r[:, None, None]
@@ -177,8 +184,10 @@ def _kv_tile(kv_ptr, sc_ptr, rows, valid, c0, BN: tl.constexpr, N: tl.constexpr,
             # rows load as [BN, N/2] bytes: the address's contiguity along the whole row gives lanes consecutive
             # 16-byte pieces of a row; a 3-D [rows, groups, 8] load put a warp's lanes on different rows, 32-way
             # bank conflicts on the pipeline's shared-memory stage (H200 profile, session 16)
-            cb = c0 // 2 + tl.arange(0, N // 2)
-            b = tl.load(kv_ptr + r[:, None] * (D // 2) + cb[None, :], mask=valid[:, None], other=0)
+            cb = tl.arange(0, N // 2)
+            if CVEC < 16:  # the same offsets, written so that Triton's axis analysis proves only CVEC-byte runs
+                cb = cb // CVEC * CVEC + cb % CVEC
+            b = tl.load(kv_ptr + r[:, None] * (D // 2) + (c0 // 2 + cb)[None, :], mask=valid[:, None], other=0)
             cs = c0 // 16 + tl.arange(0, N // 16)
             sb = tl.load(sc_ptr + r[:, None] * (D // 16) + cs[None, :], mask=valid[:, None], other=0)
             if PAIRS:
@@ -228,7 +237,7 @@ def _qk_part(q, kt, has_key, H: tl.constexpr, BN: tl.constexpr, QK_ONCE: tl.cons
 def _attend_block(q, q_rows, kv_ptr, sc_ptr, rows, valid, cv, scale, m_i, l_i, acc, H: tl.constexpr,
                   BN: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, WIN: tl.constexpr, QUANT: tl.constexpr,
                   UPCAST: tl.constexpr, QK_ONCE: tl.constexpr, PAIRS: tl.constexpr = False, PTX: tl.constexpr = False,
-                  LAZY: tl.constexpr = 0.0):
+                  LAZY: tl.constexpr = 0.0, CVEC: tl.constexpr = 16):
     """One key block: q·K^T over all D channels, online softmax, P·V for this program's DV channels.
     K = V (the shared latent), so each key element is loaded and dequantized once: with DV = D the
     tile is both MMA operands; with DV < D the QK product runs per DV-channel slice (each slice's
@@ -240,7 +249,7 @@ def _attend_block(q, q_rows, kv_ptr, sc_ptr, rows, valid, cv, scale, m_i, l_i, a
     The result is the same softmax (different roundings, not bits)."""
     has_key = tl.max(valid.to(tl.int32), axis=0) > 0
     if DV == D:
-        v = _kv_tile(kv_ptr, sc_ptr, rows, valid, 0, BN, D, D, WIN, QUANT, UPCAST, PAIRS, PTX)
+        v = _kv_tile(kv_ptr, sc_ptr, rows, valid, 0, BN, D, D, WIN, QUANT, UPCAST, PAIRS, PTX, CVEC)
         qk = _qk_part(q, v, has_key, H, BN, QK_ONCE)
     else:
         qk = tl.zeros((H, BN), tl.float32)
@@ -249,7 +258,7 @@ def _attend_block(q, q_rows, kv_ptr, sc_ptr, rows, valid, cv, scale, m_i, l_i, a
         else:
             v = tl.zeros((BN, DV), tl.bfloat16)
         for j in tl.static_range(D // DV):
-            kj = _kv_tile(kv_ptr, sc_ptr, rows, valid, j * DV, BN, DV, D, WIN, QUANT, UPCAST, PAIRS, PTX)
+            kj = _kv_tile(kv_ptr, sc_ptr, rows, valid, j * DV, BN, DV, D, WIN, QUANT, UPCAST, PAIRS, PTX, CVEC)
             if QK_ONCE:
                 qk += _qk_part(_load_q(q_rows, j * DV, DV, UPCAST), kj, has_key, H, BN, QK_ONCE)
             else:
@@ -305,7 +314,8 @@ def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx
                         DV: tl.constexpr, QUANT: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr,
                         QK_ONCE: tl.constexpr = False, FUSE: tl.constexpr = False, CP: tl.constexpr = 64,
                         NS: tl.constexpr = 8, FHB: tl.constexpr = 16, PAIRS: tl.constexpr = False,
-                        PTX: tl.constexpr = False, LAZY: tl.constexpr = 0.0, PDL: tl.constexpr = False):
+                        PTX: tl.constexpr = False, LAZY: tl.constexpr = 0.0, PDL: tl.constexpr = False,
+                        CVEC: tl.constexpr = 16):
     NWB: tl.constexpr = W // BN
     # PDL (pdl.py): q, the ring and the indices may be the previous kernel's; releasing at once lets the combine
     # launch be scheduled while this grid runs (it waits for this grid's completion before it reads a partial)
@@ -345,7 +355,7 @@ def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx
         valid = e >= 0
         rows = cbase + tl.where(valid, e, 0)
         m_i, l_i, acc = _attend_block(q, q_rows, ckv_ptr, csc_ptr, rows, valid, cv, scale, m_i, l_i, acc,
-                                      H, BN, D, DV, False, QUANT, UPCAST, QK_ONCE, PAIRS, PTX, LAZY)
+                                      H, BN, D, DV, False, QUANT, UPCAST, QK_ONCE, PAIRS, PTX, LAZY, CVEC)
     if QUANT:
         acc = acc * 256.0
     cols = cv * DV + tl.arange(0, DV)
@@ -443,7 +453,7 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
                      win_base=None, cmp_base=None, scale: float | None = None, n_split: int | None = None, dv: int | None = None,
                      block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                      qk_once: bool | None = None, fuse_combine: bool | None = None, kv_pairs: bool | None = None,
-                     lazy_rescale: float | None = None, pdl: bool | None = None):
+                     lazy_rescale: float | None = None, pdl: bool | None = None, cvec: int | None = None):
     """q [S, H, D] bf16 post-RoPE; qpos [S] int32; win_kv: (E4M3 codes [R, D] u8, UE8M0 [R, D/32] u8)
     or bf16 [R, D] (ring, slot = pos % R); cmp_kv: (packed FP4 [N, D/2] u8, E4M3 [N, D/16] u8) or
     bf16 [N, D]; idx [S, KC] int32 compressed rows (-1 = padding); sink [H] fp32; cos/sin [P, rope/2].
@@ -454,7 +464,8 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     last-arriving split merges the partials in the same launch (no _combine_kernel launch); kv_pairs: the bf16x2
     tile decoders of kv_pairs.py (quantized KV on CUDA only; elsewhere ignored); lazy_rescale: the running max's
     slack in natural-log units (`_attend_block`; 0 = rescale every block); pdl: programmatic dependent launch of
-    both kernels (pdl.py; None: where the device has it, PDL_ATTENTION).
+    both kernels (pdl.py; None: where the device has it, PDL_ATTENTION); cvec: the bytes a thread loads at once
+    along a packed FP4 row, 4, 8 or 16 (`_kv_tile`'s CVEC; None: CVEC_DEFAULT).
     Returns o [S, H, D] bf16 (inverse-rotated)."""
     S, H, D = q.shape
     wkv, wsc, wq = _kv_parts(win_kv, "win_kv")
@@ -500,6 +511,9 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     pairs = wq and ptx and (KV_PAIRS if kv_pairs is None else bool(kv_pairs))
     lazy = float(LAZY_RESCALE if lazy_rescale is None else lazy_rescale)
     pdl = pdl_for(dev) and (PDL_ATTENTION if pdl is None else bool(pdl))
+    cvec = CVEC_DEFAULT if cvec is None else int(cvec)
+    if cvec not in (4, 8, 16):
+        raise ValueError(f"sparse_attention: cvec {cvec} must be 4, 8 or 16 (bytes a thread loads along an FP4 row)")
     if not 0 <= lazy <= LAZY_MAX:  # e^slack bounds each probability: fp32 sums and bf16 P stay finite
         raise ValueError(f"sparse_attention: lazy_rescale {lazy} must be in [0, {LAZY_MAX}]")
     CP = min(64, DV)
@@ -518,7 +532,7 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
         q.contiguous(), qpos, wkv, wsc, ckv, csc, idx, wb, cb, sink, cos, sin, out, pm, pl, pacc, cnt,
         R, KC, int(has_base), bps, n_split, scale,
         H=H, D=D, ROPE=rope, W=window, BN=BN, DV=DV, QUANT=wq, SPLIT=split, UPCAST=interpreting(),
-        QK_ONCE=qk_once, FUSE=fuse, CP=CP, NS=NS, FHB=min(H, 16), PAIRS=pairs, PTX=ptx, LAZY=lazy, PDL=pdl,
+        QK_ONCE=qk_once, FUSE=fuse, CP=CP, NS=NS, FHB=min(H, 16), PAIRS=pairs, PTX=ptx, LAZY=lazy, PDL=pdl, CVEC=cvec,
         num_warps=num_warps or 8, num_stages=num_stages or (BATCH_STAGES if batch else _default_stages()),
         **launch_kw(pdl))
     if split and not fuse:
@@ -550,6 +564,12 @@ KV_PAIRS = True
 LAZY_RESCALE = 0.0
 LAZY_MAX = 30.0  # the largest slack accepted: e^30 ~ 1e13 a probability, ~7e15 summed over 640 keys
 PDL_ATTENTION = True
+# bytes a thread loads at once along a packed FP4 row (`_kv_tile`'s CVEC). 4 gives the dequantized compressed tile
+# the register layout that stores into wgmma's 128-byte swizzle without bank conflicts (Triton 3.6 TTGIR: 8 channels
+# a thread, 32 lanes along a row; 16 gives 32 channels a thread, 8 lanes on 2 chunks of a block), for 4x the cp.async
+# and stage loads: static sm90 SASS (Triton 3.6) of the 64-query compressed loop 1,554 -> 1,865 instructions (8:
+# 1,596). Not timed yet (session 17 had no device time left): `tune_sparse_attention.py --variants '^(default|cvec.*)$'`
+CVEC_DEFAULT = 16
 # and its key block (CUDA): H200, session 14 (results/tune_sparse_attention_s14.json, after the chunked combine), L2-cold
 # graph replay: BN 32 15.1 µs, BN 64 25.6 (the DV 512 tiles: BN 16 16.8, BN 32 17.8; DV 64 22.3)
 ONE_QUERY_BN = 32
@@ -631,15 +651,16 @@ _ATTN_TYPES = {"q_ptr": "*bf16", "qpos_ptr": "*i32", "idx_ptr": "*i32", "wbase_p
 
 
 def _attn_spec(c, quant: bool, split: bool, bn: int, dv: int, num_warps: int, num_stages: int, phase: str,
-               qk_once: bool | None = None, fuse: bool = False, pairs: bool = False, lazy: float = 0.0):
-    """pairs: the bf16x2 KV decoders (kv_pairs.py: inline PTX, CUDA targets only)."""
+               qk_once: bool | None = None, fuse: bool = False, pairs: bool = False, lazy: float = 0.0,
+               cvec: int = 16):
+    """pairs: the bf16x2 KV decoders (kv_pairs.py: inline PTX, CUDA targets only); cvec: `_kv_tile`'s CVEC."""
     kvt = "*u8" if quant else "*bf16"
     types = dict(_ATTN_TYPES, wkv_ptr=kvt, wsc_ptr=kvt, ckv_ptr=kvt, csc_ptr=kvt)
     const = {"H": c.num_attention_heads, "D": c.head_dim, "ROPE": c.qk_rope_head_dim, "W": c.sliding_window,
              "BN": bn, "DV": dv, "QUANT": quant, "SPLIT": split, "UPCAST": False,
              "QK_ONCE": (QK_ONCE and dv == c.head_dim) if qk_once is None else qk_once, "FUSE": fuse,
              "CP": min(64, dv), "NS": 8, "FHB": 16, "PAIRS": bool(pairs and quant), "PTX": bool(pairs and quant),
-             "LAZY": float(lazy), "PDL": False}
+             "LAZY": float(lazy), "PDL": False, "CVEC": cvec}
     return aot_spec(_sparse_attn_kernel, f"{phase}_{'fp8fp4' if quant else 'bf16'}_dv{dv}_bn{bn}", types, const,
                     num_warps=num_warps, num_stages=num_stages)
 
@@ -680,5 +701,5 @@ register(KernelTemplate(
     name="sparse_attention", module=__name__,
     summary="one softmax over SWA window ∪ selected compressed entries + sink, FP8/FP4 KV dequantized in-kernel, inverse RoPE",
     keys=("H", "D", "ROPE", "W", "BN", "DV", "QUANT", "SPLIT", "QK_ONCE", "FUSE", "CP", "HB", "NS", "FHB", "UPCAST", "PAIRS",
-          "PTX", "LAZY", "PDL"),
+          "PTX", "LAZY", "PDL", "CVEC"),
     reference=sparse_attention_ref, launch=sparse_attention, specializations=_specs))
