@@ -5,8 +5,8 @@ What: y[M, N] = x[M, K] · dequant(W)ᵀ for decode shapes (M <= 16 tokens), W E
 on a stacked tile (a program's RB weight rows are RB/2 rows of W1 then the same RB/2 rows of W3, W3 addressed
 from W's pointer by its byte distance, as `fp8_gemm`'s GATED 2).
 
-Why: at 8 tokens `fp8_gemm`'s decode tile splits K over 7-8 programs per output tile (wq_a 20) and folds the partials with
-a last-arriver epilogue (arrival.py). Nsight Compute of the shared w1/w3 GEMM at 8 tokens (session 17,
+Why: at 8 tokens `fp8_gemm`'s decode tile splits K over 7-8 programs per output tile (wq_a 20) and folds the partials
+with a last-arriver epilogue (arrival.py). Nsight Compute of the shared w1/w3 GEMM at 8 tokens (session 17,
 `ncu_fp8_w13_M8_s17_source.txt`) puts ~20 % of its warps' samples in that epilogue: the partial stores, the
 release fence (ERRBAR / CCTL.IVALL), the atomic ticket's round trip that every thread waits for at a barrier, and
 the last program's re-read of the partials; in a grid of one wave it is on the critical path of every program.
@@ -46,10 +46,10 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
-from dsv41c.codegen.triton.fp8_gemm import (_E4M3_PAIRS_TWO, GATED_LINEARS, _swiglu, e4m3_pair_factors, ptx_for, DENSE_LINEARS, N_SMS_HINT,
-                                           _byte_distance, _check_w, as_u8, dot_f32_for, e4m3_to_f32, e8m0_to_f32,
-                                           fp8_gemm_reference, fp8_gemm_swiglu_reference, mma_sync_decode_for,
-                                           native_fp8_for, target_traits)
+from dsv41c.codegen.triton.fp8_gemm import (_E4M3_PAIRS_TWO, DENSE_LINEARS, GATED_LINEARS, N_SMS_HINT, _byte_distance,
+                                           _check_w, _swiglu, as_u8, dot_f32_for, e4m3_pair_factors, e4m3_to_f32,
+                                           e8m0_to_f32, fp8_gemm_reference, fp8_gemm_swiglu_reference,
+                                           mma_sync_decode_for, native_fp8_for, ptx_for, target_traits)
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 
 WARP_SPLIT_DECODE = True  # fp8_gemm's default decode path for 2..WARP_SPLIT_MAX_M tokens where `default_for` agrees
@@ -58,7 +58,8 @@ WARP_SPLIT_DECODE = True  # fp8_gemm's default decode path for 2..WARP_SPLIT_MAX
 # shared w1/w3 12.42-12.48 µs against 12.56-12.80, shared w2 8.33-8.38 against 8.37-8.41, wq_a 6.80-7.08 against
 # 7.25-7.29, wo_b 16.47-16.51 against 17.32-17.36)
 PAIRS_DEFAULT = True
-WARP_SPLIT_MAX_M = 8  # measured at 8 tokens (BM 8: the same kernel from 2 to 8); 9-16 tokens double x's tile: not measured
+# measured at 8 tokens (BM 8: the same kernel from 2 to 8 tokens); 9-16 tokens double x's tile: not measured
+WARP_SPLIT_MAX_M = 8
 # the linears it was measured on (and beat fp8_gemm's decode tile on); the others keep fp8_gemm's path until timed
 MEASURED_LINEARS = ("shared_w13", "shared_w2", "wq_a", "wo_b")
 
@@ -252,7 +253,8 @@ def _variants(target: str, gated: bool) -> list:
 # gfx1100; none was run. Decode on ROCm keeps fp8_gemm's tile.
 _NO_ROCM = {t: "the batched dot lowers to FMA, not MFMA (gfx942/gfx950, Triton 3.9); WMMA on gfx1100 not run; "
                "fp8_gemm's decode tile serves ROCm" for t in ("rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")}
-_KEYS = ("linear", "N", "K", "mode", "act", "BM", "RB", "S", "BK", "STAGES", "GATED", "NATIVE_FP8", "DOT_F32", "PDL", "PAIRS")
+_KEYS = ("linear", "N", "K", "mode", "act", "BM", "RB", "S", "BK", "STAGES", "GATED", "NATIVE_FP8", "DOT_F32", "PDL",
+         "PAIRS")
 register(KernelTemplate(
     name="fp8_gemm_warp_split", module=__name__,
     summary="decode x · dequant(E4M3 W)ᵀ, K split over the warps of a program (no split-K round trip)",
