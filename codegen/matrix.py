@@ -203,7 +203,7 @@ def _triton_cell(t, target: Target) -> Cell:
         return Cell("missing", reason=f"declared generic ({generic}) but no variant returned")
     if not target.triton:
         return Cell("missing", reason=f"no Triton backend for {target.backend} in this toolchain")
-    return Cell("missing", reason=(getattr(t, "missing_on", None) or {}).get(target.name, "no variant for this target"))
+    return Cell("missing", reason=(t.missing_on or {}).get(target.name, "no variant for this target"))
 
 
 NO_TRITON = "not buildable (no Triton backend"

@@ -1199,12 +1199,10 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
     w3u, s3u = (as_u8(w3), as_u8(s3)) if gated else (wu, su)
     mma_args = {k: v for k, v in (("tiles", tiles), ("fold", fold), ("decode_w", decode_w), ("prefetch", prefetch),
                                   ("spf", spf), ("stack", stack)) if v is not None}
-    if path is None and M > GEMV_MAX_M and not mma_args:
-        from dsv41c.codegen.triton import fp8_warp_split as ws  # it imports this module's helpers
-        if ws.default_for(x.device, M, N, K, gated) and (not gated or (w3u.data_ptr() - wu.data_ptr()) % 16 == 0):
-            path = "warp_split"
+    from dsv41c.codegen.triton import fp8_warp_split as ws  # here, not at the top: it imports this module
+    if path is None and M > GEMV_MAX_M and not mma_args and ws.default_for(x.device, M, N, K, gated):
+        path = "warp_split"
     if path == "warp_split":
-        from dsv41c.codegen.triton import fp8_warp_split as ws
         if mma_args:
             raise ValueError(f"{name}: the warp-split path takes none of the mma path's options ({sorted(mma_args)})")
         return ws.fp8_gemm_warp_split(x2, w, s, w3, s3, limit, out_dtype or x.dtype, pdl=pdl,

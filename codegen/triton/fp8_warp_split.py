@@ -121,14 +121,13 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
             acc += tl.dot(wt, xt.to(DT), input_precision="ieee" if DOT_F32 else None)
     rn = pid * RBO + tl.arange(0, RBO)
     omask = m_ok[:, None] & (rn < N)[None, :]
+    out = tl.sum(acc, axis=0)  # the cross-warp sum: [BM, RB] (ROWS_N) or [RB, BM]
     if ROWS_N:
-        out = tl.sum(acc, axis=0)  # [BM, RB]: the cross-warp sum
         if GATED:
             g, u = tl.split(tl.permute(tl.reshape(out, (BM, 2, RBO)), (0, 2, 1)))
             out = _swiglu(g, u, limit)
         tl.store(y_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], out.to(y_ptr.dtype.element_ty), mask=omask)
     else:
-        out = tl.sum(acc, axis=0)  # [RB, BM]: the cross-warp sum
         if GATED:
             g, u = tl.split(tl.permute(tl.reshape(out, (2, RBO, BM)), (1, 2, 0)))
             out = _swiglu(g, u, limit)
