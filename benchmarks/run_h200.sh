@@ -8,7 +8,7 @@
 #   tune_fp8         benchmarks/tune_fp8_decode.py   -> tune_fp8_decode.json (FP8 GEMM decode paths and tiles)
 #   tune_compressor  benchmarks/tune_compressor_decode.py -> tune_compressor_decode.json (one-launch decode compressor)
 #   tune_warp_split  benchmarks/tune_fp8_warp_split.py -> tune_fp8_warp_split.json (the warp-split FP8 decode GEMM;
-#                    WS_GRID picks the grid: first, second, pairs, rows8 (default))
+#                    WS_GRID picks the grid: first, second, pairs, spf (default))
 #   tune_attention   benchmarks/tune_sparse_attention.py  -> tune_sparse_attention.json (batched decode attention)
 #   tune_topk        benchmarks/tune_indexer_topk.py      -> tune_indexer_topk.json (few-query selection)
 #   profile          benchmarks/profile_decode.py under Nsight Compute -> ncu_decode.txt (PROFILE_ONLY picks cases)
@@ -53,7 +53,7 @@ for step in $STEPS; do
              > "$OUT/tune_decode.txt" 2>&1 ;;
     tune_fp8) timeout "$T" python3 benchmarks/tune_fp8_decode.py --out "$OUT/tune_fp8_decode.json" \
              > "$OUT/tune_fp8.txt" 2>&1 ;;
-    tune_warp_split) timeout "$T" python3 benchmarks/tune_fp8_warp_split.py --grid "${WS_GRID:-rows8}" \
+    tune_warp_split) timeout "$T" python3 benchmarks/tune_fp8_warp_split.py --grid "${WS_GRID:-spf}" \
              --out "$OUT/tune_fp8_warp_split.json" > "$OUT/tune_warp_split.txt" 2>&1 ;;
     tune_compressor) timeout "$T" python3 benchmarks/tune_compressor_decode.py \
              --out "$OUT/tune_compressor_decode.json" > "$OUT/tune_compressor.txt" 2>&1 ;;

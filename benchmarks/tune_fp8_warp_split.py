@@ -5,9 +5,10 @@ For the decode linears at 8 tokens (shared w1/w3 gated 2304×5120, shared w2 512
 the gated one), then the warp-split kernel over S (warps = K slices) 4 / 8 / 16, BK 32 / 64 / 128 and 2-4 stages
 where K tiles, then the default again and the best three warp-split tiles again (interleaved, so drift shows);
 `--grid pairs`: the default path (the warp-split kernel itself since session 17), the warp-split kernel at `tiles_for`'s tile
-with the per-element decoder and with the byte-pair one (inline PTX), twice, interleaved; `--grid rows8`: 8-row
-programs (the weights as the dot's N operand, x as its M: twice the programs, so the grid spreads more evenly over the
-SMs, and x read from the L2 twice as often) at `tiles_for`'s S, BK 128 / 256 and 3-4 stages, against the default, twice. Each
+with the per-element decoder and with the byte-pair one (inline PTX), twice, interleaved; `--grid spf`: the
+default against the scale prefetch (the next k step's UE8M0 bytes loaded an iteration ahead) at `tiles_for`'s tile,
+at 4 stages, and at twice its BK where K tiles, twice, interleaved (session 17's `rows8` grid, 8-row programs, is
+kept as results/tune_fp8_warp_split_rows8.json; the tile was removed). Each
 row: the relative error against x·dequant(W)ᵀ (the gated one against fp8_gemm_swiglu_reference), the graph-replay
 median warm and L2-cold (`common.ms_graph`), and the cold time over the bytes floor.
 
@@ -62,9 +63,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--grid", choices=("first", "second", "pairs", "rows8"), default="second",
-                    help="the tiles to time (`_tiles`); pairs: `tiles_for`'s tile with both weight decoders; rows8: "
-                         "8-row programs (the weights as the dot's N operand)")
+    ap.add_argument("--grid", choices=("first", "second", "pairs", "spf"), default="second",
+                    help="the tiles to time (`_tiles`); pairs: `tiles_for`'s tile with both weight decoders; spf: "
+                         "the scale prefetch against the default")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     ceil = measure_ceilings()
@@ -106,13 +107,18 @@ def main(argv=None):
             write_json(args.out, doc)
             return row
 
-        if args.grid == "rows8":  # 8-row programs (weights as the dot's N: twice the programs) vs the default, twice
-            t16 = ws.tiles_for(N, K, gated)
-            cands = [(t16[0], 8, bk, ns) for bk in (128, 256) for ns in (3, 4) if K % (t16[0] * bk) == 0]
+        if args.grid == "spf":  # the scale prefetch at the default tile, 4 stages and twice BK, vs the default, twice
+            S_, RB_, BK_, ns_ = ws.tiles_for(N, K, gated)
+            cands = [(S_, RB_, BK_, ns_), (S_, RB_, BK_, 4)] + ([(S_, RB_, 2 * BK_, ns_)] if K % (S_ * 2 * BK_) == 0
+                                                               else [])
+
+            def spf(t):
+                return lambda: ws.fp8_gemm_warp_split(x, w, s, w3, s3, lim, tiles=t, name=name, spf=True)
+
             for rep in ("", "_again"):
                 timed("default" + rep, default)
                 for t in cands:
-                    timed(f"ws_S{t[0]}_rb8_bk{t[2]}_ns{t[3]}" + rep, split(t), t)
+                    timed(f"ws_spf_S{t[0]}_bk{t[2]}_ns{t[3]}" + rep, spf(t), t)
             continue
         if args.grid == "pairs":  # the default tile with the per-element and the byte-pair decoder, interleaved, twice
             t = ws.tiles_for(N, K, gated)

@@ -490,7 +490,7 @@ def test_gpu_compressor_real_widths(ratio, T):
                                          (1, True, {"kv_pairs": True, "lazy_rescale": 8.0}),
                                          (64, True, {"kv_pairs": True, "pdl": True}), (1, True, {"pdl": True}),
                                          (64, True, {"kv_pairs": False, "pdl": False}), (1, True, {"kv_pairs": False}),
-                                         (64, True, {"cvec": 4}), (64, True, {"cvec": 8}), (1, True, {"cvec": 4})])
+                                         (64, True, {"cvec": 4}), (64, True, {"cvec": 16}), (1, True, {"cvec": 16})])
 def test_gpu_sparse_attention_real_widths(S, quant, cfg):
     H, D, W, KC, N = 64, 512, 128, 512, 3000
     cos, sin = rope_table(4096, 32)

@@ -131,14 +131,14 @@ def test_bad_dv_is_rejected():
 
 
 def test_fp4_row_vectors_keep_the_bits():
-    """cvec 4 / 8 (the packed FP4 rows loaded 4 / 8 bytes a thread: another register layout, the same offsets) give
+    """cvec 4 / 16 (the packed FP4 rows loaded 4 / 16 bytes a thread: another register layout, the same offsets) give
     the default's bits, one query and a batch, with and without a channel slice; a bad cvec is refused."""
     S, H, D, W, KC, N = 3, 16, 64, 16, 40, 48
     cos, sin = rope_table(512, 8)
     args, kw = batch_inputs(S, H, D, W, KC, N, True, seed=7)
     for dv in (None, 32):
         ref = sa.sparse_attention(*args, cos, sin, n_split=2, dv=dv, **kw)
-        for cvec in (4, 8):
+        for cvec in (4, 16):
             assert torch.equal(sa.sparse_attention(*args, cos, sin, n_split=2, dv=dv, cvec=cvec, **kw), ref)
     with pytest.raises(ValueError, match="cvec 2 must be 4, 8 or 16"):
         sa.sparse_attention(*args, cos, sin, cvec=2, **kw)

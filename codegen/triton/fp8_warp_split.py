@@ -23,12 +23,15 @@ batch axis, a cross-warp reduction through shared memory inside the program: no 
 no atomic, no second pass. Deterministic (fixed reduction tree); the sum's association differs from fp8_gemm's
 split order, so the two paths agree to fp32 rounding, not bit for bit.
 
-RB = 8 (explicit tiles only, not timed yet: `benchmarks/tune_fp8_warp_split.py --grid rows8`): the weights are the
-dot's N operand and x its M (Triton pads 8 tokens to the MMA's 16), so a program takes 8 weight rows (GATED: 4 of W1
-over the same 4 of W3) and the grid has twice the programs (576 for shared w1/w3: 4.4 an SM instead of 2.2, where
-2 or 3 an SM now leaves SMs unevenly loaded), at the cost of reading x twice as often and 216 instead of 323 static
-SASS instructions a k step for half the weights (sm90, Triton 3.9, byte pairs: `benchmarks/fp8_decode_sass.py`'s
-`warp_split_*_rb8` rows).
+An 8-row tile (the weights as the dot's N operand, x its M: twice the programs, to even out 2 vs 3 programs an SM)
+was built and measured 40-60 % slower on all four linears (session 18, results/tune_fp8_warp_split_rows8.json:
+shared w1/w3 17.7-19.7 µs against 12.3-12.5); removed (it is in commit da01be4).
+
+SPF: the next k step's UE8M0 bytes are loaded one iteration ahead (as fp8_gemm's `_mma_k_loop`). Nsight Compute of
+the shared w1/w3 GEMM at 8 tokens without it (session 18, results/ncu_fp8_warp_split_s18_source.csv): a warp's
+only 8 k steps each issue an LDG.E.U16 for the scale bytes (1-2 bytes a thread: below cp.async's 4, so Triton's
+pipeline leaves them out) and wait for it, then round-trip it through shared memory into the decode's layout
+behind a barrier: that barrier (13 %), the STS (9 %) and the LDG (6 %) are the three hottest instructions.
 
 Constraints: K % (S·BK) == 0 and BK % 32 == 0 (every slice is whole k tiles, and each 32-wide scale block sits
 inside one k tile); S a power of two. The launcher checks and names the violation.
@@ -58,6 +61,8 @@ WARP_SPLIT_DECODE = True  # fp8_gemm's default decode path for 2..WARP_SPLIT_MAX
 # shared w1/w3 12.42-12.48 µs against 12.56-12.80, shared w2 8.33-8.38 against 8.37-8.41, wq_a 6.80-7.08 against
 # 7.25-7.29, wo_b 16.47-16.51 against 17.32-17.36)
 PAIRS_DEFAULT = True
+# the k loop's scale prefetch (SPF): not timed yet
+SPF_DEFAULT = False
 # measured at 8 tokens (BM 8: the same kernel from 2 to 8 tokens); 9-16 tokens double x's tile: not measured
 WARP_SPLIT_MAX_M = 8
 # the linears it was measured on (and beat fp8_gemm's decode tile on); the others keep fp8_gemm's path until timed
@@ -68,9 +73,9 @@ MEASURED_LINEARS = ("shared_w13", "shared_w2", "wq_a", "wo_b")
 def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
                           N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, RB: tl.constexpr, S: tl.constexpr,
                           BK: tl.constexpr, STAGES: tl.constexpr, GATED: tl.constexpr, NATIVE_FP8: tl.constexpr,
-                          DOT_F32: tl.constexpr, PDL: tl.constexpr, PAIRS: tl.constexpr = False):
-    """One program: RB weight rows (GATED: RB/2 of W1 then the same of W3) × all M tokens, K split over S warps;
-    RB 8: the weights as the dot's N operand (ROWS_N)."""
+                          DOT_F32: tl.constexpr, PDL: tl.constexpr, PAIRS: tl.constexpr = False,
+                          SPF: tl.constexpr = False):
+    """One program: RB weight rows (GATED: RB/2 of W1 then the same of W3) × all M tokens, K split over S warps."""
     tl.static_assert(K % (S * BK) == 0 and BK % 32 == 0, "K must be whole BK tiles per slice, BK % 32 == 0")
     RBO: tl.constexpr = RB // (1 + GATED)  # output columns of a program
     KSL: tl.constexpr = K // S  # one warp's slice of K
@@ -89,23 +94,22 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
     kb = tl.arange(0, BK // 32)
     grid_wait(PDL)
     grid_release(PDL)
-    ROWS_N: tl.constexpr = RB < 16  # 8-row tiles: the weights are the dot's N operand, x its M (padded by Triton)
-    if ROWS_N:
-        acc = tl.zeros((S, BM, RB), dtype=tl.float32)
-    else:
-        acc = tl.zeros((S, RB, BM), dtype=tl.float32)
+    acc = tl.zeros((S, RB, BM), dtype=tl.float32)
     DT: tl.constexpr = tl.float32 if DOT_F32 else tl.bfloat16
-    for i in tl.range(0, KSL // BK, num_stages=STAGES):
+    NI: tl.constexpr = KSL // BK  # k steps a warp
+    s_ptrs = ws_ptr + s_rows[None, :, None] + ((sl // 32)[:, None] + kb[None, :])[:, None, :]  # [S, RB, BK/32]: step 0
+    if SPF:  # the first k step's scale bytes, before the loop
+        sb_nxt = tl.load(s_ptrs, mask=rw_ok[None, :, None], other=127)
+    for i in tl.range(0, NI, num_stages=STAGES):
         k = sl[:, None] + i * BK + kk[None, :]  # [S, BK]
         wb = tl.load(w_ptr + w_rows[None, :, None] + k[:, None, :], mask=rw_ok[None, :, None], other=0)
-        ks = (sl // 32 + i * (BK // 32))[:, None] + kb[None, :]  # [S, BK/32] scale columns
-        sb = tl.load(ws_ptr + s_rows[None, :, None] + ks[:, None, :], mask=rw_ok[None, :, None], other=127)
-        if ROWS_N:
-            xt = tl.load(x_ptr + rm[None, :, None].to(tl.int64) * K + k[:, None, :], mask=m_ok[None, :, None],
-                         other=0.0)  # [S, BM, BK]
+        if SPF:  # the next step's bytes now, this step's from the last iteration (no round trip before the decode)
+            sb = sb_nxt
+            sb_nxt = tl.load(s_ptrs + (i + 1) * (BK // 32), mask=rw_ok[None, :, None] & (i + 1 < NI), other=127)
         else:
-            xt = tl.load(x_ptr + rm[None, None, :].to(tl.int64) * K + k[:, :, None], mask=m_ok[None, None, :],
-                         other=0.0)  # [S, BK, BM]
+            sb = tl.load(s_ptrs + i * (BK // 32), mask=rw_ok[None, :, None], other=127)
+        xt = tl.load(x_ptr + rm[None, None, :].to(tl.int64) * K + k[:, :, None], mask=m_ok[None, None, :],
+                     other=0.0)  # [S, BK, BM]
         if PAIRS:  # byte pairs by inline PTX, both scale factors (exact for every UE8M0 byte): 5 instructions a pair
             b1, b2 = e4m3_pair_factors(sb)
             b1 = tl.reshape(tl.broadcast_to(b1[:, :, :, None], (S, RB, BK // 32, 32)), (S, RB, BK))
@@ -115,24 +119,14 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
         else:
             sc = tl.reshape(tl.broadcast_to(e8m0_to_f32(sb)[:, :, :, None], (S, RB, BK // 32, 32)), (S, RB, BK))
             wt = (e4m3_to_f32(wb, NATIVE_FP8) * sc).to(DT)  # exact: an E4M3 value times a power of two
-        if ROWS_N:
-            acc += tl.dot(xt.to(DT), tl.permute(wt, (0, 2, 1)), input_precision="ieee" if DOT_F32 else None)
-        else:
-            acc += tl.dot(wt, xt.to(DT), input_precision="ieee" if DOT_F32 else None)
+        acc += tl.dot(wt, xt.to(DT), input_precision="ieee" if DOT_F32 else None)
     rn = pid * RBO + tl.arange(0, RBO)
     omask = m_ok[:, None] & (rn < N)[None, :]
-    out = tl.sum(acc, axis=0)  # the cross-warp sum: [BM, RB] (ROWS_N) or [RB, BM]
-    if ROWS_N:
-        if GATED:
-            g, u = tl.split(tl.permute(tl.reshape(out, (BM, 2, RBO)), (0, 2, 1)))
-            out = _swiglu(g, u, limit)
-        tl.store(y_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], out.to(y_ptr.dtype.element_ty), mask=omask)
-    else:
-        if GATED:
-            g, u = tl.split(tl.permute(tl.reshape(out, (2, RBO, BM)), (1, 2, 0)))
-            out = _swiglu(g, u, limit)
-        tl.store(y_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], tl.trans(out).to(y_ptr.dtype.element_ty),
-                 mask=omask)
+    out = tl.sum(acc, axis=0)  # the cross-warp sum: [RB, BM]
+    if GATED:
+        g, u = tl.split(tl.permute(tl.reshape(out, (2, RBO, BM)), (1, 2, 0)))
+        out = _swiglu(g, u, limit)
+    tl.store(y_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], tl.trans(out).to(y_ptr.dtype.element_ty), mask=omask)
 
 
 def tiles_for(N: int, K: int, gated: bool = False, sms: int = N_SMS_HINT):
@@ -170,20 +164,21 @@ def default_for(device, M: int, N: int, K: int, gated: bool = False) -> bool:
 def check_tiles(K: int, tiles: tuple, name: str) -> tuple:
     """(S, RB, BK, stages), validated against K; a ValueError names what does not fit."""
     S, RB, BK, ns = tiles
-    if S < 1 or S & (S - 1) or RB < 8 or RB & (RB - 1) or BK < 32 or BK & (BK - 1) or ns < 1:
+    if S < 1 or S & (S - 1) or RB < 16 or RB & (RB - 1) or BK < 32 or BK & (BK - 1) or ns < 1:
         raise ValueError(f"{name}: warp-split tiles (S={S}, RB={RB}, BK={BK}, stages={ns}) need powers of two, "
-                         "RB >= 8, BK >= 32 and at least one stage")
+                         "RB >= 16, BK >= 32 and at least one stage")
     if K % (S * BK):
         raise ValueError(f"{name}: K={K} is not S·BK={S * BK} ({S} slices of whole {BK}-wide k tiles)")
     return S, RB, BK, ns
 
 
 def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype=None, tiles=None, pdl=None,
-                        name: str = "fp8_gemm_warp_split", pairs: bool | None = None):
+                        name: str = "fp8_gemm_warp_split", pairs: bool | None = None, spf: bool | None = None):
     """x [..., K] (M <= 16 tokens) · dequant(W)ᵀ -> [..., N]; with w3/s3: silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L).
     tiles = (S warps / K slices, RB weight rows a program, BK, stages); None: `tiles_for`. pdl: None = on where the
     device has programmatic dependent launch. pairs: the byte-pair decoder (inline PTX, CUDA only; the per-element
     decoder's bits); None = PAIRS_DEFAULT where inline PTX compiles (`fp8_gemm.ptx_for`), else the per-element one.
+    spf: the scale bytes loaded a k step ahead (None: SPF_DEFAULT; the same bits either way).
     fp8_gemm / fp8_gemm_swiglu call it for decode shapes (`default_for`)."""
     K = x.shape[-1]
     _check_w(w, s, K, name)
@@ -218,7 +213,7 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
     fp8_warp_split_kernel[(triton.cdiv(N, RBO),)](
         x2, wu, su, y, M, float(limit), w3_off, s3_off, N=N, K=K, BM=BM, RB=RB, S=S, BK=BK, STAGES=ns,
         GATED=int(gated), NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2), PDL=pdl,
-        PAIRS=bool(pairs),
+        PAIRS=bool(pairs), SPF=SPF_DEFAULT if spf is None else bool(spf),
         num_warps=S, num_stages=ns, **launch_kw(pdl))
     return y.reshape(*x.shape[:-1], N)
 
@@ -239,7 +234,8 @@ def _variants(target: str, gated: bool) -> list:
             continue
         S, RB, BK, ns = t
         ce = {"N": N, "K": K, "BM": 8, "RB": RB, "S": S, "BK": BK, "STAGES": ns, "GATED": int(gated),
-              "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "PDL": False, "PAIRS": PAIRS_DEFAULT}
+              "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "PDL": False, "PAIRS": PAIRS_DEFAULT,
+              "SPF": SPF_DEFAULT}
         types = {"x_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "y_ptr": "*bf16", "M": "i32", "limit": "fp32",
                  "w3_off": "i64", "s3_off": "i64"}
         out.append(aot_spec(fp8_warp_split_kernel, f"{name}_decode", types, ce, S, ns,
@@ -253,7 +249,7 @@ def _variants(target: str, gated: bool) -> list:
 _NO_ROCM = {t: "the batched dot lowers to FMA, not MFMA (gfx942/gfx950, Triton 3.9); WMMA on gfx1100 not run; "
                "fp8_gemm's decode tile serves ROCm" for t in ("rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")}
 _KEYS = ("linear", "N", "K", "mode", "act", "BM", "RB", "S", "BK", "STAGES", "GATED", "NATIVE_FP8", "DOT_F32", "PDL",
-         "PAIRS")
+         "PAIRS", "SPF")
 register(KernelTemplate(
     name="fp8_gemm_warp_split", module=__name__,
     summary="decode x · dequant(E4M3 W)ᵀ, K split over the warps of a program (no split-K round trip)",

@@ -564,12 +564,14 @@ KV_PAIRS = True
 LAZY_RESCALE = 0.0
 LAZY_MAX = 30.0  # the largest slack accepted: e^30 ~ 1e13 a probability, ~7e15 summed over 640 keys
 PDL_ATTENTION = True
-# bytes a thread loads at once along a packed FP4 row (`_kv_tile`'s CVEC). 4 gives the dequantized compressed tile
-# the register layout that stores into wgmma's 128-byte swizzle without bank conflicts (Triton 3.6 TTGIR: 8 channels
-# a thread, 32 lanes along a row; 16 gives 32 channels a thread, 8 lanes on 2 chunks of a block), for 4x the cp.async
-# and stage loads: static sm90 SASS (Triton 3.6) of the 64-query compressed loop 1,554 -> 1,865 instructions (8:
-# 1,596). Not timed yet (session 17 had no device time left): `tune_sparse_attention.py --variants '^(default|cvec.*)$'`
-CVEC_DEFAULT = 16
+# bytes a thread loads at once along a packed FP4 row (`_kv_tile`'s CVEC). 16 gives the dequantized compressed tile
+# a register layout of 32 channels a thread, 8 lanes on 2 chunks of a 128-byte swizzle block (16-way store conflicts);
+# 4 gives 8 channels a thread, 32 lanes along a row (conflict-free, Triton 3.6 TTGIR) for 4x the cp.async and stage
+# loads (static sm90 SASS, Triton 3.6, 64-query compressed loop: 1,554 -> 1,865 instructions); 8 sits between (1,596;
+# 2-way). H200, L2-cold graph replay, session 18 (results/tune_sparse_attention_s18_run1/2.json, interleaved): 64
+# queries 16: 52.4 / 52.3 / 52.0 µs, 8: 50.6 / 50.7 / 50.5, 4: 52.3; one query 16: 12.9 / 13.8 / 13.7, 8: 13.2 /
+# 13.6 (level), 4: 13.7
+CVEC_DEFAULT = 8
 # and its key block (CUDA): H200, session 14 (results/tune_sparse_attention_s14.json, after the chunked combine), L2-cold
 # graph replay: BN 32 15.1 µs, BN 64 25.6 (the DV 512 tiles: BN 16 16.8, BN 32 17.8; DV 64 22.3)
 ONE_QUERY_BN = 32
