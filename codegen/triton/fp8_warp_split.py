@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
-from dsv41c.codegen.triton.fp8_gemm import (_E4M3_PAIRS_TWO, DENSE_LINEARS, GATED_LINEARS, N_SMS_HINT, _byte_distance,
+from dsv41c.codegen.triton.fp8_gemm import (_E4M3_PAIRS_TWO, DENSE_LINEARS, GATED_LINEARS, _byte_distance,
                                            _check_w, _swiglu, as_u8, dot_f32_for, e4m3_pair_factors, e4m3_to_f32,
                                            e8m0_to_f32, fp8_gemm_reference, fp8_gemm_swiglu_reference,
                                            mma_sync_decode_for, native_fp8_for, ptx_for, target_traits)
@@ -61,8 +61,14 @@ WARP_SPLIT_DECODE = True  # fp8_gemm's default decode path for 2..WARP_SPLIT_MAX
 # shared w1/w3 12.42-12.48 µs against 12.56-12.80, shared w2 8.33-8.38 against 8.37-8.41, wq_a 6.80-7.08 against
 # 7.25-7.29, wo_b 16.47-16.51 against 17.32-17.36)
 PAIRS_DEFAULT = True
-# the k loop's scale prefetch (SPF): not timed yet
-SPF_DEFAULT = False
+# the k loop's scale prefetch (SPF), with `tiles_for`'s session-18 tiles: level or faster on all four (results/
+# tune_fp8_warp_split_spf.json, H200, 8 tokens, L2-cold, twice, interleaved against session 17's default): shared w2
+# 7.82 / 8.06 µs against 8.41 / 8.34, wo_b (BK 256) 16.03 / 16.07 against 16.37 / 16.40, shared w1/w3 (BK 256)
+# 12.24 / 12.34 against 12.37 / 12.42, wq_a 6.90 / 6.91 against 6.90 / 6.90 (at BK 128, 3 stages: w1/w3 12.56 /
+# 12.51, wo_b 16.52 / 16.41)
+SPF_DEFAULT = True
+# x loaded XE elements a thread (cp.async.ca, L1-allocating); 0: 16 bytes (cp.async.cg, L2 only). Not timed yet
+XE_DEFAULT = 0
 # measured at 8 tokens (BM 8: the same kernel from 2 to 8 tokens); 9-16 tokens double x's tile: not measured
 WARP_SPLIT_MAX_M = 8
 # the linears it was measured on (and beat fp8_gemm's decode tile on); the others keep fp8_gemm's path until timed
@@ -74,7 +80,7 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
                           N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, RB: tl.constexpr, S: tl.constexpr,
                           BK: tl.constexpr, STAGES: tl.constexpr, GATED: tl.constexpr, NATIVE_FP8: tl.constexpr,
                           DOT_F32: tl.constexpr, PDL: tl.constexpr, PAIRS: tl.constexpr = False,
-                          SPF: tl.constexpr = False):
+                          SPF: tl.constexpr = False, XE: tl.constexpr = 0):
     """One program: RB weight rows (GATED: RB/2 of W1 then the same of W3) × all M tokens, K split over S warps."""
     tl.static_assert(K % (S * BK) == 0 and BK % 32 == 0, "K must be whole BK tiles per slice, BK % 32 == 0")
     RBO: tl.constexpr = RB // (1 + GATED)  # output columns of a program
@@ -108,7 +114,11 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
             sb_nxt = tl.load(s_ptrs + (i + 1) * (BK // 32), mask=rw_ok[None, :, None] & (i + 1 < NI), other=127)
         else:
             sb = tl.load(s_ptrs + i * (BK // 32), mask=rw_ok[None, :, None], other=127)
-        xt = tl.load(x_ptr + rm[None, None, :].to(tl.int64) * K + k[:, :, None], mask=m_ok[None, None, :],
+        if XE:  # x's offsets proven contiguous in runs of XE elements only: cp.async.ca (L1-allocating) below 16 B
+            kx = (k // XE) * XE + k % XE
+        else:
+            kx = k
+        xt = tl.load(x_ptr + rm[None, None, :].to(tl.int64) * K + kx[:, :, None], mask=m_ok[None, None, :],
                      other=0.0)  # [S, BK, BM]
         if PAIRS:  # byte pairs by inline PTX, both scale factors (exact for every UE8M0 byte): 5 instructions a pair
             b1, b2 = e4m3_pair_factors(sb)
@@ -129,7 +139,7 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
     tl.store(y_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], tl.trans(out).to(y_ptr.dtype.element_ty), mask=omask)
 
 
-def tiles_for(N: int, K: int, gated: bool = False, sms: int = N_SMS_HINT):
+def tiles_for(N: int, K: int, gated: bool = False):
     """(S, RB, BK, stages) for a decode linear, or None where K does not split into the measured tiles.
 
     H200, 8 tokens, L2-cold graph replay, each interleaved with fp8_gemm's default decode tile (session 17:
@@ -138,10 +148,14 @@ def tiles_for(N: int, K: int, gated: bool = False, sms: int = N_SMS_HINT):
     divide K (shared w1/w3 12.4-12.7 µs against 12.9-13.3, wo_b 16.8-16.9 against 17.4-17.7), with 256-wide tiles
     where the grid has fewer programs than SMs (wq_a's 80: 7.2 µs against 8.9-9.1; 128 wide 7.8-8.5); 2 warps of
     128 where only 256 divides K (shared w2: 8.6-8.7 µs against 9.1-9.6). 8 and 16 warps, 32- and 64-wide tiles,
-    and 32 rows a warp were slower everywhere."""
-    programs = -(-N // (8 if gated else 16))
+    and 32 rows a warp were slower everywhere. Session 18, with the scale prefetch (SPF_DEFAULT): 256-wide tiles
+    wherever 4 slices of them divide K (shared w1/w3 and wo_b too: 12.24-12.34 and 16.03-16.07 µs against 12.51-12.56
+    and 16.41-16.52 at 128; results/tune_fp8_warp_split_spf.json). The rule reads K only (N and gated are kept for
+    callers and for a rule that needs them)."""
+    if K % 1024 == 0:
+        return 4, 16, 256, 3
     if K % 512 == 0:
-        return 4, 16, (256 if programs < sms and K % 1024 == 0 else 128), 3
+        return 4, 16, 128, 3
     if K % 256 == 0:
         return 2, 16, 128, 3
     return None
@@ -173,12 +187,15 @@ def check_tiles(K: int, tiles: tuple, name: str) -> tuple:
 
 
 def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype=None, tiles=None, pdl=None,
-                        name: str = "fp8_gemm_warp_split", pairs: bool | None = None, spf: bool | None = None):
+                        name: str = "fp8_gemm_warp_split", pairs: bool | None = None, spf: bool | None = None,
+                        xe: int | None = None):
     """x [..., K] (M <= 16 tokens) · dequant(W)ᵀ -> [..., N]; with w3/s3: silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L).
     tiles = (S warps / K slices, RB weight rows a program, BK, stages); None: `tiles_for`. pdl: None = on where the
     device has programmatic dependent launch. pairs: the byte-pair decoder (inline PTX, CUDA only; the per-element
     decoder's bits); None = PAIRS_DEFAULT where inline PTX compiles (`fp8_gemm.ptx_for`), else the per-element one.
-    spf: the scale bytes loaded a k step ahead (None: SPF_DEFAULT; the same bits either way).
+    spf: the scale bytes loaded a k step ahead (None: SPF_DEFAULT; the same bits either way). xe: x loaded in runs of
+    xe elements a thread, 2 or 4 (cp.async.ca, cached in the L1, where the SM's other programs read the same x), or 0
+    (16 bytes, cp.async.cg: L2 only); None: XE_DEFAULT. The same bits either way.
     fp8_gemm / fp8_gemm_swiglu call it for decode shapes (`default_for`)."""
     K = x.shape[-1]
     _check_w(w, s, K, name)
@@ -195,6 +212,9 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
     if tiles is None:
         raise ValueError(f"{name}: no warp-split tile for K={K} (needs K % 256 == 0, or explicit tiles)")
     S, RB, BK, ns = check_tiles(K, tiles, name)
+    xe = XE_DEFAULT if xe is None else int(xe)
+    if xe not in (0, 2, 4):
+        raise ValueError(f"{name}: xe {xe} must be 0, 2 or 4 (elements of x a thread loads at once)")
     y = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
     if M == 0:
         return y.reshape(*x.shape[:-1], N)
@@ -213,7 +233,7 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
     fp8_warp_split_kernel[(triton.cdiv(N, RBO),)](
         x2, wu, su, y, M, float(limit), w3_off, s3_off, N=N, K=K, BM=BM, RB=RB, S=S, BK=BK, STAGES=ns,
         GATED=int(gated), NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2), PDL=pdl,
-        PAIRS=bool(pairs), SPF=SPF_DEFAULT if spf is None else bool(spf),
+        PAIRS=bool(pairs), SPF=SPF_DEFAULT if spf is None else bool(spf), XE=xe,
         num_warps=S, num_stages=ns, **launch_kw(pdl))
     return y.reshape(*x.shape[:-1], N)
 
@@ -235,7 +255,7 @@ def _variants(target: str, gated: bool) -> list:
         S, RB, BK, ns = t
         ce = {"N": N, "K": K, "BM": 8, "RB": RB, "S": S, "BK": BK, "STAGES": ns, "GATED": int(gated),
               "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "PDL": False, "PAIRS": PAIRS_DEFAULT,
-              "SPF": SPF_DEFAULT}
+              "SPF": SPF_DEFAULT, "XE": XE_DEFAULT}
         types = {"x_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "y_ptr": "*bf16", "M": "i32", "limit": "fp32",
                  "w3_off": "i64", "s3_off": "i64"}
         out.append(aot_spec(fp8_warp_split_kernel, f"{name}_decode", types, ce, S, ns,
@@ -249,7 +269,7 @@ def _variants(target: str, gated: bool) -> list:
 _NO_ROCM = {t: "the batched dot lowers to FMA, not MFMA (gfx942/gfx950, Triton 3.9); WMMA on gfx1100 not run; "
                "fp8_gemm's decode tile serves ROCm" for t in ("rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")}
 _KEYS = ("linear", "N", "K", "mode", "act", "BM", "RB", "S", "BK", "STAGES", "GATED", "NATIVE_FP8", "DOT_F32", "PDL",
-         "PAIRS", "SPF")
+         "PAIRS", "SPF", "XE")
 register(KernelTemplate(
     name="fp8_gemm_warp_split", module=__name__,
     summary="decode x · dequant(E4M3 W)ᵀ, K split over the warps of a program (no split-K round trip)",
