@@ -8,8 +8,9 @@ where K tiles, then the default again and the best three warp-split tiles again 
 with the per-element decoder and with the byte-pair one (inline PTX), twice, interleaved; `--grid spf`: the
 default against the scale prefetch (the next k step's UE8M0 bytes loaded an iteration ahead) at `tiles_for`'s tile,
 at 4 stages, and at twice its BK where K tiles, twice, interleaved (session 17's `rows8` grid, 8-row programs, is
-kept as results/tune_fp8_warp_split_rows8.json; the tile was removed); `--grid xe`: x loaded 4 / 2 elements a
-thread (cp.async.ca: cached in the L1, where the SM's 2-3 programs read the same x) against the default, twice. Each
+kept as results/tune_fp8_warp_split_rows8.json; the tile was removed); session 18's `xe` grid (x loaded 4 / 2
+elements a thread: cp.async.ca, cached in the L1) is kept as results/tune_fp8_warp_split_xe.json (commit 8d5f947 has
+the option; removed: 30-60 % slower). Each
 row: the relative error against x·dequant(W)ᵀ (the gated one against fp8_gemm_swiglu_reference), the graph-replay
 median warm and L2-cold (`common.ms_graph`), and the cold time over the bytes floor.
 
@@ -64,9 +65,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--grid", choices=("first", "second", "pairs", "spf", "xe"), default="second",
+    ap.add_argument("--grid", choices=("first", "second", "pairs", "spf"), default="second",
                     help="the tiles to time (`_tiles`); pairs: `tiles_for`'s tile with both weight decoders; spf: "
-                         "the scale prefetch against the default; xe: x loaded 4 / 2 elements a thread (L1-cached)")
+                         "the scale prefetch against the default")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     ceil = measure_ceilings()
@@ -120,15 +121,6 @@ def main(argv=None):
                 timed("default" + rep, default)
                 for t in cands:
                     timed(f"ws_spf_S{t[0]}_bk{t[2]}_ns{t[3]}" + rep, spf(t), t)
-            continue
-        if args.grid == "xe":  # x through the L1 (cp.async.ca, 8 / 4 bytes a thread) vs the default, twice
-            def xe(n):
-                return lambda: ws.fp8_gemm_warp_split(x, w, s, w3, s3, lim, name=name, xe=n)
-
-            for rep in ("", "_again"):
-                timed("default" + rep, default)
-                timed("ws_xe4" + rep, xe(4))
-                timed("ws_xe2" + rep, xe(2))
             continue
         if args.grid == "pairs":  # the default tile with the per-element and the byte-pair decoder, interleaved, twice
             t = ws.tiles_for(N, K, gated)

@@ -67,8 +67,6 @@ PAIRS_DEFAULT = True
 # 12.24 / 12.34 against 12.37 / 12.42, wq_a 6.90 / 6.91 against 6.90 / 6.90 (at BK 128, 3 stages: w1/w3 12.56 /
 # 12.51, wo_b 16.52 / 16.41)
 SPF_DEFAULT = True
-# x loaded XE elements a thread (cp.async.ca, L1-allocating); 0: 16 bytes (cp.async.cg, L2 only). Not timed yet
-XE_DEFAULT = 0
 # measured at 8 tokens (BM 8: the same kernel from 2 to 8 tokens); 9-16 tokens double x's tile: not measured
 WARP_SPLIT_MAX_M = 8
 # the linears it was measured on (and beat fp8_gemm's decode tile on); the others keep fp8_gemm's path until timed
@@ -80,7 +78,7 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
                           N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, RB: tl.constexpr, S: tl.constexpr,
                           BK: tl.constexpr, STAGES: tl.constexpr, GATED: tl.constexpr, NATIVE_FP8: tl.constexpr,
                           DOT_F32: tl.constexpr, PDL: tl.constexpr, PAIRS: tl.constexpr = False,
-                          SPF: tl.constexpr = False, XE: tl.constexpr = 0):
+                          SPF: tl.constexpr = False):
     """One program: RB weight rows (GATED: RB/2 of W1 then the same of W3) × all M tokens, K split over S warps."""
     tl.static_assert(K % (S * BK) == 0 and BK % 32 == 0, "K must be whole BK tiles per slice, BK % 32 == 0")
     RBO: tl.constexpr = RB // (1 + GATED)  # output columns of a program
@@ -114,11 +112,7 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
             sb_nxt = tl.load(s_ptrs + (i + 1) * (BK // 32), mask=rw_ok[None, :, None] & (i + 1 < NI), other=127)
         else:
             sb = tl.load(s_ptrs + i * (BK // 32), mask=rw_ok[None, :, None], other=127)
-        if XE:  # x's offsets proven contiguous in runs of XE elements only: cp.async.ca (L1-allocating) below 16 B
-            kx = (k // XE) * XE + k % XE
-        else:
-            kx = k
-        xt = tl.load(x_ptr + rm[None, None, :].to(tl.int64) * K + kx[:, :, None], mask=m_ok[None, None, :],
+        xt = tl.load(x_ptr + rm[None, None, :].to(tl.int64) * K + k[:, :, None], mask=m_ok[None, None, :],
                      other=0.0)  # [S, BK, BM]
         if PAIRS:  # byte pairs by inline PTX, both scale factors (exact for every UE8M0 byte): 5 instructions a pair
             b1, b2 = e4m3_pair_factors(sb)
@@ -187,15 +181,12 @@ def check_tiles(K: int, tiles: tuple, name: str) -> tuple:
 
 
 def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype=None, tiles=None, pdl=None,
-                        name: str = "fp8_gemm_warp_split", pairs: bool | None = None, spf: bool | None = None,
-                        xe: int | None = None):
+                        name: str = "fp8_gemm_warp_split", pairs: bool | None = None, spf: bool | None = None):
     """x [..., K] (M <= 16 tokens) · dequant(W)ᵀ -> [..., N]; with w3/s3: silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L).
     tiles = (S warps / K slices, RB weight rows a program, BK, stages); None: `tiles_for`. pdl: None = on where the
     device has programmatic dependent launch. pairs: the byte-pair decoder (inline PTX, CUDA only; the per-element
     decoder's bits); None = PAIRS_DEFAULT where inline PTX compiles (`fp8_gemm.ptx_for`), else the per-element one.
-    spf: the scale bytes loaded a k step ahead (None: SPF_DEFAULT; the same bits either way). xe: x loaded in runs of
-    xe elements a thread, 2 or 4 (cp.async.ca, cached in the L1, where the SM's other programs read the same x), or 0
-    (16 bytes, cp.async.cg: L2 only); None: XE_DEFAULT. The same bits either way.
+    spf: the scale bytes loaded a k step ahead (None: SPF_DEFAULT; the same bits either way).
     fp8_gemm / fp8_gemm_swiglu call it for decode shapes (`default_for`)."""
     K = x.shape[-1]
     _check_w(w, s, K, name)
@@ -212,9 +203,6 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
     if tiles is None:
         raise ValueError(f"{name}: no warp-split tile for K={K} (needs K % 256 == 0, or explicit tiles)")
     S, RB, BK, ns = check_tiles(K, tiles, name)
-    xe = XE_DEFAULT if xe is None else int(xe)
-    if xe not in (0, 2, 4):
-        raise ValueError(f"{name}: xe {xe} must be 0, 2 or 4 (elements of x a thread loads at once)")
     y = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
     if M == 0:
         return y.reshape(*x.shape[:-1], N)
@@ -233,7 +221,7 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
     fp8_warp_split_kernel[(triton.cdiv(N, RBO),)](
         x2, wu, su, y, M, float(limit), w3_off, s3_off, N=N, K=K, BM=BM, RB=RB, S=S, BK=BK, STAGES=ns,
         GATED=int(gated), NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2), PDL=pdl,
-        PAIRS=bool(pairs), SPF=SPF_DEFAULT if spf is None else bool(spf), XE=xe,
+        PAIRS=bool(pairs), SPF=SPF_DEFAULT if spf is None else bool(spf),
         num_warps=S, num_stages=ns, **launch_kw(pdl))
     return y.reshape(*x.shape[:-1], N)
 
@@ -255,7 +243,7 @@ def _variants(target: str, gated: bool) -> list:
         S, RB, BK, ns = t
         ce = {"N": N, "K": K, "BM": 8, "RB": RB, "S": S, "BK": BK, "STAGES": ns, "GATED": int(gated),
               "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "PDL": False, "PAIRS": PAIRS_DEFAULT,
-              "SPF": SPF_DEFAULT, "XE": XE_DEFAULT}
+              "SPF": SPF_DEFAULT}
         types = {"x_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "y_ptr": "*bf16", "M": "i32", "limit": "fp32",
                  "w3_off": "i64", "s3_off": "i64"}
         out.append(aot_spec(fp8_warp_split_kernel, f"{name}_decode", types, ce, S, ns,
@@ -269,7 +257,7 @@ def _variants(target: str, gated: bool) -> list:
 _NO_ROCM = {t: "the batched dot lowers to FMA, not MFMA (gfx942/gfx950, Triton 3.9); WMMA on gfx1100 not run; "
                "fp8_gemm's decode tile serves ROCm" for t in ("rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")}
 _KEYS = ("linear", "N", "K", "mode", "act", "BM", "RB", "S", "BK", "STAGES", "GATED", "NATIVE_FP8", "DOT_F32", "PDL",
-         "PAIRS", "SPF", "XE")
+         "PAIRS", "SPF")
 register(KernelTemplate(
     name="fp8_gemm_warp_split", module=__name__,
     summary="decode x · dequant(E4M3 W)ᵀ, K split over the warps of a program (no split-K round trip)",
