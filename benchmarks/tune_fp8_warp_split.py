@@ -10,7 +10,7 @@ default against the scale prefetch (the next k step's UE8M0 bytes loaded an iter
 at 4 stages, and at twice its BK where K tiles, twice, interleaved (session 17's `rows8` grid, 8-row programs, is
 kept as results/tune_fp8_warp_split_rows8.json; the tile was removed); session 18's `xe` grid (x loaded 4 / 2
 elements a thread: cp.async.ca, cached in the L1) is kept as results/tune_fp8_warp_split_xe.json (commit 8d5f947 has
-the option; removed: 30-60 % slower). Each
+the option; removed: slower on every linear, from level (shared w2, 4 elements: 8.02-8.24 against 7.84-8.02 µs) to 62 %). Each
 row: the relative error against x·dequant(W)ᵀ (the gated one against fp8_gemm_swiglu_reference), the graph-replay
 median warm and L2-cold (`common.ms_graph`), and the cold time over the bytes floor.
 

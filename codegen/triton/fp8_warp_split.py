@@ -24,20 +24,24 @@ no atomic, no second pass. Deterministic (fixed reduction tree); the sum's assoc
 split order, so the two paths agree to fp32 rounding, not bit for bit.
 
 An 8-row tile (the weights as the dot's N operand, x its M: twice the programs, to even out 2 vs 3 programs an SM)
-was built and measured 40-60 % slower on all four linears (session 18, results/tune_fp8_warp_split_rows8.json:
+was built and measured 27-65 % slower on all four linears (session 18, results/tune_fp8_warp_split_rows8.json:
 shared w1/w3 17.7-19.7 µs against 12.3-12.5); removed (it is in commit da01be4).
 
 SPF: the next k step's UE8M0 bytes are loaded one iteration ahead (as fp8_gemm's `_mma_k_loop`). Nsight Compute of
-the shared w1/w3 GEMM at 8 tokens without it (session 18, results/ncu_fp8_warp_split_s18_source.csv): a warp's
-only 8 k steps each issue an LDG.E.U16 for the scale bytes (1-2 bytes a thread: below cp.async's 4, so Triton's
-pipeline leaves them out) and wait for it, then round-trip it through shared memory into the decode's layout
-behind a barrier: that barrier (13 %), the STS (9 %) and the LDG (6 %) are the three hottest instructions.
+the shared w1/w3 GEMM at 8 tokens without it (session 18, results/ncu_fp8_warp_split_s18_source.csv): each of a
+warp's 10 k steps issues an LDG.E.U16 for the scale bytes (1-2 bytes a thread: below cp.async's 4, so Triton's
+pipeline leaves them out) and waits for it, then round-trips it through shared memory into the decode's layout
+behind a barrier: that barrier (13 % of samples), the STS (9 %) and the LDG (6 %) were the three hottest
+instructions. With SPF and 256-wide k tiles (`ncu_fp8_warp_split_w13_spf_s18_*`) the barrier is 2 %, 29 % of the
+samples issue, and the largest wait (11 %) is the prologue's first scale load; the kernel time barely moved for
+shared w1/w3 (12.4 -> 12.2-12.3 µs) and fell for shared w2 (8.4 -> 7.7-7.9) and wo_b (16.4 -> 16.0-16.1).
 
 Constraints: K % (S·BK) == 0 and BK % 32 == 0 (every slice is whole k tiles, and each 32-wide scale block sits
 inside one k tile); S a power of two. The launcher checks and names the violation.
 
 Known gaps: the x tile is loaded per slice (S·BK·BM·2 bytes a step, from the L2), so x's shared-memory stages are as
-large as the weights' at BM 8; one program per 16 rows gives 288 programs for shared w1/w3 and 320 for w2 (2.2 and
+large as the weights' at BM 8 (loading x through the L1 instead, cp.async.ca at 8 / 4 bytes a thread, was 0-62 %
+slower: results/tune_fp8_warp_split_xe.json); one program per 16 rows gives 288 programs for shared w1/w3 and 320 for w2 (2.2 and
 2.4 an SM on 132 SMs), so SMs hold 2 or 3 programs (no balancing across them). Decode shapes only (M <= 16); CUDA
 and the interpreter. No ROCm variant: Triton 3.9 lowers the rank-3 dot to FMA loops on gfx942 / gfx950 (compiled
 offline, `benchmarks/results/aot_warp_split_s17.json`), so ROCm keeps fp8_gemm's decode tile.
