@@ -6,11 +6,13 @@ the gated one), then the warp-split kernel over S (warps = K slices) 4 / 8 / 16,
 where K tiles, then the default again and the best three warp-split tiles again (interleaved, so drift shows);
 `--grid pairs`: the default path (the warp-split kernel itself since session 17), the warp-split kernel at `tiles_for`'s tile
 with the per-element decoder and with the byte-pair one (inline PTX), twice, interleaved; `--grid spf`: the
-default against the scale prefetch (the next k step's UE8M0 bytes loaded an iteration ahead) at `tiles_for`'s tile,
-at 4 stages, and at twice its BK where K tiles, twice, interleaved (session 17's `rows8` grid, 8-row programs, is
-kept as results/tune_fp8_warp_split_rows8.json; the tile was removed); session 18's `xe` grid (x loaded 4 / 2
-elements a thread: cp.async.ca, cached in the L1) is kept as results/tune_fp8_warp_split_xe.json (commit 8d5f947 has
-the option; removed: slower on every linear, from level (shared w2, 4 elements: 8.02-8.24 against 7.84-8.02 µs) to 62 %). Each
+scale prefetch (the next k step's UE8M0 bytes loaded an iteration ahead) off and on, at 128- and 256-wide k tiles
+where K tiles, against the default, twice, interleaved (results/tune_fp8_warp_split_spf.json was recorded at commit
+25d49a8, before SPF was the default: the default, then SPF at `tiles_for`'s tile of then, at 4 stages and at twice
+BK). Session 18's 8-row grid (`rows8`, results/tune_fp8_warp_split_rows8.json, as of commit da01be4) and x-through-L1
+grid (`xe`, x loaded 4 / 2 elements a thread by cp.async.ca, results/tune_fp8_warp_split_xe.json, as of 8d5f947)
+timed options since removed: both slower on every linear (8 rows 27-65 %; xe from level on shared w2 at 4 elements,
+8.02-8.24 against 7.84-8.02 µs, to 62 %). Each
 row: the relative error against x·dequant(W)ᵀ (the gated one against fp8_gemm_swiglu_reference), the graph-replay
 median warm and L2-cold (`common.ms_graph`), and the cold time over the bytes floor.
 
@@ -109,18 +111,17 @@ def main(argv=None):
             write_json(args.out, doc)
             return row
 
-        if args.grid == "spf":  # the scale prefetch at the default tile, 4 stages and twice BK, vs the default, twice
-            S_, RB_, BK_, ns_ = ws.tiles_for(N, K, gated)
-            cands = [(S_, RB_, BK_, ns_), (S_, RB_, BK_, 4)] + ([(S_, RB_, 2 * BK_, ns_)] if K % (S_ * 2 * BK_) == 0
-                                                               else [])
+        if args.grid == "spf":  # the scale prefetch off / on at 128- and 256-wide k tiles (where K tiles), twice
+            S_, RB_, _, ns_ = ws.tiles_for(N, K, gated)
+            cands = [(S_, RB_, bk, ns_, on) for bk in (128, 256) if K % (S_ * bk) == 0 for on in (False, True)]
 
             def spf(t):
-                return lambda: ws.fp8_gemm_warp_split(x, w, s, w3, s3, lim, tiles=t, name=name, spf=True)
+                return lambda: ws.fp8_gemm_warp_split(x, w, s, w3, s3, lim, tiles=t[:4], name=name, spf=t[4])
 
             for rep in ("", "_again"):
                 timed("default" + rep, default)
                 for t in cands:
-                    timed(f"ws_spf_S{t[0]}_bk{t[2]}_ns{t[3]}" + rep, spf(t), t)
+                    timed(f"ws_spf{int(t[4])}_S{t[0]}_bk{t[2]}_ns{t[3]}" + rep, spf(t), list(t[:4]))
             continue
         if args.grid == "pairs":  # the default tile with the per-element and the byte-pair decoder, interleaved, twice
             t = ws.tiles_for(N, K, gated)

@@ -51,10 +51,12 @@ VARIANTS = {
         ("w16_bn64", {"num_warps": 16}),
         ("w16_bn32_ns3", {"num_warps": 16, "block_n": 32, "num_stages": 3}),
         ("w16_bn32_ns2", {"num_warps": 16, "block_n": 32, "num_stages": 2}),
-        # session 17 (not yet run): the packed FP4 rows loaded 4 / 8 bytes a thread (`_kv_tile`'s CVEC): a
-        # dequantized-tile layout that stores without bank conflicts, for more cp.async and stage loads
+        # session 17 (timed in session 18; 8 the default since): the packed FP4 rows loaded 4 / 8 bytes a thread
+        # (`_kv_tile`'s CVEC): a dequantized-tile layout that stores without bank conflicts, for more cp.async and
+        # stage loads; 16: the default before session 18
         ("cvec4", {"cvec": 4}),
         ("cvec8", {"cvec": 8}),
+        ("cvec16", {"cvec": 16}),
         # session 18: cvec 8 was 50.6 vs 52.4 µs cold in its first run; timed again, interleaved
         ("default_again", {}),
         ("cvec8_again", {"cvec": 8}),
@@ -84,6 +86,7 @@ VARIANTS = {
         ("dv128_bn32_w4", {"dv": 128, "block_n": 32, "num_warps": 4}),
         ("cvec4", {"cvec": 4}),  # session 17: see decode_batch_S64 (13.7 vs 12.9 µs cold in session 18's run)
         ("cvec8", {"cvec": 8}),
+        ("cvec16", {"cvec": 16}),
         ("default_again", {}),
         ("cvec8_again", {"cvec": 8}),
     ]),
@@ -218,7 +221,7 @@ def sass(args):
     doc = {"kind": "tune_sparse_attention_sass", "triton": triton.__version__, "target": tg.name, "rows": []}
     for label, split, bn, dv, nw, ns, qk, fuse, *more in SASS_CFGS:
         pairs = bool(more and more[0])
-        cvec = more[1] if len(more) > 1 else 16
+        cvec = more[1] if len(more) > 1 else 16  # rows without one: 16, the default when they were recorded
         rec = {"label": label, "split": split, "BN": bn, "DV": dv, "warps": nw, "stages": ns, "qk_once": qk,
                "fuse": fuse, "pairs": pairs, "cvec": cvec}
         try:

@@ -16,7 +16,10 @@ BF16_ULP = 2.0 ** -7
 
 
 def _w(g, N, K, scale=0.05):
+    """E4M3 codes of a quantized Gaussian with RANDOM UE8M0 bytes per 32×32 block (112..122: a quantized Gaussian's
+    are nearly all one value), so that a scale read from the wrong k step, row block or matrix changes the result."""
     w, s = nx.quant_fp8_weight(torch.randn(N, K, generator=g) * scale)
+    s = torch.randint(112, 123, s.shape, generator=g, dtype=torch.uint8)
     return w.to(DEV), s.to(DEV)
 
 
@@ -34,7 +37,10 @@ def test_plain_matches_reference(N, K, M, tiles, spf):
     w, s = _w(g, N, K)
     y = ws.fp8_gemm_warp_split(x, w, s, tiles=tiles, spf=spf)
     assert y.shape == (M, N) and y.dtype == x.dtype
-    torch.testing.assert_close(y, fg.fp8_gemm_reference(x, w, s), rtol=1e-5, atol=1e-5)
+    ref = fg.fp8_gemm_reference(x, w, s)
+    # fp32 sums in another order: an absolute slack of a few ulps of the largest output (random block scales spread
+    # the products over 2^10 in magnitude, so small outputs are differences of large terms)
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=4e-6 * ref.abs().max().item())
     # the scale prefetch moves a load, not a product: the other setting gives the same bits
     assert torch.equal(ws.fp8_gemm_warp_split(x, w, s, tiles=tiles, spf=not spf), y)
 
@@ -47,12 +53,14 @@ def test_gated_matches_reference(N, K, M, tiles, spf):
     x = (torch.randn(M, K, generator=g) * 2).to(DEV)
     w1, s1 = _w(g, N, K)
     w3, s3 = _w(g, N, K)
-    lim = 0.5
+    gate, up = fg.fp8_gemm_reference(x, w1, s1), fg.fp8_gemm_reference(x, w3, s3)
+    lim = up.abs().median().item()  # about half of each clamped, half passed through
     ref = fg.fp8_gemm_swiglu_reference(x, w1, s1, w3, s3, lim)
     y = ws.fp8_gemm_warp_split(x, w1, s1, w3, s3, lim, tiles=tiles, spf=spf)
-    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
-    gate, up = fg.fp8_gemm_reference(x, w1, s1), fg.fp8_gemm_reference(x, w3, s3)
-    assert (gate > lim).any() and (up.abs() > lim).any()  # both clamps are exercised
+    # the products' sums in another fp32 order: a few ulps of the largest pre-activation, times the other factor
+    mag = max(gate.abs().max().item(), up.abs().max().item())
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=4e-6 * mag * lim)
+    assert (gate > lim).any() and (gate < lim).any() and (up.abs() > lim).any()  # both clamps are exercised
 
 
 def test_bf16_against_float64():
@@ -145,8 +153,8 @@ def test_gpu_pairs_decoder_bits(N, K, M, tiles):
         b = ws.fp8_gemm_warp_split(*args, tiles=tiles, pairs=False)
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
         assert torch.isfinite(b).any()
-        # plain: the 255 byte's NaN reaches the output; gated, SwiGLU's min / clamp (fmin / fmax) drop it
-        assert torch.isnan(b).any() != gated
+        if not gated:  # the 255 byte's NaN reaches the output (gated: SwiGLU's min / max may drop it, see _swiglu)
+            assert torch.isnan(b).any()
 
 
 def test_fp8_gemm_dispatch_rule(monkeypatch):

@@ -826,6 +826,9 @@ def _add_products(acc, prod, RG: tl.constexpr, AK: tl.constexpr, SEG: tl.constex
 
 @triton.jit
 def _swiglu(g, u, limit):
+    """silu(min(g, L))·clamp(u, ±L). Known gap: a NaN g or u (only from a NaN scale byte, UE8M0 255, which real
+    checkpoints do not hold) may come out finite on the GPU, where min / max lower to fmin / fmax that drop NaN;
+    the torch reference (torch.clamp) keeps it."""
     g = tl.minimum(g, limit)
     u = tl.minimum(tl.maximum(u, -limit), limit)
     return g / (1.0 + tl.exp(-g)) * u

@@ -34,7 +34,7 @@ pipeline leaves them out) and waits for it, then round-trips it through shared m
 behind a barrier: that barrier (13 % of samples), the STS (9 %) and the LDG (6 %) were the three hottest
 instructions. With SPF and 256-wide k tiles (`ncu_fp8_warp_split_w13_spf_s18_*`) the barrier is 2 %, 29 % of the
 samples issue, and the largest wait (11 %) is the prologue's first scale load; the kernel time barely moved for
-shared w1/w3 (12.4 -> 12.2-12.3 µs) and fell for shared w2 (8.4 -> 7.7-7.9) and wo_b (16.4 -> 16.0-16.1).
+shared w1/w3 (12.4 -> 12.2-12.3 µs) and fell for shared w2 (8.4 -> 7.7-8.1) and wo_b (16.4 -> 16.0-16.1).
 
 Constraints: K % (S·BK) == 0 and BK % 32 == 0 (every slice is whole k tiles, and each 32-wide scale block sits
 inside one k tile); S a power of two. The launcher checks and names the violation.
@@ -111,7 +111,8 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
     for i in tl.range(0, NI, num_stages=STAGES):
         k = sl[:, None] + i * BK + kk[None, :]  # [S, BK]
         wb = tl.load(w_ptr + w_rows[None, :, None] + k[:, None, :], mask=rw_ok[None, :, None], other=0)
-        if SPF:  # the next step's bytes now, this step's from the last iteration (no round trip before the decode)
+        if SPF:  # the next step's bytes now, this step's from the last iteration (no wait on global memory; the
+            # move into the decode layout through shared memory, STS / barrier / LDS, stays)
             sb = sb_nxt
             sb_nxt = tl.load(s_ptrs + (i + 1) * (BK // 32), mask=rw_ok[None, :, None] & (i + 1 < NI), other=127)
         else:

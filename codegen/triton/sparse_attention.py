@@ -159,7 +159,7 @@ def _kv_tile(kv_ptr, sc_ptr, rows, valid, c0, BN: tl.constexpr, N: tl.constexpr,
     the output), so every UE8M0 byte 1..254 scales without overflow; E2M1 tiles match it.
     PAIRS: the bf16x2 decoders of kv_pairs.py instead (the same values): compressed tiles by inline PTX (PTX) or
     its float32 emulation, window tiles by inline PTX only (without PTX they keep this decoder).
-    CVEC < 16 (compressed rows; explicit, not timed yet): the packed row's offsets are written as
+    CVEC < 16 (compressed rows; 8 the default since session 18, CVEC_DEFAULT): the packed row's offsets are written as
     (c // CVEC)·CVEC + c % CVEC, so Triton's axis analysis proves only CVEC-byte runs and gives a thread CVEC-byte
     vectors: at 4, a thread's decoded channels are 8 consecutive ones (one
     16-byte store) and 8 lanes cover a 64-channel block, the layout that stores into wgmma's 128-byte swizzle without
@@ -654,7 +654,7 @@ _ATTN_TYPES = {"q_ptr": "*bf16", "qpos_ptr": "*i32", "idx_ptr": "*i32", "wbase_p
 
 def _attn_spec(c, quant: bool, split: bool, bn: int, dv: int, num_warps: int, num_stages: int, phase: str,
                qk_once: bool | None = None, fuse: bool = False, pairs: bool = False, lazy: float = 0.0,
-               cvec: int = 16):
+               cvec: int = CVEC_DEFAULT):
     """pairs: the bf16x2 KV decoders (kv_pairs.py: inline PTX, CUDA targets only); cvec: `_kv_tile`'s CVEC."""
     kvt = "*u8" if quant else "*bf16"
     types = dict(_ATTN_TYPES, wkv_ptr=kvt, wsc_ptr=kvt, ckv_ptr=kvt, csc_ptr=kvt)
