@@ -41,8 +41,8 @@ inside one k tile); S a power of two. The launcher checks and names the violatio
 
 Known gaps: the x tile is loaded per slice (S·BK·BM·2 bytes a step, from the L2), so x's shared-memory stages are as
 large as the weights' at BM 8 (loading x through the L1 instead, cp.async.ca at 8 / 4 bytes a thread, was 0-62 %
-slower: results/tune_fp8_warp_split_xe.json); one program per 16 rows gives 288 programs for shared w1/w3 and 320 for w2 (2.2 and
-2.4 an SM on 132 SMs), so SMs hold 2 or 3 programs (no balancing across them). Decode shapes only (M <= 16); CUDA
+slower: results/tune_fp8_warp_split_xe.json); one program per 16 rows gives 288 programs for shared w1/w3 and 320
+for w2 (2.2 and 2.4 an SM on 132 SMs), so SMs hold 2 or 3 programs (no balancing across them). Decode shapes only (M <= 16); CUDA
 and the interpreter. No ROCm variant: Triton 3.9 lowers the rank-3 dot to FMA loops on gfx942 / gfx950 (compiled
 offline, `benchmarks/results/aot_warp_split_s17.json`), so ROCm keeps fp8_gemm's decode tile.
 """
