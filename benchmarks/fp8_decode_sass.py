@@ -8,9 +8,9 @@ PRMTs, F2FP / HADD2.F32 packs, HFMA2s and local-memory operations, and the kerne
     python benchmarks/fp8_decode_sass.py [OUT.json]    # under each Triton version to compare
 
 Session 17 added the warp-split decode kernel (fp8_warp_split.py) at its default tiles with the per-element and the
-byte-pair decoder (PAIRS): rows named warp_split_*, with the weights a thread decodes per k step; session 18 its
-scale prefetch (SPF) on and off, byte pairs: warp_split_*_spf / _nospf (session 17's 8-row rows, `_rb8`, are in
-results/fp8_decode_sass_s17_*.json; that tile was removed).
+byte-pair decoder (PAIRS): rows named warp_split_*, with the weights a thread decodes per k step; session 18 the
+byte-pair rows with the scale prefetch (SPF) the other way round from its default: warp_split_*_nospf (each row
+says its SPF; session 17's 8-row rows, `_rb8`, are in results/fp8_decode_sass_s17_*.json; that tile was removed).
 
 Known gaps: static counts only (no timing); the loops are found by their backward branches, which assumes Triton's
 usual loop shape.
@@ -66,28 +66,22 @@ def main(argv=None):
                 rows.append(r)
                 print(triton.__version__, r["variant"], "DECODE_W", dw, "GATED", r["GATED"], "registers",
                       r["registers"], "stack", r["stack"], r["k_loops"], flush=True)
-    # session 17: the warp-split decode kernel (fp8_warp_split.py) at its default tiles, both decoders
+    # session 17: the warp-split decode kernel (fp8_warp_split.py) at its default tiles, both decoders; session 18:
+    # byte pairs with the scale prefetch the other way round from SPF_DEFAULT (suffix _spf / _nospf)
     for gated in (False, True):
         for sp in ws._variants("cuda:sm90", gated):
-            for pairs in (False, True):
-                ce = dict(sp.constexprs, PAIRS=pairs)
+            flip = not ws.SPF_DEFAULT
+            for pairs, spf, suffix in ((False, ws.SPF_DEFAULT, ""), (True, ws.SPF_DEFAULT, ""),
+                                       (True, flip, "_spf" if flip else "_nospf")):
+                ce = dict(sp.constexprs, PAIRS=pairs, SPF=spf)
                 text, usage = sass_of(compile_spec(dataclasses.replace(sp, constexprs=ce), target))
                 regs, stack = registers_stack(usage)
-                r = {"variant": "warp_split_" + sp.variant, "PAIRS": pairs, "GATED": ce["GATED"], "RB": ce["RB"],
-                     "S": ce["S"], "BK": ce["BK"], "warps": sp.num_warps, "registers": regs, "stack": stack,
-                     "weights_a_thread_a_step": ce["RB"] * ce["BK"] // 32, "k_loops": _k_loops(text)}
-                rows.append(r)
-                print(triton.__version__, r["variant"], "PAIRS", pairs, "registers", regs, "stack", stack,
-                      r["k_loops"], flush=True)
-            for spf in (False, True):  # the scale prefetch (session 18), byte pairs
-                ce = dict(sp.constexprs, PAIRS=True, SPF=spf)
-                text, usage = sass_of(compile_spec(dataclasses.replace(sp, constexprs=ce), target))
-                regs, stack = registers_stack(usage)
-                rows.append({"variant": "warp_split_" + sp.variant + ("_spf" if spf else "_nospf"), "PAIRS": True,
-                             "SPF": spf, "GATED": ce["GATED"], "RB": ce["RB"], "S": ce["S"], "BK": ce["BK"],
+                rows.append({"variant": "warp_split_" + sp.variant + suffix, "PAIRS": pairs, "SPF": spf,
+                             "GATED": ce["GATED"], "RB": ce["RB"], "S": ce["S"], "BK": ce["BK"],
                              "warps": sp.num_warps, "registers": regs, "stack": stack,
                              "weights_a_thread_a_step": ce["RB"] * ce["BK"] // 32, "k_loops": _k_loops(text)})
-                print(triton.__version__, rows[-1]["variant"], "registers", regs, rows[-1]["k_loops"], flush=True)
+                print(triton.__version__, rows[-1]["variant"], "PAIRS", pairs, "SPF", spf, "registers", regs,
+                      "stack", stack, rows[-1]["k_loops"], flush=True)
     if argv:
         with open(argv[0], "w") as f:
             json.dump({"kind": "fp8_decode_pairs_sass", "triton": triton.__version__, "target": "cuda:sm90",

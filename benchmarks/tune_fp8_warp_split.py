@@ -90,8 +90,8 @@ def main(argv=None):
         def default():
             return fg._gemm(x, w, s, w3, s3, lim, False, None, name)
 
-        def split(t):
-            return lambda: ws.fp8_gemm_warp_split(x, w, s, w3, s3, lim, tiles=t, name=name)
+        def split(t, **kw):  # the warp-split kernel at tiles t (kw: pairs, spf)
+            return lambda: ws.fp8_gemm_warp_split(x, w, s, w3, s3, lim, tiles=t, name=name, **kw)
 
         def timed(label, fn, tiles=None):
             row = {"shape": name, "M": M, "N": N, "K": K, "gated": gated, "variant": label, "tiles": tiles}
@@ -113,23 +113,18 @@ def main(argv=None):
 
         if args.grid == "spf":  # the scale prefetch off / on at 128- and 256-wide k tiles (where K tiles), twice
             S_, RB_, _, ns_ = ws.tiles_for(N, K, gated)
-            cands = [(S_, RB_, bk, ns_, on) for bk in (128, 256) if K % (S_ * bk) == 0 for on in (False, True)]
-
-            def spf(t):
-                return lambda: ws.fp8_gemm_warp_split(x, w, s, w3, s3, lim, tiles=t[:4], name=name, spf=t[4])
-
+            cands = [((S_, RB_, bk, ns_), on) for bk in (128, 256) if K % (S_ * bk) == 0 for on in (False, True)]
             for rep in ("", "_again"):
                 timed("default" + rep, default)
-                for t in cands:
-                    timed(f"ws_spf{int(t[4])}_S{t[0]}_bk{t[2]}_ns{t[3]}" + rep, spf(t), list(t[:4]))
+                for t, on in cands:
+                    timed(f"ws_spf{int(on)}_S{t[0]}_bk{t[2]}_ns{t[3]}" + rep, split(t, spf=on), list(t))
             continue
         if args.grid == "pairs":  # the default tile with the per-element and the byte-pair decoder, interleaved, twice
             t = ws.tiles_for(N, K, gated)
-            pairs = lambda: ws.fp8_gemm_warp_split(x, w, s, w3, s3, lim, tiles=t, name=name, pairs=True)  # noqa: E731
             for rep in ("", "_again"):
                 timed("default" + rep, default)
-                timed("ws_elements" + rep, split(t), t)
-                timed("ws_pairs" + rep, pairs, t)
+                timed("ws_elements" + rep, split(t, pairs=False), t)
+                timed("ws_pairs" + rep, split(t, pairs=True), t)
             continue
         timed("default", default)
         rows = [timed(f"ws_S{t[0]}_rb{t[1]}_bk{t[2]}_ns{t[3]}", split(t), t) for t in _tiles(K, args.grid)]

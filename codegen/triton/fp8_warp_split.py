@@ -42,8 +42,8 @@ inside one k tile); S a power of two. The launcher checks and names the violatio
 Known gaps: the x tile is loaded per slice (S·BK·BM·2 bytes a step, from the L2), so x's shared-memory stages are as
 large as the weights' at BM 8 (loading x through the L1 instead, cp.async.ca at 8 / 4 bytes a thread, was 0-62 %
 slower: results/tune_fp8_warp_split_xe.json); one program per 16 rows gives 288 programs for shared w1/w3 and 320
-for w2 (2.2 and 2.4 an SM on 132 SMs), so SMs hold 2 or 3 programs (no balancing across them). Decode shapes only (M <= 16); CUDA
-and the interpreter. No ROCm variant: Triton 3.9 lowers the rank-3 dot to FMA loops on gfx942 / gfx950 (compiled
+for w2 (2.2 and 2.4 an SM on 132 SMs), so SMs hold 2 or 3 programs (no balancing across them). Decode shapes only
+(M <= 16); CUDA and the interpreter. No ROCm variant: Triton 3.9 lowers the rank-3 dot to FMA loops on gfx942 / gfx950 (compiled
 offline, `benchmarks/results/aot_warp_split_s17.json`), so ROCm keeps fp8_gemm's decode tile.
 """
 from __future__ import annotations
@@ -75,6 +75,12 @@ SPF_DEFAULT = True
 WARP_SPLIT_MAX_M = 8
 # the linears it was measured on (and beat fp8_gemm's decode tile on); the others keep fp8_gemm's path until timed
 MEASURED_LINEARS = ("shared_w13", "shared_w2", "wq_a", "wo_b")
+
+
+@triton.jit
+def _per_k(v, S: tl.constexpr, RB: tl.constexpr, BK: tl.constexpr):
+    """[S, RB, BK/32] per-block values -> [S, RB, BK], each repeated over its 32 k (fp8_gemm.expand_cols, one rank up)."""
+    return tl.reshape(tl.broadcast_to(v[:, :, :, None], (S, RB, BK // 32, 32)), (S, RB, BK))
 
 
 @triton.jit
@@ -121,13 +127,11 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
                      other=0.0)  # [S, BK, BM]
         if PAIRS:  # byte pairs by inline PTX, both scale factors (exact for every UE8M0 byte): 5 instructions a pair
             b1, b2 = e4m3_pair_factors(sb)
-            b1 = tl.reshape(tl.broadcast_to(b1[:, :, :, None], (S, RB, BK // 32, 32)), (S, RB, BK))
-            b2 = tl.reshape(tl.broadcast_to(b2[:, :, :, None], (S, RB, BK // 32, 32)), (S, RB, BK))
-            wt = tl.inline_asm_elementwise(_E4M3_PAIRS_TWO, "=r,=r,r,r,r,r,r", [wb, b1, b2], dtype=tl.bfloat16,
+            wt = tl.inline_asm_elementwise(_E4M3_PAIRS_TWO, "=r,=r,r,r,r,r,r",
+                                           [wb, _per_k(b1, S, RB, BK), _per_k(b2, S, RB, BK)], dtype=tl.bfloat16,
                                            is_pure=True, pack=4).to(DT)  # fp32 x (DOT_F32): an exact fp32 dot
-        else:
-            sc = tl.reshape(tl.broadcast_to(e8m0_to_f32(sb)[:, :, :, None], (S, RB, BK // 32, 32)), (S, RB, BK))
-            wt = (e4m3_to_f32(wb, NATIVE_FP8) * sc).to(DT)  # exact: an E4M3 value times a power of two
+        else:  # exact: an E4M3 value times a power of two
+            wt = (e4m3_to_f32(wb, NATIVE_FP8) * _per_k(e8m0_to_f32(sb), S, RB, BK)).to(DT)
         acc += tl.dot(wt, xt.to(DT), input_precision="ieee" if DOT_F32 else None)
     rn = pid * RBO + tl.arange(0, RBO)
     omask = m_ok[:, None] & (rn < N)[None, :]
