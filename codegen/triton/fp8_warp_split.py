@@ -51,9 +51,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.utils.weak import WeakIdKeyDictionary
 
 from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
-from dsv41c.codegen.triton.fp8_gemm import (_E4M3_PAIRS_TWO, DENSE_LINEARS, GATED_LINEARS, _byte_distance,
+from dsv41c.codegen.triton.fp8_gemm import (_E4M3_PAIRS_ONE, _E4M3_PAIRS_TWO, DENSE_LINEARS, GATED_LINEARS,
+                                           _byte_distance,
                                            _check_w, _swiglu, as_u8, dot_f32_for, e4m3_pair_factors, e4m3_to_f32,
                                            e8m0_to_f32, fp8_gemm_reference, fp8_gemm_swiglu_reference,
                                            mma_sync_decode_for, native_fp8_for, ptx_for, target_traits)
@@ -71,6 +73,10 @@ PAIRS_DEFAULT = True
 # 12.24 / 12.34 against 12.37 / 12.42, wq_a 6.90 / 6.91 against 6.90 / 6.90 (at BK 128, 3 stages: w1/w3 12.56 /
 # 12.51, wo_b 16.52 / 16.41)
 SPF_DEFAULT = True
+# how the byte-pair decoder learns whether it needs the second scale factor (bytes above 134, which no real
+# checkpoint has): "host" (checked once per scale tensor, `scales_above_134`), "check" (every program reads its
+# scale rows before its k loop), True (always two factors: sessions 17-18's kernel)
+TWO_DEFAULT = "host"
 # measured at 8 tokens (BM 8: the same kernel from 2 to 8 tokens); 9-16 tokens double x's tile: not measured
 WARP_SPLIT_MAX_M = 8
 # the linears it was measured on (and beat fp8_gemm's decode tile on); the others keep fp8_gemm's path until timed
@@ -84,30 +90,22 @@ def _per_k(v, S: tl.constexpr, RB: tl.constexpr, BK: tl.constexpr):
 
 
 @triton.jit
-def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
-                          N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, RB: tl.constexpr, S: tl.constexpr,
-                          BK: tl.constexpr, STAGES: tl.constexpr, GATED: tl.constexpr, NATIVE_FP8: tl.constexpr,
-                          DOT_F32: tl.constexpr, PDL: tl.constexpr, PAIRS: tl.constexpr = False,
-                          SPF: tl.constexpr = False):
-    """One program: RB weight rows (GATED: RB/2 of W1 then the same of W3) × all M tokens, K split over S warps."""
-    tl.static_assert(K % (S * BK) == 0 and BK % 32 == 0, "K must be whole BK tiles per slice, BK % 32 == 0")
-    RBO: tl.constexpr = RB // (1 + GATED)  # output columns of a program
+def _any_scale_above(ws_ptr, s_rows, rw_ok, KS: tl.constexpr, LIMIT: tl.constexpr):
+    """Whether a UE8M0 byte of the program's scale rows (s_rows [RB]: byte offsets, duplicates allowed) exceeds LIMIT."""
+    kc = tl.arange(0, triton.next_power_of_2(KS))
+    sb = tl.load(ws_ptr + s_rows[:, None] + kc[None, :], mask=rw_ok[:, None] & (kc < KS)[None, :], other=0)
+    return tl.max(tl.max(sb.to(tl.int32), axis=1), axis=0) > LIMIT
+
+
+@triton.jit
+def _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, sl, K: tl.constexpr, BM: tl.constexpr,
+            RB: tl.constexpr, S: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, NATIVE_FP8: tl.constexpr,
+            DOT_F32: tl.constexpr, PAIRS: tl.constexpr, SPF: tl.constexpr, TWO: tl.constexpr):
+    """Every warp's k loop over its slice: [S, RB, BM] fp32 partial products. TWO (PAIRS only): the second bf16x2
+    scale factor, needed only where a UE8M0 byte exceeds 134."""
     KSL: tl.constexpr = K // S  # one warp's slice of K
-    KS: tl.constexpr = (K + 31) // 32  # scale bytes a scale row
-    pid = tl.program_id(0)
-    rr = tl.arange(0, RB)
-    rw = pid * RBO + rr % RBO  # weight row (of W1 or, where up, of W3)
-    up = (rr >= RBO) & (GATED != 0)
-    rw_ok = rw < N
-    w_rows = rw.to(tl.int64) * K + up.to(tl.int64) * w3_off  # [RB] byte offsets of the rows
-    s_rows = (rw // 32).to(tl.int64) * KS + up.to(tl.int64) * s3_off
-    rm = tl.arange(0, BM)
-    m_ok = rm < M
-    sl = tl.arange(0, S) * KSL  # [S] first k of each slice
     kk = tl.arange(0, BK)
     kb = tl.arange(0, BK // 32)
-    grid_wait(PDL)
-    grid_release(PDL)
     acc = tl.zeros((S, RB, BM), dtype=tl.float32)
     DT: tl.constexpr = tl.float32 if DOT_F32 else tl.bfloat16
     NI: tl.constexpr = KSL // BK  # k steps a warp
@@ -125,14 +123,57 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
             sb = tl.load(s_ptrs + i * (BK // 32), mask=rw_ok[None, :, None], other=127)
         xt = tl.load(x_ptr + rm[None, None, :].to(tl.int64) * K + k[:, :, None], mask=m_ok[None, None, :],
                      other=0.0)  # [S, BK, BM]
-        if PAIRS:  # byte pairs by inline PTX, both scale factors (exact for every UE8M0 byte): 5 instructions a pair
+        if PAIRS:  # byte pairs by inline PTX, the scale as one (TWO: two) bf16x2 factors, exact up to byte 134
+            # (TWO: every byte): 4 (5) instructions a pair
             b1, b2 = e4m3_pair_factors(sb)
-            wt = tl.inline_asm_elementwise(_E4M3_PAIRS_TWO, "=r,=r,r,r,r,r,r",
-                                           [wb, _per_k(b1, S, RB, BK), _per_k(b2, S, RB, BK)], dtype=tl.bfloat16,
-                                           is_pure=True, pack=4).to(DT)  # fp32 x (DOT_F32): an exact fp32 dot
+            if TWO:
+                wt = tl.inline_asm_elementwise(_E4M3_PAIRS_TWO, "=r,=r,r,r,r,r,r",
+                                               [wb, _per_k(b1, S, RB, BK), _per_k(b2, S, RB, BK)],
+                                               dtype=tl.bfloat16, is_pure=True, pack=4)
+            else:
+                wt = tl.inline_asm_elementwise(_E4M3_PAIRS_ONE, "=r,=r,r,r,r", [wb, _per_k(b1, S, RB, BK)],
+                                               dtype=tl.bfloat16, is_pure=True, pack=4)
+            wt = wt.to(DT)  # fp32 x (DOT_F32): an exact fp32 dot
         else:  # exact: an E4M3 value times a power of two
             wt = (e4m3_to_f32(wb, NATIVE_FP8) * _per_k(e8m0_to_f32(sb), S, RB, BK)).to(DT)
         acc += tl.dot(wt, xt.to(DT), input_precision="ieee" if DOT_F32 else None)
+    return acc
+
+
+@triton.jit
+def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
+                          N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, RB: tl.constexpr, S: tl.constexpr,
+                          BK: tl.constexpr, STAGES: tl.constexpr, GATED: tl.constexpr, NATIVE_FP8: tl.constexpr,
+                          DOT_F32: tl.constexpr, PDL: tl.constexpr, PAIRS: tl.constexpr = False,
+                          SPF: tl.constexpr = False, TWO: tl.constexpr = 1):
+    """One program: RB weight rows (GATED: RB/2 of W1 then the same of W3) × all M tokens, K split over S warps.
+    TWO (PAIRS): 0 one scale factor (the caller vouches that no UE8M0 byte exceeds 134), 1 two factors (every
+    byte), 2 the program reads its scale rows first and takes the two-factor loop only where a byte exceeds 134."""
+    tl.static_assert(K % (S * BK) == 0 and BK % 32 == 0, "K must be whole BK tiles per slice, BK % 32 == 0")
+    RBO: tl.constexpr = RB // (1 + GATED)  # output columns of a program
+    KS: tl.constexpr = (K + 31) // 32  # scale bytes a scale row
+    pid = tl.program_id(0)
+    rr = tl.arange(0, RB)
+    rw = pid * RBO + rr % RBO  # weight row (of W1 or, where up, of W3)
+    up = (rr >= RBO) & (GATED != 0)
+    rw_ok = rw < N
+    w_rows = rw.to(tl.int64) * K + up.to(tl.int64) * w3_off  # [RB] byte offsets of the rows
+    s_rows = (rw // 32).to(tl.int64) * KS + up.to(tl.int64) * s3_off
+    rm = tl.arange(0, BM)
+    m_ok = rm < M
+    sl = tl.arange(0, S) * (K // S)  # [S] first k of each slice
+    grid_wait(PDL)
+    grid_release(PDL)
+    if TWO == 2:  # (without PAIRS both loops are the same: the interpreter runs the check)
+        if _any_scale_above(ws_ptr, s_rows, rw_ok, KS, 134):
+            acc = _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, sl, K, BM, RB, S, BK, STAGES,
+                          NATIVE_FP8, DOT_F32, PAIRS, SPF, True)
+        else:
+            acc = _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, sl, K, BM, RB, S, BK, STAGES,
+                          NATIVE_FP8, DOT_F32, PAIRS, SPF, False)
+    else:
+        acc = _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, sl, K, BM, RB, S, BK, STAGES,
+                      NATIVE_FP8, DOT_F32, PAIRS, SPF, TWO != 0)
     rn = pid * RBO + tl.arange(0, RBO)
     omask = m_ok[:, None] & (rn < N)[None, :]
     out = tl.sum(acc, axis=0)  # the cross-warp sum: [RB, BM]
@@ -189,13 +230,51 @@ def check_tiles(K: int, tiles: tuple, name: str) -> tuple:
     return S, RB, BK, ns
 
 
+_SCALES_SEEN = WeakIdKeyDictionary()  # scale tensor -> (its _version when checked, any byte > 134)
+
+
+def scales_above_134(s) -> bool:
+    """Whether a UE8M0 byte of s exceeds 134 (the byte-pair decoder then needs its second factor). Checked once per
+    tensor and version (weights do not change between decode steps; an in-place write bumps _version and re-checks);
+    the check reads s and waits for the answer, so it is done before a CUDA graph is captured (a first call inside a
+    capture falls back to the per-program check: `_two_key`)."""
+    seen = _SCALES_SEEN.get(s)
+    if seen is not None and seen[0] == s._version:
+        return seen[1]
+    above = bool((as_u8(s) > 134).any())
+    _SCALES_SEEN[s] = (s._version, above)
+    return above
+
+
+def _capturing(t) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _two_key(two, s, s3, name: str) -> int:
+    """The kernel's TWO constexpr for the launcher's `two`."""
+    if two is True or two is False:
+        return int(two)
+    if two == "check":
+        return 2
+    if two != "host":
+        raise ValueError(f"{name}: two={two!r}: expected None, True, False, 'check' or 'host'")
+    mats = [t for t in (s, s3) if t is not None]
+    if any(_capturing(t) and (_SCALES_SEEN.get(t) or (None,))[0] != t._version for t in mats):
+        return 2  # unchecked inside a capture: no host sync allowed there
+    return int(any(scales_above_134(t) for t in mats))
+
+
 def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype=None, tiles=None, pdl=None,
-                        name: str = "fp8_gemm_warp_split", pairs: bool | None = None, spf: bool | None = None):
+                        name: str = "fp8_gemm_warp_split", pairs: bool | None = None, spf: bool | None = None,
+                        two=None):
     """x [..., K] (M <= 16 tokens) · dequant(W)ᵀ -> [..., N]; with w3/s3: silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L).
     tiles = (S warps / K slices, RB weight rows a program, BK, stages); None: `tiles_for`. pdl: None = on where the
     device has programmatic dependent launch. pairs: the byte-pair decoder (inline PTX, CUDA only; the per-element
     decoder's bits); None = PAIRS_DEFAULT where inline PTX compiles (`fp8_gemm.ptx_for`), else the per-element one.
-    spf: the scale bytes loaded a k step ahead (None: SPF_DEFAULT; the same bits either way).
+    spf: the scale bytes loaded a k step ahead (None: SPF_DEFAULT; the same bits either way). two (the byte-pair
+    decoder's second scale factor, needed only for UE8M0 bytes above 134; the same bits either way): None = TWO_DEFAULT,
+    True / False force it (False with a byte above 134 gives inexact products: for tuning), "check" = each program
+    reads its scale rows first, "host" = `scales_above_134` on the host, once per scale tensor.
     fp8_gemm / fp8_gemm_swiglu call it for decode shapes (`default_for`)."""
     K = x.shape[-1]
     _check_w(w, s, K, name)
@@ -225,12 +304,13 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
     elif pairs and not ptx_for(x.device):
         raise ValueError(f"{name}: pairs=True is inline PTX: a CUDA device outside the interpreter (got {x.device})")
     BM = max(8, triton.next_power_of_2(M))
+    two_k = _two_key(TWO_DEFAULT if two is None else two, s, s3, name)
     RBO = RB // (2 if gated else 1)
     pdl = pdl_for(x.device) and (pdl is None or bool(pdl))
     fp8_warp_split_kernel[(triton.cdiv(N, RBO),)](
         x2, wu, su, y, M, float(limit), w3_off, s3_off, N=N, K=K, BM=BM, RB=RB, S=S, BK=BK, STAGES=ns,
         GATED=int(gated), NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2), PDL=pdl,
-        PAIRS=bool(pairs), SPF=SPF_DEFAULT if spf is None else bool(spf),
+        PAIRS=bool(pairs), SPF=SPF_DEFAULT if spf is None else bool(spf), TWO=two_k,
         num_warps=S, num_stages=ns, **launch_kw(pdl))
     return y.reshape(*x.shape[:-1], N)
 
@@ -252,7 +332,7 @@ def _variants(target: str, gated: bool) -> list:
         S, RB, BK, ns = t
         ce = {"N": N, "K": K, "BM": 8, "RB": RB, "S": S, "BK": BK, "STAGES": ns, "GATED": int(gated),
               "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "PDL": False, "PAIRS": PAIRS_DEFAULT,
-              "SPF": SPF_DEFAULT}
+              "SPF": SPF_DEFAULT, "TWO": 2}  # an artifact has no host check: the per-program one
         types = {"x_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "y_ptr": "*bf16", "M": "i32", "limit": "fp32",
                  "w3_off": "i64", "s3_off": "i64"}
         out.append(aot_spec(fp8_warp_split_kernel, f"{name}_decode", types, ce, S, ns,
@@ -266,7 +346,7 @@ def _variants(target: str, gated: bool) -> list:
 _NO_ROCM = {t: "the batched dot lowers to FMA, not MFMA (gfx942/gfx950, Triton 3.9); WMMA on gfx1100 not run; "
                "fp8_gemm's decode tile serves ROCm" for t in ("rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")}
 _KEYS = ("linear", "N", "K", "mode", "act", "BM", "RB", "S", "BK", "STAGES", "GATED", "NATIVE_FP8", "DOT_F32", "PDL",
-         "PAIRS", "SPF")
+         "PAIRS", "SPF", "TWO")
 register(KernelTemplate(
     name="fp8_gemm_warp_split", module=__name__,
     summary="decode x · dequant(E4M3 W)ᵀ, K split over the warps of a program (no split-K round trip)",
