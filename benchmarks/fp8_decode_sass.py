@@ -10,8 +10,8 @@ PRMTs, F2FP / HADD2.F32 packs, HFMA2s and local-memory operations, and the kerne
 Session 17 added the warp-split decode kernel (fp8_warp_split.py) at its default tiles with the per-element and the
 byte-pair decoder (PAIRS): rows named warp_split_*, with the weights a thread decodes per k step; session 18 the
 byte-pair rows with the scale prefetch (SPF) the other way round from its default: warp_split_*_nospf (each row
-says its SPF); session 19 the byte-pair rows with the second scale factor always (`_two1`, sessions 17-18's loop) and
-never (`_two0`) beside the default's per-program check (TWO 2: both loops in one kernel; session 17's 8-row rows, `_rb8`, are in results/fp8_decode_sass_s17_*.json; that tile was removed).
+says its SPF); session 19 the one-factor variants (`*_decode_one`: no UE8M0 byte above 134) and, for those, the factor
+made in the other place (`_early` / `_late`: the kernel's EARLY; session 17's 8-row rows, `_rb8`, are in results/fp8_decode_sass_s17_*.json; that tile was removed).
 
 Known gaps: static counts only (no timing); the loops are found by their backward branches, which assumes Triton's
 usual loop shape.
@@ -72,18 +72,20 @@ def main(argv=None):
     for gated in (False, True):
         for sp in ws._variants("cuda:sm90", gated):
             flip = not ws.SPF_DEFAULT
-            two = sp.constexprs["TWO"]
-            for pairs, spf, two, suffix in ((False, ws.SPF_DEFAULT, two, ""), (True, ws.SPF_DEFAULT, two, ""),
-                                            (True, flip, two, "_spf" if flip else "_nospf"),
-                                            (True, ws.SPF_DEFAULT, 1, "_two1"), (True, ws.SPF_DEFAULT, 0, "_two0")):
-                ce = dict(sp.constexprs, PAIRS=pairs, SPF=spf, TWO=two)
+            c0 = sp.constexprs
+            cases = [(False, c0["SPF"], c0["EARLY"], ""), (True, c0["SPF"], c0["EARLY"], ""),
+                     (True, flip, c0["EARLY"], "_spf" if flip else "_nospf")]
+            if not c0["TWO"]:  # the one-factor variant with the factor made the other way (EARLY)
+                cases.append((True, c0["SPF"], not c0["EARLY"], "_early" if not c0["EARLY"] else "_late"))
+            for pairs, spf, early, suffix in cases:
+                ce = dict(c0, PAIRS=pairs, SPF=spf, EARLY=early)
                 text, usage = sass_of(compile_spec(dataclasses.replace(sp, constexprs=ce), target))
                 regs, stack = registers_stack(usage)
-                rows.append({"variant": "warp_split_" + sp.variant + suffix, "PAIRS": pairs, "SPF": spf, "TWO": two,
+                rows.append({"variant": "warp_split_" + sp.variant + suffix, "PAIRS": pairs, "SPF": spf, "TWO": ce["TWO"], "EARLY": early,
                              "GATED": ce["GATED"], "RB": ce["RB"], "S": ce["S"], "BK": ce["BK"],
                              "warps": sp.num_warps, "registers": regs, "stack": stack,
                              "weights_a_thread_a_step": ce["RB"] * ce["BK"] // 32, "k_loops": _k_loops(text)})
-                print(triton.__version__, rows[-1]["variant"], "PAIRS", pairs, "SPF", spf, "TWO", two, "registers", regs,
+                print(triton.__version__, rows[-1]["variant"], "PAIRS", pairs, "SPF", spf, "TWO", ce["TWO"], "EARLY", early, "registers", regs,
                       "stack", stack, rows[-1]["k_loops"], flush=True)
     if argv:
         with open(argv[0], "w") as f:

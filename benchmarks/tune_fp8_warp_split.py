@@ -10,7 +10,9 @@ scale prefetch (the next k step's UE8M0 bytes loaded an iteration ahead) off and
 where K tiles, against the default, twice, interleaved (results/tune_fp8_warp_split_spf.json was recorded at commit
 25d49a8, before SPF was the default: the default, then SPF at `tiles_for`'s tile of then, at 4 stages and at twice
 BK); `--grid two`: the byte-pair decoder's second bf16x2 scale factor (needed only for UE8M0 bytes above 134)
-always, never and chosen by a per-program check of the scale rows, twice, interleaved. Session 18's 8-row grid (`rows8`, results/tune_fp8_warp_split_rows8.json, as of commit da01be4) and x-through-L1
+always, and one factor made in the k loop or where the scale bytes are loaded (`early`), twice, interleaved (its first
+run, results/tune_fp8_warp_split_two.json, had a per-program check of the scale rows instead of `early`: 1.3-1.7x
+slower, removed). Session 18's 8-row grid (`rows8`, results/tune_fp8_warp_split_rows8.json, as of commit da01be4) and x-through-L1
 grid (`xe`, x loaded 4 / 2 elements a thread by cp.async.ca, results/tune_fp8_warp_split_xe.json, as of 8d5f947)
 timed options since removed: both slower on every linear (8 rows 27-65 %; xe from level on shared w2 at 4 elements,
 8.02-8.24 against 7.84-8.02 µs, to 62 %). Each
@@ -71,7 +73,7 @@ def main(argv=None):
     ap.add_argument("--grid", choices=("first", "second", "pairs", "spf", "two"), default="second",
                     help="the tiles to time (`_tiles`); pairs: `tiles_for`'s tile with both weight decoders; spf: "
                          "the scale prefetch against the default; two: the byte-pair decoder's second scale factor "
-                         "always / never / checked by each program")
+                         "always, or one made in the loop or at the load")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     ceil = measure_ceilings()
@@ -121,12 +123,14 @@ def main(argv=None):
                 for t, on in cands:
                     timed(f"ws_spf{int(on)}_S{t[0]}_bk{t[2]}_ns{t[3]}" + rep, split(t, spf=on), list(t))
             continue
-        if args.grid == "two":  # the second scale factor always (sessions 17-18), never, per-program check, twice
+        if args.grid == "two":  # the second scale factor always (sessions 17-18), or one factor made in the loop or
+            # where the bytes load (early), twice
             t = ws.tiles_for(N, K, gated)
             for rep in ("", "_again"):
                 timed("default" + rep, default)
-                for two in (True, False, "check"):
-                    timed(f"ws_two_{two}".lower() + rep, split(t, two=two), t)
+                timed("ws_two" + rep, split(t, two=True), t)
+                for early in (False, True):
+                    timed(f"ws_one_early{int(early)}" + rep, split(t, two=False, early=early), t)
             continue
         if args.grid == "pairs":  # the default tile with the per-element and the byte-pair decoder, interleaved, twice
             t = ws.tiles_for(N, K, gated)

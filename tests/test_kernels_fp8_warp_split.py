@@ -150,7 +150,7 @@ def test_gpu_pairs_decoder_bits(N, K, M, tiles):
     for gated in (False, True):
         args = (x, w1, s1, w3, s3, 0.5) if gated else (x, w1, s1)
         b = ws.fp8_gemm_warp_split(*args, tiles=tiles, pairs=False)
-        for two in (None, "host", "check", True):  # every way to the second factor sees the bytes past 134
+        for two in (None, True):  # the host check sees the bytes past 134
             a = ws.fp8_gemm_warp_split(*args, tiles=tiles, pairs=True, two=two)
             torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
         assert torch.isfinite(b).any()
@@ -161,27 +161,30 @@ def test_gpu_pairs_decoder_bits(N, K, M, tiles):
     for gated in (False, True):
         args = (x, w1, s1, w3, s3, 0.5) if gated else (x, w1, s1)
         b = ws.fp8_gemm_warp_split(*args, tiles=tiles, pairs=False)
-        for two in (None, "check", False, True):
-            torch.testing.assert_close(ws.fp8_gemm_warp_split(*args, tiles=tiles, pairs=True, two=two), b, rtol=0,
-                                       atol=0)
+        for two, early in ((None, None), (False, False), (False, True), (True, None)):
+            torch.testing.assert_close(ws.fp8_gemm_warp_split(*args, tiles=tiles, pairs=True, two=two, early=early), b,
+                                       rtol=0, atol=0)
 
 
 def test_second_factor_choice():
-    """`two`: the host check (once per scale tensor and version), the per-program check in the kernel (the interpreter
-    runs its branch; without the byte-pair decoder both loops give the reference's bits), bad values named."""
+    """`two`: the host check (once per scale tensor and version; both factors when first asked inside a graph
+    capture), forced either way and with the factor made early (without the byte-pair decoder, the interpreter's,
+    all give the reference's bits), bad values named."""
     g = torch.Generator().manual_seed(11)
     x = torch.randn(4, 256, generator=g).to(DEV)
     w, s = _w(g, 64, 256)
-    assert not ws.scales_above_134(s) and ws._two_key("host", s, None, "lin") == 0
+    assert not ws.scales_above_134(s) and ws._two_key(None, s, None, "lin") is False
     s2 = s.clone()
     s2[1, 3] = 135  # the second row block only: one program's check differs from the other's
-    assert ws.scales_above_134(s2) and ws._two_key("host", s, s2, "lin") == 1
+    assert ws.scales_above_134(s2) and ws._two_key(None, s, s2, "lin") is True
     s[0, 0] = 200  # in place: _version moves, the cached answer is not reused
     assert ws.scales_above_134(s)
     s[0, 0] = 120
     ref = ws.fp8_gemm_warp_split(x, w, s2, tiles=(2, 16, 64, 2), two=True)
-    for two in ("check", "host", None):  # (False would be inexact on a GPU: byte 135 needs the second factor)
-        assert torch.equal(ws.fp8_gemm_warp_split(x, w, s2, tiles=(2, 16, 64, 2), two=two), ref)
+    assert torch.equal(ws.fp8_gemm_warp_split(x, w, s2, tiles=(2, 16, 64, 2)), ref)
+    for early in (False, True):  # one factor where the bytes load (pairs off here: the same products)
+        assert torch.equal(ws.fp8_gemm_warp_split(x, w, s, tiles=(2, 16, 64, 2), pairs=False, two=False, early=early),
+                           ws.fp8_gemm_warp_split(x, w, s, tiles=(2, 16, 64, 2), pairs=False))
     with pytest.raises(ValueError, match="lin: two='both'"):
         ws.fp8_gemm_warp_split(x, w, s, tiles=(2, 16, 64, 2), two="both", name="lin")
 

@@ -73,10 +73,9 @@ PAIRS_DEFAULT = True
 # 12.24 / 12.34 against 12.37 / 12.42, wq_a 6.90 / 6.91 against 6.90 / 6.90 (at BK 128, 3 stages: w1/w3 12.56 /
 # 12.51, wo_b 16.52 / 16.41)
 SPF_DEFAULT = True
-# how the byte-pair decoder learns whether it needs the second scale factor (bytes above 134, which no real
-# checkpoint has): "host" (checked once per scale tensor, `scales_above_134`), "check" (every program reads its
-# scale rows before its k loop), True (always two factors: sessions 17-18's kernel)
-TWO_DEFAULT = "host"
+# the byte-pair decoder's bytes made into its one scale factor where they are loaded (EARLY), on the stacked gated
+# tile only: sm90 SASS (Triton 3.6) of shared w1/w3's k step 518 -> 488 instructions, wo_b's 482 -> 546
+EARLY_GATED = True
 # measured at 8 tokens (BM 8: the same kernel from 2 to 8 tokens); 9-16 tokens double x's tile: not measured
 WARP_SPLIT_MAX_M = 8
 # the linears it was measured on (and beat fp8_gemm's decode tile on); the others keep fp8_gemm's path until timed
@@ -90,47 +89,52 @@ def _per_k(v, S: tl.constexpr, RB: tl.constexpr, BK: tl.constexpr):
 
 
 @triton.jit
-def _any_scale_above(ws_ptr, s_rows, rw_ok, KS: tl.constexpr, LIMIT: tl.constexpr):
-    """Whether a UE8M0 byte of the program's scale rows (s_rows [RB]: byte offsets, duplicates allowed) exceeds LIMIT."""
-    kc = tl.arange(0, triton.next_power_of_2(KS))
-    sb = tl.load(ws_ptr + s_rows[:, None] + kc[None, :], mask=rw_ok[:, None] & (kc < KS)[None, :], other=0)
-    return tl.max(tl.max(sb.to(tl.int32), axis=1), axis=0) > LIMIT
+def _scale_in(sb, ONE: tl.constexpr):
+    """The UE8M0 bytes as loaded, or (ONE: every byte <= 134) already as the byte-pair decoder's one factor 2^(e-7),
+    the bf16 with exponent field e + 120: converted where they are loaded, so that what moves into the decode's
+    layout is the factor itself (no unpacking or clamping in the k loop)."""
+    if ONE:
+        return ((sb.to(tl.int32) + 120) << 7).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return sb
 
 
 @triton.jit
 def _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, sl, K: tl.constexpr, BM: tl.constexpr,
             RB: tl.constexpr, S: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, NATIVE_FP8: tl.constexpr,
-            DOT_F32: tl.constexpr, PAIRS: tl.constexpr, SPF: tl.constexpr, TWO: tl.constexpr):
-    """Every warp's k loop over its slice: [S, RB, BM] fp32 partial products. TWO (PAIRS only): the second bf16x2
-    scale factor, needed only where a UE8M0 byte exceeds 134."""
+            DOT_F32: tl.constexpr, PAIRS: tl.constexpr, SPF: tl.constexpr, TWO: tl.constexpr, EARLY: tl.constexpr):
+    """Every warp's k loop over its slice: [S, RB, BM] fp32 partial products. TWO and EARLY: the kernel's."""
     KSL: tl.constexpr = K // S  # one warp's slice of K
     kk = tl.arange(0, BK)
     kb = tl.arange(0, BK // 32)
     acc = tl.zeros((S, RB, BM), dtype=tl.float32)
     DT: tl.constexpr = tl.float32 if DOT_F32 else tl.bfloat16
+    EARLY_ONE: tl.constexpr = PAIRS and not TWO and EARLY  # the one factor made where the bytes are loaded
     NI: tl.constexpr = KSL // BK  # k steps a warp
     s_ptrs = ws_ptr + s_rows[None, :, None] + ((sl // 32)[:, None] + kb[None, :])[:, None, :]  # [S, RB, BK/32]: step 0
     if SPF:  # the first k step's scale bytes, before the loop
-        sb_nxt = tl.load(s_ptrs, mask=rw_ok[None, :, None], other=127)
+        sb_nxt = _scale_in(tl.load(s_ptrs, mask=rw_ok[None, :, None], other=127), EARLY_ONE)
     for i in tl.range(0, NI, num_stages=STAGES):
         k = sl[:, None] + i * BK + kk[None, :]  # [S, BK]
         wb = tl.load(w_ptr + w_rows[None, :, None] + k[:, None, :], mask=rw_ok[None, :, None], other=0)
         if SPF:  # the next step's bytes now, this step's from the last iteration (no wait on global memory; the
             # move into the decode layout through shared memory, STS / barrier / LDS, stays)
             sb = sb_nxt
-            sb_nxt = tl.load(s_ptrs + (i + 1) * (BK // 32), mask=rw_ok[None, :, None] & (i + 1 < NI), other=127)
+            sb_nxt = _scale_in(tl.load(s_ptrs + (i + 1) * (BK // 32), mask=rw_ok[None, :, None] & (i + 1 < NI),
+                                       other=127), EARLY_ONE)
         else:
-            sb = tl.load(s_ptrs + i * (BK // 32), mask=rw_ok[None, :, None], other=127)
+            sb = _scale_in(tl.load(s_ptrs + i * (BK // 32), mask=rw_ok[None, :, None], other=127), EARLY_ONE)
         xt = tl.load(x_ptr + rm[None, None, :].to(tl.int64) * K + k[:, :, None], mask=m_ok[None, None, :],
                      other=0.0)  # [S, BK, BM]
         if PAIRS:  # byte pairs by inline PTX, the scale as one (TWO: two) bf16x2 factors, exact up to byte 134
             # (TWO: every byte): 4 (5) instructions a pair
-            b1, b2 = e4m3_pair_factors(sb)
             if TWO:
+                b1, b2 = e4m3_pair_factors(sb)
                 wt = tl.inline_asm_elementwise(_E4M3_PAIRS_TWO, "=r,=r,r,r,r,r,r",
                                                [wb, _per_k(b1, S, RB, BK), _per_k(b2, S, RB, BK)],
                                                dtype=tl.bfloat16, is_pure=True, pack=4)
             else:
+                b1 = sb if EARLY_ONE else _scale_in(sb, True)
                 wt = tl.inline_asm_elementwise(_E4M3_PAIRS_ONE, "=r,=r,r,r,r", [wb, _per_k(b1, S, RB, BK)],
                                                dtype=tl.bfloat16, is_pure=True, pack=4)
             wt = wt.to(DT)  # fp32 x (DOT_F32): an exact fp32 dot
@@ -145,10 +149,11 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
                           N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, RB: tl.constexpr, S: tl.constexpr,
                           BK: tl.constexpr, STAGES: tl.constexpr, GATED: tl.constexpr, NATIVE_FP8: tl.constexpr,
                           DOT_F32: tl.constexpr, PDL: tl.constexpr, PAIRS: tl.constexpr = False,
-                          SPF: tl.constexpr = False, TWO: tl.constexpr = 1):
+                          SPF: tl.constexpr = False, TWO: tl.constexpr = True, EARLY: tl.constexpr = False):
     """One program: RB weight rows (GATED: RB/2 of W1 then the same of W3) × all M tokens, K split over S warps.
-    TWO (PAIRS): 0 one scale factor (the caller vouches that no UE8M0 byte exceeds 134), 1 two factors (every
-    byte), 2 the program reads its scale rows first and takes the two-factor loop only where a byte exceeds 134."""
+    PAIRS only: TWO applies the second bf16x2 scale factor (exact for every UE8M0 byte; without it the caller vouches
+    that no byte exceeds 134); EARLY (without TWO) turns the bytes into the factor where they are loaded, before they
+    move into the decode's layout (fewer instructions on the stacked gated tile, more on the plain one: sm90 SASS)."""
     tl.static_assert(K % (S * BK) == 0 and BK % 32 == 0, "K must be whole BK tiles per slice, BK % 32 == 0")
     RBO: tl.constexpr = RB // (1 + GATED)  # output columns of a program
     KS: tl.constexpr = (K + 31) // 32  # scale bytes a scale row
@@ -164,16 +169,8 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
     sl = tl.arange(0, S) * (K // S)  # [S] first k of each slice
     grid_wait(PDL)
     grid_release(PDL)
-    if TWO == 2:  # (without PAIRS both loops are the same: the interpreter runs the check)
-        if _any_scale_above(ws_ptr, s_rows, rw_ok, KS, 134):
-            acc = _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, sl, K, BM, RB, S, BK, STAGES,
-                          NATIVE_FP8, DOT_F32, PAIRS, SPF, True)
-        else:
-            acc = _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, sl, K, BM, RB, S, BK, STAGES,
-                          NATIVE_FP8, DOT_F32, PAIRS, SPF, False)
-    else:
-        acc = _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, sl, K, BM, RB, S, BK, STAGES,
-                      NATIVE_FP8, DOT_F32, PAIRS, SPF, TWO != 0)
+    acc = _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, sl, K, BM, RB, S, BK, STAGES, NATIVE_FP8,
+                  DOT_F32, PAIRS, SPF, TWO, EARLY)
     rn = pid * RBO + tl.arange(0, RBO)
     omask = m_ok[:, None] & (rn < N)[None, :]
     out = tl.sum(acc, axis=0)  # the cross-warp sum: [RB, BM]
@@ -235,9 +232,9 @@ _SCALES_SEEN = WeakIdKeyDictionary()  # scale tensor -> (its _version when check
 
 def scales_above_134(s) -> bool:
     """Whether a UE8M0 byte of s exceeds 134 (the byte-pair decoder then needs its second factor). Checked once per
-    tensor and version (weights do not change between decode steps; an in-place write bumps _version and re-checks);
-    the check reads s and waits for the answer, so it is done before a CUDA graph is captured (a first call inside a
-    capture falls back to the per-program check: `_two_key`)."""
+    tensor and version (weights do not change between decode steps; an in-place write bumps _version and re-checks).
+    The check reads s and waits for the answer, so a first call inside a CUDA-graph capture (no host sync allowed
+    there) gets no answer: `_two_key` then takes both factors."""
     seen = _SCALES_SEEN.get(s)
     if seen is not None and seen[0] == s._version:
         return seen[1]
@@ -246,35 +243,30 @@ def scales_above_134(s) -> bool:
     return above
 
 
-def _capturing(t) -> bool:
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
-def _two_key(two, s, s3, name: str) -> int:
-    """The kernel's TWO constexpr for the launcher's `two`."""
-    if two is True or two is False:
-        return int(two)
-    if two == "check":
-        return 2
-    if two != "host":
-        raise ValueError(f"{name}: two={two!r}: expected None, True, False, 'check' or 'host'")
+def _two_key(two, s, s3, name: str) -> bool:
+    """The kernel's TWO for the launcher's `two` (None: the host check)."""
+    if two is not None:
+        if not isinstance(two, bool):
+            raise ValueError(f"{name}: two={two!r}: expected None (checked on the host), True or False")
+        return two
     mats = [t for t in (s, s3) if t is not None]
-    if any(_capturing(t) and (_SCALES_SEEN.get(t) or (None,))[0] != t._version for t in mats):
-        return 2  # unchecked inside a capture: no host sync allowed there
-    return int(any(scales_above_134(t) for t in mats))
+    unchecked = [t for t in mats if (_SCALES_SEEN.get(t) or (None,))[0] != t._version]
+    if any(t.is_cuda for t in unchecked) and torch.cuda.is_current_stream_capturing():
+        return True  # unchecked inside a capture: both factors, exact for every byte
+    return any(scales_above_134(t) for t in mats)
 
 
 def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype=None, tiles=None, pdl=None,
                         name: str = "fp8_gemm_warp_split", pairs: bool | None = None, spf: bool | None = None,
-                        two=None):
+                        two: bool | None = None, early: bool | None = None):
     """x [..., K] (M <= 16 tokens) · dequant(W)ᵀ -> [..., N]; with w3/s3: silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L).
     tiles = (S warps / K slices, RB weight rows a program, BK, stages); None: `tiles_for`. pdl: None = on where the
     device has programmatic dependent launch. pairs: the byte-pair decoder (inline PTX, CUDA only; the per-element
     decoder's bits); None = PAIRS_DEFAULT where inline PTX compiles (`fp8_gemm.ptx_for`), else the per-element one.
-    spf: the scale bytes loaded a k step ahead (None: SPF_DEFAULT; the same bits either way). two (the byte-pair
-    decoder's second scale factor, needed only for UE8M0 bytes above 134; the same bits either way): None = TWO_DEFAULT,
-    True / False force it (False with a byte above 134 gives inexact products: for tuning), "check" = each program
-    reads its scale rows first, "host" = `scales_above_134` on the host, once per scale tensor.
+    spf: the scale bytes loaded a k step ahead (None: SPF_DEFAULT; the same bits either way). two: the byte-pair
+    decoder's second scale factor, needed only for UE8M0 bytes above 134 (the same bits either way); None = where
+    `scales_above_134` finds one (on the host, once per scale tensor); True / False force it (False with a byte above
+    134 gives wrong products: for tuning). early: the kernel's EARLY (None: for the gated tile, `EARLY_GATED`).
     fp8_gemm / fp8_gemm_swiglu call it for decode shapes (`default_for`)."""
     K = x.shape[-1]
     _check_w(w, s, K, name)
@@ -304,13 +296,14 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
     elif pairs and not ptx_for(x.device):
         raise ValueError(f"{name}: pairs=True is inline PTX: a CUDA device outside the interpreter (got {x.device})")
     BM = max(8, triton.next_power_of_2(M))
-    two_k = _two_key(TWO_DEFAULT if two is None else two, s, s3, name)
+    two = _two_key(two, s, s3, name)
+    early = (EARLY_GATED and gated) if early is None else bool(early)
     RBO = RB // (2 if gated else 1)
     pdl = pdl_for(x.device) and (pdl is None or bool(pdl))
     fp8_warp_split_kernel[(triton.cdiv(N, RBO),)](
         x2, wu, su, y, M, float(limit), w3_off, s3_off, N=N, K=K, BM=BM, RB=RB, S=S, BK=BK, STAGES=ns,
         GATED=int(gated), NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2), PDL=pdl,
-        PAIRS=bool(pairs), SPF=SPF_DEFAULT if spf is None else bool(spf), TWO=two_k,
+        PAIRS=bool(pairs), SPF=SPF_DEFAULT if spf is None else bool(spf), TWO=two, EARLY=early,
         num_warps=S, num_stages=ns, **launch_kw(pdl))
     return y.reshape(*x.shape[:-1], N)
 
@@ -330,14 +323,17 @@ def _variants(target: str, gated: bool) -> list:
         if t is None or name not in MEASURED_LINEARS:
             continue
         S, RB, BK, ns = t
-        ce = {"N": N, "K": K, "BM": 8, "RB": RB, "S": S, "BK": BK, "STAGES": ns, "GATED": int(gated),
-              "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "PDL": False, "PAIRS": PAIRS_DEFAULT,
-              "SPF": SPF_DEFAULT, "TWO": 2}  # an artifact has no host check: the per-program one
         types = {"x_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "y_ptr": "*bf16", "M": "i32", "limit": "fp32",
                  "w3_off": "i64", "s3_off": "i64"}
-        out.append(aot_spec(fp8_warp_split_kernel, f"{name}_decode", types, ce, S, ns,
-                            {"linear": name, "mode": "decode", "act": "bf16", **ce}, matrix="mma.sync",
-                            divisible={"w3_off": 16} if gated else None))
+        # two variants: both scale factors (exact for every UE8M0 byte) and one (`_one`: for checkpoints whose
+        # bytes are all <= 134, every real one; the loader picks by `scales_above_134`)
+        for two, suffix in ((True, ""), (False, "_one")):
+            ce = {"N": N, "K": K, "BM": 8, "RB": RB, "S": S, "BK": BK, "STAGES": ns, "GATED": int(gated),
+                  "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "PDL": False, "PAIRS": PAIRS_DEFAULT,
+                  "SPF": SPF_DEFAULT, "TWO": two, "EARLY": EARLY_GATED and gated and not two}
+            out.append(aot_spec(fp8_warp_split_kernel, f"{name}_decode{suffix}", types, ce, S, ns,
+                                {"linear": name, "mode": "decode", "act": "bf16", **ce}, matrix="mma.sync",
+                                divisible={"w3_off": 16} if gated else None))
     return out
 
 
@@ -346,7 +342,7 @@ def _variants(target: str, gated: bool) -> list:
 _NO_ROCM = {t: "the batched dot lowers to FMA, not MFMA (gfx942/gfx950, Triton 3.9); WMMA on gfx1100 not run; "
                "fp8_gemm's decode tile serves ROCm" for t in ("rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")}
 _KEYS = ("linear", "N", "K", "mode", "act", "BM", "RB", "S", "BK", "STAGES", "GATED", "NATIVE_FP8", "DOT_F32", "PDL",
-         "PAIRS", "SPF", "TWO")
+         "PAIRS", "SPF", "TWO", "EARLY")
 register(KernelTemplate(
     name="fp8_gemm_warp_split", module=__name__,
     summary="decode x · dequant(E4M3 W)ᵀ, K split over the warps of a program (no split-K round trip)",
