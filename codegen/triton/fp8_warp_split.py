@@ -73,9 +73,12 @@ PAIRS_DEFAULT = True
 # 12.24 / 12.34 against 12.37 / 12.42, wq_a 6.90 / 6.91 against 6.90 / 6.90 (at BK 128, 3 stages: w1/w3 12.56 /
 # 12.51, wo_b 16.52 / 16.41)
 SPF_DEFAULT = True
-# the byte-pair decoder's bytes made into its one scale factor where they are loaded (EARLY), on the stacked gated
-# tile only: sm90 SASS (Triton 3.6) of shared w1/w3's k step 518 -> 488 instructions, wo_b's 482 -> 546
-EARLY_GATED = True
+# the linears whose byte-pair decoder makes its one scale factor where the bytes are loaded (EARLY): measured, not
+# counted (results/tune_fp8_warp_split_two2.json, H200, 8 tokens, L2-cold, twice, interleaved): shared w2 7.17 / 7.19
+# µs early against 7.50 / 7.38 in the loop; shared w1/w3 the other way, 11.49 / 11.58 against 10.92 / 10.89, though
+# its sm90 k step is 488 instructions early against 518 (Triton 3.6); wo_b 15.46 / 15.40 against 14.76 / 14.89;
+# wq_a level (6.49 / 6.64 against 6.55 / 6.19)
+EARLY_LINEARS = ("shared_w2",)
 # measured at 8 tokens (BM 8: the same kernel from 2 to 8 tokens); 9-16 tokens double x's tile: not measured
 WARP_SPLIT_MAX_M = 8
 # the linears it was measured on (and beat fp8_gemm's decode tile on); the others keep fp8_gemm's path until timed
@@ -153,7 +156,7 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
     """One program: RB weight rows (GATED: RB/2 of W1 then the same of W3) × all M tokens, K split over S warps.
     PAIRS only: TWO applies the second bf16x2 scale factor (exact for every UE8M0 byte; without it the caller vouches
     that no byte exceeds 134); EARLY (without TWO) turns the bytes into the factor where they are loaded, before they
-    move into the decode's layout (fewer instructions on the stacked gated tile, more on the plain one: sm90 SASS)."""
+    move into the decode's layout (faster on shared w2, slower on the others: EARLY_LINEARS)."""
     tl.static_assert(K % (S * BK) == 0 and BK % 32 == 0, "K must be whole BK tiles per slice, BK % 32 == 0")
     RBO: tl.constexpr = RB // (1 + GATED)  # output columns of a program
     KS: tl.constexpr = (K + 31) // 32  # scale bytes a scale row
@@ -266,7 +269,7 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
     spf: the scale bytes loaded a k step ahead (None: SPF_DEFAULT; the same bits either way). two: the byte-pair
     decoder's second scale factor, needed only for UE8M0 bytes above 134 (the same bits either way); None = where
     `scales_above_134` finds one (on the host, once per scale tensor); True / False force it (False with a byte above
-    134 gives wrong products: for tuning). early: the kernel's EARLY (None: for the gated tile, `EARLY_GATED`).
+    134 gives wrong products: for tuning). early: the kernel's EARLY (None: for EARLY_LINEARS).
     fp8_gemm / fp8_gemm_swiglu call it for decode shapes (`default_for`)."""
     K = x.shape[-1]
     _check_w(w, s, K, name)
@@ -297,7 +300,7 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
         raise ValueError(f"{name}: pairs=True is inline PTX: a CUDA device outside the interpreter (got {x.device})")
     BM = max(8, triton.next_power_of_2(M))
     two = _two_key(two, s, s3, name)
-    early = (EARLY_GATED and gated) if early is None else bool(early)
+    early = _measured(N, K, gated) in EARLY_LINEARS if early is None else bool(early)
     RBO = RB // (2 if gated else 1)
     pdl = pdl_for(x.device) and (pdl is None or bool(pdl))
     fp8_warp_split_kernel[(triton.cdiv(N, RBO),)](
@@ -330,7 +333,7 @@ def _variants(target: str, gated: bool) -> list:
         for two, suffix in ((True, ""), (False, "_one")):
             ce = {"N": N, "K": K, "BM": 8, "RB": RB, "S": S, "BK": BK, "STAGES": ns, "GATED": int(gated),
                   "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "PDL": False, "PAIRS": PAIRS_DEFAULT,
-                  "SPF": SPF_DEFAULT, "TWO": two, "EARLY": EARLY_GATED and gated and not two}
+                  "SPF": SPF_DEFAULT, "TWO": two, "EARLY": name in EARLY_LINEARS and not two}
             out.append(aot_spec(fp8_warp_split_kernel, f"{name}_decode{suffix}", types, ce, S, ns,
                                 {"linear": name, "mode": "decode", "act": "bf16", **ce}, matrix="mma.sync",
                                 divisible={"w3_off": 16} if gated else None))
