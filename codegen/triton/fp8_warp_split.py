@@ -36,6 +36,18 @@ instructions. With SPF and 256-wide k tiles (`ncu_fp8_warp_split_w13_spf_s18_*`)
 samples issue, and the largest wait (11 %) is the prologue's first scale load; the kernel time barely moved for
 shared w1/w3 (12.4 -> 12.2-12.3 µs) and fell for shared w2 (8.4 -> 7.7-8.1) and wo_b (16.4 -> 16.0-16.1).
 
+TWO (session 19): the byte-pair decoder scales a code pair by one bf16x2 factor 2^(e-7), exact for UE8M0 bytes
+e <= 134 (`fp8_gemm`'s bit algebra); a second factor makes every byte exact, which no real checkpoint needs (their
+bytes are about 110-125). The launcher checks each scale tensor once on the host (`scales_above_134`, cached by tensor
+and version) and drops the second factor where it can: sm90 SASS (Triton 3.6) of shared w1/w3's k step 663 -> 518
+instructions (wo_b 585 -> 482), and L2-cold at 8 tokens (results/tune_fp8_warp_split_two2.json, twice, interleaved)
+shared w1/w3 12.55 / 12.58 -> 10.92 / 10.89 µs, shared w2 7.89 / 7.87 -> 7.17 / 7.19 (with EARLY), wq_a 6.80 / 6.81
+-> 6.55 / 6.19, wo_b 16.00 / 15.96 -> 14.76 / 14.89. The bits do not change. A per-program check of the scale rows
+in the kernel instead (two copies of the k loop, as `fp8_gemm` does) was 1.3-1.7x slower than either loop alone
+(results/tune_fp8_warp_split_two.json) and was removed. EARLY turns the bytes into that factor where they are
+loaded, so the factor rather than the byte moves into the decode's layout: fewer instructions on the gated tile
+(518 -> 488) yet slower there; faster on shared w2 only (EARLY_LINEARS).
+
 Constraints: K % (S·BK) == 0 and BK % 32 == 0 (every slice is whole k tiles, and each 32-wide scale block sits
 inside one k tile); S a power of two. The launcher checks and names the violation.
 
@@ -328,8 +340,9 @@ def _variants(target: str, gated: bool) -> list:
         S, RB, BK, ns = t
         types = {"x_ptr": "*bf16", "w_ptr": "*u8", "ws_ptr": "*u8", "y_ptr": "*bf16", "M": "i32", "limit": "fp32",
                  "w3_off": "i64", "s3_off": "i64"}
-        # two variants: both scale factors (exact for every UE8M0 byte) and one (`_one`: for checkpoints whose
-        # bytes are all <= 134, every real one; the loader picks by `scales_above_134`)
+        # two variants: both scale factors (exact for every UE8M0 byte) and one (`_one`: only for checkpoints whose
+        # bytes are all <= 134, every real one; whoever launches the binaries picks by `scales_above_134`. The runtime
+        # does not load these binaries yet: it launches through Triton's JIT, where the launcher picks)
         for two, suffix in ((True, ""), (False, "_one")):
             ce = {"N": N, "K": K, "BM": 8, "RB": RB, "S": S, "BK": BK, "STAGES": ns, "GATED": int(gated),
                   "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "PDL": False, "PAIRS": PAIRS_DEFAULT,
