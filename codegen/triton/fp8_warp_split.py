@@ -249,7 +249,9 @@ def scales_above_134(s) -> bool:
     """Whether a UE8M0 byte of s exceeds 134 (the byte-pair decoder then needs its second factor). Checked once per
     tensor and version (weights do not change between decode steps; an in-place write bumps _version and re-checks).
     The check reads s and waits for the answer, so a first call inside a CUDA-graph capture (no host sync allowed
-    there) gets no answer: `_two_key` then takes both factors."""
+    there) gets no answer: `_two_key` then takes both factors. Known gap: keyed by the tensor object, so a caller that
+    passes a fresh view of its scales on every call pays the check (a host sync) every eager call and gets both
+    factors in every capture; today's callers (benchmarks, tests, `moe._shared_expert`) pass the same tensors."""
     seen = _SCALES_SEEN.get(s)
     if seen is not None and seen[0] == s._version:
         return seen[1]
