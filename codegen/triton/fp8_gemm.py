@@ -465,11 +465,18 @@ _E4M3_PAIRS_ONE, _E4M3_PAIRS_TWO = _e4m3_pairs_asm(False), _e4m3_pairs_asm(True)
 
 
 @triton.jit
+def e4m3_one_factor(e):
+    """UE8M0 bytes e <= 134 -> 2^(e-7), the bf16 with exponent field e + 120: `_E4M3_PAIRS_ONE`'s whole scale (wrong
+    for larger bytes, which need `e4m3_pair_factors`)."""
+    return ((e.to(tl.int32) + 120) << 7).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
 def e4m3_pair_factors(e):
     """UE8M0 bytes -> the bf16 scale factors of `_E4M3_PAIRS_*`'s bit patterns (worth value·2^-120):
     2^(min(e,134)-7) and 2^(max(e,134)-134) (NaN for e = 255), one per byte, not yet expanded per element."""
     ei = e.to(tl.int32)
-    b1 = ((tl.minimum(ei, 134) + 120) << 7).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    b1 = e4m3_one_factor(tl.minimum(ei, 134))
     b2 = tl.where(ei == 255, 0x7FC0, (tl.maximum(ei, 134) - 7) << 7).to(tl.uint16).to(tl.bfloat16, bitcast=True)
     return b1, b2
 

@@ -67,10 +67,10 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
 from dsv41c.codegen.triton.fp8_gemm import (_E4M3_PAIRS_ONE, _E4M3_PAIRS_TWO, DENSE_LINEARS, GATED_LINEARS,
-                                           _byte_distance,
-                                           _check_w, _swiglu, as_u8, dot_f32_for, e4m3_pair_factors, e4m3_to_f32,
-                                           e8m0_to_f32, fp8_gemm_reference, fp8_gemm_swiglu_reference,
-                                           mma_sync_decode_for, native_fp8_for, ptx_for, target_traits)
+                                           _byte_distance, _check_w, _swiglu, as_u8, dot_f32_for, e4m3_one_factor,
+                                           e4m3_pair_factors, e4m3_to_f32, e8m0_to_f32, fp8_gemm_reference,
+                                           fp8_gemm_swiglu_reference, mma_sync_decode_for, native_fp8_for, ptx_for,
+                                           target_traits)
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 
 WARP_SPLIT_DECODE = True  # fp8_gemm's default decode path for 2..WARP_SPLIT_MAX_M tokens where `default_for` agrees
@@ -109,7 +109,7 @@ def _scale_in(sb, ONE: tl.constexpr):
     the bf16 with exponent field e + 120: converted where they are loaded, so that what moves into the decode's
     layout is the factor itself (no unpacking or clamping in the k loop)."""
     if ONE:
-        return ((sb.to(tl.int32) + 120) << 7).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        return e4m3_one_factor(sb)
     else:
         return sb
 
