@@ -10,12 +10,14 @@ PRMTs, F2FP / HADD2.F32 packs, HFMA2s and local-memory operations, and the kerne
 Session 17 added the warp-split decode kernel (fp8_warp_split.py) at its default tiles with the per-element and the
 byte-pair decoder (PAIRS): rows named warp_split_*, with the weights a thread decodes per k step; session 18 the
 byte-pair rows with the scale prefetch (SPF) the other way round from its default: warp_split_*_nospf (each row
-says its SPF); session 19 the one-factor variants (`*_decode_one`: no UE8M0 byte above 134) and, for those, the factor
-made in the other place (`_early` / `_late`: the kernel's EARLY; session 17's 8-row rows, `_rb8`, are in results/fp8_decode_sass_s17_*.json; that tile was removed).
+says its SPF; session 17's 8-row rows, `_rb8`, are in results/fp8_decode_sass_s17_*.json; that tile was removed);
+session 19 the one-factor variants (`*_decode_one`: no UE8M0 byte above 134) and, for those, the factor made in the
+other place (`_early` / `_late`: the kernel's EARLY), and each loop's opcode histogram (`opcodes`).
 
 Known gaps: static counts only (no timing); the loops are found by their backward branches, which assumes Triton's
 usual loop shape.
 """
+import collections
 import dataclasses
 import json
 import os
@@ -38,14 +40,15 @@ LINEARS = ("wq_a_decode", "wo_b_decode", "shared_w2_decode", "shared_w13_decode"
 
 
 def _k_loops(text: str) -> list:
-    """Per loop whose body holds MMAs: the body's instruction count and a few opcode counts."""
+    """Per loop whose body holds MMAs: the body's instruction count, a few opcode counts and every opcode's."""
     loops = []
     for body in loop_bodies(text):
         count = lambda pat: sum(1 for o in body if re.search(pat, o))  # noqa: E731
         if count(r"HG?MMA"):
             loops.append({"instructions": len(body), "mma": count(r"HG?MMA"), "prmt": count(r"PRMT"),
                           "f2fp": count(r"F2FP|HADD2\.F32"), "hfma2": count(r"HFMA2"),
-                          "local": count(r"\b(LDL|STL)")})
+                          "local": count(r"\b(LDL|STL)"), "opcodes": dict(collections.Counter(
+                              o.split()[1 if o.startswith("@") else 0] for o in body).most_common())})
     return loops
 
 

@@ -11,7 +11,7 @@ where K tiles, against the default, twice, interleaved (results/tune_fp8_warp_sp
 25d49a8, before SPF was the default: the default, then SPF at `tiles_for`'s tile of then, at 4 stages and at twice
 BK); `--grid two`: the byte-pair decoder's second bf16x2 scale factor (needed only for UE8M0 bytes above 134)
 always, and one factor made in the k loop or where the scale bytes are loaded (`early`), twice, interleaved (its first
-run, results/tune_fp8_warp_split_two.json, had a per-program check of the scale rows instead of `early`: 1.3-1.7x
+run, results/tune_fp8_warp_split_two.json, had a per-program check of the scale rows instead of `early`: 1.04-1.7x
 slower, removed). Session 18's 8-row grid (`rows8`, results/tune_fp8_warp_split_rows8.json, as of commit da01be4) and x-through-L1
 grid (`xe`, x loaded 4 / 2 elements a thread by cp.async.ca, results/tune_fp8_warp_split_xe.json, as of 8d5f947)
 timed options since removed: both slower on every linear (8 rows 27-65 %; xe from level on shared w2 at 4 elements,

@@ -166,27 +166,54 @@ def test_gpu_pairs_decoder_bits(N, K, M, tiles):
                                        rtol=0, atol=0)
 
 
-def test_second_factor_choice():
-    """`two`: the host check (once per scale tensor and version; both factors when first asked inside a graph
-    capture), forced either way and with the factor made early (without the byte-pair decoder, the interpreter's,
-    all give the reference's bits), bad values named."""
+def test_second_factor_choice(monkeypatch):
+    """`two` and `early`: the host check (read once per scale tensor and version, a byte past 134 in one row block
+    seen), the linears that make the factor early, bad values named. (The kernel's two loops and EARLY are bit-tested
+    against the per-element decoder on a GPU: test_gpu_pairs_decoder_bits, test_gpu_capture_before_the_check.)"""
     g = torch.Generator().manual_seed(11)
     x = torch.randn(4, 256, generator=g).to(DEV)
     w, s = _w(g, 64, 256)
-    assert not ws.scales_above_134(s) and ws._two_key(None, s, None, "lin") is False
+    reads = []
+    real = ws.as_u8
+    monkeypatch.setattr(ws, "as_u8", lambda t: reads.append(t) or real(t))
+    assert not ws.scales_above_134(s) and ws._two_key(None, s, None) is False
+    assert len(reads) == 1  # the second question was answered from the cache
     s2 = s.clone()
-    s2[1, 3] = 135  # the second row block only: one program's check differs from the other's
-    assert ws.scales_above_134(s2) and ws._two_key(None, s, s2, "lin") is True
+    s2[1, 3] = 135  # in the second row block only
+    assert ws.scales_above_134(s2) and ws._two_key(None, s, s2) is True
+    assert ws._two_key(False, s, s2) is False and ws._two_key(True, s, None) is True  # forced either way
     s[0, 0] = 200  # in place: _version moves, the cached answer is not reused
-    assert ws.scales_above_134(s)
+    assert ws.scales_above_134(s) and len(reads) == 3
     s[0, 0] = 120
+    assert ws.early_for(5120, 2304) and not ws.early_for(2304, 5120, True)  # shared w2 only (EARLY_LINEARS)
+    assert not ws.early_for(5120, 8192) and not ws.early_for(1280, 5120)
     ref = ws.fp8_gemm_warp_split(x, w, s2, tiles=(2, 16, 64, 2), two=True)
     assert torch.equal(ws.fp8_gemm_warp_split(x, w, s2, tiles=(2, 16, 64, 2)), ref)
-    for early in (False, True):  # one factor where the bytes load (pairs off here: the same products)
-        assert torch.equal(ws.fp8_gemm_warp_split(x, w, s, tiles=(2, 16, 64, 2), pairs=False, two=False, early=early),
-                           ws.fp8_gemm_warp_split(x, w, s, tiles=(2, 16, 64, 2), pairs=False))
     with pytest.raises(ValueError, match="lin: two='both'"):
         ws.fp8_gemm_warp_split(x, w, s, tiles=(2, 16, 64, 2), two="both", name="lin")
+
+
+@pytest.mark.gpu
+def test_gpu_capture_before_the_check():
+    """A scale tensor first seen inside a CUDA-graph capture (no host sync allowed there) gets both factors: the
+    capture succeeds and replays the eager call's bits; the one-factor loop with the factor made early or late gives
+    the same bits too (scale bytes <= 134)."""
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(8, 512, generator=g).to(torch.bfloat16).to(DEV)
+    w, s = _w(g, 96, 512)
+    eager = ws.fp8_gemm_warp_split(x, w, s, pairs=False)
+    for early in (False, True):
+        assert torch.equal(ws.fp8_gemm_warp_split(x, w, s, pairs=True, two=False, early=early), eager)
+    assert torch.equal(ws.fp8_gemm_warp_split(x, w, s, pairs=True, two=True), eager)  # (compiled before the capture)
+    fresh = s.clone()  # never checked
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ws.fp8_gemm_warp_split(x, w, fresh)
+    assert fresh not in ws._SCALES_SEEN  # the capture did not check it
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
 
 
 def test_fp8_gemm_dispatch_rule(monkeypatch):

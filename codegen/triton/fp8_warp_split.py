@@ -14,7 +14,8 @@ the last program's re-read of the partials; in a grid of one wave it is on the c
 Algorithm: one program per RB weight rows (RB = 16: one mma.sync M tile). Its S warps each take one contiguous
 slice of K (K / S elements): the weight tile of a k step is [S, RB, BK] (slice s at k = s·K/S + i·BK), decoded
 to bf16 with `fp8_gemm`'s DECODE_W 0 numerics (E4M3 value × the block scale, exact), on CUDA by default two codes a
-register in inline PTX (PAIRS: prmt / shl / and and two bf16x2 fmas, the same bits), else per element
+register in inline PTX (PAIRS: prmt / shl / and and one bf16x2 multiply, two where a scale byte exceeds 134: TWO
+below; the same bits), else per element
 (E4M3 -> fp32 × scale -> bf16), and multiplied by
 x's matching [S, BK, BM] tile in ONE batched `tl.dot` whose batch dimension Triton spreads over the warps (a rank-3
 dot gives every warp its own batch entries: warpsPerCTA [S, 1, 1]); so each warp runs an independent k loop over
@@ -43,7 +44,8 @@ and version) and drops the second factor where it can: sm90 SASS (Triton 3.6) of
 instructions (wo_b 585 -> 482), and L2-cold at 8 tokens (results/tune_fp8_warp_split_two2.json, twice, interleaved)
 shared w1/w3 12.55 / 12.58 -> 10.92 / 10.89 µs, shared w2 7.89 / 7.87 -> 7.17 / 7.19 (with EARLY), wq_a 6.80 / 6.81
 -> 6.55 / 6.19, wo_b 16.00 / 15.96 -> 14.76 / 14.89. The bits do not change. A per-program check of the scale rows
-in the kernel instead (two copies of the k loop, as `fp8_gemm` does) was 1.3-1.7x slower than either loop alone
+in the kernel instead (two copies of the k loop, as `fp8_gemm` does) was 1.5-1.7x slower than either loop alone on
+shared w1/w3 and wo_b, 1.04-1.2x on shared w2 and wq_a
 (results/tune_fp8_warp_split_two.json) and was removed. EARLY turns the bytes into that factor where they are
 loaded, so the factor rather than the byte moves into the decode's layout: fewer instructions on the gated tile
 (518 -> 488) yet slower there; faster on shared w2 only (EARLY_LINEARS).
@@ -217,6 +219,11 @@ def tiles_for(N: int, K: int, gated: bool = False):
     return None
 
 
+def early_for(N: int, K: int, gated: bool = False) -> bool:
+    """Whether the byte-pair decoder's one factor is made where the scale bytes load (EARLY_LINEARS)."""
+    return _measured(N, K, gated) in EARLY_LINEARS
+
+
 def _measured(N: int, K: int, gated: bool) -> str | None:
     """The name of the MEASURED_LINEARS linear of this shape, or None."""
     table = GATED_LINEARS if gated else DENSE_LINEARS
@@ -242,7 +249,12 @@ def check_tiles(K: int, tiles: tuple, name: str) -> tuple:
     return S, RB, BK, ns
 
 
-_SCALES_SEEN = WeakIdKeyDictionary()  # scale tensor -> (its _version when checked, any byte > 134)
+_SCALES_SEEN = WeakIdKeyDictionary()  # scale tensor -> (its version when checked, any byte > 134)
+
+
+def _version(t):
+    """t's in-place write counter; None for an inference tensor, which has none (its in-place writes go unseen)."""
+    return None if t.is_inference() else t._version
 
 
 def scales_above_134(s) -> bool:
@@ -253,21 +265,19 @@ def scales_above_134(s) -> bool:
     passes a fresh view of its scales on every call pays the check (a host sync) every eager call and gets both
     factors in every capture; today's callers (benchmarks, tests, `moe._shared_expert`) pass the same tensors."""
     seen = _SCALES_SEEN.get(s)
-    if seen is not None and seen[0] == s._version:
+    if seen is not None and seen[0] == _version(s):
         return seen[1]
     above = bool((as_u8(s) > 134).any())
-    _SCALES_SEEN[s] = (s._version, above)
+    _SCALES_SEEN[s] = (_version(s), above)
     return above
 
 
-def _two_key(two, s, s3, name: str) -> bool:
+def _two_key(two, s, s3) -> bool:
     """The kernel's TWO for the launcher's `two` (None: the host check)."""
     if two is not None:
-        if not isinstance(two, bool):
-            raise ValueError(f"{name}: two={two!r}: expected None (checked on the host), True or False")
         return two
     mats = [t for t in (s, s3) if t is not None]
-    unchecked = [t for t in mats if (_SCALES_SEEN.get(t) or (None,))[0] != t._version]
+    unchecked = [t for t in mats if t not in _SCALES_SEEN or _SCALES_SEEN[t][0] != _version(t)]
     if any(t.is_cuda for t in unchecked) and torch.cuda.is_current_stream_capturing():
         return True  # unchecked inside a capture: both factors, exact for every byte
     return any(scales_above_134(t) for t in mats)
@@ -283,7 +293,7 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
     spf: the scale bytes loaded a k step ahead (None: SPF_DEFAULT; the same bits either way). two: the byte-pair
     decoder's second scale factor, needed only for UE8M0 bytes above 134 (the same bits either way); None = where
     `scales_above_134` finds one (on the host, once per scale tensor); True / False force it (False with a byte above
-    134 gives wrong products: for tuning). early: the kernel's EARLY (None: for EARLY_LINEARS).
+    134 gives wrong products: for tuning). early: the kernel's EARLY (None: `early_for`).
     fp8_gemm / fp8_gemm_swiglu call it for decode shapes (`default_for`)."""
     K = x.shape[-1]
     _check_w(w, s, K, name)
@@ -313,8 +323,11 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
     elif pairs and not ptx_for(x.device):
         raise ValueError(f"{name}: pairs=True is inline PTX: a CUDA device outside the interpreter (got {x.device})")
     BM = max(8, triton.next_power_of_2(M))
-    two = _two_key(two, s, s3, name)
-    early = _measured(N, K, gated) in EARLY_LINEARS if early is None else bool(early)
+    if two is not None and not isinstance(two, bool):
+        raise ValueError(f"{name}: two={two!r}: expected None (checked on the host), True or False")
+    # TWO and EARLY matter to the byte-pair decoder only (no host check, no extra compiled copies without it)
+    two = _two_key(two, s, s3) if pairs else True
+    early = (early_for(N, K, gated) if early is None else bool(early)) and pairs and not two
     RBO = RB // (2 if gated else 1)
     pdl = pdl_for(x.device) and (pdl is None or bool(pdl))
     fp8_warp_split_kernel[(triton.cdiv(N, RBO),)](
