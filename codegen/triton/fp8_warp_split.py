@@ -151,7 +151,7 @@ def _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, sl, K: tl.con
                                                [wb, _per_k(b1, S, RB, BK), _per_k(b2, S, RB, BK)],
                                                dtype=tl.bfloat16, is_pure=True, pack=4)
             else:
-                b1 = sb if EARLY_ONE else _scale_in(sb, True)
+                b1 = sb if EARLY_ONE else e4m3_one_factor(sb)
                 wt = tl.inline_asm_elementwise(_E4M3_PAIRS_ONE, "=r,=r,r,r,r", [wb, _per_k(b1, S, RB, BK)],
                                                dtype=tl.bfloat16, is_pure=True, pack=4)
             wt = wt.to(DT)  # fp32 x (DOT_F32): an exact fp32 dot
@@ -264,12 +264,17 @@ def scales_above_134(s) -> bool:
     there) gets no answer: `_two_key` then takes both factors. Known gap: keyed by the tensor object, so a caller that
     passes a fresh view of its scales on every call pays the check (a host sync) every eager call and gets both
     factors in every capture; today's callers (benchmarks, tests, `moe._shared_expert`) pass the same tensors."""
-    seen = _SCALES_SEEN.get(s)
-    if seen is not None and seen[0] == _version(s):
-        return seen[1]
-    above = bool((as_u8(s) > 134).any())
-    _SCALES_SEEN[s] = (_version(s), above)
+    above = _cached(s)
+    if above is None:
+        above = bool((as_u8(s) > 134).any())
+        _SCALES_SEEN[s] = (_version(s), above)
     return above
+
+
+def _cached(t) -> bool | None:
+    """`scales_above_134`'s answer for t if it is cached for t's current version, else None."""
+    seen = _SCALES_SEEN.get(t)
+    return seen[1] if seen is not None and seen[0] == _version(t) else None
 
 
 def _two_key(two, s, s3) -> bool:
@@ -277,8 +282,7 @@ def _two_key(two, s, s3) -> bool:
     if two is not None:
         return two
     mats = [t for t in (s, s3) if t is not None]
-    unchecked = [t for t in mats if t not in _SCALES_SEEN or _SCALES_SEEN[t][0] != _version(t)]
-    if any(t.is_cuda for t in unchecked) and torch.cuda.is_current_stream_capturing():
+    if any(t.is_cuda and _cached(t) is None for t in mats) and torch.cuda.is_current_stream_capturing():
         return True  # unchecked inside a capture: both factors, exact for every byte
     return any(scales_above_134(t) for t in mats)
 
