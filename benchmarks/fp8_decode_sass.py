@@ -84,12 +84,12 @@ def main(argv=None):
                 ce = dict(c0, PAIRS=pairs, SPF=spf, EARLY=early)
                 text, usage = sass_of(compile_spec(dataclasses.replace(sp, constexprs=ce), target))
                 regs, stack = registers_stack(usage)
-                rows.append({"variant": "warp_split_" + sp.variant + suffix, "PAIRS": pairs, "SPF": spf, "TWO": ce["TWO"], "EARLY": early,
-                             "GATED": ce["GATED"], "RB": ce["RB"], "S": ce["S"], "BK": ce["BK"],
+                rows.append({"variant": "warp_split_" + sp.variant + suffix, "PAIRS": pairs, "SPF": spf,
+                             "TWO": ce["TWO"], "EARLY": early, "GATED": ce["GATED"], "RB": ce["RB"], "S": ce["S"], "BK": ce["BK"],
                              "warps": sp.num_warps, "registers": regs, "stack": stack,
                              "weights_a_thread_a_step": ce["RB"] * ce["BK"] // 32, "k_loops": _k_loops(text)})
-                print(triton.__version__, rows[-1]["variant"], "PAIRS", pairs, "SPF", spf, "TWO", ce["TWO"], "EARLY", early, "registers", regs,
-                      "stack", stack, rows[-1]["k_loops"], flush=True)
+                print(triton.__version__, rows[-1]["variant"], "PAIRS", pairs, "SPF", spf, "TWO", ce["TWO"], "EARLY",
+                      early, "registers", regs, "stack", stack, rows[-1]["k_loops"], flush=True)
     if argv:
         with open(argv[0], "w") as f:
             json.dump({"kind": "fp8_decode_pairs_sass", "triton": triton.__version__, "target": "cuda:sm90",
