@@ -163,7 +163,7 @@ def _kv_tile(kv_ptr, sc_ptr, rows, valid, c0, BN: tl.constexpr, N: tl.constexpr,
     (c // CVEC)·CVEC + c % CVEC, so Triton's axis analysis proves only CVEC-byte runs and gives a thread CVEC-byte
     vectors: at 4, a thread's decoded channels are 8 consecutive ones (one
     16-byte store) and 8 lanes cover a 64-channel block, the layout that stores into wgmma's 128-byte swizzle without
-    bank conflicts (16 bytes a thread put 8 lanes on 2 of a block row's 8 chunks; docs/KERNELS.md, session 16), for
+    bank conflicts (16 bytes a thread put 8 lanes on 2 of a block row's 8 chunks; docs/KERNELS_HISTORY.md, session 16), for
     4x the cp.async and stage-load instructions."""
     r = rows.to(tl.int64)
     if QUANT:
