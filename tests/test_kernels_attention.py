@@ -14,6 +14,7 @@ import triton.language as tl
 
 from dsv41c.codegen.triton import compressor as cm
 from dsv41c.codegen.triton import indexer as ix
+from dsv41c.codegen.triton import indexer_score as ixs
 from dsv41c.codegen.triton import kv_pairs
 from dsv41c.codegen.triton import kv_quant as kq
 from dsv41c.codegen.triton import sparse_attention as sa
@@ -205,6 +206,18 @@ def test_indexer_adversarial_fallbacks_and_ties(block_q, programs):
     # the zero-score keys tie: of them, the lowest indices are taken, in ascending order
     zero_picks = [int(i) for i in a.topk[0] if i >= 0 and a.scores[0, i] == 0]
     assert zero_picks == sorted(zero_picks)
+
+
+# 64 tiles on one program: the block-path mask's last bit (bit 63, the int64's sign); 69 tiles: more than the mask
+# holds, so the launch takes two programs (`heads_launch`)
+@pytest.mark.parametrize("T,spread_k", [(64 * 16, [600, 1020]), (69 * 16, [5, 1090])])
+def test_indexer_heads_kernel_block_path_mask(T, spread_k):
+    S, H = 1, 4
+    args = _indexer_inputs(S, H, T, seed=6, spread_k=spread_k)
+    qpos = torch.tensor([T + 3], dtype=torch.int32, device=DEV)
+    assert ixs.heads_launch(S, T // 16, sms=132, programs=1)[0] == -(-T // 16 // 64)
+    a = _check_indexer(args, qpos, ratio=1, topk=32, block_t=16, chunk=256, programs=1)
+    assert a.stats["fallback_tiles"] == len(spread_k) and a.stats["fallback_heads"] == 0
 
 
 @pytest.mark.parametrize("block_q", [1, 16])

@@ -41,10 +41,17 @@ Two kernels, one contract:
   block (the head falls back for the block if any of its 16 rows fails).
 - `_index_score_heads_kernel` (decode, block_q = 1): one query's 32 heads are the MMA columns of
   K[BT,128]·Q^T[128,32] -> [BT, 32] (no padding of one query to 16 MMA rows). A program decodes
-  and stages its query once, then walks key tiles pid, pid + P, ... (P = 2·SMs / S programs per query;
+  and stages its query once, then walks key tiles pid, pid + P, ... (P programs per query: `heads_launch`;
   tile loads are software-pipelined); the ordered head sum runs in registers (`_sum_cols`: repeated
   halving with tl.split gathers each key's 32 heads in one thread, then 32 adds in order h = 0..31).
-  Per-head fallbacks are per query; tiles past the visible ones are written -inf without decoding.
+  That key loop takes the integer path only. A tile that needs the block path (one of its key rows fails
+  the INT8 check, or one of the query's heads does: per-head fallbacks are per query) sets its bit in a
+  64-bit mask, and a second loop scores those tiles, every head on the block path (for the rows that pass,
+  the block path and the integer path give the same bits: both are the exact dot). Why two loops: with the
+  block path as a branch inside the key loop, that loop held both paths' values (253 registers and a
+  40-byte spill under Triton 3.6 on sm90, 2,343 SASS instructions a tile counting the branch); without it
+  the key loop is 910 instructions and spills nothing, also when capped at 128 registers. Tiles past the
+  visible ones are written -inf without decoding.
 
 Specialization keys: H (32), CI (128), BQ (16, prefill kernel), BT (key tile), CB (candidate
 block 8), USE_CAND, WRITE_BMAX, COUNT. Variants: prefill (BQ 16, BT 128, 4 warps) and decode (heads
@@ -56,14 +63,19 @@ Measured (H200, torch 2.11 / triton 3.6, benchmarks/results/kernels_attention.js
 32 queries × 131,072 keys 0.257 ms (58× the eager reference in the last run; was 0.435 ms), 0 score
 bits different from the float32 reference in every configuration swept, with both fallbacks
 exercised. One query (the heads kernel), typical keys (no fallback), warm / L2-cold graph replay:
-16.2 / 21.4 µs at one 8-warp program per SM, 14.8 / 16.6 µs at two 4-warp programs per SM (the
-default since); with one adversarial query head every tile takes the block path: 22.6 / 25.2 µs.
+16.2 / 21.4 µs at one 8-warp program per SM, 14.8 / 16.6 µs at two 4-warp programs per SM; with one
+adversarial query head every tile takes the block path: 22.6 / 25.2 µs. Session 20, the block path in its own
+loop (results/tune_indexer_score.json, 2026-11-30, each variant twice, interleaved, µs warm / cold): one query
+14.7 / 16.5-16.7 -> 11.8 / 14.4; the adversarial head 22.6-22.7 / 25.2-25.4 -> 20.1-20.2 / 22.2-22.3; four
+queries 49.7-50.0 / 48.9-49.0 -> 32.6-32.9 / 35.3 (4 programs an SM capped at 128 registers); all bit-identical
+to the reference, with the same fallback counts.
 
 Known gaps: exactness needs exponents with eq_min+ek_min >= 107 (no fp32 underflow of the
 products) -- the quantizer's scale floor keeps realistic data far inside; UE8M0 byte 0 is not
 decoded. A query-head row that fails the INT8 check sends the heads kernel down the block path (4x
-the MMAs) on every tile of that query. The scores [S, T] round-trip through memory between
-scoring and top-k.
+the MMAs) on every tile of that query. A program walks at most 64 key tiles (the mask's bits; the launch
+raises the program count to keep it so). Query counts 2 and 3 take the four-query launch, unmeasured. The
+scores [S, T] round-trip through memory between scoring and top-k.
 """
 from __future__ import annotations
 
@@ -268,7 +280,11 @@ def _index_score_heads_kernel(q_ptr, qe_ptr, wq_ptr, k_ptr, ke_ptr, nvis_ptr, ca
     wqh = tl.load(wq_ptr + qrow)
     nv = tl.load(nvis_ptr + s)
     n_vis = tl.cdiv(nv, BT)
-    # visible key tiles, strided over the programs (loads at the loop's top level: pipelined)
+    # visible key tiles, strided over the programs (loads at the loop's top level: pipelined). The fast path
+    # only: a tile that needs the block path (a key row fails the INT8 check, or a query head does) sets its
+    # bit in `redo` (bit i = the program's i-th tile) and is scored by the second loop
+    redo = tl.zeros((), tl.int64)
+    i = 0
     for tile in tl.range(pid, n_vis, nprog):
         t = tile * BT + tl.arange(0, BT)
         tmask = t < T
@@ -277,11 +293,27 @@ def _index_score_heads_kernel(q_ptr, qe_ptr, wq_ptr, k_ptr, ke_ptr, nvis_ptr, ca
         kex = tl.load(ke_ptr + t64[:, None] * NB + nb[None, :], mask=tmask[:, None], other=127).to(tl.int32)
         kEs, kOs, kscale, k_ok = _decode_rows(kb, kex, BT, NW, NB)
         tile_ok = tl.min(k_ok.to(tl.int32), axis=0) > 0
-        ia = tl.dot(kEs, qE8, out_dtype=tl.int32)  # [BT, H]: the keys are the MMA rows
-        ia = tl.dot(kOs, qO8, ia, out_dtype=tl.int32)
-        d = ((ia.to(tl.float32) * qscale[None, :]) * kscale[:, None]) * 0.25
-        if (n_bad > 0) | (tile_ok == 0):
-            # the reference's order: exact per-32-channel partials, added left to right
+        if tile_ok & (n_bad == 0):
+            ia = tl.dot(kEs, qE8, out_dtype=tl.int32)  # [BT, H]: the keys are the MMA rows
+            ia = tl.dot(kOs, qO8, ia, out_dtype=tl.int32)
+            d = ((ia.to(tl.float32) * qscale[None, :]) * kscale[:, None]) * 0.25
+            _score_tile(d, wqh, cand_ptr, s_ptr, bmax_ptr, s, t, nv, tile, NBLK, T, H, BT, CB, USE_CAND, WRITE_BMAX)
+        else:
+            redo = redo | (tl.full((), 1, tl.int64) << i)
+            if COUNT:
+                if tile_ok:
+                    tl.atomic_add(cnt_ptr, n_bad)
+                else:
+                    tl.atomic_add(cnt_ptr + 1, 1)
+        i += 1
+    # the block path: the reference's order, exact per-32-channel partials added left to right
+    i = 0
+    for tile in range(pid, n_vis if redo != 0 else 0, nprog):
+        if ((redo >> i) & 1) != 0:
+            t = tile * BT + tl.arange(0, BT)
+            tmask = t < T
+            t64 = t.to(tl.int64)
+            kb = tl.load(kw_ptr + t64[:, None] * NW + cw[None, :], mask=tmask[:, None], other=0)
             kE, kO = _codes_x2(kb, BT, NW)
             qE, qO = _codes_x2(qb, H, NW)
             db = tl.zeros((BT, H), tl.float32)
@@ -292,25 +324,29 @@ def _index_score_heads_kernel(q_ptr, qe_ptr, wq_ptr, k_ptr, ke_ptr, nvis_ptr, ca
                 qsb = pow2_float(tl.load(qe_ptr + qrow * NB + b).to(tl.int32) - 127)
                 ksb = pow2_float(tl.load(ke_ptr + t64 * NB + b, mask=tmask, other=127).to(tl.int32) - 127)
                 db = db + ((pb.to(tl.float32) * qsb[None, :]) * ksb[:, None]) * 0.25
-            d = tl.where(tile_ok & (q_ok != 0)[None, :], d, db)
-            if COUNT:
-                if tile_ok:
-                    tl.atomic_add(cnt_ptr, n_bad)
-                else:
-                    tl.atomic_add(cnt_ptr + 1, 1)
-        acc = _sum_cols(tl.zeros((BT,), tl.float32), wqh[None, :] * tl.maximum(d, 0.0), H)
-        vis = (t < nv) & tmask
-        if USE_CAND:
-            cf = tl.load(cand_ptr + s.to(tl.int64) * NBLK + t // CB, mask=vis, other=0)
-            vis = vis & (cf != 0)
-        _store_scores(tl.where(vis, acc, float("-inf")), s_ptr, bmax_ptr, s, t64, tmask, tile, NBLK, T, BT, CB,
-                      WRITE_BMAX)
+            _score_tile(db, wqh, cand_ptr, s_ptr, bmax_ptr, s, t, nv, tile, NBLK, T, H, BT, CB, USE_CAND, WRITE_BMAX)
+        i += 1
     # tiles past the visible ones: -inf
     for tile in range(pid, tl.cdiv(T, BT), nprog):
         if tile >= n_vis:
             t64 = (tile * BT + tl.arange(0, BT)).to(tl.int64)
             _store_scores(tl.full((BT,), float("-inf"), tl.float32), s_ptr, bmax_ptr, s, t64, t64 < T, tile, NBLK,
                           T, BT, CB, WRITE_BMAX)
+
+
+@triton.jit
+def _score_tile(d, wqh, cand_ptr, s_ptr, bmax_ptr, s, t, nv, tile, NBLK, T, H: tl.constexpr, BT: tl.constexpr,
+                CB: tl.constexpr, USE_CAND: tl.constexpr, WRITE_BMAX: tl.constexpr):
+    """A key tile's dots d [BT, H] -> its scores Σ_h wq_h·ReLU(d[:, h]) (heads added in order), -inf where not
+    visible or (USE_CAND) outside the candidate blocks, stored with their block max."""
+    tmask = t < T
+    acc = _sum_cols(tl.zeros((BT,), tl.float32), wqh[None, :] * tl.maximum(d, 0.0), H)
+    vis = (t < nv) & tmask
+    if USE_CAND:
+        cf = tl.load(cand_ptr + s.to(tl.int64) * NBLK + t // CB, mask=vis, other=0)
+        vis = vis & (cf != 0)
+    _store_scores(tl.where(vis, acc, float("-inf")), s_ptr, bmax_ptr, s, t.to(tl.int64), tmask, tile, NBLK, T, BT, CB,
+                  WRITE_BMAX)
 
 
 @triton.jit
@@ -344,12 +380,29 @@ def candidate_mask(blocks: torch.Tensor, n_blocks: int) -> torch.Tensor:
 # Queries up to this count take the heads kernel (block_q 1; it decodes the keys once per query);
 # the H200 sweep in benchmarks/kernels_attention.py times both kernels at 1 and 32 queries.
 HEADS_KERNEL_MAX_S = 4
-# The heads kernel's launch: 4 warps and two programs per SM (190 registers a thread: two CTAs fit). H200, one
-# query × 131,072 keys, L2-cold graph replay (kernels_attention.json sweep): 16.7 µs, against 21.4 µs for one
-# 8-warp program per SM (the earlier default), 19.2 µs with 256-key tiles (8 warps), 20.3 µs at three
-# 4-warp programs per SM.
+# The heads kernel's launch: 4 warps, HEADS_PROGRAMS_PER_SM programs per SM over all queries and a register cap
+# (`maxnreg`; None: Triton's choice, 253 a thread under Triton 3.6 on sm90, so two CTAs fit an SM), by query
+# count. H200, 131,072 keys, L2-cold graph replay, twice, interleaved (results/tune_indexer_score.json): one
+# query 14.4 µs at 2 programs an SM uncapped against 15.0-16.1 µs at 2-4 capped at 128 registers (the key loop
+# then spills nothing; the block-path loop does); four queries 35.3 µs at 4 capped against 38.8 uncapped at 2.
+# (Before the block path left the key loop, session 20: 16.7 µs for one query, against 21.4 µs for one 8-warp
+# program per SM, 19.2 µs with 256-key tiles and 20.3 µs at three 4-warp programs per SM.)
 HEADS_WARPS = 4
-HEADS_PROGRAMS_PER_SM = 2
+HEADS_PROGRAMS_PER_SM = {1: 2}  # query count -> programs per SM; other counts: HEADS_PROGRAMS_PER_SM_MANY
+HEADS_PROGRAMS_PER_SM_MANY = 4
+HEADS_MAXNREG = {1: None}  # query count -> register cap; other counts: HEADS_MAXNREG_MANY
+HEADS_MAXNREG_MANY = 128
+HEADS_MAX_TILES = 64  # key tiles a program walks at most: the block path's tile bits are one int64
+
+
+def heads_launch(S: int, n_tiles: int, sms: int, programs=None, maxnreg=None) -> tuple:
+    """(programs per query, register cap or None) of the heads kernel for S queries over n_tiles key tiles:
+    HEADS_PROGRAMS_PER_SM / HEADS_MAXNREG by query count unless given, at least n_tiles / HEADS_MAX_TILES programs,
+    at most one per tile."""
+    per_sm = HEADS_PROGRAMS_PER_SM.get(S, HEADS_PROGRAMS_PER_SM_MANY)
+    P = programs or max(1, per_sm * sms // S)
+    P = max(min(n_tiles, P), triton.cdiv(n_tiles, HEADS_MAX_TILES))
+    return P, (maxnreg if maxnreg is not None else HEADS_MAXNREG.get(S, HEADS_MAXNREG_MANY))
 
 
 def _word_aligned(codes: torch.Tensor) -> torch.Tensor:
@@ -368,12 +421,14 @@ def score_block_q(S: int, block_q: int | None) -> int:
 
 
 def index_scores(q_codes, q_exps, wq, k_codes, k_exps, nvis, *, cand_mask=None, cand_block=8, block_max=False,
-                 block_q=None, block_t=128, programs=None, num_warps=None, num_stages=None, counters=None):
+                 block_q=None, block_t=128, programs=None, num_warps=None, num_stages=None, counters=None,
+                 maxnreg=None):
     """Scores [S, T] (and block max [S, ceil(T/cand_block)] if asked). q_codes [S, H, CI/2] uint8,
     q_exps [S, H, CI/32] uint8, wq [S, H] fp32 (already times d^-0.5), k_codes [T, CI/2],
     k_exps [T, CI/32], nvis [S] int32, cand_mask [S, ceil(T/cand_block)] uint8 or None.
     block_q: 1 (heads kernel), 16 (queries-as-rows kernel) or None (by S: `score_block_q`).
-    programs: heads kernel only, programs per query (default: HEADS_PROGRAMS_PER_SM per SM over all queries).
+    programs, maxnreg: heads kernel only, programs per query and register cap (0: none; None: `heads_launch`'s
+    defaults by query count).
     counters: int32 [2] accumulating (per-head fallbacks, whole-tile fallbacks) or None."""
     S, H, IH = q_codes.shape
     CI = IH * 2
@@ -392,10 +447,9 @@ def index_scores(q_codes, q_exps, wq, k_codes, k_exps, nvis, *, cand_mask=None, 
     flags = dict(H=H, CI=CI, BT=block_t, CB=cand_block, USE_CAND=cand_mask is not None, WRITE_BMAX=block_max,
                  COUNT=counters is not None, enable_fp_fusion=False)
     if score_block_q(S, block_q) == 1:
-        n_tiles = triton.cdiv(T, block_t)
-        P = min(n_tiles, programs or max(1, HEADS_PROGRAMS_PER_SM * sm_count(dev) // S))
+        P, cap = heads_launch(S, triton.cdiv(T, block_t), sm_count(dev), programs, maxnreg)
         _index_score_heads_kernel[(P, S)](*args, num_warps=num_warps or HEADS_WARPS, num_stages=num_stages or 2,
-                                          **flags)
+                                          **({"maxnreg": cap} if cap else {}), **flags)
     else:  # Triton's default 3 stages, as measured on the H200
         _index_score_kernel[(triton.cdiv(T, block_t), triton.cdiv(S, 16))](*args, BQ=16, num_warps=num_warps or 4,
                                                                           num_stages=num_stages or 3, **flags)
