@@ -93,6 +93,17 @@ def compressor_case(ratio, T):
     return ci.call(cm.compress, ratio, a, cos, sin, ci.bufs(ratio, a["J"]))
 
 
+def indexer_score_case(S):
+    from benchmarks.kernels_attention import _indexer_data
+    from dsv41c.codegen.triton import indexer_score as ix
+
+    T = 131072
+    qp, qe, w, kp, ke = _indexer_data(S, 32, T, spread=False)
+    nvis = ix.visible_counts(torch.full((S,), T + 5, dtype=torch.int32, device="cuda"), 1, T)
+    wq = w.float() * 128 ** -0.5
+    return lambda: ix.index_scores(qp, qe, wq, kp, ke, nvis)
+
+
 CASES = {
     "fp8_wo_b_M1": lambda: fp8_case(5120, 8192, 1),
     "fp8_shared_w13_M1": lambda: fp8_case(I, D, 1, gated=True),
@@ -110,6 +121,7 @@ CASES = {
     "engram_gate_T1_inductor": lambda: engram_gate_case(1, inductor=True),
     "engram_gate_T8": lambda: engram_gate_case(8),
     "engram_gate_T8_inductor": lambda: engram_gate_case(8, inductor=True),
+    "indexer_score_S1": lambda: indexer_score_case(1),
 }
 
 

@@ -1,14 +1,17 @@
 """Time the decode indexer scoring (the heads kernel, one query × 131,072 keys) in its launch variants.
 
-Variants (`index_scores` arguments): 2-4 programs of 4 warps per SM, with and without a register cap (`maxnreg`;
-0: none), and 64-key tiles. Cases: typical keys at one query (no fallback), one adversarial query head (every
-tile takes the block path), and four queries. Each variant's scores are compared bit for bit with the float32
-reference (and its fallback counts kept); times are CUDA-graph replay medians, warm and L2-cold (`ms_graph`),
-every variant timed twice, interleaved (all variants, then all again), so drift shows as a spread.
+Variants (`index_scores` arguments): 2 uncapped programs of 4 warps per SM, 3 and 4 capped at 128 registers
+(`maxnreg`; 4 capped is the default, `indexer_score.heads_launch`), 3 capped at 168. Cases: typical keys at one
+query (no fallback), one adversarial query head (every tile takes the block path), and four queries. Each
+variant's scores are compared bit for bit with the float32 reference (and its fallback counts kept); times are
+CUDA-graph replay medians, warm and L2-cold (`ms_graph`), every variant timed twice, interleaved (all variants,
+then all again), so drift shows as a spread.
 
-The kept results/tune_indexer_score.json (session 20) also has `one_loop_p2`: the kernel as of commit 93eb728,
-with the block path a branch inside the key loop, run through a temporary switch that was removed once the
-two-loop kernel (its `two_loops_*` rows) was adopted; this script no longer times it.
+Kept runs (session 20, results/): `tune_indexer_score.json` also has `one_loop_p2`, the kernel as of commit
+93eb728 (the block path a branch inside the key loop), and its `two_loops_*` rows predate the scale fold;
+`tune_indexer_score_fold.json` has `*_nofold` rows (the fold off) and `tune_indexer_score_prefetch.json`
+`*_prefetch` rows (a register prefetch of the next key tile): switches that were measured and then removed, so
+this script no longer times them.
 
     python benchmarks/tune_indexer_score.py --out tune_indexer_score.json   # H200, ~2 min
 """
@@ -35,11 +38,8 @@ H, T = 32, 131072
 
 def variants(sms: int, S: int) -> dict:
     per_q = lambda k: max(1, k * sms // S)  # noqa: E731 - programs per query at k programs per SM
-    out = {"two_loops_p2": dict(maxnreg=0, programs=per_q(2))}
-    for k in (2, 3, 4):
-        out[f"two_loops_r128_p{k}"] = dict(maxnreg=128, programs=per_q(k))
-    out["two_loops_r128_p4_bt64"] = dict(maxnreg=128, programs=per_q(4), block_t=64)
-    return out
+    return {"p2": dict(maxnreg=0, programs=per_q(2)), "r128_p3": dict(maxnreg=128, programs=per_q(3)),
+            "r128_p4": dict(maxnreg=128, programs=per_q(4)), "r168_p3": dict(maxnreg=168, programs=per_q(3))}
 
 
 def main():
@@ -74,7 +74,8 @@ def main():
                     r["trace"] = traceback.format_exc()[-1500:]
                 write_json(args.out, doc)
         for name, r in res.items():
-            print(case, name, r.get("score_bit_mismatches"), r.get("graph_us"), r.get("graph_cold_us"), r.get("error", ""))
+            print(case, name, r.get("score_bit_mismatches"), r.get("graph_us"), r.get("graph_cold_us"),
+                  r.get("error", ""))
     write_json(args.out, doc)
 
 

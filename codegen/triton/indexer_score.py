@@ -18,8 +18,12 @@ A · 2^(eq_min-127) · 2^(ek_min-127) / 4, exactly. The same row bound makes the
 left-to-right block sum exact too: every partial sum is an integer multiple of
 2^(eq_min+ek_min-256) no larger than Σ|q_int8||k_int8| <= 128·127·127 < 2^24. So both equal the
 real dot, and the remaining fp32 steps (ReLU, wq·r, the per-head sum in order h = 0..H-1) are the
-same operations in the same order. Rows that fail the INT8 check fall back to the block path,
-which computes each 32-channel block's integer dot (int8, unshifted) times its two scales, exactly,
+same operations in the same order. The decode kernel folds the powers of two out of that chain: it adds
+wqf_h·ReLU(A) over h (wqf_h = wq_h·2^(eq_min-127)/4, exact) and multiplies the sum by 2^(ek_min-127) once per
+key. Scaling by a power of two commutes with fp32 rounding while nothing leaves the normal range, so every
+product, partial sum and the result are the reference's scaled by that power: the same bits (FMULs a thread a
+tile 128 -> 33 in the key loop's sm90 SASS, 896 -> 796 instructions). Rows that fail the INT8 check fall back to
+the block path, which computes each 32-channel block's integer dot (int8, unshifted) times its two scales, exactly,
 and adds the four block partials left to right in fp32: the reference's order, so it matches bit
 for bit whatever the exponent spread. A key row that fails sends its whole key tile down the block
 path ("whole-tile fallback"); a query-head row that fails sends that head down it for the tile
@@ -41,8 +45,8 @@ Two kernels, one contract:
   block (the head falls back for the block if any of its 16 rows fails).
 - `_index_score_heads_kernel` (decode, block_q = 1): one query's 32 heads are the MMA columns of
   K[BT,128]·Q^T[128,32] -> [BT, 32] (no padding of one query to 16 MMA rows). A program decodes
-  and stages its query once, then walks key tiles pid, pid + P, ... (P programs per query: `heads_launch`;
-  tile loads are software-pipelined); the ordered head sum runs in registers (`_sum_cols`: repeated
+  and stages its query once, then walks key tiles pid, pid + P, ... (P programs per query: `heads_launch`);
+  the ordered head sum runs in registers (`_sum_cols`: repeated
   halving with tl.split gathers each key's 32 heads in one thread, then 32 adds in order h = 0..31).
   That key loop takes the integer path only. A tile that needs the block path (one of its key rows fails
   the INT8 check, or one of the query's heads does: per-head fallbacks are per query) sets its bit in a
@@ -50,8 +54,9 @@ Two kernels, one contract:
   the block path and the integer path give the same bits: both are the exact dot). Why two loops: with the
   block path as a branch inside the key loop, that loop held both paths' values (253 registers and a
   40-byte spill under Triton 3.6 on sm90, 2,343 SASS instructions a tile counting the branch); without it
-  the key loop is 910 instructions and spills nothing, also when capped at 128 registers. Tiles past the
-  visible ones are written -inf without decoding.
+  the key loop is 910 instructions (796 with the fold above) and spills nothing when capped at 128
+  registers, so four programs fit an SM (the default launch). Tiles past the visible ones are written -inf
+  without decoding.
 
 Specialization keys: H (32), CI (128), BQ (16, prefill kernel), BT (key tile), CB (candidate
 block 8), USE_CAND, WRITE_BMAX, COUNT. Variants: prefill (BQ 16, BT 128, 4 warps) and decode (heads
@@ -64,14 +69,18 @@ Measured (H200, torch 2.11 / triton 3.6, benchmarks/results/kernels_attention.js
 bits different from the float32 reference in every configuration swept, with both fallbacks
 exercised. One query (the heads kernel), typical keys (no fallback), warm / L2-cold graph replay:
 16.2 / 21.4 µs at one 8-warp program per SM, 14.8 / 16.6 µs at two 4-warp programs per SM; with one
-adversarial query head every tile takes the block path: 22.6 / 25.2 µs. Session 20, the block path in its own
-loop (results/tune_indexer_score.json, 2026-11-30, each variant twice, interleaved, µs warm / cold): one query
-14.7 / 16.5-16.7 -> 11.8 / 14.4; the adversarial head 22.6-22.7 / 25.2-25.4 -> 20.1-20.2 / 22.2-22.3; four
-queries 49.7-50.0 / 48.9-49.0 -> 32.6-32.9 / 35.3 (4 programs an SM capped at 128 registers); all bit-identical
-to the reference, with the same fallback counts.
+adversarial query head every tile takes the block path: 22.6 / 25.2 µs. Session 20 (2026-11-30, each variant
+twice, interleaved, µs warm / L2-cold graph replay; bit-identical to the reference, the same fallback counts):
+the block path in its own loop (results/tune_indexer_score.json, one run): one query 14.7 / 16.5-16.7 -> 11.8 /
+14.4 at the old launch; the adversarial head 22.6-22.7 / 25.2-25.4 -> 20.1-20.2 / 22.2-22.3; four queries
+49.7-50.0 / 48.9-49.0 -> 32.6-32.9 / 35.3 (4 capped programs an SM). Then the scale fold and 4 capped programs an
+SM for every query count (tune_indexer_score_fold.json, tune_indexer_score_prefetch.json, two later runs): one
+query 8.8 / 11.4-11.6, four queries 28.3-28.6 / 30.0-30.3, the adversarial head 21.7-21.9 / 26.1-26.3 (see
+HEADS_PROGRAMS_PER_SM). The table run's figures are in docs/KERNELS.md.
 
 Known gaps: exactness needs exponents with eq_min+ek_min >= 107 (no fp32 underflow of the
-products) -- the quantizer's scale floor keeps realistic data far inside; UE8M0 byte 0 is not
+products), and on the decode kernel's folded chain terms wqf_h·A that stay normal (a query scale byte
+above ~10 for |wq| ~ 2^-6) -- the quantizer's scale floor keeps realistic data far inside; UE8M0 byte 0 is not
 decoded. A query-head row that fails the INT8 check sends the heads kernel down the block path (4x
 the MMAs) on every tile of that query. A program walks at most 64 key tiles (the mask's bits; the launch
 raises the program count to keep it so). Query counts 2 and 3 take the four-query launch, unmeasured. The
@@ -278,26 +287,26 @@ def _index_score_heads_kernel(q_ptr, qe_ptr, wq_ptr, k_ptr, ke_ptr, nvis_ptr, ca
     qO8 = tl.trans(qOs)
     n_bad = tl.sum((q_ok == 0).to(tl.int32), axis=0)
     wqh = tl.load(wq_ptr + qrow)
+    wqf = (wqh * qscale) * 0.25  # exact: powers of two
     nv = tl.load(nvis_ptr + s)
     n_vis = tl.cdiv(nv, BT)
-    # visible key tiles, strided over the programs (loads at the loop's top level: pipelined). The fast path
+    # visible key tiles, strided over the programs (plain loads: Triton's pipeliner stages only loads that feed a
+    # dot, and a register prefetch of the next tile was no faster at the default launch, `heads_launch`). The fast path
     # only: a tile that needs the block path (a key row fails the INT8 check, or a query head does) sets its
     # bit in `redo` (bit i = the program's i-th tile) and is scored by the second loop
     redo = tl.zeros((), tl.int64)
     i = 0
     for tile in tl.range(pid, n_vis, nprog):
         t = tile * BT + tl.arange(0, BT)
-        tmask = t < T
-        t64 = t.to(tl.int64)
-        kb = tl.load(kw_ptr + t64[:, None] * NW + cw[None, :], mask=tmask[:, None], other=0)
-        kex = tl.load(ke_ptr + t64[:, None] * NB + nb[None, :], mask=tmask[:, None], other=127).to(tl.int32)
+        kb, kex = _load_tile(kw_ptr, ke_ptr, tile, T, BT, NW, NB)
         kEs, kOs, kscale, k_ok = _decode_rows(kb, kex, BT, NW, NB)
         tile_ok = tl.min(k_ok.to(tl.int32), axis=0) > 0
         if tile_ok & (n_bad == 0):
             ia = tl.dot(kEs, qE8, out_dtype=tl.int32)  # [BT, H]: the keys are the MMA rows
             ia = tl.dot(kOs, qO8, ia, out_dtype=tl.int32)
-            d = ((ia.to(tl.float32) * qscale[None, :]) * kscale[:, None]) * 0.25
-            _score_tile(d, wqh, cand_ptr, s_ptr, bmax_ptr, s, t, nv, tile, NBLK, T, H, BT, CB, USE_CAND, WRITE_BMAX)
+            # Σ_h wq_h·ReLU(ia·qscale_h·kscale/4) as kscale·Σ_h wqf_h·ReLU(ia): the same bits (module docstring)
+            acc = _sum_cols(tl.zeros((BT,), tl.float32), wqf[None, :] * tl.maximum(ia, 0).to(tl.float32), H)
+            _store_tile(acc * kscale, cand_ptr, s_ptr, bmax_ptr, s, t, nv, tile, NBLK, T, BT, CB, USE_CAND, WRITE_BMAX)
         else:
             redo = redo | (tl.full((), 1, tl.int64) << i)
             if COUNT:
@@ -324,7 +333,8 @@ def _index_score_heads_kernel(q_ptr, qe_ptr, wq_ptr, k_ptr, ke_ptr, nvis_ptr, ca
                 qsb = pow2_float(tl.load(qe_ptr + qrow * NB + b).to(tl.int32) - 127)
                 ksb = pow2_float(tl.load(ke_ptr + t64 * NB + b, mask=tmask, other=127).to(tl.int32) - 127)
                 db = db + ((pb.to(tl.float32) * qsb[None, :]) * ksb[:, None]) * 0.25
-            _score_tile(db, wqh, cand_ptr, s_ptr, bmax_ptr, s, t, nv, tile, NBLK, T, H, BT, CB, USE_CAND, WRITE_BMAX)
+            acc = _sum_cols(tl.zeros((BT,), tl.float32), wqh[None, :] * tl.maximum(db, 0.0), H)
+            _store_tile(acc, cand_ptr, s_ptr, bmax_ptr, s, t, nv, tile, NBLK, T, BT, CB, USE_CAND, WRITE_BMAX)
         i += 1
     # tiles past the visible ones: -inf
     for tile in range(pid, tl.cdiv(T, BT), nprog):
@@ -335,12 +345,21 @@ def _index_score_heads_kernel(q_ptr, qe_ptr, wq_ptr, k_ptr, ke_ptr, nvis_ptr, ca
 
 
 @triton.jit
-def _score_tile(d, wqh, cand_ptr, s_ptr, bmax_ptr, s, t, nv, tile, NBLK, T, H: tl.constexpr, BT: tl.constexpr,
-                CB: tl.constexpr, USE_CAND: tl.constexpr, WRITE_BMAX: tl.constexpr):
-    """A key tile's dots d [BT, H] -> its scores Σ_h wq_h·ReLU(d[:, h]) (heads added in order), -inf where not
-    visible or (USE_CAND) outside the candidate blocks, stored with their block max."""
+def _load_tile(kw_ptr, ke_ptr, tile, T, BT: tl.constexpr, NW: tl.constexpr, NB: tl.constexpr):
+    """Key tile `tile`'s packed words [BT, NW] and scale bytes [BT, NB] (int32)."""
+    t64 = (tile * BT + tl.arange(0, BT)).to(tl.int64)
+    m = t64 < T
+    kb = tl.load(kw_ptr + t64[:, None] * NW + tl.arange(0, NW)[None, :], mask=m[:, None], other=0)
+    kex = tl.load(ke_ptr + t64[:, None] * NB + tl.arange(0, NB)[None, :], mask=m[:, None], other=127)
+    return kb, kex.to(tl.int32)
+
+
+@triton.jit
+def _store_tile(acc, cand_ptr, s_ptr, bmax_ptr, s, t, nv, tile, NBLK, T, BT: tl.constexpr, CB: tl.constexpr,
+                USE_CAND: tl.constexpr, WRITE_BMAX: tl.constexpr):
+    """A key tile's scores acc [BT] stored with their block max, -inf where not visible or (USE_CAND) outside the
+    candidate blocks."""
     tmask = t < T
-    acc = _sum_cols(tl.zeros((BT,), tl.float32), wqh[None, :] * tl.maximum(d, 0.0), H)
     vis = (t < nv) & tmask
     if USE_CAND:
         cf = tl.load(cand_ptr + s.to(tl.int64) * NBLK + t // CB, mask=vis, other=0)
@@ -380,29 +399,32 @@ def candidate_mask(blocks: torch.Tensor, n_blocks: int) -> torch.Tensor:
 # Queries up to this count take the heads kernel (block_q 1; it decodes the keys once per query);
 # the H200 sweep in benchmarks/kernels_attention.py times both kernels at 1 and 32 queries.
 HEADS_KERNEL_MAX_S = 4
-# The heads kernel's launch: 4 warps, HEADS_PROGRAMS_PER_SM programs per SM over all queries and a register cap
-# (`maxnreg`; None: Triton's choice, 253 a thread under Triton 3.6 on sm90, so two CTAs fit an SM), by query
-# count. H200, 131,072 keys, L2-cold graph replay, twice, interleaved (results/tune_indexer_score.json): one
-# query 14.4 µs at 2 programs an SM uncapped against 15.0-16.1 µs at 2-4 capped at 128 registers (the key loop
-# then spills nothing; the block-path loop does); four queries 35.3 µs at 4 capped against 38.8 uncapped at 2.
-# (Before the block path left the key loop, session 20: 16.7 µs for one query, against 21.4 µs for one 8-warp
-# program per SM, 19.2 µs with 256-key tiles and 20.3 µs at three 4-warp programs per SM.)
+# The heads kernel's launch: 4 warps, HEADS_PROGRAMS_PER_SM programs per SM over all queries, each capped at
+# HEADS_MAXNREG registers (uncapped, Triton 3.6 gives the kernel 253 a thread on sm90: two CTAs an SM; at 128 the
+# key loop spills nothing and the block-path loop spills 312 bytes). H200, 131,072 keys, L2-cold graph replay,
+# each variant twice, interleaved, µs (results/tune_indexer_score_fold.json, tune_indexer_score_prefetch.json:
+# two runs on session 20's final kernel): one query 11.6 / 11.4-11.5 at 4 capped programs an SM, against
+# 13.0-13.5 / 13.3 at 2 uncapped and 12.8-13.0 / 13.0 at 3 capped; four queries 30.1-30.3 / 30.0 against
+# 36.4-36.7 / 36.4-36.5 and 32.2-32.3 / 32.1. The adversarial query (a head that fails the INT8 check: every
+# tile on the block path, where the cap spills) is slower capped: 26.1-26.3 against 21.8-22.3 µs. A register
+# prefetch of the next tile's words (the key loop's loads are plain LDGs: Triton's pipeliner stages only loads
+# that feed a dot) gained 0.7 µs at 2 programs an SM and lost 0.2 at 4 (tune_indexer_score_prefetch.json); not
+# kept. An earlier run, before the scale fold (tune_indexer_score.json), had 2 uncapped ahead at one query (14.4
+# against 15.0-15.2).
 HEADS_WARPS = 4
-HEADS_PROGRAMS_PER_SM = {1: 2}  # query count -> programs per SM; other counts: HEADS_PROGRAMS_PER_SM_MANY
-HEADS_PROGRAMS_PER_SM_MANY = 4
-HEADS_MAXNREG = {1: None}  # query count -> register cap; other counts: HEADS_MAXNREG_MANY
-HEADS_MAXNREG_MANY = 128
+HEADS_PROGRAMS_PER_SM = 4
+HEADS_MAXNREG = 128
 HEADS_MAX_TILES = 64  # key tiles a program walks at most: the block path's tile bits are one int64
 
 
 def heads_launch(S: int, n_tiles: int, sms: int, programs=None, maxnreg=None) -> tuple:
     """(programs per query, register cap or None) of the heads kernel for S queries over n_tiles key tiles:
-    HEADS_PROGRAMS_PER_SM / HEADS_MAXNREG by query count unless given, at least n_tiles / HEADS_MAX_TILES programs,
-    at most one per tile."""
-    per_sm = HEADS_PROGRAMS_PER_SM.get(S, HEADS_PROGRAMS_PER_SM_MANY)
-    P = programs or max(1, per_sm * sms // S)
+    HEADS_PROGRAMS_PER_SM per SM over all queries and HEADS_MAXNREG unless given (maxnreg 0: no cap), at least
+    n_tiles / HEADS_MAX_TILES programs, at most one per tile."""
+    P = programs or max(1, HEADS_PROGRAMS_PER_SM * sms // S)
     P = max(min(n_tiles, P), triton.cdiv(n_tiles, HEADS_MAX_TILES))
-    return P, (maxnreg if maxnreg is not None else HEADS_MAXNREG.get(S, HEADS_MAXNREG_MANY))
+    cap = HEADS_MAXNREG if maxnreg is None else maxnreg
+    return P, (cap or None)
 
 
 def _word_aligned(codes: torch.Tensor) -> torch.Tensor:
@@ -428,7 +450,7 @@ def index_scores(q_codes, q_exps, wq, k_codes, k_exps, nvis, *, cand_mask=None, 
     k_exps [T, CI/32], nvis [S] int32, cand_mask [S, ceil(T/cand_block)] uint8 or None.
     block_q: 1 (heads kernel), 16 (queries-as-rows kernel) or None (by S: `score_block_q`).
     programs, maxnreg: heads kernel only, programs per query and register cap (0: none; None: `heads_launch`'s
-    defaults by query count).
+    defaults).
     counters: int32 [2] accumulating (per-head fallbacks, whole-tile fallbacks) or None."""
     S, H, IH = q_codes.shape
     CI = IH * 2
@@ -543,7 +565,7 @@ def score_specs(target):
         for flavour, use_cand, bmax in (("source", False, True), ("reindex", True, False), ("plain", False, False)):
             const = dict({"H": c.index_n_heads, "CI": c.index_head_dim, "BT": bt, "CB": c.candidate_block_size,
                           "USE_CAND": use_cand, "WRITE_BMAX": bmax, "COUNT": True}, **rows)
-            keys = dict(const, enable_fp_fusion=False)
+            keys = dict(const, enable_fp_fusion=False, **({"maxnreg": HEADS_MAXNREG} if phase == "decode" else {}))
             out.append(aot_spec(kernel, f"{phase}_{flavour}_bt{bt}", types, const, num_warps=nw, num_stages=2,
                                 keys=keys))
     return out
