@@ -201,10 +201,12 @@ def case_indexer(ceil, quick):
 
         def score_sweep(S=S):
             # block_q 1 = heads kernel (default up to ix.HEADS_KERNEL_MAX_S queries), 16 = queries as MMA rows
-            cfgs = ([dict(block_q=1, block_t=128, num_warps=8, programs=p) for p in (132, 264)]
-                    + [dict(block_q=1, block_t=128, num_warps=4, programs=p) for p in (264, 396)]
-                    + [dict(block_q=1, block_t=256, num_warps=8)]
-                    + [dict(block_q=1, block_t=128, num_warps=8, num_stages=ns) for ns in (1, 3)]) if S == 1 else \
+            # maxnreg 0: uncapped, as these launches ran before session 20 (the default caps at 128: heads_launch)
+            cfgs = ([dict(block_q=1, block_t=128, num_warps=8, programs=p, maxnreg=0) for p in (132, 264)]
+                    + [dict(block_q=1, block_t=128, num_warps=4, programs=p, maxnreg=0) for p in (264, 396)]
+                    + [dict(block_q=1, block_t=256, num_warps=8, maxnreg=0)]
+                    + [dict(block_q=1, block_t=128, num_warps=8, num_stages=ns, maxnreg=0) for ns in (1, 3)]
+                    + [dict(block_q=1, block_t=128, num_warps=4, programs=528, maxnreg=128)]) if S == 1 else \
                 [dict(block_q=1, block_t=128, num_warps=8), dict(block_q=16, block_t=256)]
             b, sweep = st["b"], []
             for cfg in cfgs:

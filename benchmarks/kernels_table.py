@@ -91,7 +91,11 @@ def render(path: str, read: dict | None = None) -> str:
         refloored = refloored or bool(mark)
         g = r.get("graph_ms", r.get("triton_cudagraph_ms"))
         g = g if isinstance(g, float) else None
-        over = r.get("best_over_floor", r.get("triton_over_floor", r.get("time_over_floor")))
+        over = r.get("best_over_floor")
+        if over is None:  # rows timed cold without a decode verdict: the better of do_bench and the cold replay too
+            ts = [t for t in (r.get("triton_ms"), r.get("graph_cold_ms")) if isinstance(t, float)]
+            over = (min(ts) / r["floor_ms"] if ts and r.get("floor_ms")
+                    else r.get("triton_over_floor", r.get("time_over_floor")))
         goal = r.get("goal") or ""
         rf = (read or {}).get(r["name"], {}).get("read_floor_ms")
         if goal:

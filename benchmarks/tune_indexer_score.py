@@ -11,7 +11,7 @@ Kept runs (session 20, results/): `tune_indexer_score.json` also has `one_loop_p
 93eb728 (the block path a branch inside the key loop), and its `two_loops_*` rows predate the scale fold;
 `tune_indexer_score_fold.json` has `*_nofold` rows (the fold off) and `tune_indexer_score_prefetch.json`
 `*_prefetch` rows (a register prefetch of the next key tile): switches that were measured and then removed, so
-this script no longer times them.
+this script no longer times them; nor the first two files' `two_loops_r128_p2` and `*_bt64` (64-key tiles).
 
     python benchmarks/tune_indexer_score.py --out tune_indexer_score.json   # H200, ~2 min
 """

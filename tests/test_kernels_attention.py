@@ -215,7 +215,7 @@ def test_indexer_heads_kernel_block_path_mask(T, spread_k):
     S, H = 1, 4
     args = _indexer_inputs(S, H, T, seed=6, spread_k=spread_k)
     qpos = torch.tensor([T + 3], dtype=torch.int32, device=DEV)
-    assert ixs.heads_launch(S, T // 16, sms=132, programs=1)[0] == -(-T // 16 // 64)
+    assert ixs.heads_launch(S, T // 16, sms=132, programs=1)[0] == triton.cdiv(T // 16, 64)
     a = _check_indexer(args, qpos, ratio=1, topk=32, block_t=16, chunk=256, programs=1)
     assert a.stats["fallback_tiles"] == len(spread_k) and a.stats["fallback_heads"] == 0
 

@@ -22,10 +22,10 @@ same operations in the same order. The decode kernel folds the powers of two out
 wqf_h·ReLU(A) over h (wqf_h = wq_h·2^(eq_min-127)/4, exact) and multiplies the sum by 2^(ek_min-127) once per
 key. Scaling by a power of two commutes with fp32 rounding while nothing leaves the normal range, so every
 product, partial sum and the result are the reference's scaled by that power: the same bits (FMULs a thread a
-tile 128 -> 33 in the key loop's sm90 SASS, 896 -> 796 instructions). Rows that fail the INT8 check fall back to
-the block path, which computes each 32-channel block's integer dot (int8, unshifted) times its two scales, exactly,
-and adds the four block partials left to right in fp32: the reference's order, so it matches bit
-for bit whatever the exponent spread. A key row that fails sends its whole key tile down the block
+tile 128 -> 33 in the key loop's sm90 SASS of the plain variant, 896 -> 796 instructions). Rows that fail the
+INT8 check fall back to the block path, which computes each 32-channel block's integer dot (int8, unshifted)
+times its two scales, exactly, and adds the four block partials left to right in fp32: the reference's order,
+so it matches bit for bit whatever the exponent spread. A key row that fails sends its whole key tile down the block
 path ("whole-tile fallback"); a query-head row that fails sends that head down it for the tile
 ("per-head fallback", counted once per (head, key tile, query block)). The launch wrapper reports
 both counts (kernel-side atomics). fp fusion is disabled at launch: `acc + wq·r` must not contract
@@ -46,26 +46,29 @@ Two kernels, one contract:
 - `_index_score_heads_kernel` (decode, block_q = 1): one query's 32 heads are the MMA columns of
   K[BT,128]·Q^T[128,32] -> [BT, 32] (no padding of one query to 16 MMA rows). A program decodes
   and stages its query once, then walks key tiles pid, pid + P, ... (P programs per query: `heads_launch`);
-  the ordered head sum runs in registers (`_sum_cols`: repeated
-  halving with tl.split gathers each key's 32 heads in one thread, then 32 adds in order h = 0..31).
+  the ordered head sum runs in registers (`_sum_cols`: repeated halving with tl.split gathers each key's 32
+  heads in one thread, then 32 adds in order h = 0..31).
   That key loop takes the integer path only. A tile that needs the block path (one of its key rows fails
   the INT8 check, or one of the query's heads does: per-head fallbacks are per query) sets its bit in a
   64-bit mask, and a second loop scores those tiles, every head on the block path (for the rows that pass,
   the block path and the integer path give the same bits: both are the exact dot). Why two loops: with the
   block path as a branch inside the key loop, that loop held both paths' values (253 registers and a
-  40-byte spill under Triton 3.6 on sm90, 2,343 SASS instructions a tile counting the branch); without it
-  the key loop is 910 instructions (796 with the fold above) and spills nothing when capped at 128
-  registers, so four programs fit an SM (the default launch). Tiles past the visible ones are written -inf
+  40-byte spill under Triton 3.6 on sm90, 2,343 SASS instructions a tile counting the branch, candidate-source
+  variant); without it the key loop is 910 instructions (896 for the plain variant; 796 with the fold above) and
+  spills nothing when capped at 128 registers, so four programs fit an SM (the default launch). The launch must
+  give every query at least cdiv(tiles, 64) programs (`heads_launch` does; an ahead-of-time launcher must too),
+  or tiles past a program's 64th are never scored. Tiles past the visible ones are written -inf
   without decoding.
 
 Specialization keys: H (32), CI (128), BQ (16, prefill kernel), BT (key tile), CB (candidate
-block 8), USE_CAND, WRITE_BMAX, COUNT. Variants: prefill (BQ 16, BT 128, 4 warps) and decode (heads
-kernel, BT 128, 4 warps), each as Reindex (USE_CAND), candidate source (WRITE_BMAX) and plain.
+block 8), USE_CAND, WRITE_BMAX, COUNT; launch: maxnreg (the decode kernel: 128). Variants: prefill (BQ 16,
+BT 128, 4 warps) and decode (heads kernel, BT 128, 4 warps), each as Reindex (USE_CAND), candidate source
+(WRITE_BMAX) and plain.
 `index_scores` takes the heads kernel up to HEADS_KERNEL_MAX_S queries (it decodes the keys once
 per query, so it is a decode kernel).
 
 Measured (H200, torch 2.11 / triton 3.6, benchmarks/results/kernels_attention.json, 2026-11-29):
-32 queries × 131,072 keys 0.257 ms (58× the eager reference in the last run; was 0.435 ms), 0 score
+32 queries × 131,072 keys 0.257 ms (58× the eager reference in that run, 63× in session 20's; was 0.435 ms), 0 score
 bits different from the float32 reference in every configuration swept, with both fallbacks
 exercised. One query (the heads kernel), typical keys (no fallback), warm / L2-cold graph replay:
 16.2 / 21.4 µs at one 8-warp program per SM, 14.8 / 16.6 µs at two 4-warp programs per SM; with one
@@ -79,8 +82,9 @@ query 8.8 / 11.4-11.6, four queries 28.3-28.6 / 30.0-30.3, the adversarial head 
 HEADS_PROGRAMS_PER_SM). The table run's figures are in docs/KERNELS.md.
 
 Known gaps: exactness needs exponents with eq_min+ek_min >= 107 (no fp32 underflow of the
-products), and on the decode kernel's folded chain terms wqf_h·A that stay normal (a query scale byte
-above ~10 for |wq| ~ 2^-6) -- the quantizer's scale floor keeps realistic data far inside; UE8M0 byte 0 is not
+products), and on the decode kernel's folded chain terms wqf_h·A and their sums that stay normal and finite
+(a query scale byte above ~10 for |wq| ~ 2^-6; below ~230 for |wq| ~ 1: the folded sum does not shrink with the
+key scale) -- the quantizer's scale floor keeps realistic data far inside; UE8M0 byte 0 is not
 decoded. A query-head row that fails the INT8 check sends the heads kernel down the block path (4x
 the MMAs) on every tile of that query. A program walks at most 64 key tiles (the mask's bits; the launch
 raises the program count to keep it so). Query counts 2 and 3 take the four-query launch, unmeasured. The
