@@ -1,7 +1,8 @@
 """Time the decode indexer scoring (the heads kernel, one query × 131,072 keys) in its launch variants.
 
-Variants (`index_scores` arguments): 2 uncapped programs of 4 warps per SM, 3 and 4 capped at 128 registers
-(`maxnreg`; 4 capped is the default, `indexer_score.heads_launch`), 3 capped at 168. Cases: typical keys at one
+Variants (`index_scores` arguments): programs of 4 warps per SM, 2 uncapped, 4 capped at 128 registers
+(`maxnreg`; the default, `indexer_score.heads_launch`), 5 at 96 and 6 at 80; 2 programs of 8 warps capped at 128
+(128- and 256-key tiles; at 128 keys neither loop spills). Cases: typical keys at one
 query (no fallback), one adversarial query head (every tile takes the block path), and four queries. Each
 variant's scores are compared bit for bit with the float32 reference (and its fallback counts kept); times are
 CUDA-graph replay medians, warm and L2-cold (`ms_graph`), every variant timed twice, interleaved (all variants,
@@ -11,7 +12,8 @@ Kept runs (session 20, results/): `tune_indexer_score.json` also has `one_loop_p
 93eb728 (the block path a branch inside the key loop), and its `two_loops_*` rows predate the scale fold;
 `tune_indexer_score_fold.json` has `*_nofold` rows (the fold off) and `tune_indexer_score_prefetch.json`
 `*_prefetch` rows (a register prefetch of the next key tile): switches that were measured and then removed, so
-this script no longer times them; nor the first two files' `two_loops_r128_p2` and `*_bt64` (64-key tiles).
+this script no longer times them; nor the first two files' `two_loops_r128_p2` and `*_bt64` (64-key tiles), nor
+the third's `r128_p3` and `r168_p3_prefetch`.
 
     python benchmarks/tune_indexer_score.py --out tune_indexer_score.json   # H200, ~2 min
 """
@@ -38,8 +40,11 @@ H, T = 32, 131072
 
 def variants(sms: int, S: int) -> dict:
     per_q = lambda k: max(1, k * sms // S)  # noqa: E731 - programs per query at k programs per SM
-    return {"p2": dict(maxnreg=0, programs=per_q(2)), "r128_p3": dict(maxnreg=128, programs=per_q(3)),
-            "r128_p4": dict(maxnreg=128, programs=per_q(4)), "r168_p3": dict(maxnreg=168, programs=per_q(3))}
+    return {"p2": dict(maxnreg=0, programs=per_q(2)),
+            "r128_p4": dict(maxnreg=128, programs=per_q(4)),  # the default (heads_launch)
+            "r96_p5": dict(maxnreg=96, programs=per_q(5)), "r80_p6": dict(maxnreg=80, programs=per_q(6)),
+            "w8_r128_p2": dict(maxnreg=128, programs=per_q(2), num_warps=8),
+            "w8_bt256_r128_p2": dict(maxnreg=128, programs=per_q(2), num_warps=8, block_t=256)}
 
 
 def main():

@@ -414,7 +414,9 @@ HEADS_KERNEL_MAX_S = 4
 # prefetch of the next tile's words (the key loop's loads are plain LDGs: Triton's pipeliner stages only loads
 # that feed a dot) gained 0.7 µs at 2 programs an SM and lost 0.2 at 4 (tune_indexer_score_prefetch.json); not
 # kept. An earlier run, before the scale fold (tune_indexer_score.json), had 2 uncapped ahead at one query (14.4
-# against 15.0-15.2).
+# against 15.0-15.2). A fourth run (tune_indexer_score_warps.json): 5 programs an SM at 96 registers, 6 at 80 and
+# 2 of 8 warps at 128 (128- or 256-key tiles) were all slower at one and four queries (one query 12.0-14.7 µs
+# against 11.4).
 HEADS_WARPS = 4
 HEADS_PROGRAMS_PER_SM = 4
 HEADS_MAXNREG = 128
