@@ -75,6 +75,18 @@ def test_kernels_table_shows_the_read_floor_column(tmp_path):
     assert both.endswith("✘ (launch-bound, read-bound) |")  # both said, neither hidden
 
 
+def test_kernels_table_floors_a_cold_row_without_a_verdict_by_its_better_time(tmp_path):
+    from benchmarks import kernels_table as kt
+
+    # timed cold but given no decode verdict (no best_over_floor): the better of do_bench and the cold replay
+    row = {"name": "worst_case", "triton_ms": 0.075, "graph_ms": 0.0218, "graph_cold_ms": 0.025, "floor_ms": 0.0025,
+           "triton_over_floor": 30.0, "rel_err": 0.0}
+    line = kt.render(_doc(tmp_path, [row])).splitlines()[4]
+    assert "| 10.00 |" in line and "30.00" not in line
+    verdict = {**row, "best_over_floor": 7.0}  # a row with a verdict keeps its own ratio
+    assert "| 7.00 |" in kt.render(_doc(tmp_path, [verdict])).splitlines()[4]
+
+
 def test_refloor_uses_twice_the_bf16_rate_for_int8_and_redoes_the_decode_verdict():
     from benchmarks.floors import floor_ms, int8_rate, refloor
 
