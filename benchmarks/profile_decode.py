@@ -104,6 +104,13 @@ def indexer_score_case(S):
     return lambda: ix.index_scores(qp, qe, wq, kp, ke, nvis)
 
 
+def router_case(T):
+    gw = rnd(E, D, scale=0.02)
+    bias = rnd(E, dtype=torch.float32, scale=0.01)
+    x = rnd(T, D)
+    return lambda: moe.router(x, gw, bias, K_TOP)
+
+
 CASES = {
     "fp8_wo_b_M1": lambda: fp8_case(5120, 8192, 1),
     "fp8_shared_w13_M1": lambda: fp8_case(I, D, 1, gated=True),
@@ -122,6 +129,7 @@ CASES = {
     "engram_gate_T8": lambda: engram_gate_case(8),
     "engram_gate_T8_inductor": lambda: engram_gate_case(8, inductor=True),
     "indexer_score_S1": lambda: indexer_score_case(1),
+    "router_T8": lambda: router_case(8),
 }
 
 
