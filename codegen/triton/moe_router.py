@@ -62,8 +62,6 @@ GEMV_BE, GEMV_BK = 8, 512  # 384 experts -> 48 programs per token and K split, 8
 # router, L2-cold (results/tune_moe_ffn_chain.json): 8 tokens 27.4 / 15.8 / 15.6 µs at 4 / 8 / 16 (splits 1 / 2
 # / 5), 4 tokens 15.7 / 11.2 / 12.1, one token 8.8 / 8.6 / 8.9 (split 10 = one k step a program, all three).
 GEMV_PROGRAMS_PER_SM = 8
-GEMV_PREFETCH = True  # the decode GEMV loads each k step's gate tile one step ahead (logits_partial_program)
-GEMV_MAXNREG = None  # the decode GEMV kernels' register cap (None: Triton's choice)
 
 
 def _gemv_split(T: int, E: int, K: int, BK: int, interp=None, sms: int = N_SMS_HINT):
@@ -182,58 +180,42 @@ def router_topk_kernel(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_ou
 
 @triton.jit
 def logits_partial_program(x_ptr, w_ptr, part_ptr, T, E: tl.constexpr, K: tl.constexpr, BE: tl.constexpr,
-                           BK: tl.constexpr, K_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr):
+                           BK: tl.constexpr, K_PER_SPLIT: tl.constexpr):
     """Program (token t, BE experts, K split): part[split, t, e] = Σ_{k in split} x[t, k]·W[e, k], fp32
-    multiply-and-sum. PREFETCH: each k step's gate tile is loaded one step ahead (the loads are plain LDGs, which
-    Triton's pipeliner does not stage: Nsight Compute, session 20, put 48 % of the 8-token kernel's samples on
-    long-scoreboard waits, the hottest the first use of each step's tile); the same arithmetic, so the same bits."""
+    multiply-and-sum."""
     t = tl.program_id(0)
     re = tl.program_id(1) * BE + tl.arange(0, BE)
     split = tl.program_id(2)
     e_ok = re < E
     x_row = x_ptr + t.to(tl.int64) * K
-    k_lo = split * K_PER_SPLIT
-    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
     acc = tl.zeros((BE,), dtype=tl.float32)
-    if PREFETCH:
-        wt_next = _gate_tile(w_ptr, re, e_ok, k_lo + tl.arange(0, BK), k_hi, K)
-    for k0 in range(k_lo, k_hi, BK):
+    for k0 in range(split * K_PER_SPLIT, tl.minimum(split * K_PER_SPLIT + K_PER_SPLIT, K), BK):
         rk = k0 + tl.arange(0, BK)
         k_ok = rk < K
-        if PREFETCH:
-            wt = wt_next
-            wt_next = _gate_tile(w_ptr, re, e_ok, rk + BK, k_hi, K)
-        else:
-            wt = _gate_tile(w_ptr, re, e_ok, rk, k_hi, K)
         xk = tl.load(x_row + rk, mask=k_ok, other=0.0).to(tl.float32)
-        acc += tl.sum(wt.to(tl.float32) * xk[None, :], axis=1)
+        wt = tl.load(w_ptr + re[:, None].to(tl.int64) * K + rk[None, :], mask=e_ok[:, None] & k_ok[None, :],
+                     other=0.0).to(tl.float32)
+        acc += tl.sum(wt * xk[None, :], axis=1)
     tl.store(part_ptr + (split * T + t).to(tl.int64) * E + re, acc, mask=e_ok)
 
 
 @triton.jit
-def _gate_tile(w_ptr, re, e_ok, rk, k_hi, K: tl.constexpr):
-    """The gate's [BE, BK] tile at columns rk (nothing read past the split's end k_hi)."""
-    return tl.load(w_ptr + re[:, None].to(tl.int64) * K + rk[None, :], mask=e_ok[:, None] & (rk < k_hi)[None, :],
-                   other=0.0)
-
-
-@triton.jit
 def router_logits_gemv_kernel(x_ptr, w_ptr, part_ptr, T, E: tl.constexpr, K: tl.constexpr, BE: tl.constexpr,
-                              BK: tl.constexpr, K_PER_SPLIT: tl.constexpr, PREFETCH: tl.constexpr):
+                              BK: tl.constexpr, K_PER_SPLIT: tl.constexpr):
     """Decode: part[split, t, e] = Σ_{k in split} x[t, k]·W[e, k] for one token and BE experts, fp32
     multiply-and-sum (router_topk_kernel adds the splits in order).
 
     At a few tokens the [16-token, BK]·[BK, BE] fp32 MMAs of router_logits_kernel are 15/16 padding and
     tf32x3 triples them; a GEMV over [BE, BK] weight tiles streams the 3.9 MB gate at memory speed, once
     there are enough programs to keep it in flight (program_id(2) splits K: `_gemv_split`)."""
-    logits_partial_program(x_ptr, w_ptr, part_ptr, T, E, K, BE, BK, K_PER_SPLIT, PREFETCH)
+    logits_partial_program(x_ptr, w_ptr, part_ptr, T, E, K, BE, BK, K_PER_SPLIT)
 
 
 @triton.jit
 def router_decode_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, T,
                          inv_temp, route_scale, E: tl.constexpr, K: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
                          K_PER_SPLIT: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr, K_PAD: tl.constexpr,
-                         HAS_VL: tl.constexpr, NORM: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr = False):
+                         HAS_VL: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr = False):
     """Decode, one launch: the logits GEMV of router_logits_gemv_kernel, then the last of the token's
     (E/BE)·splits programs to arrive (arrival.py; counter cnt[t], left at 0) runs `topk_rows` for it.
     Same partials, same order, so the same bits as the two-launch path.
@@ -242,7 +224,7 @@ def router_decode_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, bias_ptr, bias_vl_ptr,
     (pdl.py's contract; the MoE prep that follows waits for this kernel to complete)."""
     grid_wait(PDL)
     grid_release(PDL)
-    logits_partial_program(x_ptr, w_ptr, part_ptr, T, E, K, BE, BK, K_PER_SPLIT, PREFETCH)
+    logits_partial_program(x_ptr, w_ptr, part_ptr, T, E, K, BE, BK, K_PER_SPLIT)
     t = tl.program_id(0)
     if arrive_last(cnt_ptr + t, tl.num_programs(1) * tl.num_programs(2)):
         topk_rows(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, t + tl.arange(0, 1), T,
@@ -307,12 +289,9 @@ def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: flo
             pdl = pdl_for(x.device)
             router_decode_kernel[grid](x, gw, part, counters(x.device, T, pool="router"), b, b_vl, img, wts, ids, T,
                                        1.0 / gate_temp, float(route_scale), K=D, BE=GEMV_BE, BK=BK, K_PER_SPLIT=k_per,
-                                       PREFETCH=GEMV_PREFETCH, PDL=pdl, num_warps=4, **topk_ce, **launch_kw(pdl),
-                                       **({"maxnreg": GEMV_MAXNREG} if GEMV_MAXNREG else {}))
+                                       PDL=pdl, num_warps=4, **topk_ce, **launch_kw(pdl))
             return wts, ids
-        router_logits_gemv_kernel[grid](x, gw, part, T, E=E, K=D, BE=GEMV_BE, BK=BK, K_PER_SPLIT=k_per,
-                                        PREFETCH=GEMV_PREFETCH, num_warps=4,
-                                        **({"maxnreg": GEMV_MAXNREG} if GEMV_MAXNREG else {}))
+        router_logits_gemv_kernel[grid](x, gw, part, T, E=E, K=D, BE=GEMV_BE, BK=BK, K_PER_SPLIT=k_per, num_warps=4)
     else:
         if interpreting():
             BT, BE, BK = 16, 64, 64
@@ -357,7 +336,7 @@ def _router_variants(target: str) -> list:
             out.append(aot_spec(router_logits_kernel, f"logits_{name}_{mode}", lt, ce, 4, 3,
                                 {"router": name, "mode": mode, "TOPK": k, **ce}))
         _, k_per = _gemv_split(1, E, HIDDEN, GEMV_BK, interp=False)  # the one-token split on an H200
-        ce = {"E": E, "K": HIDDEN, "BE": GEMV_BE, "BK": GEMV_BK, "K_PER_SPLIT": k_per, "PREFETCH": GEMV_PREFETCH}
+        ce = {"E": E, "K": HIDDEN, "BE": GEMV_BE, "BK": GEMV_BK, "K_PER_SPLIT": k_per}
         out.append(aot_spec(router_logits_gemv_kernel, f"logits_{name}_decode_gemv",
                             {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32", "T": "i32"}, ce, 4, 1,
                             {"router": name, "mode": "decode_gemv", "TOPK": k, **ce}))
@@ -365,7 +344,7 @@ def _router_variants(target: str) -> list:
               "HAS_VL": True, "NORM": True}
         out.append(aot_spec(router_topk_kernel, f"topk_{name}_e{E}_k{k}", tt, ce, 4, 1,
                             {"router": name, "TOPK": k, **ce}))
-        fce = {"E": E, "K": HIDDEN, "BE": GEMV_BE, "BK": GEMV_BK, "K_PER_SPLIT": k_per, "PREFETCH": GEMV_PREFETCH,
+        fce = {"E": E, "K": HIDDEN, "BE": GEMV_BE, "BK": GEMV_BK, "K_PER_SPLIT": k_per,
                **{c: ce[c] for c in ("E_PAD", "TOPK", "K_PAD", "HAS_VL", "NORM")}, "PDL": False}
         ft = {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32", "cnt_ptr": "*i32",
               **{a: tt[a] for a in ("bias_ptr", "bias_vl_ptr", "img_ptr", "w_out_ptr", "i_out_ptr", "T", "inv_temp",
