@@ -326,7 +326,7 @@ def _index_score_heads_kernel(q_ptr, qe_ptr, wq_ptr, k_ptr, ke_ptr, nvis_ptr, ca
             t = tile * BT + tl.arange(0, BT)
             tmask = t < T
             t64 = t.to(tl.int64)
-            kb = tl.load(kw_ptr + t64[:, None] * NW + cw[None, :], mask=tmask[:, None], other=0)
+            kb, _ = _load_tile(kw_ptr, ke_ptr, tile, T, BT, NW, NB)
             kE, kO = _codes_x2(kb, BT, NW)
             qE, qO = _codes_x2(qb, H, NW)
             db = tl.zeros((BT, H), tl.float32)
