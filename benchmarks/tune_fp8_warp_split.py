@@ -44,6 +44,10 @@ DEV = "cuda"
 SHAPES = {"shared_w13": (2304, 5120, True), "shared_w2": (5120, 2304, False), "wq_a": (1280, 5120, False),
           "wo_b": (5120, 8192, False)}
 M = 8
+# `--grid ragged` (session 21): (S, RB, BK, stages); for shared w2 (K 2304 = 18 tiles of 128) S 4 at BK 128 is 5, 5,
+# 5, 3 steps a warp, S 2 at BK 256 5, 4, S 4 at BK 256 3, 3, 3, 0, S 8 at BK 64 five steps (the last warp one)
+RAGGED_TILES = [(2, 16, 128, 4), (2, 16, 128, 5), (4, 16, 64, 3), (4, 16, 64, 4), (4, 16, 128, 3), (4, 16, 128, 4),
+                (2, 16, 256, 3), (4, 16, 256, 2), (4, 16, 256, 3), (8, 16, 64, 3), (8, 16, 128, 2), (8, 16, 128, 3)]
 
 
 def _weights(N, K):
@@ -70,10 +74,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--grid", choices=("first", "second", "pairs", "spf", "two"), default="second",
+    ap.add_argument("--grid", choices=("first", "second", "pairs", "spf", "two", "ragged"), default="second",
                     help="the tiles to time (`_tiles`); pairs: `tiles_for`'s tile with both weight decoders; spf: "
                          "the scale prefetch against the default; two: the byte-pair decoder's second scale factor "
-                         "always, or one made in the loop or at the load")
+                         "always, or one made in the loop or at the load; ragged: more warps or wider k tiles "
+                         "than divide K evenly (the last slices masked), more stages, against the default")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     ceil = measure_ceilings()
@@ -131,6 +136,17 @@ def main(argv=None):
                 timed("ws_two" + rep, split(t, two=True), t)
                 for early in (False, True):
                     timed(f"ws_one_early{int(early)}" + rep, split(t, two=False, early=early), t)
+            continue
+        if args.grid == "ragged":  # session 21: tiles whose k tiles do not split evenly over the warps (the last
+            # slices' extra steps masked), and more stages (more weight bytes in flight a program), twice, interleaved
+            nt = K // 128
+            cands = [t for t in RAGGED_TILES if K % t[2] == 0 and t != ws.tiles_for(N, K, gated)]
+            print(name, f"{nt} k tiles of 128;", len(cands), "tiles", flush=True)
+            for rep in ("", "_again"):
+                timed("default" + rep, default, list(ws.tiles_for(N, K, gated)))
+                for t in cands:
+                    ragged = (K // t[2]) % t[0] != 0
+                    timed(f"ws_S{t[0]}_bk{t[2]}_ns{t[3]}{'_ragged' if ragged else ''}" + rep, split(t), list(t))
             continue
         if args.grid == "pairs":  # the default tile with the per-element and the byte-pair decoder, interleaved, twice
             t = ws.tiles_for(N, K, gated)

@@ -30,7 +30,9 @@ def _rel(a, b):
 
 @pytest.mark.parametrize("N,K,M,tiles,spf", [(70, 256, 8, (4, 16, 32, 2), False), (64, 512, 1, (8, 16, 64, 3), False),
                                              (48, 256, 16, (2, 32, 64, 1), True), (33, 128, 3, (1, 16, 128, 2), False),
-                                             (70, 256, 5, (4, 16, 32, 2), True)])  # spf: scales a step ahead
+                                             (70, 256, 5, (4, 16, 32, 2), True),  # spf: scales a step ahead
+                                             # ragged slices: 9 k tiles over 4 warps (3, 3, 3, 0), 5 over 2 (3, 2)
+                                             (40, 288, 8, (4, 16, 32, 2), True), (33, 320, 3, (2, 16, 64, 3), False)])
 def test_plain_matches_reference(N, K, M, tiles, spf):
     g = torch.Generator().manual_seed(N + K + M)
     x = (torch.randn(M, K, generator=g) * 2).to(DEV)
@@ -46,7 +48,8 @@ def test_plain_matches_reference(N, K, M, tiles, spf):
 
 
 @pytest.mark.parametrize("N,K,M,tiles,spf", [(70, 256, 8, (4, 16, 32, 2), False), (40, 512, 3, (8, 16, 64, 2), True),
-                                             (64, 256, 16, (2, 32, 64, 3), False), (38, 512, 8, (4, 16, 64, 2), True)])
+                                             (64, 256, 16, (2, 32, 64, 3), False), (38, 512, 8, (4, 16, 64, 2), True),
+                                             (36, 384, 8, (2, 16, 128, 2), True)])  # ragged: 3 k tiles over 2 warps
 def test_gated_matches_reference(N, K, M, tiles, spf):
     """The stacked gated tile: RB/2 rows of w1 over the same rows of w3; the clamp is exercised."""
     g = torch.Generator().manual_seed(7 * N + K)
@@ -76,8 +79,8 @@ def test_bf16_against_float64():
 def test_bad_requests_are_named():
     g = torch.Generator().manual_seed(4)
     w, s = _w(g, 32, 256)
-    with pytest.raises(ValueError, match="lin: K=256 is not S·BK=512"):
-        ws.fp8_gemm_warp_split(torch.zeros(4, 256, device=DEV), w, s, tiles=(8, 16, 64, 2), name="lin")
+    with pytest.raises(ValueError, match="lin: K=256 is not whole 512-wide k tiles"):
+        ws.fp8_gemm_warp_split(torch.zeros(4, 256, device=DEV), w, s, tiles=(2, 16, 512, 2), name="lin")
     with pytest.raises(ValueError, match="lin: decode shapes only"):
         ws.fp8_gemm_warp_split(torch.zeros(17, 256, device=DEV), w, s, tiles=(4, 16, 64, 2), name="lin")
     with pytest.raises(ValueError, match="powers of two"):

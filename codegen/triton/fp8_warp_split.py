@@ -117,31 +117,47 @@ def _scale_in(sb, ONE: tl.constexpr):
 
 
 @triton.jit
+def _tile_ok(t0, i, NT: tl.constexpr, S: tl.constexpr, RAGGED: tl.constexpr):
+    """[S, 1, 1]: whether step i of each slice (first tile t0) is a k tile of the matrix; all true unless RAGGED
+    (then a constant-true mask costs nothing: Triton folds it)."""
+    if RAGGED:
+        return (t0 + i < NT)[:, None, None]
+    else:
+        return tl.full((S, 1, 1), 1, tl.int1)
+
+
+@triton.jit
 def _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, sl, K: tl.constexpr, BM: tl.constexpr,
             RB: tl.constexpr, S: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, NATIVE_FP8: tl.constexpr,
             DOT_F32: tl.constexpr, PAIRS: tl.constexpr, SPF: tl.constexpr, TWO: tl.constexpr, EARLY: tl.constexpr):
     """Every warp's k loop over its slice: [S, RB, BM] fp32 partial products. TWO and EARLY: the kernel's."""
-    KSL: tl.constexpr = K // S  # one warp's slice of K
+    NT: tl.constexpr = K // BK  # k tiles in all
+    NI: tl.constexpr = (NT + S - 1) // S  # k steps a warp (RAGGED: the last slices have fewer, masked)
+    RAGGED: tl.constexpr = NT % S != 0
     kk = tl.arange(0, BK)
     kb = tl.arange(0, BK // 32)
     acc = tl.zeros((S, RB, BM), dtype=tl.float32)
     DT: tl.constexpr = tl.float32 if DOT_F32 else tl.bfloat16
     EARLY_ONE: tl.constexpr = PAIRS and not TWO and EARLY  # the one factor made where the bytes are loaded
-    NI: tl.constexpr = KSL // BK  # k steps a warp
+    t0 = tl.arange(0, S) * NI  # [S] each slice's first k tile
     s_ptrs = ws_ptr + s_rows[None, :, None] + ((sl // 32)[:, None] + kb[None, :])[:, None, :]  # [S, RB, BK/32]: step 0
     if SPF:  # the first k step's scale bytes, before the loop
-        sb_nxt = _scale_in(tl.load(s_ptrs, mask=rw_ok[None, :, None], other=127), EARLY_ONE)
+        sb_nxt = _scale_in(tl.load(s_ptrs, mask=rw_ok[None, :, None] & _tile_ok(t0, 0, NT, S, RAGGED), other=127),
+                           EARLY_ONE)
     for i in tl.range(0, NI, num_stages=STAGES):
         k = sl[:, None] + i * BK + kk[None, :]  # [S, BK]
-        wb = tl.load(w_ptr + w_rows[None, :, None] + k[:, None, :], mask=rw_ok[None, :, None], other=0)
+        # RAGGED: a step past its slice's tiles loads nothing (weights 0, x 0): it adds +0 to the partial sums
+        t_ok = _tile_ok(t0, i, NT, S, RAGGED)  # [S, 1, 1]
+        wb = tl.load(w_ptr + w_rows[None, :, None] + k[:, None, :], mask=rw_ok[None, :, None] & t_ok, other=0)
         if SPF:  # the next step's bytes now, this step's from the last iteration (no wait on global memory; the
             # move into the decode layout through shared memory, STS / barrier / LDS, stays)
             sb = sb_nxt
-            sb_nxt = _scale_in(tl.load(s_ptrs + (i + 1) * (BK // 32), mask=rw_ok[None, :, None] & (i + 1 < NI),
+            sb_nxt = _scale_in(tl.load(s_ptrs + (i + 1) * (BK // 32),
+                                       mask=rw_ok[None, :, None] & (i + 1 < NI) & _tile_ok(t0, i + 1, NT, S, RAGGED),
                                        other=127), EARLY_ONE)
         else:
-            sb = _scale_in(tl.load(s_ptrs + i * (BK // 32), mask=rw_ok[None, :, None], other=127), EARLY_ONE)
-        xt = tl.load(x_ptr + rm[None, None, :].to(tl.int64) * K + k[:, :, None], mask=m_ok[None, None, :],
+            sb = _scale_in(tl.load(s_ptrs + i * (BK // 32), mask=rw_ok[None, :, None] & t_ok, other=127), EARLY_ONE)
+        xt = tl.load(x_ptr + rm[None, None, :].to(tl.int64) * K + k[:, :, None], mask=m_ok[None, None, :] & t_ok,
                      other=0.0)  # [S, BK, BM]
         if PAIRS:  # byte pairs by inline PTX, the scale as one (TWO: two) bf16x2 factors, exact up to byte 134
             # (TWO: every byte): 4 (5) instructions a pair
@@ -171,7 +187,7 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
     PAIRS only: TWO applies the second bf16x2 scale factor (exact for every UE8M0 byte; without it the caller vouches
     that no byte exceeds 134); EARLY (without TWO) turns the bytes into the factor where they are loaded, before they
     move into the decode's layout (faster on shared w2, slower on the others: EARLY_LINEARS)."""
-    tl.static_assert(K % (S * BK) == 0 and BK % 32 == 0, "K must be whole BK tiles per slice, BK % 32 == 0")
+    tl.static_assert(K % BK == 0 and BK % 32 == 0, "K must be whole BK tiles, BK % 32 == 0")
     RBO: tl.constexpr = RB // (1 + GATED)  # output columns of a program
     KS: tl.constexpr = (K + 31) // 32  # scale bytes a scale row
     pid = tl.program_id(0)
@@ -183,7 +199,7 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
     s_rows = (rw // 32).to(tl.int64) * KS + up.to(tl.int64) * s3_off
     rm = tl.arange(0, BM)
     m_ok = rm < M
-    sl = tl.arange(0, S) * (K // S)  # [S] first k of each slice
+    sl = tl.arange(0, S) * (((K // BK + S - 1) // S) * BK)  # [S] first k of each slice (whole k tiles)
     grid_wait(PDL)
     grid_release(PDL)
     acc = _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, sl, K, BM, RB, S, BK, STAGES, NATIVE_FP8,
@@ -244,8 +260,8 @@ def check_tiles(K: int, tiles: tuple, name: str) -> tuple:
     if S < 1 or S & (S - 1) or RB < 16 or RB & (RB - 1) or BK < 32 or BK & (BK - 1) or ns < 1:
         raise ValueError(f"{name}: warp-split tiles (S={S}, RB={RB}, BK={BK}, stages={ns}) need powers of two, "
                          "RB >= 16, BK >= 32 and at least one stage")
-    if K % (S * BK):
-        raise ValueError(f"{name}: K={K} is not S·BK={S * BK} ({S} slices of whole {BK}-wide k tiles)")
+    if K % BK:
+        raise ValueError(f"{name}: K={K} is not whole {BK}-wide k tiles (BK)")
     return S, RB, BK, ns
 
 
