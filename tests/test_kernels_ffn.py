@@ -362,29 +362,6 @@ def test_router_fused_decode_matches_two_launches(T):
         moe_router.router(randn(g, moe_router.GEMV_MAX_T + 1, 1280, dtype=torch.bfloat16), gw, bias, 6, fused=True)
 
 
-@pytest.mark.parametrize("T,E,D,tiles", [(1, 44, 1280, (16, 256, 512, 2, 4)), (5, 44, 1280, (16, 128, 384, 1, 2)),
-                                         (8, 24, 96, (32, 32, 64, 2, 4))])
-def test_router_mma_decode_matches_reference(T, E, D, tiles):
-    """The tensor-core decode router (every token in each program, the last program of the grid runs every top-k
-    row): ragged experts (44 = 2.75 tiles of 16), ragged k steps and splits, 1-8 tokens; the top-k ids are the
-    reference's and the counter is left at zero."""
-    from dsv41c.codegen.triton import arrival, moe_router
-
-    g = gen(17 + T)
-    x, gw, bias = _router_inputs(g, T, E, D)
-    img = (torch.arange(T, device=DEV) % 2 == 0)
-    for kw in ({}, {"bias_vl": randn(g, E, scale=0.5), "image_mask": img}):
-        w, i = moe_router.router(x, gw, bias, 6, mma=True, mma_tiles=tiles, **kw)
-        rw, ri = moe.router_reference(x, gw, bias, 6, **kw)
-        assert torch.equal(i, ri)
-        torch.testing.assert_close(w, rw, rtol=1e-6, atol=1e-7)
-    assert int(arrival.counters(x.device, 1, pool="router_mma")[0]) == 0
-    with pytest.raises(ValueError, match="mma=True needs bf16 x"):
-        moe_router.router(x.float(), gw, bias, 6, mma=True)
-    with pytest.raises(ValueError, match="MMA tiles"):
-        moe_router.router(x, gw, bias, 6, mma=True, mma_tiles=(16, 256, 300, 2, 4))
-
-
 def test_router_exact_ties_break_toward_lower_index():
     # integer-valued inputs: every logit is exact in fp32 whatever the summation order
     g = gen(8)
@@ -910,33 +887,6 @@ def test_gpu_router_fused_decode_under_graph_replay(T):
         torch.cuda.synchronize()
         w2, i2 = moe_router.router(x, gw, bias, 6, fused=False)
         assert torch.equal(ig, i2) and torch.equal(wg, w2), f"replay {r}"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("T", [1, 8])
-def test_gpu_router_mma_decode_real_widths(T):
-    """The tensor-core decode router at real widths (384 experts, 5120 channels): the reference's expert ids and
-    weights to fp32 rounding (another summation order), and a CUDA-graph replay gives the eager launch's bits with
-    its counter back at zero."""
-    from dsv41c.codegen.triton import arrival, moe_router
-    g = gen(35)
-    E, D = 384, 5120
-    x = randn(g, T, D, dtype=torch.bfloat16)
-    gw = randn(g, E, D, scale=0.02, dtype=torch.bfloat16)
-    bias = randn(g, E, scale=0.01)
-    w, i = moe_router.router(x, gw, bias, 6, mma=True)
-    rw, ri = moe.router_reference(x, gw, bias, 6)
-    assert torch.equal(i, ri)
-    torch.testing.assert_close(w, rw, rtol=1e-5, atol=1e-6)
-    xs = x.clone()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        wg, ig = moe_router.router(xs, gw, bias, 6, mma=True)
-    for r in range(3):
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(ig, i) and torch.equal(wg, w), f"replay {r}"
-    assert int(arrival.counters(x.device, 1, pool="router_mma")[0]) == 0
 
 
 @pytest.mark.gpu

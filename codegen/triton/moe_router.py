@@ -62,10 +62,6 @@ GEMV_BE, GEMV_BK = 8, 512  # 384 experts -> 48 programs per token and K split, 8
 # router, L2-cold (results/tune_moe_ffn_chain.json): 8 tokens 27.4 / 15.8 / 15.6 µs at 4 / 8 / 16 (splits 1 / 2
 # / 5), 4 tokens 15.7 / 11.2 / 12.1, one token 8.8 / 8.6 / 8.9 (split 10 = one k step a program, all three).
 GEMV_PROGRAMS_PER_SM = 8
-# decode on the tensor cores (`router_decode_mma_kernel`): off until timed; (BE experts, BK, K_PER_SPLIT, stages,
-# warps): 24 x 5 = 120 programs of 32 KB of gate each for the backbone router
-MMA_DECODE = False
-MMA_TILES = (16, 256, 1024, 3, 4)
 
 
 def _gemv_split(T: int, E: int, K: int, BK: int, interp=None, sms: int = N_SMS_HINT):
@@ -236,45 +232,6 @@ def router_decode_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, bias_ptr, bias_vl_ptr,
         reset_counter(cnt_ptr + t)
 
 
-@triton.jit
-def router_decode_mma_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr,
-                             T, inv_temp, route_scale, E: tl.constexpr, K: tl.constexpr, BE: tl.constexpr,
-                             BK: tl.constexpr, K_PER_SPLIT: tl.constexpr, STAGES: tl.constexpr, BT: tl.constexpr,
-                             E_PAD: tl.constexpr, TOPK: tl.constexpr, K_PAD: tl.constexpr, HAS_VL: tl.constexpr,
-                             NORM: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False):
-    """Decode (bf16 x, T <= BT tokens), one launch: program (BE experts, K split) multiplies its gate tile with
-    EVERY token's x on the tensor cores (W [BE, BK] · xᵀ [BK, 16], the tokens padded to 16 columns; bf16 products
-    are exact in fp32, fp32 accumulation), so the gate is read once for all tokens; part[split, t, e]. The last
-    program of the grid to arrive (one counter, left at 0) runs `topk_rows` for all BT rows.
-    DOT_F32 (interpreter): the operands upcast to fp32 before the dot (the same exact products)."""
-    grid_wait(PDL)
-    grid_release(PDL)
-    re = tl.program_id(0) * BE + tl.arange(0, BE)
-    split = tl.program_id(1)
-    e_ok = re < E
-    rt = tl.arange(0, 16)
-    t_ok = rt < T
-    acc = tl.zeros((BE, 16), dtype=tl.float32)
-    k_end = tl.minimum(split * K_PER_SPLIT + K_PER_SPLIT, K)
-    for k0 in tl.range(split * K_PER_SPLIT, k_end, BK, num_stages=STAGES):
-        rk = k0 + tl.arange(0, BK)
-        k_ok = rk < k_end
-        wt = tl.load(w_ptr + re[:, None].to(tl.int64) * K + rk[None, :], mask=e_ok[:, None] & k_ok[None, :],
-                     other=0.0)
-        xt = tl.load(x_ptr + rt[None, :].to(tl.int64) * K + rk[:, None], mask=k_ok[:, None] & t_ok[None, :],
-                     other=0.0)  # [BK, 16]: x transposed
-        if DOT_F32:
-            acc += tl.dot(wt.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
-        else:
-            acc += tl.dot(wt, xt)
-    tl.store(part_ptr + (split * T + rt[None, :]).to(tl.int64) * E + re[:, None], acc,
-             mask=e_ok[:, None] & t_ok[None, :])
-    if arrive_last(cnt_ptr, tl.num_programs(0) * tl.num_programs(1)):
-        topk_rows(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, tl.arange(0, BT), T,
-                  tl.num_programs(1), inv_temp, route_scale, E, E_PAD, TOPK, K_PAD, HAS_VL, NORM, True)
-        reset_counter(cnt_ptr)
-
-
 # ============================================================================ reference
 
 
@@ -295,22 +252,12 @@ def router_reference(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate
 # ============================================================================ launcher
 
 
-def mma_decode_for(x, gate_w) -> bool:
-    """Whether the decode router takes `router_decode_mma_kernel` by default: MMA_DECODE, bf16 x and gate (the
-    products exact in fp32), a CUDA device (measured there), not the interpreter."""
-    return (MMA_DECODE and x.dtype == torch.bfloat16 and gate_w.dtype == torch.bfloat16 and x.is_cuda
-            and torch.version.hip is None and not interpreting())
-
-
 def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: float = 1.0, bias_vl=None,
-           image_mask=None, norm_topk_prob: bool = True, fused=None, mma=None, mma_tiles=None):
+           image_mask=None, norm_topk_prob: bool = True, fused=None):
     """Triton router: -> (weights [T, k] fp32, expert ids [T, k] int32).
 
     fused (None: on up to GEMV_MAX_T tokens): the decode logits and top-k in one launch
-    (`router_decode_kernel`; same bits as the two launches, which fused=False keeps).
-    mma (None: `mma_decode_for`): decode through `router_decode_mma_kernel` instead (every token in each program,
-    tensor cores; bf16 x and gate only; other sums' order, so not the GEMV's bits). mma_tiles: (BE, BK,
-    K_PER_SPLIT, stages, warps), default MMA_TILES (for tuning)."""
+    (`router_decode_kernel`; same bits as the two launches, which fused=False keeps)."""
     T, D = x.shape
     E = gate_w.shape[0]
     if gate_w.shape[1] != D or bias.shape != (E,):
@@ -320,11 +267,6 @@ def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: flo
     gemv = T <= GEMV_MAX_T
     if fused and not gemv:
         raise ValueError(f"router: fused=True is the decode path (T <= {GEMV_MAX_T}), got T={T}")
-    if mma and not gemv:
-        raise ValueError(f"router: mma=True is the decode path (T <= {GEMV_MAX_T}), got T={T}")
-    if mma and (x.dtype != torch.bfloat16 or gate_w.dtype != torch.bfloat16):
-        raise ValueError(f"router: mma=True needs bf16 x and gate (exact products), got {x.dtype} / {gate_w.dtype}")
-    mma = gemv and T > 0 and (mma_decode_for(x, gate_w) if mma is None else bool(mma))
     fused = gemv if fused is None else bool(fused)
     wts = torch.empty(T, top_k, dtype=torch.float32, device=x.device)
     ids = torch.empty(T, top_k, dtype=torch.int32, device=x.device)
@@ -338,16 +280,6 @@ def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: flo
     b_vl = bias_vl.float().contiguous() if has_vl else b
     topk_ce = dict(E=E, E_PAD=triton.next_power_of_2(E), TOPK=top_k, K_PAD=triton.next_power_of_2(top_k),
                    HAS_VL=has_vl, NORM=norm_topk_prob)
-    if mma:
-        BE, BK, k_per, ns, nw = _mma_tiles(D, mma_tiles)
-        split = triton.cdiv(D, k_per)
-        part = torch.empty(split, T, E, dtype=torch.float32, device=x.device)
-        pdl = pdl_for(x.device)
-        router_decode_mma_kernel[(triton.cdiv(E, BE), split)](
-            x, gw, part, counters(x.device, 1, pool="router_mma"), b, b_vl, img, wts, ids, T, 1.0 / gate_temp,
-            float(route_scale), K=D, BE=BE, BK=BK, K_PER_SPLIT=k_per, STAGES=ns, BT=triton.next_power_of_2(T),
-            DOT_F32=interpreting(), PDL=pdl, num_warps=nw, num_stages=ns, **topk_ce, **launch_kw(pdl))
-        return wts, ids
     if gemv:
         BK = min(GEMV_BK, triton.next_power_of_2(D))
         split, k_per = _gemv_split(T, E, D, BK, sms=sm_count(x.device))
@@ -378,17 +310,6 @@ def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: flo
     router_topk_kernel[(triton.cdiv(T, BT2),)](part, b, b_vl, img, wts, ids, T, split, 1.0 / gate_temp,
                                                 float(route_scale), BT=BT2, num_warps=4, **topk_ce)
     return wts, ids
-
-
-def _mma_tiles(D: int, tiles=None):
-    """(BE, BK, K_PER_SPLIT, stages, warps) of the MMA decode router, checked against D."""
-    BE, BK, k_per, ns, nw = tiles or MMA_TILES
-    if BE < 16 or BE & (BE - 1) or BK < 16 or BK & (BK - 1) or k_per % BK or k_per < BK or ns < 1 or nw < 1:
-        raise ValueError(f"router: MMA tiles (BE={BE}, BK={BK}, K_PER_SPLIT={k_per}, stages={ns}, warps={nw}) need "
-                         "BE and BK powers of two >= 16 and K_PER_SPLIT a multiple of BK")
-    if interpreting():
-        k_per = min(k_per, triton.cdiv(triton.cdiv(D, 2), BK) * BK)  # two splits at least, as `_gemv_split`
-    return BE, BK, k_per, ns, nw
 
 
 # ============================================================================ ahead-of-time variants
