@@ -74,13 +74,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--grid", choices=("first", "second", "pairs", "spf", "two", "ragged", "words"), default="second",
+    ap.add_argument("--grid", choices=("first", "second", "pairs", "spf", "two", "ragged"), default="second",
                     help="the tiles to time (`_tiles`); pairs: `tiles_for`'s tile with both weight decoders; spf: "
                          "the scale prefetch against the default; two: the byte-pair decoder's second scale factor "
                          "always, or one made in the loop or at the load; ragged: more warps or wider k tiles "
-                         "than divide K evenly (the last slices masked), more stages, against the default; words: "
-                         "the scale bytes as int32 words staged by the pipeline (spf=2), at the default's stages "
-                         "and one more")
+                         "than divide K evenly (the last slices masked), more stages, against the default")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     ceil = measure_ceilings()
@@ -138,16 +136,6 @@ def main(argv=None):
                 timed("ws_two" + rep, split(t, two=True), t)
                 for early in (False, True):
                     timed(f"ws_one_early{int(early)}" + rep, split(t, two=False, early=early), t)
-            continue
-        if args.grid == "words":  # session 21: spf=2 (scale words through the cp.async pipeline) against the
-            # default (spf 1: a register prefetch one step ahead), twice, interleaved
-            t = ws.tiles_for(N, K, gated)
-            t4 = (t[0], t[1], t[2], t[3] + 1)
-            for rep in ("", "_again"):
-                timed("default" + rep, default, list(t))
-                timed(f"ws_spf2_ns{t[3]}" + rep, split(t, spf=2), list(t))
-                timed(f"ws_spf2_ns{t4[3]}" + rep, split(t4, spf=2), list(t4))
-                timed(f"ws_spf1_ns{t4[3]}" + rep, split(t4), list(t4))
             continue
         if args.grid == "ragged":  # session 21: tiles whose k tiles do not split evenly over the warps (the last
             # slices' extra steps masked), and more stages (more weight bytes in flight a program), twice, interleaved

@@ -32,8 +32,7 @@ def _rel(a, b):
                                              (48, 256, 16, (2, 32, 64, 1), True), (33, 128, 3, (1, 16, 128, 2), False),
                                              (70, 256, 5, (4, 16, 32, 2), True),  # spf: scales a step ahead
                                              # ragged slices: 9 k tiles over 4 warps (3, 3, 3, 0), 5 over 2 (3, 2)
-                                             (40, 288, 8, (4, 16, 32, 2), True), (33, 320, 3, (2, 16, 64, 3), False),
-                                             (50, 640, 8, (2, 16, 128, 2), True), (40, 768, 4, (2, 16, 256, 2), False)])
+                                             (40, 288, 8, (4, 16, 32, 2), True), (33, 320, 3, (2, 16, 64, 3), False)])
 def test_plain_matches_reference(N, K, M, tiles, spf):
     g = torch.Generator().manual_seed(N + K + M)
     x = (torch.randn(M, K, generator=g) * 2).to(DEV)
@@ -46,8 +45,6 @@ def test_plain_matches_reference(N, K, M, tiles, spf):
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=4e-6 * ref.abs().max().item())
     # the scale prefetch moves a load, not a product: the other setting gives the same bits
     assert torch.equal(ws.fp8_gemm_warp_split(x, w, s, tiles=tiles, spf=not spf), y)
-    if tiles[2] % 128 == 0 and K % 128 == 0:  # and so do the scales as int32 words through the pipeline
-        assert torch.equal(ws.fp8_gemm_warp_split(x, w, s, tiles=tiles, spf=2), y)
 
 
 @pytest.mark.parametrize("N,K,M,tiles,spf", [(70, 256, 8, (4, 16, 32, 2), False), (40, 512, 3, (8, 16, 64, 2), True),
@@ -86,8 +83,6 @@ def test_bad_requests_are_named():
         ws.fp8_gemm_warp_split(torch.zeros(4, 256, device=DEV), w, s, tiles=(2, 16, 512, 2), name="lin")
     with pytest.raises(ValueError, match="lin: decode shapes only"):
         ws.fp8_gemm_warp_split(torch.zeros(17, 256, device=DEV), w, s, tiles=(4, 16, 64, 2), name="lin")
-    with pytest.raises(ValueError, match="lin: spf=2 loads the scales as int32 words"):
-        ws.fp8_gemm_warp_split(torch.zeros(4, 256, device=DEV), w, s, tiles=(4, 16, 64, 2), name="lin", spf=2)
     with pytest.raises(ValueError, match="powers of two"):
         ws.fp8_gemm_warp_split(torch.zeros(4, 256, device=DEV), w, s, tiles=(3, 16, 64, 2), name="lin")
     with pytest.raises(ValueError, match="RB >= 16"):

@@ -141,12 +141,7 @@ def _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, sl, K: tl.con
     EARLY_ONE: tl.constexpr = PAIRS and not TWO and EARLY  # the one factor made where the bytes are loaded
     t0 = tl.arange(0, S) * NI  # [S] each slice's first k tile
     s_ptrs = ws_ptr + s_rows[None, :, None] + ((sl // 32)[:, None] + kb[None, :])[:, None, :]  # [S, RB, BK/32]: step 0
-    SW: tl.constexpr = SPF == 2  # the scale bytes as int32 words, loaded in the pipelined loop like the weights
-    NWD: tl.constexpr = BK // 128  # words a (row, step)
-    if SW:
-        wd_ptrs = (ws_ptr + s_rows[None, :, None] + (sl // 32)[:, None, None]
-                   + (tl.arange(0, NWD) * 4)[None, None, :]).to(tl.pointer_type(tl.int32))  # [S, RB, NWD]: step 0
-    elif SPF:  # the first k step's scale bytes, before the loop
+    if SPF:  # the first k step's scale bytes, before the loop
         sb_nxt = _scale_in(tl.load(s_ptrs, mask=rw_ok[None, :, None] & _tile_ok(t0, 0, NT, S, RAGGED), other=127),
                            EARLY_ONE)
     for i in tl.range(0, NI, num_stages=STAGES):
@@ -154,13 +149,7 @@ def _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, sl, K: tl.con
         # RAGGED: a step past its slice's tiles loads nothing (weights 0, x 0): it adds +0 to the partial sums
         t_ok = _tile_ok(t0, i, NT, S, RAGGED)  # [S, 1, 1]
         wb = tl.load(w_ptr + w_rows[None, :, None] + k[:, None, :], mask=rw_ok[None, :, None] & t_ok, other=0)
-        if SW:  # 4-byte words (cp.async can stage them; single bytes it cannot), little-endian: byte j of word w is
-            # the scale of k block 4w + j
-            wd = tl.load(wd_ptrs + i * NWD, mask=rw_ok[None, :, None] & t_ok, other=0x7F7F7F7F)
-            sh = tl.arange(0, 4) * 8
-            sb = _scale_in(tl.reshape((wd[:, :, :, None] >> sh[None, None, None, :]) & 0xFF, (S, RB, BK // 32)),
-                           EARLY_ONE)
-        elif SPF:  # the next step's bytes now, this step's from the last iteration (no wait on global memory; the
+        if SPF:  # the next step's bytes now, this step's from the last iteration (no wait on global memory; the
             # move into the decode layout through shared memory, STS / barrier / LDS, stays)
             sb = sb_nxt
             sb_nxt = _scale_in(tl.load(s_ptrs + (i + 1) * (BK // 32),
@@ -314,18 +303,6 @@ def _two_key(two, s, s3) -> bool:
     return any(scales_above_134(t) for t in mats)
 
 
-def _spf_key(spf, K: int, BK: int, su, s3_off: int, name: str) -> int:
-    """The kernel's SPF: 0 (scale bytes loaded in the step), 1 (a step ahead), 2 (int32 words in the pipeline: needs
-    BK and K multiples of 128 and 4-byte aligned scale rows); None: SPF_DEFAULT."""
-    spf = int(SPF_DEFAULT if spf is None else spf)
-    if spf not in (0, 1, 2):
-        raise ValueError(f"{name}: spf={spf}: expected 0, 1 or 2")
-    if spf == 2 and (BK % 128 or K % 128 or su.data_ptr() % 4 or s3_off % 4):
-        raise ValueError(f"{name}: spf=2 loads the scales as int32 words: needs BK ({BK}) and K ({K}) multiples of 128 "
-                         "and 4-byte aligned scale rows")
-    return spf
-
-
 def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype=None, tiles=None, pdl=None,
                         name: str = "fp8_gemm_warp_split", pairs: bool | None = None, spf: bool | None = None,
                         two: bool | None = None, early: bool | None = None):
@@ -333,8 +310,7 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
     tiles = (S warps / K slices, RB weight rows a program, BK, stages); None: `tiles_for`. pdl: None = on where the
     device has programmatic dependent launch. pairs: the byte-pair decoder (inline PTX, CUDA only; the per-element
     decoder's bits); None = PAIRS_DEFAULT where inline PTX compiles (`fp8_gemm.ptx_for`), else the per-element one.
-    spf: 1 / True: the scale bytes loaded a k step ahead; 2: as int32 words staged by the loop's pipeline like the
-    weights; 0 / False: in the step (None: SPF_DEFAULT; the same bits every way). two: the byte-pair
+    spf: the scale bytes loaded a k step ahead (None: SPF_DEFAULT; the same bits either way). two: the byte-pair
     decoder's second scale factor, needed only for UE8M0 bytes above 134 (the same bits either way); None = where
     `scales_above_134` finds one (on the host, once per scale tensor); True / False force it (False with a byte above
     134 gives wrong products: for tuning). early: the kernel's EARLY (None: `early_for`).
@@ -373,12 +349,11 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
     two = _two_key(two, s, s3) if pairs else True
     early = (early_for(N, K, gated) if early is None else bool(early)) and pairs and not two
     RBO = RB // (2 if gated else 1)
-    spf = _spf_key(spf, K, BK, su, s3_off, name)
     pdl = pdl_for(x.device) and (pdl is None or bool(pdl))
     fp8_warp_split_kernel[(triton.cdiv(N, RBO),)](
         x2, wu, su, y, M, float(limit), w3_off, s3_off, N=N, K=K, BM=BM, RB=RB, S=S, BK=BK, STAGES=ns,
         GATED=int(gated), NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2), PDL=pdl,
-        PAIRS=bool(pairs), SPF=spf, TWO=two, EARLY=early,
+        PAIRS=bool(pairs), SPF=SPF_DEFAULT if spf is None else bool(spf), TWO=two, EARLY=early,
         num_warps=S, num_stages=ns, **launch_kw(pdl))
     return y.reshape(*x.shape[:-1], N)
 
