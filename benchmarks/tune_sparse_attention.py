@@ -60,14 +60,6 @@ VARIANTS = {
         # session 18: cvec 8 was 50.6 vs 52.4 µs cold in its first run; timed again, interleaved
         ("default_again", {}),
         ("cvec8_again", {"cvec": 8}),
-        # session 21: programs of 32 / 16 heads with whole keys (no key split, no partials, no combine; each key block
-        # dequantized by every head block of its query; M < 64, so mma.sync rather than wgmma), twice, interleaved
-        ("heads32", {"heads": 32, "n_split": 1}),
-        ("heads16_w4_bn32", {"heads": 16, "n_split": 1, "num_warps": 4, "block_n": 32}),
-        ("heads16_w4_bn64", {"heads": 16, "n_split": 1, "num_warps": 4}),
-        ("default_third", {}),
-        ("heads32_again", {"heads": 32, "n_split": 1}),
-        ("heads16_w4_bn32_again", {"heads": 16, "n_split": 1, "num_warps": 4, "block_n": 32}),
     ]),
     "decode_S1": (1, [
         ("old", {"qk_once": False, "fuse_combine": False}),

@@ -77,24 +77,6 @@ def test_decode_batch_variants(quant, qk_once, fuse, n_split, dv, block_n):
     assert_bf16_close(o, r, ulps=2, floor=1e-3)
 
 
-@pytest.mark.parametrize("quant", [True, False])
-@pytest.mark.parametrize("heads,n_split,dv", [(16, 1, None), (16, 3, None), (32, 2, 32)])
-def test_head_blocks(quant, heads, n_split, dv):
-    """Programs of `heads` heads (H / heads head blocks a query and channel slice): without and with key splits
-    (the separate combine) and channel slices; the same softmax as all heads a program, to the reference."""
-    S, H, D, W, KC, N = 3, 64, 64, 16, 21, 24
-    cos, sin = rope_table(512, 8)
-    args, kw = batch_inputs(S, H, D, W, KC, N, quant, seed=11 + heads, pad_rows=(1,))
-    o = sa.sparse_attention(*args, cos, sin, heads=heads, n_split=n_split, dv=dv, block_n=16, fuse_combine=False,
-                            **kw)
-    r = sa.sparse_attention_ref(*args, cos, sin, **kw)
-    assert_bf16_close(o, r, ulps=2, floor=1e-3)
-    with pytest.raises(ValueError, match="heads 24 must be a power of two"):
-        sa.sparse_attention(*args, cos, sin, heads=24, **kw)
-    with pytest.raises(ValueError, match="the fused combine takes all 64 heads"):
-        sa.sparse_attention(*args, cos, sin, heads=16, n_split=2, fuse_combine=True, **kw)
-
-
 def test_fused_combine_matches_separate_and_leaves_counters_zero():
     """The last arriver merges the same tiles in the same split order as _combine_kernel: identical
     outputs; every counter is back at zero, so a second launch (a graph replay) is correct too."""
@@ -174,7 +156,7 @@ def test_bad_lazy_rescale_is_rejected(lazy):
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [{}, {"qk_once": False, "fuse_combine": False, "block_n": 64, "num_stages": 2},
                                  {"block_n": 64, "num_stages": 2}, {"block_n": 16}, {"n_split": 4},
-                                 {"fuse_combine": False}, {"heads": 32, "n_split": 1}, {"heads": 16, "n_split": 1}])
+                                 {"fuse_combine": False}])
 def test_gpu_decode_batch_real_widths(cfg):
     """The benchmarked S64 batch at real widths (each query its own ring and compressed region)."""
     S, H, D, W, KC, N = 64, 64, 512, 128, 512, 1024

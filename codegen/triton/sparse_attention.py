@@ -315,20 +315,17 @@ def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx
                         QK_ONCE: tl.constexpr = False, FUSE: tl.constexpr = False, CP: tl.constexpr = 64,
                         NS: tl.constexpr = 8, FHB: tl.constexpr = 16, PAIRS: tl.constexpr = False,
                         PTX: tl.constexpr = False, LAZY: tl.constexpr = 0.0, PDL: tl.constexpr = False,
-                        CVEC: tl.constexpr = 16, HQ: tl.constexpr = 0):
-    """HQ (0 = H): heads a program (the MMA rows); program_id(1) = channel slice x H/HQ head blocks."""
+                        CVEC: tl.constexpr = 16):
     NWB: tl.constexpr = W // BN
-    HP: tl.constexpr = H if HQ == 0 else HQ  # heads a program
-    tl.static_assert(H % HP == 0 and (HP == H or not FUSE), "HQ must divide H; the fused combine takes HQ = H only")
     # PDL (pdl.py): q, the ring and the indices may be the previous kernel's; releasing at once lets the combine
     # launch be scheduled while this grid runs (it waits for this grid's completion before it reads a partial)
     grid_wait(PDL)
     grid_release(PDL)
     s = tl.program_id(0)
-    cv = tl.program_id(1) // (H // HP)
+    cv = tl.program_id(1)
     sp = tl.program_id(2)
     s64 = s.to(tl.int64)
-    hh = (tl.program_id(1) % (H // HP)) * HP + tl.arange(0, HP)
+    hh = tl.arange(0, H)
     p = tl.load(qpos_ptr + s)
     # has_base = 0: the base pointers alias qpos (no zero tensors to fill at decode)
     wbase = tl.load(wbase_ptr + s) * has_base
@@ -341,16 +338,16 @@ def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx
         q = _load_q(q_rows, 0, D, UPCAST)  # loop-invariant: loaded once, not per key block
     if QUANT:
         scale = scale * 256.0  # quantized tiles hold K = V in units of 2^-8 (exact: a power of two)
-    m_i = tl.full((HP,), float("-inf"), tl.float32)
-    l_i = tl.zeros((HP,), tl.float32)
-    acc = tl.zeros((HP, DV), tl.float32)
+    m_i = tl.full((H,), float("-inf"), tl.float32)
+    l_i = tl.zeros((H,), tl.float32)
+    acc = tl.zeros((H, DV), tl.float32)
     # window keys: positions p-W+1 .. p, ring slot pos % R
     for blk in range(b0, tl.minimum(b1, NWB)):
         j = p - W + 1 + blk * BN + tl.arange(0, BN)
         valid = j >= 0
         rows = wbase + tl.where(valid, j, 0) % R
         m_i, l_i, acc = _attend_block(q, q_rows, wkv_ptr, wsc_ptr, rows, valid, cv, scale, m_i, l_i, acc,
-                                      HP, BN, D, DV, True, QUANT, UPCAST, QK_ONCE, PAIRS, PTX, LAZY)
+                                      H, BN, D, DV, True, QUANT, UPCAST, QK_ONCE, PAIRS, PTX, LAZY)
     # selected compressed entries (-1 = padding; columns past KC are padding too)
     for blk in range(tl.maximum(b0, NWB), b1):
         jj = (blk - NWB) * BN + tl.arange(0, BN)
@@ -358,7 +355,7 @@ def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx
         valid = e >= 0
         rows = cbase + tl.where(valid, e, 0)
         m_i, l_i, acc = _attend_block(q, q_rows, ckv_ptr, csc_ptr, rows, valid, cv, scale, m_i, l_i, acc,
-                                      HP, BN, D, DV, False, QUANT, UPCAST, QK_ONCE, PAIRS, PTX, LAZY, CVEC)
+                                      H, BN, D, DV, False, QUANT, UPCAST, QK_ONCE, PAIRS, PTX, LAZY, CVEC)
     if QUANT:
         acc = acc * 256.0
     cols = cv * DV + tl.arange(0, DV)
@@ -383,7 +380,7 @@ def _sparse_attn_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx
         wgt = tl.exp(m_i - M)
         f = wgt / (l_i * wgt + tl.exp(sink - M))
         _inv_rope_store(acc * f[:, None], o_ptr + (s64 * H + hh)[:, None] * D + cols[None, :], cv * DV, p,
-                        cos_ptr, sin_ptr, HP, DV, D, ROPE)
+                        cos_ptr, sin_ptr, H, DV, D, ROPE)
 
 
 @triton.jit
@@ -456,8 +453,7 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
                      win_base=None, cmp_base=None, scale: float | None = None, n_split: int | None = None, dv: int | None = None,
                      block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                      qk_once: bool | None = None, fuse_combine: bool | None = None, kv_pairs: bool | None = None,
-                     lazy_rescale: float | None = None, pdl: bool | None = None, cvec: int | None = None,
-                     heads: int | None = None):
+                     lazy_rescale: float | None = None, pdl: bool | None = None, cvec: int | None = None):
     """q [S, H, D] bf16 post-RoPE; qpos [S] int32; win_kv: (E4M3 codes [R, D] u8, UE8M0 [R, D/32] u8)
     or bf16 [R, D] (ring, slot = pos % R); cmp_kv: (packed FP4 [N, D/2] u8, E4M3 [N, D/16] u8) or
     bf16 [N, D]; idx [S, KC] int32 compressed rows (-1 = padding); sink [H] fp32; cos/sin [P, rope/2].
@@ -469,8 +465,7 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     tile decoders of kv_pairs.py (quantized KV on CUDA only; elsewhere ignored); lazy_rescale: the running max's
     slack in natural-log units (`_attend_block`; 0 = rescale every block); pdl: programmatic dependent launch of
     both kernels (pdl.py; None: where the device has it, PDL_ATTENTION); cvec: the bytes a thread loads at once
-    along a packed FP4 row, 4, 8 or 16 (`_kv_tile`'s CVEC; None: CVEC_DEFAULT); heads: the heads a program takes (the
-    MMA rows; a power of two dividing H, at least 16; None: all H, or BATCH_HEADS for a decode batch).
+    along a packed FP4 row, 4, 8 or 16 (`_kv_tile`'s CVEC; None: CVEC_DEFAULT).
     Returns o [S, H, D] bf16 (inverse-rotated)."""
     S, H, D = q.shape
     wkv, wsc, wq = _kv_parts(win_kv, "win_kv")
@@ -504,19 +499,14 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     if D % DV or DV % 32:
         raise ValueError(f"sparse_attention: dv {DV} must divide D {D} and be a multiple of 32")
     ncv = D // DV
-    HQ = heads or (BATCH_HEADS if batch and BATCH_HEADS else H)
-    if HQ != H and (H % HQ or HQ < 16 or HQ & (HQ - 1)):
-        raise ValueError(f"sparse_attention: heads {HQ} must be a power of two >= 16 that divides H {H}")
     n_blocks = window // BN + triton.cdiv(KC, BN)
-    bps, n_split = _key_splits(n_blocks, S * ncv * (H // HQ), sm_count(dev), n_split)
+    bps, n_split = _key_splits(n_blocks, S * ncv, sm_count(dev), n_split)
     split = n_split > 1
     scale = D ** -0.5 if scale is None else scale
     rope = cos.shape[1] * 2
     # per-slice products (DV < D) in branches spill more than they save (module docstring): off there
     qk_once = (QK_ONCE and DV == D) if qk_once is None else bool(qk_once)
     fuse = split and (FUSE_COMBINE if fuse_combine is None else bool(fuse_combine))
-    if fuse and HQ != H:
-        raise ValueError(f"sparse_attention: the fused combine takes all {H} heads a program (heads={HQ})")
     ptx = ptx_for(dev)
     pairs = wq and ptx and (KV_PAIRS if kv_pairs is None else bool(kv_pairs))
     lazy = float(LAZY_RESCALE if lazy_rescale is None else lazy_rescale)
@@ -538,12 +528,11 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     cnt = counters(dev, S * ncv) if fuse else qpos
     sink = sink if sink.dtype == torch.float32 and sink.is_contiguous() else sink.float().contiguous()
     cos, sin = cos.contiguous(), sin.contiguous()
-    _sparse_attn_kernel[(S, ncv * (H // HQ), n_split)](
+    _sparse_attn_kernel[(S, ncv, n_split)](
         q.contiguous(), qpos, wkv, wsc, ckv, csc, idx, wb, cb, sink, cos, sin, out, pm, pl, pacc, cnt,
         R, KC, int(has_base), bps, n_split, scale,
         H=H, D=D, ROPE=rope, W=window, BN=BN, DV=DV, QUANT=wq, SPLIT=split, UPCAST=interpreting(),
         QK_ONCE=qk_once, FUSE=fuse, CP=CP, NS=NS, FHB=min(H, 16), PAIRS=pairs, PTX=ptx, LAZY=lazy, PDL=pdl, CVEC=cvec,
-        HQ=0 if HQ == H else HQ,
         num_warps=num_warps or 8, num_stages=num_stages or (BATCH_STAGES if batch else _default_stages()),
         **launch_kw(pdl))
     if split and not fuse:
@@ -566,8 +555,6 @@ FUSE_COMBINE = False
 # combine) — the same as the single-query CUDA defaults today
 BATCH_BN, BATCH_STAGES = 64, 2
 ONE_QUERY_DV = 128  # output channels per program for a single quantized decode query
-# heads a program in a quantized decode batch (None: all): session 21, not yet timed
-BATCH_HEADS = None
 # Session 16, H200, L2-cold graph replay, two interleaved runs (results/tune_sparse_attention_s16*.json):
 # quantized KV tiles decoded two values a register (kv_pairs.py; CUDA): 64 queries 60.5-60.7 -> 58.2-58.3 µs, one
 # query 15.3-15.5 -> 14.6-14.9; with PDL on both launches as well: 57.3-57.4 and 13.9-14.2. The online softmax's
@@ -675,7 +662,7 @@ def _attn_spec(c, quant: bool, split: bool, bn: int, dv: int, num_warps: int, nu
              "BN": bn, "DV": dv, "QUANT": quant, "SPLIT": split, "UPCAST": False,
              "QK_ONCE": (QK_ONCE and dv == c.head_dim) if qk_once is None else qk_once, "FUSE": fuse,
              "CP": min(64, dv), "NS": 8, "FHB": 16, "PAIRS": bool(pairs and quant), "PTX": bool(pairs and quant),
-             "LAZY": float(lazy), "PDL": False, "CVEC": cvec, "HQ": 0}
+             "LAZY": float(lazy), "PDL": False, "CVEC": cvec}
     return aot_spec(_sparse_attn_kernel, f"{phase}_{'fp8fp4' if quant else 'bf16'}_dv{dv}_bn{bn}", types, const,
                     num_warps=num_warps, num_stages=num_stages)
 
@@ -716,5 +703,5 @@ register(KernelTemplate(
     name="sparse_attention", module=__name__,
     summary="one softmax over SWA window ∪ selected compressed entries + sink, FP8/FP4 KV dequantized in-kernel, inverse RoPE",
     keys=("H", "D", "ROPE", "W", "BN", "DV", "QUANT", "SPLIT", "QK_ONCE", "FUSE", "CP", "HB", "NS", "FHB", "UPCAST", "PAIRS",
-          "PTX", "LAZY", "PDL", "CVEC", "HQ"),
+          "PTX", "LAZY", "PDL", "CVEC"),
     reference=sparse_attention_ref, launch=sparse_attention, specializations=_specs))
