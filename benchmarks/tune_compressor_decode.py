@@ -49,6 +49,9 @@ if os.environ.get("TUNE_TAIL_PF") == "1":  # the tail's L2 prefetch only: on, of
 # TUNE_NO_IDX=1 (session 21): the default launch without the fused indexer key (wk None: no wk GEMV, key norm, RoPE
 # and pack in the tail), interleaved with it twice: what the indexer key's part of the serial tail costs
 NO_IDX = os.environ.get("TUNE_NO_IDX") == "1"
+# TUNE_IDX_MMA=1 (session 21): the indexer key's product on the tensor cores (`_idx_linear_mma`) at IBK 128 / 64 /
+# 256 against the default (FMA), twice, interleaved
+IDX_MMA = os.environ.get("TUNE_IDX_MMA") == "1"
 
 
 def errors(o, r):
@@ -106,7 +109,12 @@ def main():
                   + J * (C // 2 + C // 16 + CI // 2 + CI // 32 + C * (2 if ratio == 1 else 4)))
         ref = {"a": a, "cos": cos, "sin": sin, "out": r, "bytes": bytes_}
         variants = [("two_launch", {"fused_tail": False}), ("fused", {"fused_tail": True})]
-        if NO_IDX:
+        if IDX_MMA:
+            variants = [("fused", {"fused_tail": True})] + [
+                (f"fused_idx_mma_IBK{ibk}", {"fused_tail": True, "decode_cfg": {"idx_mma": True, "IBK": ibk}})
+                for ibk in (128, 64, 256)]
+            variants = variants * 2
+        elif NO_IDX:
             variants = [("fused", {"fused_tail": True}), ("fused_noidx", {"fused_tail": True, "no_idx": True})] * 2
         elif not args.quick:
             variants += [("fused_" + "_".join(f"{k}{v}" for k, v in o.items()), {"fused_tail": True, "decode_cfg": o})

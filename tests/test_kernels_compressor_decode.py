@@ -54,17 +54,17 @@ def _counter():
 CASES = [(1, 1, None), (1, 1, 0), (1, 2, 1), (2, 2, None), (2, 2, 0), (2, 4, 1)]
 
 
-@pytest.mark.parametrize("fuse_idx", [True, False])
+@pytest.mark.parametrize("fuse_idx,idx_mma", [(True, False), (False, False), (True, True)])
 @pytest.mark.parametrize("ratio,T,skip", CASES)
-def test_decode_fused_bit_exact_on_exact_gemm(ratio, T, skip, fuse_idx):
+def test_decode_fused_bit_exact_on_exact_gemm(ratio, T, skip, fuse_idx, idx_mma):
     """Dyadic x and wkv: the fused launch writes exactly the reference's bytes (ratio 1: all outputs;
     ratio 2: the gate is random, so its fp32 softmax inputs differ by summation order; codes compared
-    with the one-step tolerance there)."""
+    with the one-step tolerance there). idx_mma: the indexer key's product on the tensor cores."""
     D, C, CI, rope = SMALL["D"], SMALL["C"], SMALL["CI"], SMALL["rope"]
     t, cos, sin, pos = _compressor_inputs(ratio, T, D, C, CI, rope, grid=True, seed=10 + T)
     rows, N = _rows(T // ratio, skip)
     a = _run(cm.compress, ratio, t, cos, sin, pos, rows, N, C, CI, fuse_idx, fused_tail=True,
-             decode_cfg=SMALL["cfg"])
+             decode_cfg={**SMALL["cfg"], "idx_mma": idx_mma})
     b = _run(cm.compress_ref, ratio, t, cos, sin, pos, rows, N, C, CI, fuse_idx)
     assert _counter() == 0
     if ratio == 1:
@@ -83,12 +83,14 @@ def test_decode_fused_bit_exact_on_exact_gemm(ratio, T, skip, fuse_idx):
             assert a[2].any() and a[3].any()
 
 
+@pytest.mark.parametrize("idx_mma", [False, True])
 @pytest.mark.parametrize("ratio,T,skip", CASES)
-def test_decode_fused_random_vs_ref_and_two_launch(ratio, T, skip):
+def test_decode_fused_random_vs_ref_and_two_launch(ratio, T, skip, idx_mma):
     D, C, CI, rope = SMALL["D"], SMALL["C"], SMALL["CI"], SMALL["rope"]
     t, cos, sin, pos = _compressor_inputs(ratio, T, D, C, CI, rope, grid=False, seed=20 + T)
     rows, N = _rows(T // ratio, skip)
-    a = _run(cm.compress, ratio, t, cos, sin, pos, rows, N, C, CI, True, fused_tail=True, decode_cfg=SMALL["cfg"])
+    a = _run(cm.compress, ratio, t, cos, sin, pos, rows, N, C, CI, True, fused_tail=True,
+             decode_cfg={**SMALL["cfg"], "idx_mma": idx_mma})
     o = _run(cm.compress, ratio, t, cos, sin, pos, rows, N, C, CI, True, fused_tail=False)
     b = _run(cm.compress_ref, ratio, t, cos, sin, pos, rows, N, C, CI, True)
     for ref in (b, o):
@@ -134,7 +136,7 @@ def test_decode_fused_is_default_where_it_applies_and_refuses_elsewhere(monkeypa
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("ratio,T", [(1, 1), (1, 2), (2, 2), (2, 4)])
-@pytest.mark.parametrize("cfg", [None, {"BN": 16}, {"IBK": 256}])
+@pytest.mark.parametrize("cfg", [None, {"BN": 16}, {"IBK": 256}, {"idx_mma": True}, {"idx_mma": True, "IBK": 64}])
 def test_gpu_decode_fused_real_widths(ratio, T, cfg):
     t, cos, sin, pos = _compressor_inputs(ratio, T, 5120, 512, 128, 64, grid=False, seed=ratio + T)
     rows, N = _rows(T // ratio, None)

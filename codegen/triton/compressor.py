@@ -169,15 +169,51 @@ def _idx_linear_fma(LE, LO, r, rmask, wk_ptr, lsc_ptr, C: tl.constexpr, CI: tl.c
 
 
 @triton.jit
+def _idx_linear_mma(LE, LO, r, rmask, wk_ptr, lsc_ptr, C: tl.constexpr, CI: tl.constexpr, BM: tl.constexpr,
+                    IBK: tl.constexpr, DOT_F32: tl.constexpr):
+    """`_idx_linear_fma`'s product on the tensor cores: kᵀ [CI, 16] = Σ over K chunks of wk[:, chunk] [CI, IBK] ·
+    Lᵀ[chunk, 16], the BM <= 2 latent rows padded to 16 MMA columns (read back from the scratch row lsc, as the FMA
+    path). The latent values are bf16 already, so the bf16 products are exact and the sums are fp32 (in another
+    order than the FMA path's). The FMA path spends ~800 of the tail's ~1,550 sm90 instructions on this product (the
+    tail runs in one program: its instruction latency is the time). DOT_F32: operands upcast (the interpreter).
+    Returns (even, odd) output channels [BM, CI/2]."""
+    tl.static_assert(BM <= 2, "_idx_linear_mma: rows 0 and 1 only (the one-launch decode's <= 2 output rows)")
+    HALF: tl.constexpr = C // 2
+    h = tl.arange(0, HALF)
+    lp = lsc_ptr + r[:, None] * C + 2 * h[None, :]
+    tl.store(lp, LE, mask=rmask[:, None])
+    tl.store(lp + 1, LO, mask=rmask[:, None])
+    tl.debug_barrier()  # the scratch row is written by other threads of this program
+    j = tl.arange(0, CI)
+    kk = tl.arange(0, IBK)
+    n = tl.arange(0, 16)
+    acc = tl.zeros((CI, 16), tl.float32)
+    for cb in tl.static_range(C // IBK):
+        w = tl.load(wk_ptr + j[:, None] * C + cb * IBK + kk[None, :])  # [CI, IBK] bf16
+        lt = tl.load(lsc_ptr + n[None, :] * C + cb * IBK + kk[:, None], mask=(n < BM)[None, :], other=0.0)
+        if DOT_F32:
+            acc = tl.dot(w.to(tl.float32), lt, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, lt.to(tl.bfloat16), acc)
+    k0 = tl.sum(tl.where((n == 0)[None, :], acc, 0.0), axis=1)  # [CI]: latent row 0's outputs
+    k = tl.where(r[:, None] == 0, k0[None, :], 0.0)
+    if BM == 2:
+        k1 = tl.sum(tl.where((n == 1)[None, :], acc, 0.0), axis=1)
+        k = tl.where(r[:, None] == 1, k1[None, :], k)
+    return _pairs(k, BM, CI // 2)
+
+
+@triton.jit
 def _tail(accE, accO, bE, bO, gaE, gaO, gbE, gbO, r, rmask, nw_ptr, cos_ptr, sin_ptr, pos_ptr, rows_ptr,
           kvc_ptr, kvs_ptr, lat_ptr, wk_ptr, knw_ptr, ic_ptr, is_ptr, lsc_ptr, eps,
           C: tl.constexpr, ROPE: tl.constexpr, RATIO: tl.constexpr, BM: tl.constexpr, WRITE_LAT: tl.constexpr,
           LAT_BF16: tl.constexpr, FUSE_IDX: tl.constexpr, CI: tl.constexpr, IROPE: tl.constexpr,
-          UPCAST: tl.constexpr, IBK: tl.constexpr):
+          UPCAST: tl.constexpr, IBK: tl.constexpr, IDX_MMA: tl.constexpr = 0):
     """Everything after the linear, for BM rows r (mask rmask): ratio-2 gated pooling, RMSNorm,
     latent out, fused indexer key, RoPE, FP4 pack, cache append. acc*/b*/ga*/gb* are the (even, odd)
     halves of the linear outputs [BM, C/2] (b, ga, gb: ratio 2 only). IBK > 0: the indexer key's
-    linear runs as FMA (BM <= 2, `_idx_linear_fma`, scratch lsc), else as tl.dot (BM >= 16)."""
+    linear runs as FMA (BM <= 2, `_idx_linear_fma`, scratch lsc; IDX_MMA 1 / 2: on the tensor cores,
+    `_idx_linear_mma`, 2 with fp32 operands), else as tl.dot (BM >= 16)."""
     HALF: tl.constexpr = C // 2
     h = tl.arange(0, HALF)
     r64 = r.to(tl.int64)
@@ -217,7 +253,9 @@ def _tail(accE, accO, bE, bO, gaE, gaO, gbE, gbO, r, rmask, nw_ptr, cos_ptr, sin
         ci = tl.arange(0, IH)
         LE = round_bf16(E)
         LO = round_bf16(O)
-        if IBK > 0:
+        if IBK > 0 and IDX_MMA > 0:
+            kE, kO = _idx_linear_mma(LE, LO, r, rmask, wk_ptr, lsc_ptr, C, CI, BM, IBK, IDX_MMA == 2)
+        elif IBK > 0:
             kE, kO = _idx_linear_fma(LE, LO, r, rmask, wk_ptr, lsc_ptr, C, CI, BM, IBK)
         else:
             wkb = wk_ptr + (2 * ci)[None, :] * C + (2 * h)[:, None]  # [HALF, IH]: wk[2ci, 2h]
@@ -409,7 +447,7 @@ def _compress_decode_kernel(x_ptr, wkv_ptr, wg_ptr, nw_ptr, cos_ptr, sin_ptr, po
                             WRITE_LAT: tl.constexpr, LAT_BF16: tl.constexpr, FUSE_IDX: tl.constexpr,
                             CI: tl.constexpr, IROPE: tl.constexpr, IBK: tl.constexpr, TAIL_PF: tl.constexpr = False,
                             WK_ROW: tl.constexpr = 0, NW_BYTES: tl.constexpr = 0, KNW_BYTES: tl.constexpr = 0,
-                            CS_ROW: tl.constexpr = 0):
+                            CS_ROW: tl.constexpr = 0, IDX_MMA: tl.constexpr = 0):
     """Decode (NT = 1, 2 or 4 tokens, NT/RATIO <= 2 output rows) in one launch. Program (pn, ks):
     output channels [pn·BN, +BN) over K range [ks·KPS, +KPS) for every token as a pure-FMA GEMV
     (w [BN, BK] chunks, unrolled so all loads are in flight, x broadcast, one K reduction at the end),
@@ -494,7 +532,7 @@ def _compress_decode_kernel(x_ptr, wkv_ptr, wg_ptr, nw_ptr, cos_ptr, sin_ptr, po
         gbE, gbO = _pairs(gb, BM, HALF)
         _tail(accE, accO, bE, bO, gaE, gaO, gbE, gbO, r, rmask, nw_ptr, cos_ptr, sin_ptr, pos_ptr, rows_ptr,
               kvc_ptr, kvs_ptr, lat_ptr, wk_ptr, knw_ptr, ic_ptr, is_ptr, ws_ptr + 2 * WS_PART, eps,
-              C, ROPE, RATIO, BM, WRITE_LAT, LAT_BF16, FUSE_IDX, CI, IROPE, False, IBK)
+              C, ROPE, RATIO, BM, WRITE_LAT, LAT_BF16, FUSE_IDX, CI, IROPE, False, IBK, IDX_MMA)
         reset_counter(cnt_ptr)
 
 
@@ -510,8 +548,10 @@ def _u8(t):
 # At C=512, D=5120: 64 channel blocks x 5 K-splits = 320 programs (~2.4 per H200 SM), 16 KB of wkv
 # (+16 KB of wgate) each; the tail then adds 5 partials.
 DECODE_CFG = {  # tail_pf: `_prefetch_tail` where the device has the L2 bulk prefetch
-    1: {"BN": 8, "KPS": 1024, "BK": 1024, "IBK": 128, "num_warps": 8, "maxnreg": None, "tail_pf": True},
-    2: {"BN": 8, "KPS": 1024, "BK": 1024, "IBK": 128, "num_warps": 8, "maxnreg": None, "tail_pf": True},
+    1: {"BN": 8, "KPS": 1024, "BK": 1024, "IBK": 128, "num_warps": 8, "maxnreg": None, "tail_pf": True,
+        "idx_mma": False},
+    2: {"BN": 8, "KPS": 1024, "BK": 1024, "IBK": 128, "num_warps": 8, "maxnreg": None, "tail_pf": True,
+        "idx_mma": False},
 }
 
 
@@ -565,7 +605,7 @@ def _launch_decode_fused(x, wkv, wgate, norm_w, cos, sin, pos, rows, kv_cache, k
         C=C, ROPE=rope, RATIO=ratio, NT=T, BN=cfg["BN"], KPS=cfg["KPS"], BK=cfg["BK"], NSPLIT=nsplit,
         WRITE_LAT=latent_out is not None, LAT_BF16=latent_out is not None and latent_out.dtype == torch.bfloat16,
         FUSE_IDX=fuse, CI=CI, IROPE=rope, IBK=cfg["IBK"], num_warps=cfg["num_warps"], num_stages=1,
-        enable_fp_fusion=False, **pf,
+        IDX_MMA=(2 if interpreting() else 1) if cfg["idx_mma"] else 0, enable_fp_fusion=False, **pf,
         **({"maxnreg": cfg["maxnreg"]} if cfg["maxnreg"] and not interpreting() else {}))
 
 
@@ -756,7 +796,8 @@ def _specs(target):
         fconst = {"K": c.hidden_size, "C": c.head_dim, "ROPE": c.qk_rope_head_dim, "RATIO": ratio, "NT": nt, "BN": cfg["BN"],
                   "KPS": cfg["KPS"], "BK": cfg["BK"], "NSPLIT": -(-c.hidden_size // cfg["KPS"]), "WRITE_LAT": True,
                   "LAT_BF16": ratio == 1, "FUSE_IDX": True, "CI": c.index_head_dim, "IROPE": c.qk_rope_head_dim,
-                  "IBK": cfg["IBK"], "TAIL_PF": False, "WK_ROW": 0, "NW_BYTES": 0, "KNW_BYTES": 0, "CS_ROW": 0}
+                  "IBK": cfg["IBK"], "TAIL_PF": False, "WK_ROW": 0, "NW_BYTES": 0, "KNW_BYTES": 0, "CS_ROW": 0,
+                  "IDX_MMA": int(cfg["idx_mma"])}
         out.append(aot_spec(_compress_decode_kernel, f"r{ratio}_decode_fused_t{nt}", ftypes, fconst,
                             num_warps=cfg["num_warps"], num_stages=1,
                             keys={"RATIO": ratio, "NT": nt, "C": c.head_dim, "FUSE_IDX": True, "BN": cfg["BN"],
@@ -770,5 +811,5 @@ register(KernelTemplate(
     summary="wkv GEMM (+ ratio-2 gated pair pool) -> RMSNorm -> RoPE -> FP4/E4M3 cache append (+ fused indexer key)",
     keys=("RATIO", "C", "ROPE", "BM", "BK", "FUSE_IDX", "CI", "BN", "BT", "FROM_PART", "GATE", "IBK", "IROPE", "K",
           "KPS", "LAT_BF16", "NSPLIT", "NT", "UPCAST", "WRITE_LAT", "TAIL_PF", "WK_ROW", "NW_BYTES", "KNW_BYTES",
-          "CS_ROW"),
+          "CS_ROW", "IDX_MMA"),
     reference=compress_ref, launch=compress, specializations=_specs))
