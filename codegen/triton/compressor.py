@@ -43,6 +43,12 @@ positions), so with the L2 flushed each of its dependent reads went to HBM. On s
 therefore issue L2 bulk prefetches of those bytes at their start (`_prefetch_tail`, DECODE_CFG "tail_pf";
 the GEMV takes long enough for them to land): L2-cold, ratio 1 13.7 -> 11.1 us, ratio 2 16.7 -> 15.1-15.5 us,
 warm unchanged, the same codes (results/tune_compressor_tail_pf.json, on / off / on interleaved).
+What the fused indexer key costs in that serial tail (session 21, results/tune_compressor_noidx_s21.json, the launch
+without wk, interleaved twice): ratio 1 8.9 -> 5.2 µs warm (11.2-11.3 -> 7.4 L2-cold), ratio 2 12.1 -> 9.3 (15.3 ->
+12.1): 3-4 µs of each. Its wk product on the tensor cores (`_idx_linear_mma`, DECODE_CFG "idx_mma": the tail's sm90
+code 2,400 -> 1,432 instructions at ratio 1) gains only 0.2 µs warm / 0.5 µs cold at ratio 1 and loses 0.8 at ratio 2
+(results/tune_compressor_idx_mma_s21.json), so instruction latency is not what the rest of it waits on; on at ratio
+1 only.
 
 Specialization keys: C (512), ROPE (64), RATIO (1|2), BM (rows per program), BK (K step),
 FUSE_IDX (indexer key fused), CI/IROPE (128/64), UPCAST (fp32 dots: interpreter only); the
@@ -54,7 +60,8 @@ indexer key fused; two-launch decode (GEMV + FROM_PART tail); one-launch decode 
 stage.
 
 Known gaps: the one-launch decode path's tail is serial work in one program (the 128 KB wk read,
-~4 dependent L2 round trips at IBK 128; L2 hits since the tail prefetch); its arrival counter is the shared buffer of arrival.py
+~4 dependent L2 round trips at IBK 128; L2 hits since the tail prefetch; the indexer key's part of it is 3-4 µs,
+not explained by its instruction count); its arrival counter is the shared buffer of arrival.py
 (launches that use it must not run concurrently on two streams); its register count is set by the
 tail as much as by the GEMV, so the grid may not fit one wave at every (BN, num_warps) (see
 benchmarks/tune_compressor_decode.py). The ratio-2 partial group (odd token at a chunk's end) is
@@ -547,9 +554,12 @@ def _u8(t):
 # reduction elements per program, as BK-wide unrolled chunks; IBK: K chunk of the tail's wk GEMV.
 # At C=512, D=5120: 64 channel blocks x 5 K-splits = 320 programs (~2.4 per H200 SM), 16 KB of wkv
 # (+16 KB of wgate) each; the tail then adds 5 partials.
+# idx_mma: the indexer key's product on the tensor cores (`_idx_linear_mma`), at ratio 1 only: H200, L2-cold graph
+# replay, twice, interleaved (results/tune_compressor_idx_mma_s21.json): ratio 1 11.41 / 11.51 -> 10.93 / 10.98 µs
+# (IBK 64: 11.94 / 11.98, 256: 12.04 / 12.22), ratio 2 15.13 / 15.34 -> 15.90 / 16.08 (slower); the same codes
 DECODE_CFG = {  # tail_pf: `_prefetch_tail` where the device has the L2 bulk prefetch
     1: {"BN": 8, "KPS": 1024, "BK": 1024, "IBK": 128, "num_warps": 8, "maxnreg": None, "tail_pf": True,
-        "idx_mma": False},
+        "idx_mma": True},
     2: {"BN": 8, "KPS": 1024, "BK": 1024, "IBK": 128, "num_warps": 8, "maxnreg": None, "tail_pf": True,
         "idx_mma": False},
 }
