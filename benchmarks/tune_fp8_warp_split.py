@@ -15,7 +15,10 @@ run, results/tune_fp8_warp_split_two.json, had a per-program check of the scale 
 slower, removed). Session 18's 8-row grid (`rows8`, results/tune_fp8_warp_split_rows8.json, as of commit da01be4) and x-through-L1
 grid (`xe`, x loaded 4 / 2 elements a thread by cp.async.ca, results/tune_fp8_warp_split_xe.json, as of 8d5f947)
 timed options since removed: both slower on every linear (8 rows 27-65 %; xe from level on shared w2 at 4 elements,
-8.02-8.24 against 7.84-8.02 µs, to 62 %). Each
+8.02-8.24 against 7.84-8.02 µs, to 62 %). `--grid ragged` (session 21, results/tune_fp8_warp_split_ragged_s21.json):
+`RAGGED_TILES`, more warps or wider k tiles than divide K evenly and more stages, twice, interleaved with the default;
+session 21's `words` grid (the scale bytes as int32 words staged by the pipeline, results/
+tune_fp8_warp_split_words_s21.json, as of commit 6c89b06) is removed with its kernel option (1.35-2.2x slower). Each
 row: the relative error against x·dequant(W)ᵀ (the gated one against fp8_gemm_swiglu_reference), the graph-replay
 median warm and L2-cold (`common.ms_graph`), and the cold time over the bytes floor.
 
@@ -139,9 +142,7 @@ def main(argv=None):
             continue
         if args.grid == "ragged":  # session 21: tiles whose k tiles do not split evenly over the warps (the last
             # slices' extra steps masked), and more stages (more weight bytes in flight a program), twice, interleaved
-            nt = K // 128
             cands = [t for t in RAGGED_TILES if K % t[2] == 0 and t != ws.tiles_for(N, K, gated)]
-            print(name, f"{nt} k tiles of 128;", len(cands), "tiles", flush=True)
             for rep in ("", "_again"):
                 timed("default" + rep, default, list(ws.tiles_for(N, K, gated)))
                 for t in cands:

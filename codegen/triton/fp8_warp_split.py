@@ -50,8 +50,11 @@ shared w1/w3 and wo_b, 1.04-1.2x on shared w2 and wq_a
 loaded, so the factor rather than the byte moves into the decode's layout: fewer instructions on the gated tile
 (518 -> 488) yet slower there; faster on shared w2 only (EARLY_LINEARS).
 
-Constraints: K % (S·BK) == 0 and BK % 32 == 0 (every slice is whole k tiles, and each 32-wide scale block sits
-inside one k tile); S a power of two. The launcher checks and names the violation.
+Constraints: K % BK == 0 and BK % 32 == 0 (whole k tiles, and each 32-wide scale block sits inside one k tile); S a
+power of two. The launcher checks and names the violation. Where the K / BK tiles do not split evenly over the S
+warps (RAGGED), each warp takes ceil(tiles / S) steps and a step past its slice is masked (it adds +0); where they
+do, the code is the same as without the option (sm90 SASS compared). Session 21 timed ragged and other tiles on
+shared w2 (results/tune_fp8_warp_split_ragged_s21.json): none beat `tiles_for`'s.
 
 Known gaps: the x tile is loaded per slice (S·BK·BM·2 bytes a step, from the L2), so x's shared-memory stages are as
 large as the weights' at BM 8 (loading x through the L1 instead, cp.async.ca at 8 / 4 bytes a thread, was 0-62 %
@@ -127,7 +130,7 @@ def _tile_ok(t0, i, NT: tl.constexpr, S: tl.constexpr, RAGGED: tl.constexpr):
 
 
 @triton.jit
-def _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, sl, K: tl.constexpr, BM: tl.constexpr,
+def _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, K: tl.constexpr, BM: tl.constexpr,
             RB: tl.constexpr, S: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, NATIVE_FP8: tl.constexpr,
             DOT_F32: tl.constexpr, PAIRS: tl.constexpr, SPF: tl.constexpr, TWO: tl.constexpr, EARLY: tl.constexpr):
     """Every warp's k loop over its slice: [S, RB, BM] fp32 partial products. TWO and EARLY: the kernel's."""
@@ -140,6 +143,7 @@ def _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, sl, K: tl.con
     DT: tl.constexpr = tl.float32 if DOT_F32 else tl.bfloat16
     EARLY_ONE: tl.constexpr = PAIRS and not TWO and EARLY  # the one factor made where the bytes are loaded
     t0 = tl.arange(0, S) * NI  # [S] each slice's first k tile
+    sl = tl.arange(0, S) * (NI * BK)  # [S] and first k
     s_ptrs = ws_ptr + s_rows[None, :, None] + ((sl // 32)[:, None] + kb[None, :])[:, None, :]  # [S, RB, BK/32]: step 0
     if SPF:  # the first k step's scale bytes, before the loop
         sb_nxt = _scale_in(tl.load(s_ptrs, mask=rw_ok[None, :, None] & _tile_ok(t0, 0, NT, S, RAGGED), other=127),
@@ -199,10 +203,9 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
     s_rows = (rw // 32).to(tl.int64) * KS + up.to(tl.int64) * s3_off
     rm = tl.arange(0, BM)
     m_ok = rm < M
-    sl = tl.arange(0, S) * (((K // BK + S - 1) // S) * BK)  # [S] first k of each slice (whole k tiles)
     grid_wait(PDL)
     grid_release(PDL)
-    acc = _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, sl, K, BM, RB, S, BK, STAGES, NATIVE_FP8,
+    acc = _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, K, BM, RB, S, BK, STAGES, NATIVE_FP8,
                   DOT_F32, PAIRS, SPF, TWO, EARLY)
     rn = pid * RBO + tl.arange(0, RBO)
     omask = m_ok[:, None] & (rn < N)[None, :]
