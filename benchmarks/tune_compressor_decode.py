@@ -7,7 +7,8 @@ compressor case builds them:
   FROM_PART), `compress(..., fused_tail=False)`;
 - `fused`: one launch (`_compress_decode_kernel`: split-K FMA GEMV, the last program to arrive runs
   the tail), `compressor.DECODE_CFG` defaults;
-- `fused_<override>`: the fused launch with one `decode_cfg` override each (grid / tile variants).
+- `fused_<override>`: the fused launch with one `decode_cfg` override each (grid / tile variants);
+  TUNE_TAIL_PF=1, TUNE_NO_IDX=1, TUNE_IDX_MMA=1 time other sets instead (the switches below).
 Each is checked against `compress_ref` (code mismatch fractions, latent max error) and timed with
 `ms_graph` (CUDA-graph replay median); the bytes floor counts x, wkv (+ wgate), wk and the outputs
 over the copy bandwidth measured here. Prints a table; `--out` writes JSON.
@@ -76,10 +77,10 @@ def case(ceil, ratio, T, label, kw, ref):
     torch.cuda.synchronize()
     compile_s = time.time() - t0
     err = errors(o, ref["out"])
-    first = [t.clone() for t in o if t is not None]
+    outs = [t for t in o if t is not None]
+    first = [t.clone() for t in outs]
     t_graph = ms_graph(f)
-    repeat_identical = all(torch.equal(x, y) for x, y in zip((t for t in o if t is not None), first))  # after
-    # many replays
+    repeat_identical = all(torch.equal(x, y) for x, y in zip(outs, first))  # after many replays
     counter = int(arrival.counters(DEV, 1)[0])
     fl, fb, _ = floor_ms(ceil, ref["bytes"])
     e = {"name": f"r{ratio}_T{T}_{label}", "ratio": ratio, "T": T, "variant": label, "kwargs": kw,
