@@ -45,7 +45,7 @@ the GEMV takes long enough for them to land): L2-cold, ratio 1 13.7 -> 11.1 us, 
 warm unchanged, the same codes (results/tune_compressor_tail_pf.json, on / off / on interleaved).
 What the fused indexer key costs in that serial tail (session 21, results/tune_compressor_noidx_s21.json, the launch
 without wk, interleaved twice): ratio 1 8.9 -> 5.2 µs warm (11.2-11.3 -> 7.4 L2-cold), ratio 2 12.1 -> 9.3 (15.3 ->
-12.1): 3-4 µs of each. Its wk product on the tensor cores (`_idx_linear_mma`, DECODE_CFG "idx_mma": the tail's sm90
+12.1): 3.2-3.8 µs of each L2-cold (2.8-3.7 warm). Its wk product on the tensor cores (`_idx_linear_mma`, DECODE_CFG "idx_mma": the tail's sm90
 code 2,400 -> 1,432 instructions at ratio 1) gains only 0.2 µs warm / 0.5 µs cold at ratio 1 and loses 0.8 at ratio 2
 (results/tune_compressor_idx_mma_s21.json), so instruction latency is not what the rest of it waits on; on at ratio
 1 only.
