@@ -15,6 +15,7 @@ import triton.language as tl
 
 from dsv41c.codegen.triton import fp8_gemm as fg
 from dsv41c import formats as nx
+from kernel_helpers import fp32_dot_bound  # noqa: E402
 from ptx_model import bf16_bits, bf16_value, prmt, run_ptx
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -259,7 +260,9 @@ def test_fp8_gemm_decode_w_rejects_ragged_k():
     with pytest.raises(ValueError, match="decode_w"):
         fg._gemm(x, w.to(DEV), s.to(DEV), None, None, 0.0, False, None, "t", path="mma", decode_w=1)
     y = fg._gemm(x, w.to(DEV), s.to(DEV), None, None, 0.0, False, None, "t", path="mma")  # default: ragged K -> 0
-    torch.testing.assert_close(y, fg.fp8_gemm_reference(x, w.to(DEV), s.to(DEV)), rtol=1e-5, atol=1e-6)
+    # fp32 sums in the kernel's order and in torch's (which depends on the CPU's vector kernels): within the bound
+    bound = fp32_dot_bound(x, nx.dequant_fp8_weight(w, s).to(DEV))
+    assert ((y - fg.fp8_gemm_reference(x, w.to(DEV), s.to(DEV))).abs() <= bound).all()
 
 
 # ============================================================================ GPU tier: published widths
