@@ -221,7 +221,7 @@ def _emit_sources(targets, cfg, tmp: str, log) -> list:
     from dsv41c.codegen import hip
     from dsv41c.codegen.matrix import source_kernels
 
-    clang = hip.find_hip_clang()
+    clang, tidy = hip.find_hip_clang(), hip.find_clang_tidy()
     out = []
     for tg in targets:
         for sk in source_kernels():
@@ -255,11 +255,18 @@ def _emit_sources(targets, cfg, tmp: str, log) -> list:
                     e["clang_check"] = {"clang": hip.clang_version(clang), "ok": ok}
                     if not ok:
                         e["status"], e["error"] = "failed", err[:4000]
+                elif tidy and hip.tidy_knows(tidy, tg.arch):  # front end only: parse and types, no assembly
+                    ok, err = hip.tidy_check(tidy, os.path.join(tmp, rel), tg.arch, werror=False)
+                    e["clang_check"] = {"clang": hip.tidy_version(tidy), "ok": ok, "front_end_only": True,
+                                        "why": "no HIP-capable clang" if not clang else f"clang lacks {tg.arch}"}
+                    if not ok:
+                        e["status"], e["error"] = "failed", err[:4000]
                 else:
                     e["clang_check"] = {"clang": hip.clang_version(clang) if clang else None, "ok": None,
                                         "why": "no HIP-capable clang" if not clang else f"clang lacks {tg.arch}"}
             _log(log, f"[src] {tg.name} {sk.name}/{es.variant.variant}: {e['status']}"
-                      + (f" (clang check {'ok' if e['clang_check']['ok'] else 'FAILED'})"
+                      + (f" ({'front-end' if e['clang_check'].get('front_end_only') else 'clang'} check "
+                         f"{'ok' if e['clang_check']['ok'] else 'FAILED'})"
                          if e.get("clang_check", {}).get("ok") is not None else ""))
             out.append(e)
     return out

@@ -26,6 +26,8 @@ ASCEND = [TARGETS[t] for t in ("ascend:a2", "ascend:a3", "ascend:a5")]
 CLANG = hip.find_hip_clang()
 NEEDS_CLANG = pytest.mark.skipif(
     CLANG is None, reason="no clang with HIP support for gfx942 (install Debian's clang-19: apt-get install -y clang-19)")
+TIDY = hip.find_clang_tidy()
+NEEDS_TIDY = pytest.mark.skipif(TIDY is None, reason="no clang-tidy (the test extra installs the clang-tidy wheel)")
 
 
 def _strip_comments_and_strings(src: str) -> str:
@@ -106,6 +108,44 @@ def test_clang_check_catches_a_broken_source(tmp_path):
     src.write_text(es.text.replace("__syncthreads();", "__syncthread();"))
     ok, log = hip.clang_check(CLANG, str(src), "gfx942")
     assert not ok and "__syncthread" in log
+
+
+@NEEDS_TIDY
+@pytest.mark.parametrize("arch", ["gfx942", "gfx1100", "gfx950"])
+def test_hip_source_passes_the_clang_tidy_front_end(arch, tmp_path):
+    """The front-end check for targets the HIP clang lacks (gfx950 with Debian's clang-19): host and device
+    code parse and type-check for the arch, warnings as errors."""
+    if not hip.tidy_knows(TIDY, arch):
+        pytest.skip(f"{hip.tidy_version(TIDY)} does not know {arch}")
+    es = hip.emit_indexer_score(TARGETS[f"rocm:{arch}"], FULL)
+    src = tmp_path / es.filename
+    src.write_text(es.text)
+    ok, log = hip.tidy_check(TIDY, str(src), arch)
+    assert ok, log
+
+
+@NEEDS_TIDY
+def test_clang_tidy_check_catches_a_broken_source_and_an_unknown_arch(tmp_path):
+    es = hip.emit_indexer_score(TARGETS["rocm:gfx950"], FULL)
+    src = tmp_path / "broken.hip"
+    src.write_text(es.text.replace("__syncthreads();", "__syncthread();"))
+    ok, log = hip.tidy_check(TIDY, str(src), "gfx942")
+    assert not ok and "__syncthread" in log
+    assert not hip.tidy_knows(TIDY, "gfx999")
+
+
+@NEEDS_TIDY
+def test_aot_build_checks_a_target_the_clang_lacks_with_the_front_end(tmp_path, monkeypatch):
+    """`dsv41c kernels --build` for gfx950: the emitted HIP source gets clang's full check where clang knows the
+    arch, else clang-tidy's front-end check, recorded in the manifest as such."""
+    from dsv41c.codegen import aot
+    monkeypatch.setattr(hip, "find_hip_clang", lambda: None)  # as on a machine with no HIP clang for gfx950
+    m = aot.build(["rocm:gfx950"], str(tmp_path / "k"), templates={}, log=None)
+    (s,) = [s for s in m["sources"] if s["language"] == "hip"]
+    if not hip.tidy_knows(TIDY, "gfx950"):
+        pytest.skip(f"{hip.tidy_version(TIDY)} does not know gfx950")
+    assert s["clang_check"]["ok"] is True and s["clang_check"]["front_end_only"] is True, s
+    assert s["clang_check"]["clang"].startswith("clang-tidy ")
 
 
 # ----------------------------------------------------------------------------- HIP: run on the CPU

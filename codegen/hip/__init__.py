@@ -9,8 +9,11 @@ and names the file after the instantiation.
 
 Building needs hipcc (`hipcc --genco`): where it is absent the matrix says
 "source emitted, not built (no hipcc)". Without ROCm the sources are still checked with a
-plain clang in HIP mode against `hip_minimal.h` (`clang_check`), and can be run on the CPU
-through `hip_host_emu.h` (tests do both).
+plain clang in HIP mode against `hip_minimal.h` (`clang_check`: host and device syntax, then device code
+generation to AMDGCN), and can be run on the CPU through `hip_host_emu.h` (tests do both). For a target that
+clang does not know yet (Debian's clang-19 has no gfx950), the `clang-tidy` wheel's front end (LLVM 20 or
+later, a test dependency) parses and type-checks host and device code for it with warnings as errors
+(`tidy_check`): no code generation, so no assembly to inspect there.
 
 Known gaps: the kernel is FP32 decode-and-dot on the vector ALUs on every target (no MFMA/
 WMMA use; gfx950's scaled-FP4 MFMA would be the native path there); one query per
@@ -137,6 +140,55 @@ def clang_version(clang: str) -> str:
     out = subprocess.run([clang, "--version"], capture_output=True, text=True).stdout
     m = re.search(r"clang version (\S+)", out)
     return m.group(1) if m else out.splitlines()[0] if out else "?"
+
+
+def find_clang_tidy() -> str | None:
+    """clang-tidy on PATH (the `clang-tidy` wheel puts it in the environment's bin), or DSV41C_CLANG_TIDY."""
+    return os.environ.get("DSV41C_CLANG_TIDY") or shutil.which("clang-tidy")
+
+
+def _tidy_cmd(tidy: str, src_path: str, arch: str, side: str, werror: bool = True) -> list:
+    # one enabled check is required to run at all; compiler diagnostics come with any (and -Wall's warnings are
+    # made errors by --warnings-as-errors); side: --offload-host-only or --offload-device-only
+    return [tidy, "--checks=-*,bugprone-infinite-loop"] + (["--warnings-as-errors=*"] if werror else []) + [
+            "--quiet", src_path, "--",
+            "-x", "hip", f"--offload-arch={arch}", side, "-nogpuinc", "-nogpulib", "-std=c++17",
+            "-DDSV41C_HIP_MINIMAL", "-I", HERE, "-Wall"]
+
+
+def tidy_knows(tidy: str, arch: str) -> bool:
+    """Whether this clang-tidy's front end accepts --offload-arch=arch (probed with an empty kernel)."""
+    key = (tidy, arch, "tidy")
+    if key not in _ARCH_CACHE:
+        import tempfile
+        with tempfile.NamedTemporaryFile("w", suffix=".hip", delete=False) as f:
+            f.write("__attribute__((global)) void k() {}\n")
+        try:
+            p = subprocess.run(_tidy_cmd(tidy, f.name, arch, "--offload-device-only"), capture_output=True,
+                               text=True, timeout=120)
+            _ARCH_CACHE[key] = p.returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            _ARCH_CACHE[key] = False
+        finally:
+            os.unlink(f.name)
+    return _ARCH_CACHE[key]
+
+
+def tidy_version(tidy: str) -> str:
+    out = subprocess.run([tidy, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"LLVM version (\S+)", out)
+    return f"clang-tidy {m.group(1)}" if m else "clang-tidy ?"
+
+
+def tidy_check(tidy: str, src_path: str, arch: str, werror: bool = True) -> tuple[bool, str]:
+    """Host and device front-end check (parse, types, target builtins; -Wall's warnings as errors unless `werror`
+    is off, as `clang_check`'s) with clang-tidy, for a target the HIP clang lacks. Returns (ok, log). No code
+    generation."""
+    for side in ("--offload-host-only", "--offload-device-only"):
+        p = subprocess.run(_tidy_cmd(tidy, src_path, arch, side, werror), capture_output=True, text=True)
+        if p.returncode != 0:
+            return False, f"front-end check failed ({arch}, {side[2:]}):\n{p.stdout}{p.stderr}"
+    return True, ""
 
 
 def clang_check(clang: str, src_path: str, arch: str, asm_out: str | None = None,
