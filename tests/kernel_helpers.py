@@ -42,6 +42,13 @@ def fp32_dot_bound(a, b):
     return 2 * (K + 1) * 2.0 ** -24 * (a.float().abs() @ b.float().abs().T)
 
 
+def swiglu_bound(g, u, dg, du, limit):
+    """First-order bound on how far silu(min(g, L)) · clamp(u, ±L) moves when the gate and up products g, u move by
+    at most dg, du (`fp32_dot_bound`): silu's slope is at most 1.1 in size, the clamps' at most 1."""
+    gc, uc = g.clamp(max=limit), u.clamp(-limit, limit)
+    return 1.1 * uc.abs() * dg + (torch.nn.functional.silu(gc).abs() + 1.1 * dg) * du
+
+
 def compressor_latent_atol(t, ratio):
     """First-order bound on how far the compressor's latent (`compressor_weights`' inputs t) moves when only the
     summation order of its GEMMs changes: the wkv product's `fp32_dot_bound` (ratio 2: with the gate's, which moves
