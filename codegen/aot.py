@@ -250,20 +250,18 @@ def _emit_sources(targets, cfg, tmp: str, log) -> list:
                         e["files"]["hsaco"] = hsaco
                     if err:
                         e["error"] = err
+                src, why = os.path.join(tmp, rel), "no HIP-capable clang" if not clang else f"clang lacks {tg.arch}"
                 if clang and tg.arch in hip._clang_offload_archs(clang, (tg.arch,)):
-                    ok, err = hip.clang_check(clang, os.path.join(tmp, rel), tg.arch, werror=False)
+                    ok, err = hip.clang_check(clang, src, tg.arch, werror=False)
                     e["clang_check"] = {"clang": hip.clang_version(clang), "ok": ok}
-                    if not ok:
-                        e["status"], e["error"] = "failed", err[:4000]
                 elif tidy and hip.tidy_knows(tidy, tg.arch):  # front end only: parse and types, no assembly
-                    ok, err = hip.tidy_check(tidy, os.path.join(tmp, rel), tg.arch, werror=False)
-                    e["clang_check"] = {"clang": hip.tidy_version(tidy), "ok": ok, "front_end_only": True,
-                                        "why": "no HIP-capable clang" if not clang else f"clang lacks {tg.arch}"}
-                    if not ok:
-                        e["status"], e["error"] = "failed", err[:4000]
+                    ok, err = hip.tidy_check(tidy, src, tg.arch, werror=False)
+                    e["clang_check"] = {"clang": hip.tidy_version(tidy), "ok": ok, "front_end_only": True, "why": why}
                 else:
-                    e["clang_check"] = {"clang": hip.clang_version(clang) if clang else None, "ok": None,
-                                        "why": "no HIP-capable clang" if not clang else f"clang lacks {tg.arch}"}
+                    ok, err = None, ""
+                    e["clang_check"] = {"clang": hip.clang_version(clang) if clang else None, "ok": None, "why": why}
+                if ok is False:
+                    e["status"], e["error"] = "failed", err[:4000]
             _log(log, f"[src] {tg.name} {sk.name}/{es.variant.variant}: {e['status']}"
                       + (f" ({'front-end' if e['clang_check'].get('front_end_only') else 'clang'} check "
                          f"{'ok' if e['clang_check']['ok'] else 'FAILED'})"

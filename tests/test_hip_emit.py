@@ -101,12 +101,17 @@ def test_hip_source_compiles_with_clang_for_amd_targets(arch, tmp_path):
     assert ".vgpr_spill_count: 0" in asm  # ... and no register spills (RDNA3 has 256 VGPRs)
 
 
+def _broken_source(tmp_path, arch):
+    """The emitted source with one misspelt built-in (__syncthread), written to tmp_path."""
+    src = tmp_path / "broken.hip"
+    src.write_text(hip.emit_indexer_score(TARGETS[f"rocm:{arch}"], FULL).text.replace("__syncthreads();",
+                                                                                      "__syncthread();"))
+    return str(src)
+
+
 @NEEDS_CLANG
 def test_clang_check_catches_a_broken_source(tmp_path):
-    es = hip.emit_indexer_score(TARGETS["rocm:gfx942"], FULL)
-    src = tmp_path / "broken.hip"
-    src.write_text(es.text.replace("__syncthreads();", "__syncthread();"))
-    ok, log = hip.clang_check(CLANG, str(src), "gfx942")
+    ok, log = hip.clang_check(CLANG, _broken_source(tmp_path, "gfx942"), "gfx942")
     assert not ok and "__syncthread" in log
 
 
@@ -126,10 +131,7 @@ def test_hip_source_passes_the_clang_tidy_front_end(arch, tmp_path):
 
 @NEEDS_TIDY
 def test_clang_tidy_check_catches_a_broken_source_and_an_unknown_arch(tmp_path):
-    es = hip.emit_indexer_score(TARGETS["rocm:gfx950"], FULL)
-    src = tmp_path / "broken.hip"
-    src.write_text(es.text.replace("__syncthreads();", "__syncthread();"))
-    ok, log = hip.tidy_check(TIDY, str(src), "gfx942")
+    ok, log = hip.tidy_check(TIDY, _broken_source(tmp_path, "gfx950"), "gfx942")
     assert not ok and "__syncthread" in log
     assert not hip.tidy_knows(TIDY, "gfx999")
 

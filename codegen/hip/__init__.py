@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 
 from dsv41c.codegen.matrix import EmittedSource, SourceKernel, SourceVariant, Target, fill_template
 
@@ -160,7 +161,6 @@ def tidy_knows(tidy: str, arch: str) -> bool:
     """Whether this clang-tidy's front end accepts --offload-arch=arch (probed with an empty kernel)."""
     key = (tidy, arch, "tidy")
     if key not in _ARCH_CACHE:
-        import tempfile
         with tempfile.NamedTemporaryFile("w", suffix=".hip", delete=False) as f:
             f.write("__attribute__((global)) void k() {}\n")
         try:
