@@ -19,6 +19,8 @@
 #                    their references; COMPILED_ONLY picks groups, COMPILED_CASES a regex of cases, COMPILE_BUDGET
 #                    the compile seconds, default 420)
 #   tune_overlap     benchmarks/tune_moe_ffn_overlap.py -> tune_moe_ffn_chain.json (fused router, shared expert on a side stream)
+#   step_chain       benchmarks/step_chain.py -> step_chain.json (decode kernels behind their real predecessor, with
+#                    and without PDL / weights requested before the wait; CHAIN_ONLY / CHAIN_VARIANTS: regexes)
 #   read_floor       benchmarks/read_floor.py -> read_floor.json (the least time to read each decode case's bytes,
 #                    from the kept kernels_*.json, or this call's if bench_* ran first; ~6.5 min, so its
 #                    timeout is at least 420 s whatever STEP_TIMEOUT says)
@@ -63,6 +65,9 @@ for step in $STEPS; do
              > "$OUT/tune_topk.txt" 2>&1 ;;
     tune_overlap) timeout "$T" python3 benchmarks/tune_moe_ffn_overlap.py --out "$OUT/tune_moe_ffn_chain.json" \
              > "$OUT/tune_overlap.txt" 2>&1 ;;
+    step_chain) timeout "$T" python3 benchmarks/step_chain.py --out "$OUT/step_chain.json" \
+             ${CHAIN_ONLY:+--only "$CHAIN_ONLY"} ${CHAIN_VARIANTS:+--variants "$CHAIN_VARIANTS"} \
+             > "$OUT/step_chain.txt" 2>&1 ;;
     read_floor) J=""; for k in ffn attention; do
                if [ -f "$OUT/kernels_$k.json" ]; then J="$J $OUT/kernels_$k.json"; else J="$J benchmarks/results/kernels_$k.json"; fi
              done
@@ -90,7 +95,7 @@ for step in $STEPS; do
   echo "== step $step: rc=$? in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt"
 done
 # The reply carries only the tail: end with each step's last lines.
-for f in "$OUT"/gpu_tests.txt "$OUT"/bench_*.txt "$OUT"/tune_*.txt "$OUT"/read_floor.txt "$OUT"/compiled.txt; do
+for f in "$OUT"/gpu_tests.txt "$OUT"/bench_*.txt "$OUT"/tune_*.txt "$OUT"/step_chain.txt "$OUT"/read_floor.txt "$OUT"/compiled.txt; do
   [ -f "$f" ] && { echo "--- $f"; tail -${TAIL:-25} "$f"; }
 done
 (cd "$OUT" && tar czf logs.tgz ./*.txt && rm -f ./*.txt)

@@ -79,6 +79,7 @@ import triton.language as tl
 from dsv41c.codegen.templates import KernelTemplate, register
 from dsv41c.codegen.triton.arrival import arrive_last, counters, reset_counter
 from dsv41c.codegen.triton.l2_prefetch import l2_prefetch_for, prefetch_rows_l2
+from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 from dsv41c.codegen.triton.kv_quant import (
     aot_spec, interpreting, quant_fp4_e4m3_pairs, quant_fp4_ue8m0_pairs, round_bf16)
 from dsv41c import formats as nx
@@ -455,7 +456,7 @@ def _compress_decode_kernel(x_ptr, wkv_ptr, wg_ptr, nw_ptr, cos_ptr, sin_ptr, po
                             WRITE_LAT: tl.constexpr, LAT_BF16: tl.constexpr, FUSE_IDX: tl.constexpr,
                             CI: tl.constexpr, IROPE: tl.constexpr, IBK: tl.constexpr, TAIL_PF: tl.constexpr = False,
                             WK_ROW: tl.constexpr = 0, NW_BYTES: tl.constexpr = 0, KNW_BYTES: tl.constexpr = 0,
-                            CS_ROW: tl.constexpr = 0, IDX_MMA: tl.constexpr = 0):
+                            CS_ROW: tl.constexpr = 0, IDX_MMA: tl.constexpr = 0, PDL: tl.constexpr = False):
     """Decode (NT = 1, 2 or 4 tokens, NT/RATIO <= 2 output rows) in one launch. Program (pn, ks):
     output channels [pn·BN, +BN) over K range [ks·KPS, +KPS) for every token as a pure-FMA GEMV
     (w [BN, BK] chunks, unrolled so all loads are in flight, x broadcast, one K reduction at the end),
@@ -465,7 +466,9 @@ def _compress_decode_kernel(x_ptr, wkv_ptr, wg_ptr, nw_ptr, cos_ptr, sin_ptr, po
     K (the hidden size) is a constexpr and x's row stride is passed in units of 8 elements (stride_x8):
     otherwise an AOT compile cannot prove 16-byte alignment of the weight rows / x rows and falls back
     to narrow loads. TAIL_PF (sm90+): `_prefetch_tail` first (WK_ROW / NW_BYTES / KNW_BYTES / CS_ROW: the
-    bytes of a wk row, the norm weights, the key-norm weights and a RoPE table row)."""
+    bytes of a wk row, the norm weights, the key-norm weights and a RoPE table row).
+    PDL (pdl.py): the first chunk's weights (static data) are loaded before the grid-dependency wait, x and every
+    store after it, so under programmatic dependent launch the weight reads overlap the predecessor."""
     HALF: tl.constexpr = C // 2
     BM: tl.constexpr = NT // RATIO
     WS_PART: tl.constexpr = NSPLIT * NT * C
@@ -494,6 +497,11 @@ def _compress_decode_kernel(x_ptr, wkv_ptr, wg_ptr, nw_ptr, cos_ptr, sin_ptr, po
         k = tl.broadcast_to((ks * KPS + c * BK + kk)[None, :], (BN, BK))
         km = k < K
         w = tl.load(wkv_ptr + wrow + k, mask=km, other=0.0).to(tl.float32)
+        if RATIO == 2 and PDL:  # (without PDL the gate loads where it always did: the same code as before)
+            g = tl.load(wg_ptr + wrow + k, mask=km, other=0.0).to(tl.float32)
+        if c == 0:  # x is the predecessor's output: wait for it here, after the first weights are in flight
+            grid_wait(PDL)
+            grid_release(PDL)
         a0 = _fma_token(a0, w, x_ptr, k, km)
         if NT >= 2:
             a1 = _fma_token(a1, w, x_ptr + stride_x, k, km)
@@ -501,7 +509,8 @@ def _compress_decode_kernel(x_ptr, wkv_ptr, wg_ptr, nw_ptr, cos_ptr, sin_ptr, po
             a2 = _fma_token(a2, w, x_ptr + 2 * stride_x, k, km)
             a3 = _fma_token(a3, w, x_ptr + 3 * stride_x, k, km)
         if RATIO == 2:
-            g = tl.load(wg_ptr + wrow + k, mask=km, other=0.0).to(tl.float32)
+            if not PDL:
+                g = tl.load(wg_ptr + wrow + k, mask=km, other=0.0).to(tl.float32)
             g0 = _fma_token(g0, g, x_ptr, k, km)
             g1 = _fma_token(g1, g, x_ptr + stride_x, k, km)
             if NT >= 4:
@@ -560,9 +569,9 @@ def _u8(t):
 # (IBK 64: 11.94 / 11.98, 256: 12.04 / 12.22), ratio 2 15.13 / 15.34 -> 15.90 / 16.08 (slower); the same codes
 DECODE_CFG = {  # tail_pf: `_prefetch_tail` where the device has the L2 bulk prefetch
     1: {"BN": 8, "KPS": 1024, "BK": 1024, "IBK": 128, "num_warps": 8, "maxnreg": None, "tail_pf": True,
-        "idx_mma": True},
+        "idx_mma": True, "pdl": False},
     2: {"BN": 8, "KPS": 1024, "BK": 1024, "IBK": 128, "num_warps": 8, "maxnreg": None, "tail_pf": True,
-        "idx_mma": False},
+        "idx_mma": False, "pdl": False},
 }
 
 
@@ -606,6 +615,7 @@ def _launch_decode_fused(x, wkv, wgate, norm_w, cos, sin, pos, rows, kv_cache, k
             and l2_prefetch_for(x.device, wk, norm_w, k_norm_w, cos, sin)):
         pf = dict(TAIL_PF=True, WK_ROW=row_sizes[0], NW_BYTES=row_sizes[1], KNW_BYTES=row_sizes[2],
                   CS_ROW=row_sizes[3])
+    pdl = bool(cfg["pdl"]) and pdl_for(x.device)
     _compress_decode_kernel[(C // cfg["BN"], nsplit)](
         x, wkv.contiguous(), (wgate if wgate is not None else wkv).contiguous(), norm_w, cos,
         sin, pos.to(torch.int32).contiguous(), rows.to(torch.int32).contiguous(),
@@ -617,6 +627,7 @@ def _launch_decode_fused(x, wkv, wgate, norm_w, cos, sin, pos, rows, kv_cache, k
         WRITE_LAT=latent_out is not None, LAT_BF16=latent_out is not None and latent_out.dtype == torch.bfloat16,
         FUSE_IDX=fuse, CI=CI, IROPE=rope, IBK=cfg["IBK"], num_warps=cfg["num_warps"], num_stages=1,
         IDX_MMA=(2 if interpreting() else 1) if cfg["idx_mma"] else 0, enable_fp_fusion=False, **pf,
+        PDL=pdl, **launch_kw(pdl),
         **({"maxnreg": cfg["maxnreg"]} if cfg["maxnreg"] and not interpreting() else {}))
 
 

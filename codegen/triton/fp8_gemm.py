@@ -1212,11 +1212,14 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
     from dsv41c.codegen.triton import fp8_warp_split as ws  # here, not at the top: it imports this module
     if path is None and M > GEMV_MAX_M and not mma_args and ws.default_for(x.device, M, N, K, gated):
         path = "warp_split"
+    if path is None and M > GEMV_MAX_M and set(mma_args) == {"prefetch"} and ws.default_for(x.device, M, N, K, gated):
+        path = "warp_split"  # the L2 prefetch is the one option both paths take
     if path == "warp_split":
+        mma_args.pop("prefetch", None)
         if mma_args:
             raise ValueError(f"{name}: the warp-split path takes none of the mma path's options ({sorted(mma_args)})")
-        return ws.fp8_gemm_warp_split(x2, w, s, w3, s3, limit, out_dtype or x.dtype, pdl=pdl,
-                                      name=name).reshape(*x.shape[:-1], N)
+        return ws.fp8_gemm_warp_split(x2, w, s, w3, s3, limit, out_dtype or x.dtype, pdl=pdl, name=name,
+                                      prefetch=prefetch).reshape(*x.shape[:-1], N)
     if path is None:
         path = "gemv" if M <= GEMV_MAX_M and _gemv_tiles(N, K, gated) is not None else "mma"
     if path == "gemv":

@@ -76,6 +76,7 @@ from dsv41c.codegen.triton.fp8_gemm import (_E4M3_PAIRS_ONE, _E4M3_PAIRS_TWO, DE
                                            e4m3_pair_factors, e4m3_to_f32, e8m0_to_f32, fp8_gemm_reference,
                                            fp8_gemm_swiglu_reference, mma_sync_decode_for, native_fp8_for, ptx_for,
                                            target_traits)
+from dsv41c.codegen.triton.l2_prefetch import l2_prefetch_for, prefetch_rows_l2
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 
 WARP_SPLIT_DECODE = True  # fp8_gemm's default decode path for 2..WARP_SPLIT_MAX_M tokens where `default_for` agrees
@@ -186,11 +187,15 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
                           N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, RB: tl.constexpr, S: tl.constexpr,
                           BK: tl.constexpr, STAGES: tl.constexpr, GATED: tl.constexpr, NATIVE_FP8: tl.constexpr,
                           DOT_F32: tl.constexpr, PDL: tl.constexpr, PAIRS: tl.constexpr = False,
-                          SPF: tl.constexpr = False, TWO: tl.constexpr = True, EARLY: tl.constexpr = False):
+                          SPF: tl.constexpr = False, TWO: tl.constexpr = True, EARLY: tl.constexpr = False,
+                          PREFETCH: tl.constexpr = 0):
     """One program: RB weight rows (GATED: RB/2 of W1 then the same of W3) × all M tokens, K split over S warps.
     PAIRS only: TWO applies the second bf16x2 scale factor (exact for every UE8M0 byte; without it the caller vouches
     that no byte exceeds 134); EARLY (without TWO) turns the bytes into the factor where they are loaded, before they
-    move into the decode's layout (faster on shared w2, slower on the others: EARLY_LINEARS)."""
+    move into the decode's layout (faster on shared w2, slower on the others: EARLY_LINEARS).
+    PREFETCH (sm90+, bytes a weight row, 0 = off): the first PREFETCH bytes of each of the program's rows are
+    requested into the L2 before the grid-dependency wait (l2_prefetch.py), so under PDL the weight stream starts
+    while the predecessor still runs (benchmarks/step_chain.py)."""
     tl.static_assert(K % BK == 0 and BK % 32 == 0, "K must be whole BK tiles, BK % 32 == 0")
     RBO: tl.constexpr = RB // (1 + GATED)  # output columns of a program
     KS: tl.constexpr = (K + 31) // 32  # scale bytes a scale row
@@ -203,6 +208,9 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
     s_rows = (rw // 32).to(tl.int64) * KS + up.to(tl.int64) * s3_off
     rm = tl.arange(0, BM)
     m_ok = rm < M
+    # rows past N prefetch the last row again (harmless; a size of 0 is not allowed)
+    pf_rows = tl.minimum(rw, N - 1).to(tl.int64) * K + up.to(tl.int64) * w3_off
+    prefetch_rows_l2(w_ptr + pf_rows, PREFETCH, PREFETCH > 0)
     grid_wait(PDL)
     grid_release(PDL)
     acc = _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, K, BM, RB, S, BK, STAGES, NATIVE_FP8,
@@ -308,7 +316,7 @@ def _two_key(two, s, s3) -> bool:
 
 def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype=None, tiles=None, pdl=None,
                         name: str = "fp8_gemm_warp_split", pairs: bool | None = None, spf: bool | None = None,
-                        two: bool | None = None, early: bool | None = None):
+                        two: bool | None = None, early: bool | None = None, prefetch=None):
     """x [..., K] (M <= 16 tokens) · dequant(W)ᵀ -> [..., N]; with w3/s3: silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L).
     tiles = (S warps / K slices, RB weight rows a program, BK, stages); None: `tiles_for`. pdl: None = on where the
     device has programmatic dependent launch. pairs: the byte-pair decoder (inline PTX, CUDA only; the per-element
@@ -316,7 +324,9 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
     spf: the scale bytes loaded a k step ahead (None: SPF_DEFAULT; the same bits either way). two: the byte-pair
     decoder's second scale factor, needed only for UE8M0 bytes above 134 (the same bits either way); None = where
     `scales_above_134` finds one (on the host, once per scale tensor); True / False force it (False with a byte above
-    134 gives wrong products: for tuning). early: the kernel's EARLY (None: `early_for`).
+    134 gives wrong products: for tuning). early: the kernel's EARLY (None: `early_for`). prefetch: bytes of each
+    weight row requested into the L2 before the PDL wait (None / 0: off; True: the whole row; rounded down to 128-byte
+    lines; only where `l2_prefetch_for` allows it).
     fp8_gemm / fp8_gemm_swiglu call it for decode shapes (`default_for`)."""
     K = x.shape[-1]
     _check_w(w, s, K, name)
@@ -353,10 +363,13 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
     early = (early_for(N, K, gated) if early is None else bool(early)) and pairs and not two
     RBO = RB // (2 if gated else 1)
     pdl = pdl_for(x.device) and (pdl is None or bool(pdl))
+    pf = 0
+    if prefetch and l2_prefetch_for(x.device, wu, as_u8(w3) if gated else None):
+        pf = min(K, K if prefetch is True else int(prefetch)) // 128 * 128
     fp8_warp_split_kernel[(triton.cdiv(N, RBO),)](
         x2, wu, su, y, M, float(limit), w3_off, s3_off, N=N, K=K, BM=BM, RB=RB, S=S, BK=BK, STAGES=ns,
         GATED=int(gated), NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2), PDL=pdl,
-        PAIRS=bool(pairs), SPF=SPF_DEFAULT if spf is None else bool(spf), TWO=two, EARLY=early,
+        PAIRS=bool(pairs), SPF=SPF_DEFAULT if spf is None else bool(spf), TWO=two, EARLY=early, PREFETCH=pf,
         num_warps=S, num_stages=ns, **launch_kw(pdl))
     return y.reshape(*x.shape[:-1], N)
 

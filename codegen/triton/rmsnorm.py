@@ -25,14 +25,18 @@ import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, register
 from dsv41c.codegen.triton.fp8_gemm import aot_spec, interpreting, target_traits
+from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 
 NORM_WIDTHS = {"hidden": 5120, "q_norm": 1280, "kv_norm": 512, "k_norm": 128}
 
 
 @triton.jit
 def rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, eps, N: tl.constexpr, BLOCK_N: tl.constexpr,
-                   HAS_WEIGHT: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
-    """One row of contiguous [M, N] tensors."""
+                   HAS_WEIGHT: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr = False):
+    """One row of contiguous [M, N] tensors. PDL: wait for the predecessor, then release the next kernel at
+    once (pdl.py's contract), so a PDL successor's weight reads overlap this kernel."""
+    grid_wait(PDL)
+    grid_release(PDL)
     row = tl.program_id(0).to(tl.int64)
     xrow = x_ptr + row * N
     rrow = r_ptr + row * N
@@ -102,7 +106,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1]).contiguous()
 
 
-def _launch(x, residual, weight, eps):
+def _launch(x, residual, weight, eps, pdl=None):
     N = x.shape[-1]
     if weight is not None and weight.shape != (N,):
         raise ValueError(f"rmsnorm: weight {tuple(weight.shape)} does not match the last dim {N}")
@@ -115,20 +119,23 @@ def _launch(x, residual, weight, eps):
     M = x2.shape[0]
     if M:
         BLOCK, nw = _block(N)
+        pdl = bool(pdl) and pdl_for(x.device)
         rmsnorm_kernel[(M,)](x2, r2, weight.contiguous() if weight is not None else x2, y, s, float(eps), N=N,
                              BLOCK_N=BLOCK, HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None,
-                             num_warps=nw)
+                             PDL=pdl, num_warps=nw, **launch_kw(pdl))
     return y.reshape(x.shape), s.reshape(x.shape)
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    return _launch(x, None, weight, eps)[0]
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, pdl: bool = False) -> torch.Tensor:
+    """pdl: launch with programmatic dependent launch where the device has it (off by default: measured in a
+    decode chain only, benchmarks/step_chain.py)."""
+    return _launch(x, None, weight, eps, pdl)[0]
 
 
-def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float):
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float, pdl: bool = False):
     if residual.shape != x.shape:
         raise ValueError(f"add_rmsnorm: x {tuple(x.shape)} and residual {tuple(residual.shape)} differ")
-    return _launch(x, residual, weight, eps)
+    return _launch(x, residual, weight, eps, pdl)
 
 
 # ============================================================================ ahead-of-time variants

@@ -1,0 +1,234 @@
+"""What a decode kernel adds to a decode step: its L2-cold time behind its real predecessor, with and without PDL.
+
+Why: the kernel tables time each decode kernel alone, replayed from a CUDA graph with the L2 flushed. Alone, a
+kernel pays its launch, its first DRAM round trip and the ramp of its request stream before any bytes flow; for
+a few MB of weights that fixed cost is most of the time (read_floor.py measures it: ~2.75 µs). In a decode step
+every kernel has a predecessor, and under programmatic dependent launch (codegen/triton/pdl.py) a kernel may be
+scheduled while its predecessor still runs and read its *weights* (static data) before its grid-dependency wait.
+This script measures that: for each case, a two-kernel chain (predecessor P, then the kernel K on P's output),
+
+- `pred_ms`: P alone, L2-cold graph replay (`common.ms_graph(...).cold`: flush + graph minus flush alone),
+- `chain_ms`: P then K in one graph, L2-cold the same way,
+- `step_ms` = chain_ms - pred_ms: what K adds to the step (~0.5 µs noise a median, so ~0.7 µs on the difference),
+- `alone_ms`: K alone, L2-cold (what the tables report),
+
+for each variant of the launch: `serial` (PDL off everywhere: plain stream order), `pdl` (P releases its dependents
+at its start, K is PDL-launched and issues only address math before its wait: the kernels' defaults), and, where
+the kernel can request its weights before the wait, `pdl_pf*` (the FP8 GEMMs' L2 bulk prefetch of their weight
+rows: l2_prefetch.py) or `pdl` itself (the decode compressor loads its weights before the wait when PDL is on).
+Every variant's output must equal the serial one's bits (checked; recorded as `same_bits`). Variants are timed
+`--repeat` times, interleaved.
+
+Cases (published widths, the same random weights as kernels_ffn.py / compressor_inputs.py):
+- `wq_a_M1`, `wq_a_M8`: RMSNorm(h) [T, 5120] -> the FP8 wq_a GEMM (1280 x 5120) on it,
+- `shared_w2_M8`: the shared expert's gated w1/w3 GEMM [8, 5120] -> [8, 2304] -> the FP8 w2 GEMM (5120 x 2304),
+- `router_T8`: RMSNorm(h) [8, 5120] -> the fused decode router (384 x 5120 bf16 gate),
+- `compressor_r1_T1`, `compressor_r2_T2`: RMSNorm(h) -> the one-launch decode compressor (wkv 512 x 5120 bf16,
+  + wgate at ratio 2, + the indexer key).
+The bytes floor of each case is K's bytes (as in the kernel tables) over the copy bandwidth measured in the run;
+`budget_ms` = 2x that floor (the issue's decode goal).
+
+    python benchmarks/step_chain.py --out benchmarks/results/step_chain.json [--only wq_a] [--repeat 2]
+
+Known gaps: one predecessor per case (the kernel that produces K's input in the decode step; the step's other
+neighbours, e.g. a side stream, are not modelled); P's own time moves a little with K behind it (an SM K occupies
+early is not P's), which the difference charges to K; the one-query indexer is not here (its keys are written by
+the compressor just before it, so nothing it reads is static).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import sys
+import time
+
+import torch
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from benchmarks import compressor_inputs as ci  # noqa: E402
+from benchmarks.common import DEV, env_info, measure_ceilings, ms_graph, write_json  # noqa: E402
+from dsv41c.codegen.triton import compressor as cm  # noqa: E402
+from dsv41c.codegen.triton import fp8_gemm as fg  # noqa: E402
+from dsv41c.codegen.triton import moe_router  # noqa: E402
+from dsv41c.codegen.triton import pdl as pdl_mod  # noqa: E402
+from dsv41c.codegen.triton import rmsnorm as rn  # noqa: E402
+
+D, I, E, K_TOP = 5120, 2304, 384, 6
+EPS = 1e-20
+
+
+def _rnd(*shape, scale=1.0):
+    return (torch.randn(*shape, device=DEV) * scale).to(torch.bfloat16)
+
+
+def _fp8_w(N, K):
+    """The kernel tables' random FP8 weight (no NaN codes) and UE8M0 scales around 2^-12."""
+    w = torch.randint(-126, 127, (N, K), device=DEV, dtype=torch.int8).view(torch.uint8)
+    w = torch.where((w & 0x7F) == 0x7F, w ^ 1, w)
+    s = torch.randint(112, 118, ((N + 31) // 32, (K + 31) // 32), device=DEV, dtype=torch.uint8)
+    return w.view(torch.float8_e4m3fn), s
+
+
+def _fp8_bytes(M, N, K):
+    return N * K * (1 + 1 / 1024) + M * K * 2 + M * N * 2
+
+
+class Case:
+    """A chain: pred(pdl) -> its output; kernel(out, variant) -> K's output. `variants` maps a name to the launch
+    options K takes; `pdl` says whether the variant runs with PDL."""
+
+    def __init__(self, name, bytes_, pred, kernel, variants):
+        self.name, self.bytes, self.pred, self.kernel, self.variants = name, bytes_, pred, kernel, variants
+
+
+def _fp8_variants(M):
+    """serial / pdl / the L2 prefetch sizes the kernel's path takes (gemv: a 64 KB budget or the whole K split;
+    warp split: 1 KB of each row or the whole row)."""
+    pf = {"pdl_pf_budget": "budget", "pdl_pf_all": True} if M == 1 else {"pdl_pf_1k": 1024, "pdl_pf_all": True}
+    return {"serial": {"pdl": False}, "pdl": {"pdl": True},
+            **{k: {"pdl": True, "prefetch": v} for k, v in pf.items()}}
+
+
+def case_wq_a(M):
+    N, K = 1280, D
+    h, nw = _rnd(M, D), (1 + 0.1 * torch.randn(D, device=DEV)).to(torch.bfloat16)
+    w, s = _fp8_w(N, K)
+
+    def kernel(x, v):
+        return fg._gemm(x, w, s, None, None, 0.0, False, None, "fp8_gemm", pdl=v["pdl"],
+                        prefetch=v.get("prefetch"))
+    return Case(f"wq_a_M{M}", _fp8_bytes(M, N, K), lambda pdl: rn.rmsnorm(h, nw, EPS, pdl=pdl), kernel,
+                _fp8_variants(M))
+
+
+def case_shared_w2(M):
+    x = _rnd(M, D)
+    w1, s1 = _fp8_w(I, D)
+    w3, s3 = _fp8_w(I, D)
+    w2, s2 = _fp8_w(D, I)
+
+    def pred(pdl):
+        return fg._gemm(x, w1, s1, w3, s3, 10.0, False, None, "fp8_gemm_swiglu", pdl=pdl)
+
+    def kernel(hid, v):
+        return fg._gemm(hid, w2, s2, None, None, 0.0, False, None, "fp8_gemm", pdl=v["pdl"],
+                        prefetch=v.get("prefetch"))
+    return Case(f"shared_w2_M{M}", _fp8_bytes(M, D, I), pred, kernel, _fp8_variants(M))
+
+
+def case_router(T):
+    h, nw = _rnd(T, D), (1 + 0.1 * torch.randn(D, device=DEV)).to(torch.bfloat16)
+    gw, bias = _rnd(E, D, scale=0.02), (torch.randn(E, device=DEV) * 0.01).float()
+
+    def kernel(x, v):
+        return moe_router.router(x, gw, bias, K_TOP)  # PDL: the module switch (see `timed`)
+    return Case(f"router_T{T}", E * D * 2 + T * D * 2 + T * K_TOP * 8, lambda pdl: rn.rmsnorm(h, nw, EPS, pdl=pdl),
+                kernel, {"serial": {"pdl": False}, "pdl": {"pdl": True}})
+
+
+def case_compressor(ratio):
+    T = ratio
+    cos, sin = ci.rope_table(1 << 16)
+    a = ci.inputs(ratio, T)
+    nw = (1 + 0.1 * torch.randn(ci.D, device=DEV)).to(torch.bfloat16)
+    out = ci.bufs(ratio, a["J"])
+    h = a["x"]
+
+    def kernel(x, v):
+        b = dict(a, x=x)
+        ci.call(cm.compress, ratio, b, cos, sin, out, decode_cfg={"pdl": v["pdl"]})()
+        return out  # the caches it wrote (no copy inside the timed graph)
+    J = a["J"]
+    bytes_ = T * ci.D * 2 + ratio * ci.C * ci.D * 2 + J * (ci.C // 2 + ci.C // 16 + ci.CI // 2 + ci.CI // 32
+                                                          + ci.C * (2 if ratio == 1 else 4))
+    return Case(f"compressor_r{ratio}_T{T}", bytes_, lambda pdl: rn.rmsnorm(h, nw, EPS, pdl=pdl), kernel,
+                {"serial": {"pdl": False}, "pdl": {"pdl": True}})
+
+
+CASES = {"wq_a_M1": lambda: case_wq_a(1), "wq_a_M8": lambda: case_wq_a(8), "shared_w2_M8": lambda: case_shared_w2(8),
+         "router_T8": lambda: case_router(8), "compressor_r1_T1": lambda: case_compressor(1),
+         "compressor_r2_T2": lambda: case_compressor(2)}
+
+
+def _cold(fn):
+    t = ms_graph(fn)
+    return getattr(t, "cold", None) if isinstance(t, float) else None
+
+
+def _bits(out) -> torch.Tensor:
+    """A kernel's output(s) as one byte tensor (a copy), for the bit comparison outside the timed graphs."""
+    ts = out if isinstance(out, (tuple, list)) else (out,)
+    return torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in ts])
+
+
+def timed(case: Case, vname: str, ref_out, floor_ms: float) -> dict:
+    """One variant of one case: alone / pred / chain, L2-cold; the output's bits against ref_out."""
+    v = case.variants[vname]
+    pdl_mod.PDL_CUDA = bool(v["pdl"])  # the router (and any kernel without a pdl argument) follows the switch
+    try:
+        x = case.pred(v["pdl"])
+        out = _bits(case.kernel(x, v))
+        torch.cuda.synchronize()
+        same = ref_out is None or torch.equal(out, ref_out)
+        alone = _cold(lambda: case.kernel(x, v))
+        pred = _cold(lambda: case.pred(v["pdl"]))
+        chain = _cold(lambda: case.kernel(case.pred(v["pdl"]), v))
+    finally:
+        pdl_mod.PDL_CUDA = True
+    step = chain - pred if chain is not None and pred is not None else None
+    row = {"case": case.name, "variant": vname, **{k: (v2 if isinstance(v2, (bool, int, float, str)) else str(v2))
+                                                   for k, v2 in v.items()},
+           "alone_ms": alone, "pred_ms": pred, "chain_ms": chain, "step_ms": step, "floor_ms": floor_ms,
+           "budget_ms": 2 * floor_ms, "same_bits": bool(same),
+           "step_over_floor": step / floor_ms if step is not None else None,
+           "alone_over_floor": alone / floor_ms if alone is not None else None}
+    return row, out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="JSON file (written after each case)")
+    ap.add_argument("--only", default=None, help="regex over case names")
+    ap.add_argument("--variants", default=None, help="regex over variant names")
+    ap.add_argument("--repeat", type=int, default=2, help="times each variant is timed, interleaved")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("step_chain.py: needs a CUDA GPU (it times CUDA-graph replays)")
+    torch.manual_seed(0)
+    ceil = measure_ceilings()
+    bw = ceil["copy_TBps"] * 1e12
+    doc = {**env_info(), "ceilings": ceil, "rows": []}
+    for name, make in CASES.items():
+        if args.only and not re.search(args.only, name):
+            continue
+        t0 = time.time()
+        case = make()
+        floor_ms = case.bytes / bw * 1e3
+        names = [n for n in case.variants if not args.variants or n == "serial" or re.search(args.variants, n)]
+        ref = None
+        for r in range(args.repeat):
+            for vn in names:
+                try:
+                    row, out = timed(case, vn, ref, floor_ms)
+                except Exception as e:  # noqa: BLE001 - recorded, the other cases go on
+                    row, out = {"case": case.name, "variant": vn, "error": f"{type(e).__name__}: {e}"[:300]}, None
+                if ref is None and vn == "serial" and out is not None:
+                    ref = out.clone()
+                row["repeat"] = r
+                doc["rows"].append(row)
+                st = row.get("step_ms")
+                print(f"{case.name:18s} {vn:14s} alone {row.get('alone_ms') or math.nan:8.4f}  step "
+                      f"{st if st is not None else math.nan:8.4f}  budget {2 * floor_ms:.4f}  "
+                      f"bits {'ok' if row.get('same_bits') else row.get('error', 'DIFFER')}", flush=True)
+        print(f"  ({case.name}: {time.time() - t0:.0f} s)", flush=True)
+        write_json(args.out, doc)
+    write_json(args.out, doc)
+
+
+if __name__ == "__main__":
+    main()
