@@ -55,7 +55,6 @@ from benchmarks.common import DEV, env_info, measure_ceilings, ms_graph, write_j
 from dsv41c.codegen.triton import compressor as cm  # noqa: E402
 from dsv41c.codegen.triton import fp8_gemm as fg  # noqa: E402
 from dsv41c.codegen.triton import moe_router  # noqa: E402
-from dsv41c.codegen.triton import pdl as pdl_mod  # noqa: E402
 from dsv41c.codegen.triton import rmsnorm as rn  # noqa: E402
 
 D, I, E, K_TOP = 5120, 2304, 384, 6
@@ -126,7 +125,7 @@ def case_router(T):
     gw, bias = _rnd(E, D, scale=0.02), (torch.randn(E, device=DEV) * 0.01).float()
 
     def kernel(x, v):
-        return moe_router.router(x, gw, bias, K_TOP)  # PDL: the module switch (see `timed`)
+        return moe_router.router(x, gw, bias, K_TOP, pdl=v["pdl"])
     return Case(f"router_T{T}", E * D * 2 + T * D * 2 + T * K_TOP * 8, lambda pdl: rn.rmsnorm(h, nw, EPS, pdl=pdl),
                 kernel, {"serial": {"pdl": False}, "pdl": {"pdl": True}})
 
@@ -169,17 +168,13 @@ def _bits(out) -> torch.Tensor:
 def timed(case: Case, vname: str, ref_out, floor_ms: float) -> dict:
     """One variant of one case: alone / pred / chain, L2-cold; the output's bits against ref_out."""
     v = case.variants[vname]
-    pdl_mod.PDL_CUDA = bool(v["pdl"])  # the router (and any kernel without a pdl argument) follows the switch
-    try:
-        x = case.pred(v["pdl"])
-        out = _bits(case.kernel(x, v))
-        torch.cuda.synchronize()
-        same = ref_out is None or torch.equal(out, ref_out)
-        alone = _cold(lambda: case.kernel(x, v))
-        pred = _cold(lambda: case.pred(v["pdl"]))
-        chain = _cold(lambda: case.kernel(case.pred(v["pdl"]), v))
-    finally:
-        pdl_mod.PDL_CUDA = True
+    x = case.pred(v["pdl"])
+    out = _bits(case.kernel(x, v))
+    torch.cuda.synchronize()
+    same = ref_out is None or torch.equal(out, ref_out)
+    alone = _cold(lambda: case.kernel(x, v))
+    pred = _cold(lambda: case.pred(v["pdl"]))
+    chain = _cold(lambda: case.kernel(case.pred(v["pdl"]), v))
     step = chain - pred if chain is not None and pred is not None else None
     row = {"case": case.name, "variant": vname, **{k: (v2 if isinstance(v2, (bool, int, float, str)) else str(v2))
                                                    for k, v2 in v.items()},

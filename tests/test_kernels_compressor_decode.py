@@ -149,3 +149,38 @@ def test_gpu_decode_fused_real_widths(ratio, T, cfg):
     a2 = _run(cm.compress, ratio, t, cos, sin, pos, rows, N, 512, 128, True, fused_tail=True, decode_cfg=cfg)
     for name, x, y in zip(NAMES, a, a2):
         assert torch.equal(bits(x), bits(y)), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ratio,T", [(1, 1), (2, 2)])
+def test_gpu_decode_pdl_behind_the_norm_keeps_the_bits(ratio, T):
+    """The one-launch decode compressor with PDL (DECODE_CFG "pdl": its first weights load before the grid wait)
+    behind the decode norm (PDL, releasing at its start), in one CUDA graph whose first kernel rewrites the norm's
+    input: every replay writes the bytes of the same chain launched without PDL on the new input (a read of x before
+    the wait would show), and the arrival counter is back at 0."""
+    from dsv41c.codegen.triton import rmsnorm as rn
+    from dsv41c.codegen.triton.pdl import pdl_for
+    t, cos, sin, pos = _compressor_inputs(ratio, T, 5120, 512, 128, 64, grid=False, seed=40 + ratio)
+    if not pdl_for(t["x"].device):
+        pytest.skip("needs programmatic dependent launch (sm90+)")
+    rows, N = _rows(T // ratio, None)
+    h = t["x"].clone()
+    nw = (1 + 0.1 * torch.randn(5120, device=DEV)).to(torch.bfloat16)
+
+    def chain(x, pdl):
+        y = rn.rmsnorm(x, nw, 1e-20, pdl=pdl)
+        return _run(cm.compress, ratio, dict(t, x=y), cos, sin, pos, rows, N, 512, 128, True, fused_tail=True,
+                    decode_cfg={"pdl": pdl})
+    xs = h.clone()
+    chain(xs, True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        xs.copy_(h)
+        outs = chain(xs, True)
+    for i in range(3):
+        h.copy_(torch.randn(T, 5120, device=DEV).to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _counter() == 0
+        for name, x, y in zip(NAMES, outs, chain(h, False)):
+            assert torch.equal(bits(x), bits(y)), f"{name}, replay {i}"

@@ -845,8 +845,8 @@ def test_gpu_fp8_prefetch_and_pdl_chain_keep_the_bits(M):
         torch.testing.assert_close(piped.float(), h.float(), rtol=2.0 ** -7, atol=1e-6)
     if not pdl_for(x.device):
         return
-    # the default path (at 8 tokens on sm90 the warp-split kernel, which has no prefetch) and, with fold=True (an mma
-    # option), the split-K tile; each compared with itself without PDL (the two sum in different orders)
+    # the default path (at 8 tokens on sm90 the warp-split kernel; `prefetch` above took it too) and, with fold=True
+    # (an mma option), the split-K tile; each compared with itself without PDL (the two sum in different orders)
     for kw in ({}, {"fold": True}):
         xs = x.clone()
         chain(xs, pdl=True, **kw)
@@ -859,6 +859,43 @@ def test_gpu_fp8_prefetch_and_pdl_chain_keep_the_bits(M):
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(yg, chain(x, pdl=False, **kw)), f"replay {i} {kw}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 8])
+def test_gpu_norm_then_linear_pdl_chain_keeps_the_bits(M):
+    """The decode norm launched with PDL (it releases its successor at its start) in front of wq_a (PDL, with and
+    without the L2 prefetch of its weight rows before its wait) and the router, all in one CUDA graph whose first
+    kernel rewrites the norm's input: each replay equals the serialized chain on the new input (a read of the
+    norm's output before the grid wait would show)."""
+    from dsv41c.codegen.triton import moe_router
+    from dsv41c.codegen.triton.pdl import pdl_for
+    g = gen(35)
+    h = randn(g, M, 5120, dtype=torch.bfloat16)
+    nw = (1 + 0.1 * randn(g, 5120)).to(torch.bfloat16)
+    w, s = fp8_weight(g, 1280, 5120)
+    gw = randn(g, 384, 5120, scale=0.02, dtype=torch.bfloat16)
+    bias = randn(g, 384, scale=0.01)
+
+    def chain(x, pdl, prefetch=None):
+        y = rn.rmsnorm(x, nw, 1e-20, pdl=pdl)
+        q = fg._gemm(y, w, s, None, None, 0.0, False, None, "wq_a", pdl=pdl, prefetch=prefetch)
+        return (q, *moe_router.router(y, gw, bias, 6, pdl=pdl))
+    if not pdl_for(h.device):
+        pytest.skip("needs programmatic dependent launch (sm90+)")
+    for pf in (None, "budget", True):
+        xs = h.clone()
+        chain(xs, True, pf)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            xs.copy_(h)
+            outs = chain(xs, True, pf)
+        for i in range(3):
+            h.copy_(randn(g, M, 5120, dtype=torch.bfloat16))
+            graph.replay()
+            torch.cuda.synchronize()
+            for o, r in zip(outs, chain(h, False, pf)):
+                assert torch.equal(o, r), f"prefetch={pf} replay {i}"
 
 
 @pytest.mark.gpu

@@ -569,9 +569,9 @@ def _u8(t):
 # (IBK 64: 11.94 / 11.98, 256: 12.04 / 12.22), ratio 2 15.13 / 15.34 -> 15.90 / 16.08 (slower); the same codes
 DECODE_CFG = {  # tail_pf: `_prefetch_tail` where the device has the L2 bulk prefetch
     1: {"BN": 8, "KPS": 1024, "BK": 1024, "IBK": 128, "num_warps": 8, "maxnreg": None, "tail_pf": True,
-        "idx_mma": True, "pdl": False},
+        "idx_mma": True, "pdl": True},
     2: {"BN": 8, "KPS": 1024, "BK": 1024, "IBK": 128, "num_warps": 8, "maxnreg": None, "tail_pf": True,
-        "idx_mma": False, "pdl": False},
+        "idx_mma": False, "pdl": True},
 }
 
 

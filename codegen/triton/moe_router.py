@@ -253,11 +253,12 @@ def router_reference(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate
 
 
 def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: float = 1.0, bias_vl=None,
-           image_mask=None, norm_topk_prob: bool = True, fused=None):
+           image_mask=None, norm_topk_prob: bool = True, fused=None, pdl=None):
     """Triton router: -> (weights [T, k] fp32, expert ids [T, k] int32).
 
     fused (None: on up to GEMV_MAX_T tokens): the decode logits and top-k in one launch
-    (`router_decode_kernel`; same bits as the two launches, which fused=False keeps)."""
+    (`router_decode_kernel`; same bits as the two launches, which fused=False keeps). pdl: the fused kernel's
+    programmatic dependent launch (None: where the device has it; False: off)."""
     T, D = x.shape
     E = gate_w.shape[0]
     if gate_w.shape[1] != D or bias.shape != (E,):
@@ -286,7 +287,7 @@ def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: flo
         part = torch.empty(split, T, E, dtype=torch.float32, device=x.device)
         grid = (T, triton.cdiv(E, GEMV_BE), split)
         if fused:
-            pdl = pdl_for(x.device)
+            pdl = pdl_for(x.device) and (pdl is None or bool(pdl))
             router_decode_kernel[grid](x, gw, part, counters(x.device, T, pool="router"), b, b_vl, img, wts, ids, T,
                                        1.0 / gate_temp, float(route_scale), K=D, BE=GEMV_BE, BK=BK, K_PER_SPLIT=k_per,
                                        PDL=pdl, num_warps=4, **topk_ce, **launch_kw(pdl))

@@ -106,6 +106,13 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1]).contiguous()
 
 
+# Decode rows launch with PDL: the kernel waits for its predecessor, then releases its successor at once, so a
+# PDL successor (the FP8 GEMMs, the router, the decode compressor) is scheduled while the norm runs and starts its
+# weight reads. H200, L2-cold, behind this norm (benchmarks/step_chain.py, results/step_chain_s23.json): what wq_a
+# adds to the step 5.3 -> 4.0 µs at one token, the compressor 11.9 -> 8.9 µs at ratio 1.
+PDL_MAX_ROWS = 16
+
+
 def _launch(x, residual, weight, eps, pdl=None):
     N = x.shape[-1]
     if weight is not None and weight.shape != (N,):
@@ -119,20 +126,21 @@ def _launch(x, residual, weight, eps, pdl=None):
     M = x2.shape[0]
     if M:
         BLOCK, nw = _block(N)
-        pdl = bool(pdl) and pdl_for(x.device)
+        # PDL (None: on for decode row counts, where a successor's weight reads can overlap this short kernel)
+        pdl = (M <= PDL_MAX_ROWS if pdl is None else bool(pdl)) and pdl_for(x.device)
         rmsnorm_kernel[(M,)](x2, r2, weight.contiguous() if weight is not None else x2, y, s, float(eps), N=N,
                              BLOCK_N=BLOCK, HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None,
                              PDL=pdl, num_warps=nw, **launch_kw(pdl))
     return y.reshape(x.shape), s.reshape(x.shape)
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, pdl: bool = False) -> torch.Tensor:
-    """pdl: launch with programmatic dependent launch where the device has it (off by default: measured in a
-    decode chain only, benchmarks/step_chain.py)."""
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, pdl: bool | None = None) -> torch.Tensor:
+    """pdl: programmatic dependent launch (pdl.py) where the device has it; None: for up to PDL_MAX_ROWS rows."""
     return _launch(x, None, weight, eps, pdl)[0]
 
 
-def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float, pdl: bool = False):
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                pdl: bool | None = None):
     if residual.shape != x.shape:
         raise ValueError(f"add_rmsnorm: x {tuple(x.shape)} and residual {tuple(residual.shape)} differ")
     return _launch(x, residual, weight, eps, pdl)
