@@ -50,10 +50,16 @@ code 2,400 -> 1,432 instructions at ratio 1) gains only 0.2 µs warm / 0.5 µs c
 (results/tune_compressor_idx_mma_s21.json), so instruction latency is not what the rest of it waits on; on at ratio
 1 only.
 
+On sm90+ the decode launch is PDL-launched (DECODE_CFG "pdl"): its first weights, the wkv (and wgate) slice, load
+before the grid-dependency wait, x and every store after it, so in a decode step the weight read overlaps the
+kernel before it (what the compressor adds to the step, L2-cold: ratio 1 10.0-10.3 -> 8.7-8.9 µs, ratio 2
+14.8-15.0 -> 13.2-13.3; results/step_chain_s23_run2.json).
+
 Specialization keys: C (512), ROPE (64), RATIO (1|2), BM (rows per program), BK (K step),
 FUSE_IDX (indexer key fused), CI/IROPE (128/64), UPCAST (fp32 dots: interpreter only); the
 one-launch decode kernel: NT (tokens), K (hidden size, a constexpr so AOT compiles prove the
-16-byte alignment of weight rows), BN, KPS, BK, NSPLIT, IBK (`DECODE_CFG`).
+16-byte alignment of weight rows), BN, KPS, BK, NSPLIT, IBK, PDL (`DECODE_CFG`; PDL off in the ahead-of-time
+variants).
 Variants per target: ratio-1 prefill (BM 32) and ratio-2 prefill (BM 16 pairs), each with the
 indexer key fused; two-launch decode (GEMV + FROM_PART tail); one-launch decode for 1 token
 (ratio 1) and one pair (ratio 2); gfx1100 (RDNA3, 64 KB LDS, wave32) uses BK 32 and one pipeline
@@ -567,6 +573,10 @@ def _u8(t):
 # idx_mma: the indexer key's product on the tensor cores (`_idx_linear_mma`), at ratio 1 only: H200, L2-cold graph
 # replay, twice, interleaved (results/tune_compressor_idx_mma_s21.json): ratio 1 11.41 / 11.51 -> 10.93 / 10.98 µs
 # (IBK 64: 11.94 / 11.98, 256: 12.04 / 12.22), ratio 2 15.13 / 15.34 -> 15.90 / 16.08 (slower); the same codes
+# pdl: programmatic dependent launch (pdl.py): the first weights load before the grid wait. Alone it changes nothing
+# (L2-cold 10.8-10.9 µs at ratio 1 with or without); behind the decode norm that produces x (PDL too) it takes what
+# the compressor adds to the step from 10.0-10.3 to 8.7-8.9 µs at ratio 1 and 14.8-15.0 to 13.2-13.3 at ratio 2
+# (H200, benchmarks/step_chain.py, results/step_chain_s23_run2.json, twice, interleaved; the same bytes).
 DECODE_CFG = {  # tail_pf: `_prefetch_tail` where the device has the L2 bulk prefetch
     1: {"BN": 8, "KPS": 1024, "BK": 1024, "IBK": 128, "num_warps": 8, "maxnreg": None, "tail_pf": True,
         "idx_mma": True, "pdl": True},
@@ -819,7 +829,7 @@ def _specs(target):
                   "KPS": cfg["KPS"], "BK": cfg["BK"], "NSPLIT": -(-c.hidden_size // cfg["KPS"]), "WRITE_LAT": True,
                   "LAT_BF16": ratio == 1, "FUSE_IDX": True, "CI": c.index_head_dim, "IROPE": c.qk_rope_head_dim,
                   "IBK": cfg["IBK"], "TAIL_PF": False, "WK_ROW": 0, "NW_BYTES": 0, "KNW_BYTES": 0, "CS_ROW": 0,
-                  "IDX_MMA": int(cfg["idx_mma"])}
+                  "IDX_MMA": int(cfg["idx_mma"]), "PDL": False}
         out.append(aot_spec(_compress_decode_kernel, f"r{ratio}_decode_fused_t{nt}", ftypes, fconst,
                             num_warps=cfg["num_warps"], num_stages=1,
                             keys={"RATIO": ratio, "NT": nt, "C": c.head_dim, "FUSE_IDX": True, "BN": cfg["BN"],
@@ -833,5 +843,5 @@ register(KernelTemplate(
     summary="wkv GEMM (+ ratio-2 gated pair pool) -> RMSNorm -> RoPE -> FP4/E4M3 cache append (+ fused indexer key)",
     keys=("RATIO", "C", "ROPE", "BM", "BK", "FUSE_IDX", "CI", "BN", "BT", "FROM_PART", "GATE", "IBK", "IROPE", "K",
           "KPS", "LAT_BF16", "NSPLIT", "NT", "UPCAST", "WRITE_LAT", "TAIL_PF", "WK_ROW", "NW_BYTES", "KNW_BYTES",
-          "CS_ROW", "IDX_MMA"),
+          "CS_ROW", "IDX_MMA", "PDL"),
     reference=compress_ref, launch=compress, specializations=_specs))

@@ -56,6 +56,13 @@ warps (RAGGED), each warp takes ceil(tiles / S) steps and a step past its slice 
 do, the code is the same as without the option (sm90 SASS compared). Session 21 timed ragged and other tiles on
 shared w2 (results/tune_fp8_warp_split_ragged_s21.json): none beat `tiles_for`'s.
 
+PDL and PREFETCH (session 23, benchmarks/step_chain.py): in a decode step the kernel is PDL-launched behind the
+kernel that produces x (shared w2 behind the gated w1/w3, wq_a behind the norm). What it then adds to the step,
+L2-cold (results/step_chain_s23_run2.json, twice, interleaved): shared w2 at 8 tokens 6.5-6.8 µs serialized ->
+**5.2** with PDL (alone 7.2-7.4), within its 5.65 µs budget; wq_a at 8 tokens 5.8-5.9 -> 4.2-4.6. PREFETCH, the
+L2 bulk prefetch of the program's weight rows before the grid wait, made both slower (1 KB a row: shared w2 6.0-6.1,
+wq_a 4.6-4.7; whole rows: 5.9-6.3 / 5.7-5.9 in the first run), so it stays off.
+
 Known gaps: the x tile is loaded per slice (S·BK·BM·2 bytes a step, from the L2), so x's shared-memory stages are as
 large as the weights' at BM 8 (loading x through the L1 instead, cp.async.ca at 8 / 4 bytes a thread, was 0-62 %
 slower: results/tune_fp8_warp_split_xe.json); one program per 16 rows gives 288 programs for shared w1/w3 and 320
@@ -401,7 +408,7 @@ def _variants(target: str, gated: bool) -> list:
         for two, suffix in ((True, ""), (False, "_one")):
             ce = {"N": N, "K": K, "BM": 8, "RB": RB, "S": S, "BK": BK, "STAGES": ns, "GATED": int(gated),
                   "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "PDL": False, "PAIRS": PAIRS_DEFAULT,
-                  "SPF": SPF_DEFAULT, "TWO": two, "EARLY": name in EARLY_LINEARS and not two}
+                  "SPF": SPF_DEFAULT, "TWO": two, "EARLY": name in EARLY_LINEARS and not two, "PREFETCH": 0}
             out.append(aot_spec(fp8_warp_split_kernel, f"{name}_decode{suffix}", types, ce, S, ns,
                                 {"linear": name, "mode": "decode", "act": "bf16", **ce}, matrix="mma.sync",
                                 divisible={"w3_off": 16} if gated else None))
@@ -413,7 +420,7 @@ def _variants(target: str, gated: bool) -> list:
 _NO_ROCM = {t: "the batched dot lowers to FMA, not MFMA (gfx942/gfx950, Triton 3.9); WMMA on gfx1100 not run; "
                "fp8_gemm's decode tile serves ROCm" for t in ("rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")}
 _KEYS = ("linear", "N", "K", "mode", "act", "BM", "RB", "S", "BK", "STAGES", "GATED", "NATIVE_FP8", "DOT_F32", "PDL",
-         "PAIRS", "SPF", "TWO", "EARLY")
+         "PAIRS", "SPF", "TWO", "EARLY", "PREFETCH")
 register(KernelTemplate(
     name="fp8_gemm_warp_split", module=__name__,
     summary="decode x · dequant(E4M3 W)ᵀ, K split over the warps of a program (no split-K round trip)",

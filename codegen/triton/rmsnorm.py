@@ -11,8 +11,12 @@ widths 5120, 1280, 512, 128 all do) it stays in registers: one read, one write. 
 take two passes (sum of squares, then normalize); the add variant recomputes x + residual in
 the second pass instead of re-reading its own stores.
 
+Decode rows (M <= PDL_MAX_ROWS) launch with programmatic dependent launch on sm90+ (pdl.py): the kernel waits for
+its predecessor and releases its successor at once, so a PDL successor (the FP8 GEMMs, the decode router and
+compressor) is scheduled while the norm runs and starts reading its weights (benchmarks/step_chain.py).
+
 Specialization keys: N (hidden 5120, q_norm 1280, kv_norm 512, k_norm 128), BLOCK_N,
-HAS_WEIGHT, activation dtype.
+HAS_WEIGHT, activation dtype, PDL (off in the ahead-of-time variants).
 
 Known gaps: one row per program, so decode (1–8 rows) uses 1–8 programs; that is a latency,
 not a bandwidth, problem and these norms are fusion candidates for their producers anyway.
@@ -159,16 +163,16 @@ def _variants(target: str, residual: bool) -> list:
             continue
         B = triton.next_power_of_2(N)
         nw = 8 if B >= 4096 else 4 if B >= 1024 else 2
-        ce = {"N": N, "BLOCK_N": B, "HAS_WEIGHT": True, "HAS_RESIDUAL": residual}
+        ce = {"N": N, "BLOCK_N": B, "HAS_WEIGHT": True, "HAS_RESIDUAL": residual, "PDL": False}
         out.append(aot_spec(rmsnorm_kernel, f"{name}_n{N}", types, ce, nw, 1, {"norm": name, "act": "bf16", **ce}))
     return out
 
 
 register(KernelTemplate(
     name="rmsnorm", module=__name__, summary="weighted/unweighted RMSNorm, fp32 statistics, output in x's dtype",
-    keys=("norm", "N", "act", "BLOCK_N", "HAS_WEIGHT", "HAS_RESIDUAL"), reference=rmsnorm_reference, launch=rmsnorm,
+    keys=("norm", "N", "act", "BLOCK_N", "HAS_WEIGHT", "HAS_RESIDUAL", "PDL"), reference=rmsnorm_reference, launch=rmsnorm,
     specializations=lambda t: _variants(t, False)))
 register(KernelTemplate(
     name="add_rmsnorm", module=__name__, summary="s = x + residual (written) then RMSNorm(s)",
-    keys=("norm", "N", "act", "BLOCK_N", "HAS_WEIGHT", "HAS_RESIDUAL"), reference=add_rmsnorm_reference, launch=add_rmsnorm,
+    keys=("norm", "N", "act", "BLOCK_N", "HAS_WEIGHT", "HAS_RESIDUAL", "PDL"), reference=add_rmsnorm_reference, launch=add_rmsnorm,
     specializations=lambda t: _variants(t, True)))
