@@ -186,6 +186,11 @@ def test_fp8_decode_paths_agree(gated):
         torch.testing.assert_close(y1, ref, rtol=1e-5, atol=1e-6)
         for pipe in (2, 3):
             assert torch.equal(run(path="gemv", tiles=(32, 64, sk, 4, pipe)), y1), (sk, pipe)
+        # EARLY_W: the split's first tile loaded before the (PDL) wait, the loop from the second: the same bits,
+        # also where a split has one tile (sk 4) and the loop runs no step
+        for seg in (0, 16):
+            t = (32, 64, sk, 4, 1, seg)
+            assert torch.equal(run(path="gemv", tiles=t, early_w=True), run(path="gemv", tiles=t)), (sk, seg)
     # the accumulator per tile element (SEG 0) or per run of SEG consecutive products (the default, GEMV_SEG 16):
     # different fp32 sum orders, each within the reference's rounding
     assert fg.GEMV_SEG == 16
@@ -865,9 +870,10 @@ def test_gpu_fp8_prefetch_and_pdl_chain_keep_the_bits(M):
 @pytest.mark.parametrize("M", [1, 8])
 def test_gpu_norm_then_linear_pdl_chain_keeps_the_bits(M):
     """The decode norm launched with PDL (it releases its successor at its start) in front of wq_a (PDL, with and
-    without the L2 prefetch of its weight rows before its wait) and the router, all in one CUDA graph whose first
-    kernel rewrites the norm's input: each replay equals the serialized chain on the new input (a read of the
-    norm's output before the grid wait would show)."""
+    without the L2 prefetch of its weight rows before its wait; at one token also with the gemv's first weight tile
+    loaded before it, EARLY_W) and the router, all in one CUDA graph whose first kernel rewrites the norm's input:
+    each replay equals the serialized chain on the new input (a read of the norm's output before the grid wait
+    would show)."""
     from dsv41c.codegen.triton import moe_router
     from dsv41c.codegen.triton.pdl import pdl_for
     g = gen(35)
@@ -877,25 +883,26 @@ def test_gpu_norm_then_linear_pdl_chain_keeps_the_bits(M):
     gw = randn(g, 384, 5120, scale=0.02, dtype=torch.bfloat16)
     bias = randn(g, 384, scale=0.01)
 
-    def chain(x, pdl, prefetch=None):
+    def chain(x, pdl, **kw):
         y = rn.rmsnorm(x, nw, 1e-20, pdl=pdl)
-        q = fg._gemm(y, w, s, None, None, 0.0, False, None, "wq_a", pdl=pdl, prefetch=prefetch)
+        q = fg._gemm(y, w, s, None, None, 0.0, False, None, "wq_a", pdl=pdl, **kw)
         return (q, *moe_router.router(y, gw, bias, 6, pdl=pdl))
     if not pdl_for(h.device):
         pytest.skip("needs programmatic dependent launch (sm90+)")
-    for pf in (None, "budget", True):
+    opts = [{}, {"prefetch": "budget"}, {"prefetch": True}] + ([{"early_w": True}] if M == 1 else [])
+    for kw in opts:
         xs = h.clone()
-        chain(xs, True, pf)
+        chain(xs, True, **kw)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             xs.copy_(h)
-            outs = chain(xs, True, pf)
+            outs = chain(xs, True, **kw)
         for i in range(3):
             h.copy_(randn(g, M, 5120, dtype=torch.bfloat16))
             graph.replay()
             torch.cuda.synchronize()
-            for o, r in zip(outs, chain(h, False, pf)):
-                assert torch.equal(o, r), f"prefetch={pf} replay {i}"
+            for o, r in zip(outs, chain(h, False, **{k: v for k, v in kw.items() if k != "early_w"})):
+                assert torch.equal(o, r), f"{kw} replay {i}"
 
 
 @pytest.mark.gpu

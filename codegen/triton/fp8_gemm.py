@@ -744,8 +744,12 @@ def _mma_k_loop(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, w3_off, s3_off, rm, rn, u
 def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_ptr, limit,
                     N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
                     GATED: tl.constexpr, NATIVE_FP8: tl.constexpr, PDL: tl.constexpr = False,
-                    PREFETCH: tl.constexpr = 0, PIPE: tl.constexpr = 1, SEG: tl.constexpr = 0):
+                    PREFETCH: tl.constexpr = 0, PIPE: tl.constexpr = 1, SEG: tl.constexpr = 0,
+                    EARLY_W: tl.constexpr = False):
     """One token (M = 1): y = x·Wᵀ on the CUDA cores, no tensor-core padding to 16 rows.
+
+    EARLY_W: the split's first k tile of weight bytes and scale bytes (static data) is loaded before the grid
+    dependency wait, and the loop runs from the second tile; under PDL those loads overlap the predecessor.
 
     PREFETCH (sm90+, bytes per row, 0 = off): the first PREFETCH bytes of each of the program's weight rows
     over its K split are requested into the L2 first (l2_prefetch.py); PDL: then the grid dependency wait
@@ -779,14 +783,32 @@ def fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, w3_ptr, ws3_ptr, y_ptr, part_ptr, cnt_
     prefetch_rows_l2(w_ptr + rows_pf, PREFETCH, PREFETCH > 0)
     if GATED:
         prefetch_rows_l2(w3_ptr + rows_pf, PREFETCH, PREFETCH > 0)
-    grid_wait(PDL)
-    grid_release(PDL)
     kk = tl.arange(0, BK)
     sk = tl.arange(0, BK // 32)
     w_rows = rn3.to(tl.int64) * K
     AK: tl.constexpr = BK // SEG if SEG else BK
     acc = tl.zeros((RG, 32, AK), dtype=tl.float32)
     acc3 = tl.zeros((RG, 32, AK), dtype=tl.float32)
+    if EARLY_W:
+        g_ok0 = g[:, None] < (N + 31) // 32
+        s_off0 = g[:, None] * KS + k_lo // 32 + sk[None, :]
+        sb0 = tl.load(ws_ptr + s_off0, mask=g_ok0, other=127)
+        wb0 = tl.load(w_ptr + w_rows + k_lo + kk[None, None, :], mask=n_ok3, other=0)
+        if GATED:
+            sb30 = tl.load(ws3_ptr + s_off0, mask=g_ok0, other=127)
+            wb30 = tl.load(w3_ptr + w_rows + k_lo + kk[None, None, :], mask=n_ok3, other=0)
+    grid_wait(PDL)
+    grid_release(PDL)
+    if EARLY_W:  # the first tile, from the bytes loaded before the wait (the loop's arithmetic, in its order)
+        x = tl.load(x_ptr + k_lo + kk).to(tl.float32)
+        xs = tl.reshape(tl.broadcast_to(tl.reshape(x, (1, BK // 32, 32)), (RG, BK // 32, 32)) *
+                        e8m0_to_f32(sb0)[:, :, None], (RG, 1, BK))
+        acc = _add_products(acc, e4m3_to_f32(wb0, NATIVE_FP8) * xs, RG, AK, SEG)
+        if GATED:
+            xs3 = tl.reshape(tl.broadcast_to(tl.reshape(x, (1, BK // 32, 32)), (RG, BK // 32, 32)) *
+                             e8m0_to_f32(sb30)[:, :, None], (RG, 1, BK))
+            acc3 = _add_products(acc3, e4m3_to_f32(wb30, NATIVE_FP8) * xs3, RG, AK, SEG)
+        k_lo += BK
     # PIPE >= 2 asks Triton to pipeline the k loop's loads (PIPE stages of cp.async into shared memory; it
     # pipelines loads that feed no tl.dot only when the loop asks). The default, 1, does not: measured faster
     # (GEMV_PIPE).
@@ -938,6 +960,7 @@ MIN_SPLIT_STEPS = 2  # k tiles per split at least: below it the partials' round 
 DECODE_BK = 128  # decode (M <= 16) k tile
 GEMV_MAX_M = 1  # tokens that take the CUDA-core path (fp8_gemv_kernel)
 GEMV_BK = 128  # its k tile
+GEMV_EARLY_W = False  # its first weight tile loaded before the PDL wait (the kernel's EARLY_W; pdl launches only)
 GEMV_PIPE = 1  # its k loop's pipeline stages (the kernel's PIPE); 2-4 were slower on the H200 (tune_fp8_decode.json)
 # Its accumulator: 0 = one fp32 per weight element of the [BN, BK] tile (122 registers a thread, sm90 SASS, Triton
 # 3.6); n = each thread's n consecutive products of a row summed first, one fp32 per n elements (63 registers: 8
@@ -1176,7 +1199,7 @@ def _prefetch_row_bytes(prefetch, device, w, w3, k_split: int, rows: int) -> int
 
 
 def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=None, fold=None, decode_w=None,
-          pdl=None, prefetch=None, spf=None, stack=None):
+          pdl=None, prefetch=None, spf=None, stack=None, early_w=None):
     """Shared launcher. path: "gemv" (one token on the CUDA cores), "mma" (tensor cores), "warp_split" (decode, the
     K split over one program's warps: fp8_warp_split.py), or None (gemv for M <= GEMV_MAX_M when K tiles; warp_split
     where `fp8_warp_split.default_for` says so and none of the mma options below is given; else mma). fold: split-K epilogue inside the GEMM launch
@@ -1190,7 +1213,8 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
     scale prefetch (`_mma_k_loop`); None: `_spf`'s default. stack (gated, mma path, per-element decoder): the
     stacked tile (GATED 2: a program's weight rows are BN/2 rows of w1 then the same BN/2 rows of w3, one dot, and
     the tiles and splits of a plain linear of 2N rows) instead of the paired one (BN rows of each, two dots);
-    None: `_stack`'s default."""
+    None: `_stack`'s default. early_w: the gemv path's EARLY_W (its first weight tile loaded before the PDL wait);
+    None: GEMV_EARLY_W where the launch is PDL."""
     K = x.shape[-1]
     _check_w(w, s, K, name)
     if w3 is not None:
@@ -1245,6 +1269,7 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
         fp8_gemv_kernel[grid](x2, wu, su, w3u, s3u, y, part, cnt, float(limit),
                               N=N, K=K, BN=BN, BK=BK, SPLIT_K=SK, GATED=gated,
                               NATIVE_FP8=native_fp8_for(x.device), PDL=pdl, PREFETCH=pf, PIPE=ns, SEG=seg,
+                              EARLY_W=(GEMV_EARLY_W and pdl) if early_w is None else bool(early_w),
                               num_warps=nw, num_stages=ns, **launch_kw(pdl))
         return y.reshape(*x.shape[:-1], N)
     fold = FOLD_SPLIT_K if fold is None else fold
@@ -1343,7 +1368,8 @@ def _gemm_variants(target: str, gated: bool) -> list:
             BN = 32 if gated else 64
             SK = _split_k(1, N, K, BN, GEMV_BK, DECODE_PROGRAMS_PER_SM["gemv"])
             ce = {"N": N, "K": K, "BN": BN, "BK": GEMV_BK, "SPLIT_K": SK, "GATED": gated,
-                  "NATIVE_FP8": tr["native_fp8"], "PDL": False, "PREFETCH": 0, "PIPE": GEMV_PIPE, "SEG": GEMV_SEG}
+                  "NATIVE_FP8": tr["native_fp8"], "PDL": False, "PREFETCH": 0, "PIPE": GEMV_PIPE, "SEG": GEMV_SEG,
+                  "EARLY_W": False}
             types = {k: v for k, v in _gemm_types("*bf16").items() if k not in ("M", "w3_off", "s3_off")}
             out.append(aot_spec(fp8_gemv_kernel, f"{name}_gemv", types, ce, 4, GEMV_PIPE,
                                 {"linear": name, "mode": "gemv", "act": "bf16", **ce}))
