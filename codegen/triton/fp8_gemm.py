@@ -960,7 +960,12 @@ MIN_SPLIT_STEPS = 2  # k tiles per split at least: below it the partials' round 
 DECODE_BK = 128  # decode (M <= 16) k tile
 GEMV_MAX_M = 1  # tokens that take the CUDA-core path (fp8_gemv_kernel)
 GEMV_BK = 128  # its k tile
-GEMV_EARLY_W = False  # its first weight tile loaded before the PDL wait (the kernel's EARLY_W; pdl launches only)
+# its first weight tile loaded before the PDL wait (the kernel's EARLY_W; PDL launches only). H200, L2-cold, behind
+# a norm (benchmarks/step_chain.py, results/step_chain_s23_early_w.json, twice, interleaved, the same bits): what the
+# linear adds to the step, PDL -> PDL + EARLY_W: wq_a 3.89 / 4.01 -> 3.65 / 3.78 µs, wo_b 11.98 / 12.19 -> 11.75 /
+# 11.81, shared w1/w3 8.39 / 8.21 -> 7.80 / 8.14; alone (no predecessor) wq_a 5.84 / 6.02 -> 6.32 / 6.40, the
+# others level. A decode step always has the predecessor, so it is on.
+GEMV_EARLY_W = True
 GEMV_PIPE = 1  # its k loop's pipeline stages (the kernel's PIPE); 2-4 were slower on the H200 (tune_fp8_decode.json)
 # Its accumulator: 0 = one fp32 per weight element of the [BN, BK] tile (122 registers a thread, sm90 SASS, Triton
 # 3.6); n = each thread's n consecutive products of a row summed first, one fp32 per n elements (63 registers: 8
