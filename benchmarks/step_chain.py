@@ -15,15 +15,15 @@ This script measures that: for each case, a two-kernel chain (predecessor P, the
 for each variant of the launch: `serial` (PDL off everywhere: plain stream order), `pdl` (P releases its dependents
 at its start, K is PDL-launched and issues only address math before its wait: the kernels' defaults), and, where
 the kernel can request its weights before the wait, `pdl_pf*` (the FP8 GEMMs' L2 bulk prefetch of their weight
-rows: l2_prefetch.py), `pdl_early` (the one-token gemv's first weight tile loaded before the wait: EARLY_W), or
+rows: l2_prefetch.py), `pdl_early` (the FP8 GEMM's first weight tile loaded before the wait: EARLY_W), or
 `pdl` itself (the decode compressor loads its weights before the wait when PDL is on).
 Every variant's output must equal the serial one's bits (checked; recorded as `same_bits`). Variants are timed
 `--repeat` times, interleaved.
 
 Cases (published widths, the same random weights as kernels_ffn.py / compressor_inputs.py):
 - `wq_a_M1`, `wq_a_M8`: RMSNorm(h) [T, 5120] -> the FP8 wq_a GEMM (1280 x 5120) on it; `shared_w13_M1`: the same
-  norm -> the shared expert's gated w1/w3 (2 x 2304 x 5120); `wo_b_M1`: a norm of width 8192 (standing in for wo_a,
-  its real predecessor) -> wo_b (5120 x 8192),
+  norm -> the shared expert's gated w1/w3 (2 x 2304 x 5120), also at 8 tokens; `wo_b_M1`, `wo_b_M8`: a norm of
+  width 8192 (standing in for wo_a, its real predecessor) -> wo_b (5120 x 8192),
 - `shared_w2_M8`: the shared expert's gated w1/w3 GEMM [8, 5120] -> [8, 2304] -> the FP8 w2 GEMM (5120 x 2304),
 - `router_T8`: RMSNorm(h) [8, 5120] -> the fused decode router (384 x 5120 bf16 gate),
 - `compressor_r1_T1`, `compressor_r2_T2`: RMSNorm(h) -> the one-launch decode compressor (wkv 512 x 5120 bf16,
@@ -92,7 +92,7 @@ def _fp8_variants(M):
     """serial / pdl / the L2 prefetch sizes the kernel's path takes (gemv: a 64 KB budget or the whole K split;
     warp split: 1 KB of each row or the whole row)."""
     pf = {"pdl_pf_budget": "budget", "pdl_pf_all": True} if M == 1 else {"pdl_pf_1k": 1024, "pdl_pf_all": True}
-    early = {"pdl_early": {"pdl": True, "early_w": True}} if M == 1 else {}  # the gemv's EARLY_W
+    early = {"pdl_early": {"pdl": True, "early_w": True}}  # the gemv's / the warp split's EARLY_W
     return {"serial": {"pdl": False}, "pdl": {"pdl": True}, **early,
             **{k: {"pdl": True, "prefetch": v} for k, v in pf.items()}}
 
@@ -160,7 +160,8 @@ def case_compressor(ratio):
 
 
 CASES = {"wq_a_M1": lambda: case_norm_linear("wq_a", 1, 1280, D), "wq_a_M8": lambda: case_norm_linear("wq_a", 8, 1280, D),
-         "wo_b_M1": lambda: case_norm_linear("wo_b", 1, D, 8192),
+         "wo_b_M1": lambda: case_norm_linear("wo_b", 1, D, 8192), "wo_b_M8": lambda: case_norm_linear("wo_b", 8, D, 8192),
+         "shared_w13_M8": lambda: case_norm_linear("shared_w13", 8, I, D, gated=True),
          "shared_w13_M1": lambda: case_norm_linear("shared_w13", 1, I, D, gated=True),
          "shared_w2_M8": lambda: case_shared_w2(8),
          "router_T8": lambda: case_router(8), "compressor_r1_T1": lambda: case_compressor(1),
