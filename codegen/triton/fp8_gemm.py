@@ -1218,8 +1218,9 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
     scale prefetch (`_mma_k_loop`); None: `_spf`'s default. stack (gated, mma path, per-element decoder): the
     stacked tile (GATED 2: a program's weight rows are BN/2 rows of w1 then the same BN/2 rows of w3, one dot, and
     the tiles and splits of a plain linear of 2N rows) instead of the paired one (BN rows of each, two dots);
-    None: `_stack`'s default. early_w: the gemv and warp-split paths' EARLY_W (their first weight tile loaded before
-    the PDL wait); None: GEMV_EARLY_W / fp8_warp_split.WARP_SPLIT_EARLY_W where the launch is PDL."""
+    None: `_stack`'s default. early_w: the gemv path's EARLY_W (its first weight tile loaded before the PDL wait);
+    None: GEMV_EARLY_W where the launch is PDL. (The same for the warp split, each warp's first step peeled off its
+    pipelined loop, was slower in every chain: results/step_chain_s23_m8_early_w.json, code in commit 2d70a75.)"""
     K = x.shape[-1]
     _check_w(w, s, K, name)
     if w3 is not None:
@@ -1248,7 +1249,7 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
         if mma_args:
             raise ValueError(f"{name}: the warp-split path takes none of the mma path's options ({sorted(mma_args)})")
         return ws.fp8_gemm_warp_split(x2, w, s, w3, s3, limit, out_dtype or x.dtype, pdl=pdl, name=name,
-                                      prefetch=prefetch, early_w=early_w).reshape(*x.shape[:-1], N)
+                                      prefetch=prefetch).reshape(*x.shape[:-1], N)
     if path is None:
         path = "gemv" if M <= GEMV_MAX_M and _gemv_tiles(N, K, gated) is not None else "mma"
     if path == "gemv":

@@ -105,8 +105,6 @@ SPF_DEFAULT = True
 # its sm90 k step is 488 instructions early against 518 (Triton 3.6); wo_b 15.46 / 15.40 against 14.76 / 14.89;
 # wq_a level (6.49 / 6.64 against 6.55 / 6.19)
 EARLY_LINEARS = ("shared_w2",)
-# each warp's first k step of weight bytes loaded before the PDL wait (the kernel's EARLY_W; PDL launches only)
-WARP_SPLIT_EARLY_W = False
 # measured at 8 tokens (BM 8: the same kernel from 2 to 8 tokens); 9-16 tokens double x's tile: not measured
 WARP_SPLIT_MAX_M = 8
 # the linears it was measured on (and beat fp8_gemm's decode tile on); the others keep fp8_gemm's path until timed
@@ -141,42 +139,17 @@ def _tile_ok(t0, i, NT: tl.constexpr, S: tl.constexpr, RAGGED: tl.constexpr):
 
 
 @triton.jit
-def _step(acc, wb, sb, xt, S: tl.constexpr, RB: tl.constexpr, BK: tl.constexpr, NATIVE_FP8: tl.constexpr,
-          DOT_F32: tl.constexpr, PAIRS: tl.constexpr, TWO: tl.constexpr, EARLY_ONE: tl.constexpr):
-    """One k step of every warp: decode the weight bytes wb [S, RB, BK] with their scale bytes sb [S, RB, BK/32] (or,
-    EARLY_ONE, the one factor made at the load) and add wb·xt ([S, BK, BM]) into acc [S, RB, BM]."""
-    DT: tl.constexpr = tl.float32 if DOT_F32 else tl.bfloat16
-    if PAIRS:  # byte pairs by inline PTX, the scale as one (TWO: two) bf16x2 factors, exact up to byte 134
-        # (TWO: every byte): 4 (5) instructions a pair
-        if TWO:
-            b1, b2 = e4m3_pair_factors(sb)
-            wt = tl.inline_asm_elementwise(_E4M3_PAIRS_TWO, "=r,=r,r,r,r,r,r",
-                                           [wb, _per_k(b1, S, RB, BK), _per_k(b2, S, RB, BK)],
-                                           dtype=tl.bfloat16, is_pure=True, pack=4)
-        else:
-            b1 = sb if EARLY_ONE else e4m3_one_factor(sb)
-            wt = tl.inline_asm_elementwise(_E4M3_PAIRS_ONE, "=r,=r,r,r,r", [wb, _per_k(b1, S, RB, BK)],
-                                           dtype=tl.bfloat16, is_pure=True, pack=4)
-        wt = wt.to(DT)  # fp32 x (DOT_F32): an exact fp32 dot
-    else:  # exact: an E4M3 value times a power of two
-        wt = (e4m3_to_f32(wb, NATIVE_FP8) * _per_k(e8m0_to_f32(sb), S, RB, BK)).to(DT)
-    return acc + tl.dot(wt, xt.to(DT), input_precision="ieee" if DOT_F32 else None)
-
-
-@triton.jit
 def _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, K: tl.constexpr, BM: tl.constexpr,
             RB: tl.constexpr, S: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, NATIVE_FP8: tl.constexpr,
-            DOT_F32: tl.constexpr, PAIRS: tl.constexpr, SPF: tl.constexpr, TWO: tl.constexpr, EARLY: tl.constexpr,
-            PDL: tl.constexpr, EARLY_W: tl.constexpr):
-    """Every warp's k loop over its slice: [S, RB, BM] fp32 partial products. TWO and EARLY: the kernel's.
-    The grid-dependency wait (PDL) is here: before it only static data is read (the first step's scale bytes with
-    SPF; with EARLY_W also the first step's weight bytes, whose step is then peeled off the loop)."""
+            DOT_F32: tl.constexpr, PAIRS: tl.constexpr, SPF: tl.constexpr, TWO: tl.constexpr, EARLY: tl.constexpr):
+    """Every warp's k loop over its slice: [S, RB, BM] fp32 partial products. TWO and EARLY: the kernel's."""
     NT: tl.constexpr = K // BK  # k tiles in all
     NI: tl.constexpr = (NT + S - 1) // S  # k steps a warp (RAGGED: the last slices have fewer, masked)
     RAGGED: tl.constexpr = NT % S != 0
     kk = tl.arange(0, BK)
     kb = tl.arange(0, BK // 32)
     acc = tl.zeros((S, RB, BM), dtype=tl.float32)
+    DT: tl.constexpr = tl.float32 if DOT_F32 else tl.bfloat16
     EARLY_ONE: tl.constexpr = PAIRS and not TWO and EARLY  # the one factor made where the bytes are loaded
     t0 = tl.arange(0, S) * NI  # [S] each slice's first k tile
     sl = tl.arange(0, S) * (NI * BK)  # [S] and first k
@@ -184,26 +157,7 @@ def _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, K: tl.constex
     if SPF:  # the first k step's scale bytes, before the loop
         sb_nxt = _scale_in(tl.load(s_ptrs, mask=rw_ok[None, :, None] & _tile_ok(t0, 0, NT, S, RAGGED), other=127),
                            EARLY_ONE)
-    if EARLY_W:  # step 0's weight bytes (and, without SPF, its scale bytes) before the wait
-        k = sl[:, None] + kk[None, :]
-        t_ok = _tile_ok(t0, 0, NT, S, RAGGED)
-        wb0 = tl.load(w_ptr + w_rows[None, :, None] + k[:, None, :], mask=rw_ok[None, :, None] & t_ok, other=0)
-        if SPF:
-            sb0 = sb_nxt
-        else:
-            sb0 = _scale_in(tl.load(s_ptrs, mask=rw_ok[None, :, None] & t_ok, other=127), EARLY_ONE)
-    grid_wait(PDL)
-    grid_release(PDL)
-    if EARLY_W:  # step 0, peeled: the loop's arithmetic in its order
-        if SPF:
-            sb_nxt = _scale_in(tl.load(s_ptrs + (BK // 32),
-                                       mask=rw_ok[None, :, None] & (1 < NI) & _tile_ok(t0, 1, NT, S, RAGGED),
-                                       other=127), EARLY_ONE)
-        xt = tl.load(x_ptr + rm[None, None, :].to(tl.int64) * K + k[:, :, None], mask=m_ok[None, None, :] & t_ok,
-                     other=0.0)
-        acc = _step(acc, wb0, sb0, xt, S, RB, BK, NATIVE_FP8, DOT_F32, PAIRS, TWO, EARLY_ONE)
-    I0: tl.constexpr = 1 if EARLY_W else 0
-    for i in tl.range(I0, NI, num_stages=STAGES):
+    for i in tl.range(0, NI, num_stages=STAGES):
         k = sl[:, None] + i * BK + kk[None, :]  # [S, BK]
         # RAGGED: a step past its slice's tiles loads nothing (weights 0, x 0): it adds +0 to the partial sums
         t_ok = _tile_ok(t0, i, NT, S, RAGGED)  # [S, 1, 1]
@@ -218,7 +172,21 @@ def _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, K: tl.constex
             sb = _scale_in(tl.load(s_ptrs + i * (BK // 32), mask=rw_ok[None, :, None] & t_ok, other=127), EARLY_ONE)
         xt = tl.load(x_ptr + rm[None, None, :].to(tl.int64) * K + k[:, :, None], mask=m_ok[None, None, :] & t_ok,
                      other=0.0)  # [S, BK, BM]
-        acc = _step(acc, wb, sb, xt, S, RB, BK, NATIVE_FP8, DOT_F32, PAIRS, TWO, EARLY_ONE)
+        if PAIRS:  # byte pairs by inline PTX, the scale as one (TWO: two) bf16x2 factors, exact up to byte 134
+            # (TWO: every byte): 4 (5) instructions a pair
+            if TWO:
+                b1, b2 = e4m3_pair_factors(sb)
+                wt = tl.inline_asm_elementwise(_E4M3_PAIRS_TWO, "=r,=r,r,r,r,r,r",
+                                               [wb, _per_k(b1, S, RB, BK), _per_k(b2, S, RB, BK)],
+                                               dtype=tl.bfloat16, is_pure=True, pack=4)
+            else:
+                b1 = sb if EARLY_ONE else e4m3_one_factor(sb)
+                wt = tl.inline_asm_elementwise(_E4M3_PAIRS_ONE, "=r,=r,r,r,r", [wb, _per_k(b1, S, RB, BK)],
+                                               dtype=tl.bfloat16, is_pure=True, pack=4)
+            wt = wt.to(DT)  # fp32 x (DOT_F32): an exact fp32 dot
+        else:  # exact: an E4M3 value times a power of two
+            wt = (e4m3_to_f32(wb, NATIVE_FP8) * _per_k(e8m0_to_f32(sb), S, RB, BK)).to(DT)
+        acc += tl.dot(wt, xt.to(DT), input_precision="ieee" if DOT_F32 else None)
     return acc
 
 
@@ -228,15 +196,14 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
                           BK: tl.constexpr, STAGES: tl.constexpr, GATED: tl.constexpr, NATIVE_FP8: tl.constexpr,
                           DOT_F32: tl.constexpr, PDL: tl.constexpr, PAIRS: tl.constexpr = False,
                           SPF: tl.constexpr = False, TWO: tl.constexpr = True, EARLY: tl.constexpr = False,
-                          PREFETCH: tl.constexpr = 0, EARLY_W: tl.constexpr = False):
+                          PREFETCH: tl.constexpr = 0):
     """One program: RB weight rows (GATED: RB/2 of W1 then the same of W3) × all M tokens, K split over S warps.
     PAIRS only: TWO applies the second bf16x2 scale factor (exact for every UE8M0 byte; without it the caller vouches
     that no byte exceeds 134); EARLY (without TWO) turns the bytes into the factor where they are loaded, before they
     move into the decode's layout (faster on shared w2, slower on the others: EARLY_LINEARS).
     PREFETCH (sm90+, bytes a weight row, 0 = off): the first PREFETCH bytes of each of the program's rows are
     requested into the L2 before the grid-dependency wait (l2_prefetch.py), so under PDL the weight stream starts
-    while the predecessor still runs (benchmarks/step_chain.py). EARLY_W: each warp's first k step of weight bytes is
-    loaded before the wait and that step peeled off the loop (`_k_loop`)."""
+    while the predecessor still runs (benchmarks/step_chain.py)."""
     tl.static_assert(K % BK == 0 and BK % 32 == 0, "K must be whole BK tiles, BK % 32 == 0")
     RBO: tl.constexpr = RB // (1 + GATED)  # output columns of a program
     KS: tl.constexpr = (K + 31) // 32  # scale bytes a scale row
@@ -252,8 +219,10 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
     # rows past N prefetch the last row again (harmless; a size of 0 is not allowed)
     pf_rows = tl.minimum(rw, N - 1).to(tl.int64) * K + up.to(tl.int64) * w3_off
     prefetch_rows_l2(w_ptr + pf_rows, PREFETCH, PREFETCH > 0)
+    grid_wait(PDL)
+    grid_release(PDL)
     acc = _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, K, BM, RB, S, BK, STAGES, NATIVE_FP8,
-                  DOT_F32, PAIRS, SPF, TWO, EARLY, PDL, EARLY_W)  # the grid wait is in the loop's prologue
+                  DOT_F32, PAIRS, SPF, TWO, EARLY)
     rn = pid * RBO + tl.arange(0, RBO)
     omask = m_ok[:, None] & (rn < N)[None, :]
     out = tl.sum(acc, axis=0)  # the cross-warp sum: [RB, BM]
@@ -355,7 +324,7 @@ def _two_key(two, s, s3) -> bool:
 
 def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype=None, tiles=None, pdl=None,
                         name: str = "fp8_gemm_warp_split", pairs: bool | None = None, spf: bool | None = None,
-                        two: bool | None = None, early: bool | None = None, prefetch=None, early_w=None):
+                        two: bool | None = None, early: bool | None = None, prefetch=None):
     """x [..., K] (M <= 16 tokens) · dequant(W)ᵀ -> [..., N]; with w3/s3: silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L).
     tiles = (S warps / K slices, RB weight rows a program, BK, stages); None: `tiles_for`. pdl: None = on where the
     device has programmatic dependent launch. pairs: the byte-pair decoder (inline PTX, CUDA only; the per-element
@@ -366,8 +335,7 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
     134 gives wrong products: for tuning). early: the kernel's EARLY (None: `early_for`). prefetch: bytes of each
     weight row requested into the L2 before the PDL wait (None / 0: off; True: the whole row; "budget":
     fp8_gemm.PREFETCH_PROGRAM_BYTES over the program's RB rows; an int: that many bytes; rounded down to 128-byte
-    lines; only where `l2_prefetch_for` allows it). early_w: the kernel's EARLY_W (None: WARP_SPLIT_EARLY_W where the
-    launch is PDL). Measured behind w1/w3 (results/step_chain_s23.json): slower than
+    lines; only where `l2_prefetch_for` allows it). Measured behind w1/w3 (results/step_chain_s23.json): slower than
     PDL alone, so off.
     fp8_gemm / fp8_gemm_swiglu call it for decode shapes (`default_for`)."""
     K = x.shape[-1]
@@ -413,7 +381,6 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
         x2, wu, su, y, M, float(limit), w3_off, s3_off, N=N, K=K, BM=BM, RB=RB, S=S, BK=BK, STAGES=ns,
         GATED=int(gated), NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2), PDL=pdl,
         PAIRS=bool(pairs), SPF=SPF_DEFAULT if spf is None else bool(spf), TWO=two, EARLY=early, PREFETCH=pf,
-        EARLY_W=(WARP_SPLIT_EARLY_W and pdl) if early_w is None else bool(early_w),
         num_warps=S, num_stages=ns, **launch_kw(pdl))
     return y.reshape(*x.shape[:-1], N)
 
@@ -441,8 +408,7 @@ def _variants(target: str, gated: bool) -> list:
         for two, suffix in ((True, ""), (False, "_one")):
             ce = {"N": N, "K": K, "BM": 8, "RB": RB, "S": S, "BK": BK, "STAGES": ns, "GATED": int(gated),
                   "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "PDL": False, "PAIRS": PAIRS_DEFAULT,
-                  "SPF": SPF_DEFAULT, "TWO": two, "EARLY": name in EARLY_LINEARS and not two, "PREFETCH": 0,
-                  "EARLY_W": False}
+                  "SPF": SPF_DEFAULT, "TWO": two, "EARLY": name in EARLY_LINEARS and not two, "PREFETCH": 0}
             out.append(aot_spec(fp8_warp_split_kernel, f"{name}_decode{suffix}", types, ce, S, ns,
                                 {"linear": name, "mode": "decode", "act": "bf16", **ce}, matrix="mma.sync",
                                 divisible={"w3_off": 16} if gated else None))
@@ -454,7 +420,7 @@ def _variants(target: str, gated: bool) -> list:
 _NO_ROCM = {t: "the batched dot lowers to FMA, not MFMA (gfx942/gfx950, Triton 3.9); WMMA on gfx1100 not run; "
                "fp8_gemm's decode tile serves ROCm" for t in ("rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")}
 _KEYS = ("linear", "N", "K", "mode", "act", "BM", "RB", "S", "BK", "STAGES", "GATED", "NATIVE_FP8", "DOT_F32", "PDL",
-         "PAIRS", "SPF", "TWO", "EARLY", "PREFETCH", "EARLY_W")
+         "PAIRS", "SPF", "TWO", "EARLY", "PREFETCH")
 register(KernelTemplate(
     name="fp8_gemm_warp_split", module=__name__,
     summary="decode x · dequant(E4M3 W)ᵀ, K split over the warps of a program (no split-K round trip)",
