@@ -40,7 +40,7 @@ emits mma.sync rather than wgmma (`_decode_tile`: faster at 8 tokens on the H200
 on other targets, keeps 4 warps. Decode grids on sm90+ (split-K folded into the launch) are
 launched with programmatic dependent launch (pdl.py): the weight tile's address math overlaps the previous kernel, x and every
 store wait for it; the one-token gemv also loads its split's first weight tile before the wait (EARLY_W, GEMV_EARLY_W:
-0.2-0.6 µs less of a decode step behind its predecessor, benchmarks/step_chain.py). The tensor-core k loop loads the next k tile's UE8M0 bytes one iteration ahead (`_mma_k_loop`'s
+0.1-0.6 µs less of a decode step behind its predecessor, benchmarks/step_chain.py). The tensor-core k loop loads the next k tile's UE8M0 bytes one iteration ahead (`_mma_k_loop`'s
 SPF: Triton's cp.async pipeline leaves these 2-byte loads out), except in the gated decode tile, where it measured
 slower (`_spf`, SCALE_PREFETCH). An L2 bulk prefetch of the weight rows (l2_prefetch.py) is selectable, measured
 slower, off.
