@@ -1241,10 +1241,9 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
     mma_args = {k: v for k, v in (("tiles", tiles), ("fold", fold), ("decode_w", decode_w), ("prefetch", prefetch),
                                   ("spf", spf), ("stack", stack)) if v is not None}
     from dsv41c.codegen.triton import fp8_warp_split as ws  # here, not at the top: it imports this module
-    if path is None and M > GEMV_MAX_M and not mma_args and ws.default_for(x.device, M, N, K, gated):
+    # the L2 prefetch is the one mma option the warp split takes too
+    if path is None and M > GEMV_MAX_M and set(mma_args) <= {"prefetch"} and ws.default_for(x.device, M, N, K, gated):
         path = "warp_split"
-    if path is None and M > GEMV_MAX_M and set(mma_args) == {"prefetch"} and ws.default_for(x.device, M, N, K, gated):
-        path = "warp_split"  # the L2 prefetch is the one option both paths take
     if path == "warp_split":
         mma_args.pop("prefetch", None)
         if mma_args:

@@ -79,12 +79,11 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
 from dsv41c.codegen.triton.fp8_gemm import (_E4M3_PAIRS_ONE, _E4M3_PAIRS_TWO, DENSE_LINEARS, GATED_LINEARS,
-                                           PREFETCH_PROGRAM_BYTES,
-                                           _byte_distance, _check_w, _swiglu, as_u8, dot_f32_for, e4m3_one_factor,
+                                           _byte_distance, _prefetch_row_bytes, _check_w, _swiglu, as_u8, dot_f32_for, e4m3_one_factor,
                                            e4m3_pair_factors, e4m3_to_f32, e8m0_to_f32, fp8_gemm_reference,
                                            fp8_gemm_swiglu_reference, mma_sync_decode_for, native_fp8_for, ptx_for,
                                            target_traits)
-from dsv41c.codegen.triton.l2_prefetch import l2_prefetch_for, prefetch_rows_l2
+from dsv41c.codegen.triton.l2_prefetch import prefetch_rows_l2
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 
 WARP_SPLIT_DECODE = True  # fp8_gemm's default decode path for 2..WARP_SPLIT_MAX_M tokens where `default_for` agrees
@@ -335,8 +334,8 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
     134 gives wrong products: for tuning). early: the kernel's EARLY (None: `early_for`). prefetch: bytes of each
     weight row requested into the L2 before the PDL wait (None / 0: off; True: the whole row; "budget":
     fp8_gemm.PREFETCH_PROGRAM_BYTES over the program's RB rows; an int: that many bytes; rounded down to 128-byte
-    lines; only where `l2_prefetch_for` allows it). Measured behind w1/w3 (results/step_chain_s23.json): slower than
-    PDL alone, so off.
+    lines; only where `l2_prefetch_for` allows it: `fp8_gemm._prefetch_row_bytes`). Measured behind w1/w3
+    (results/step_chain_s23_run1.json, _run2.json): slower than PDL alone, so off.
     fp8_gemm / fp8_gemm_swiglu call it for decode shapes (`default_for`)."""
     K = x.shape[-1]
     _check_w(w, s, K, name)
@@ -373,10 +372,7 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
     early = (early_for(N, K, gated) if early is None else bool(early)) and pairs and not two
     RBO = RB // (2 if gated else 1)
     pdl = pdl_for(x.device) and (pdl is None or bool(pdl))
-    pf = 0
-    if prefetch and l2_prefetch_for(x.device, wu, as_u8(w3) if gated else None):
-        want = K if prefetch is True else PREFETCH_PROGRAM_BYTES // RB if prefetch == "budget" else int(prefetch)
-        pf = min(K, want) // 128 * 128
+    pf = _prefetch_row_bytes(prefetch, x.device, wu, as_u8(w3) if gated else None, K, RB)
     fp8_warp_split_kernel[(triton.cdiv(N, RBO),)](
         x2, wu, su, y, M, float(limit), w3_off, s3_off, N=N, K=K, BM=BM, RB=RB, S=S, BK=BK, STAGES=ns,
         GATED=int(gated), NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2), PDL=pdl,
