@@ -1397,14 +1397,14 @@ register(KernelTemplate(
     name="fp8_gemm", module=__name__,
     summary="x · dequant(E4M3 W, UE8M0 32×32)ᵀ, fp32 accumulate (dense linears)",
     keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "SPLIT_K", "NATIVE_FP8", "GATED",
-          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE", "SEG", "SPF"),
+          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE", "SEG", "SPF", "EARLY_W"),
     reference=fp8_gemm_reference, launch=fp8_gemm,
     specializations=lambda t: _gemm_variants(t, False)))
 register(KernelTemplate(
     name="fp8_gemm_swiglu", module=__name__,
     summary="shared expert gate/up: silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L), FP8 weights",
     keys=("linear", "N", "K", "mode", "act", "BM", "BN", "BK", "GROUP_M", "SPLIT_K", "NATIVE_FP8", "GATED",
-          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE", "SEG", "SPF"),
+          "DOT_F32", "FOLD", "DECODE_W", "PTX", "PDL", "PREFETCH", "PIPE", "SEG", "SPF", "EARLY_W"),
     reference=fp8_gemm_swiglu_reference, launch=fp8_gemm_swiglu,
     specializations=lambda t: _gemm_variants(t, True)))
 register(KernelTemplate(
