@@ -55,6 +55,7 @@ if _ROOT not in sys.path:
 
 from benchmarks import compressor_inputs as ci  # noqa: E402
 from benchmarks.common import DEV, env_info, measure_ceilings, ms_graph, write_json  # noqa: E402
+from benchmarks.kernels_ffn import fp8_w, rnd  # noqa: E402  (the kernel tables' random weights)
 from dsv41c.codegen.triton import compressor as cm  # noqa: E402
 from dsv41c.codegen.triton import fp8_gemm as fg  # noqa: E402
 from dsv41c.codegen.triton import moe_router  # noqa: E402
@@ -62,18 +63,6 @@ from dsv41c.codegen.triton import rmsnorm as rn  # noqa: E402
 
 D, I, E, K_TOP = 5120, 2304, 384, 6
 EPS = 1e-20
-
-
-def _rnd(*shape, scale=1.0):
-    return (torch.randn(*shape, device=DEV) * scale).to(torch.bfloat16)
-
-
-def _fp8_w(N, K):
-    """The kernel tables' random FP8 weight (no NaN codes) and UE8M0 scales around 2^-12."""
-    w = torch.randint(-126, 127, (N, K), device=DEV, dtype=torch.int8).view(torch.uint8)
-    w = torch.where((w & 0x7F) == 0x7F, w ^ 1, w)
-    s = torch.randint(112, 118, ((N + 31) // 32, (K + 31) // 32), device=DEV, dtype=torch.uint8)
-    return w.view(torch.float8_e4m3fn), s
 
 
 def _fp8_bytes(M, N, K):
@@ -90,26 +79,31 @@ class Case:
 
 def _fp8_variants(M):
     """serial / pdl / the L2 prefetch sizes the kernel's path takes (gemv: a 64 KB budget or the whole K split;
-    warp split: 1 KB of each row or the whole row)."""
+    warp split: 1 KB of each row or the whole row) / at one token the gemv's EARLY_W (the warp split's, measured in
+    results/step_chain_s23_m8_early_w.json, was removed). EARLY_W is the gemv's default, so the other variants pin it
+    off: each adds one thing to the serialized launch."""
     pf = {"pdl_pf_budget": "budget", "pdl_pf_all": True} if M == 1 else {"pdl_pf_1k": 1024, "pdl_pf_all": True}
-    # the gemv's EARLY_W (the warp split's, measured in results/step_chain_s23_m8_early_w.json, was removed)
-    early = {"pdl_early": {"pdl": True, "early_w": True}} if M == 1 else {}
-    return {"serial": {"pdl": False}, "pdl": {"pdl": True}, **early,
-            **{k: {"pdl": True, "prefetch": v} for k, v in pf.items()}}
+    out = {"serial": {"pdl": False}, "pdl": {"pdl": True},
+           **{k: {"pdl": True, "prefetch": v} for k, v in pf.items()}}
+    for v in out.values():
+        v["early_w"] = False
+    if M == 1:
+        out["pdl_early"] = {"pdl": True, "early_w": True}
+    return out
 
 
 def _fp8_kw(v):
-    """The _gemm options of a variant: early_w only where the variant names it (the warp split does not take it)."""
-    return {"pdl": v["pdl"], "prefetch": v.get("prefetch"), **({"early_w": v["early_w"]} if "early_w" in v else {})}
+    """The _gemm options of a variant (None: the launcher's default)."""
+    return {"pdl": v["pdl"], "prefetch": v.get("prefetch"), "early_w": v.get("early_w")}
 
 
 def case_norm_linear(name, M, N, K, gated=False):
     """RMSNorm(h) [M, K] -> the FP8 linear (N x K; gated: the shared expert's w1/w3 with SwiGLU) on it. For wq_a and
     shared w1/w3 the norm is the real predecessor; for wo_b (whose real one is wo_a) a norm of its input width
     stands in: a short kernel producing its input."""
-    h, nw = _rnd(M, K), (1 + 0.1 * torch.randn(K, device=DEV)).to(torch.bfloat16)
-    w, s = _fp8_w(N, K)
-    w3, s3 = _fp8_w(N, K) if gated else (None, None)
+    h, nw = rnd(M, K), (1 + 0.1 * torch.randn(K, device=DEV)).to(torch.bfloat16)
+    w, s = fp8_w(N, K)
+    w3, s3 = fp8_w(N, K) if gated else (None, None)
 
     def kernel(x, v):
         return fg._gemm(x, w, s, w3, s3, 10.0 if gated else 0.0, False, None, "fp8_gemm", **_fp8_kw(v))
@@ -118,10 +112,10 @@ def case_norm_linear(name, M, N, K, gated=False):
 
 
 def case_shared_w2(M):
-    x = _rnd(M, D)
-    w1, s1 = _fp8_w(I, D)
-    w3, s3 = _fp8_w(I, D)
-    w2, s2 = _fp8_w(D, I)
+    x = rnd(M, D)
+    w1, s1 = fp8_w(I, D)
+    w3, s3 = fp8_w(I, D)
+    w2, s2 = fp8_w(D, I)
 
     def pred(pdl):
         return fg._gemm(x, w1, s1, w3, s3, 10.0, False, None, "fp8_gemm_swiglu", pdl=pdl)
@@ -132,8 +126,8 @@ def case_shared_w2(M):
 
 
 def case_router(T):
-    h, nw = _rnd(T, D), (1 + 0.1 * torch.randn(D, device=DEV)).to(torch.bfloat16)
-    gw, bias = _rnd(E, D, scale=0.02), (torch.randn(E, device=DEV) * 0.01).float()
+    h, nw = rnd(T, D), (1 + 0.1 * torch.randn(D, device=DEV)).to(torch.bfloat16)
+    gw, bias = rnd(E, D, scale=0.02), (torch.randn(E, device=DEV) * 0.01).float()
 
     def kernel(x, v):
         return moe_router.router(x, gw, bias, K_TOP, pdl=v["pdl"])
@@ -180,8 +174,8 @@ def _bits(out) -> torch.Tensor:
     return torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in ts])
 
 
-def timed(case: Case, vname: str, ref_out, floor_ms: float) -> dict:
-    """One variant of one case: alone / pred / chain, L2-cold; the output's bits against ref_out."""
+def timed(case: Case, vname: str, ref_out, floor_ms: float) -> tuple:
+    """One variant of one case: alone / pred / chain, L2-cold; -> (its JSON row, the output's bits)."""
     v = case.variants[vname]
     x = case.pred(v["pdl"])
     out = _bits(case.kernel(x, v))

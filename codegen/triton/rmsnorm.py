@@ -110,10 +110,9 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1]).contiguous()
 
 
-# Decode rows launch with PDL: the kernel waits for its predecessor, then releases its successor at once, so a
-# PDL successor (the FP8 GEMMs, the router, the decode compressor) is scheduled while the norm runs and starts its
-# weight reads. H200, L2-cold, behind this norm (benchmarks/step_chain.py, results/step_chain_s23.json): what wq_a
-# adds to the step 5.3 -> 4.0 µs at one token, the compressor 11.9 -> 8.9 µs at ratio 1.
+# Rows up to which the norm is PDL-launched (the module docstring). H200, L2-cold, behind this norm
+# (benchmarks/step_chain.py, results/step_chain_s23_run2.json), serialized -> PDL: what wq_a adds to the step
+# 5.3-5.5 -> 3.9-4.0 µs at one token, the decode compressor 10.0-10.3 -> 8.7-8.9 µs at ratio 1.
 PDL_MAX_ROWS = 16
 
 
