@@ -125,14 +125,21 @@ def case_shared_w2(M):
     return Case(f"shared_w2_M{M}", _fp8_bytes(M, D, I), pred, kernel, _fp8_variants(M))
 
 
-def case_router(T):
+def case_router(T, gate_once=True):
     h, nw = rnd(T, D), (1 + 0.1 * torch.randn(D, device=DEV)).to(torch.bfloat16)
     gw, bias = rnd(E, D, scale=0.02), (torch.randn(E, device=DEV) * 0.01).float()
 
     def kernel(x, v):
-        return moe_router.router(x, gw, bias, K_TOP, pdl=v["pdl"])
-    return Case(f"router_T{T}", E * D * 2 + T * D * 2 + T * K_TOP * 8, lambda pdl: rn.rmsnorm(h, nw, EPS, pdl=pdl),
-                kernel, {"serial": {"pdl": False}, "pdl": {"pdl": True}})
+        return moe_router.router(x, gw, bias, K_TOP, pdl=v["pdl"], gate_once=gate_once, fused=True,
+                                 tiles=v.get("tiles"))
+    # gate_once: the kernel that reads the gate once for every token (its sums are MMA sums: its own bits), else
+    # the per-token GEMV (router_decode_kernel)
+    variants = {"serial": {"pdl": False}, "pdl": {"pdl": True}}
+    if gate_once:
+        for be, ks in ((16, 1024), (32, 256)):
+            variants[f"pdl_{be}x{ks}"] = {"pdl": True, "tiles": (be, ks)}
+    return Case(f"router_T{T}{'' if gate_once else '_gemv'}", E * D * 2 + T * D * 2 + T * K_TOP * 8,
+                lambda pdl: rn.rmsnorm(h, nw, EPS, pdl=pdl), kernel, variants)
 
 
 def case_compressor(ratio):
@@ -159,7 +166,9 @@ CASES = {"wq_a_M1": lambda: case_norm_linear("wq_a", 1, 1280, D), "wq_a_M8": lam
          "shared_w13_M8": lambda: case_norm_linear("shared_w13", 8, I, D, gated=True),
          "shared_w13_M1": lambda: case_norm_linear("shared_w13", 1, I, D, gated=True),
          "shared_w2_M8": lambda: case_shared_w2(8),
-         "router_T8": lambda: case_router(8), "compressor_r1_T1": lambda: case_compressor(1),
+         "router_T8": lambda: case_router(8), "router_T1": lambda: case_router(1),
+         "router_T8_gemv": lambda: case_router(8, False), "router_T1_gemv": lambda: case_router(1, False),
+         "compressor_r1_T1": lambda: case_compressor(1),
          "compressor_r2_T2": lambda: case_compressor(2)}
 
 

@@ -367,6 +367,41 @@ def test_router_fused_decode_matches_two_launches(T):
         moe_router.router(randn(g, moe_router.GEMV_MAX_T + 1, 1280, dtype=torch.bfloat16), gw, bias, 6, fused=True)
 
 
+@pytest.mark.parametrize("T,tiles", [(1, None), (3, (16, 512)), (8, None), (8, (32, 512))])
+def test_router_gate_once_matches_reference(T, tiles):
+    """The decode router that reads the gate once for every token (one MMA a program, the last arriver's top-k):
+    the reference's experts and weights, with and without the image bias, ragged experts (44 = 2.75 tiles of 16)
+    and ragged K slices (1280 = 2.5 slices of 512), and its one counter left at zero."""
+    from dsv41c.codegen.triton import arrival, moe_router
+
+    g = gen(17)
+    x, gw, bias = _router_inputs(g, T, 44, 1280)
+    img = (torch.arange(T, device=DEV) % 2 == 0)
+    for kw in ({}, {"bias_vl": randn(g, 44, scale=0.5), "image_mask": img}):
+        w, i = moe_router.router(x, gw, bias, 6, gate_once=True, tiles=tiles, **kw)
+        rw, ri = moe.router_reference(x, gw, bias, 6, **kw)
+        assert torch.equal(i, ri)
+        torch.testing.assert_close(w, rw, rtol=1e-6, atol=1e-7)
+    assert int(arrival.counters(x.device, 2, pool="router_gate_once")[:2].abs().sum()) == 0
+    with pytest.raises(ValueError, match="gate_once=True needs bf16"):
+        moe_router.router(x.float(), gw, bias, 6, gate_once=True)
+
+
+def test_router_gate_once_is_the_decode_default():
+    from dsv41c.codegen.triton import moe_router
+
+    assert moe_router._gate_once_tiles(384, 5120, 132) == (32, 512)  # 12 x 10 programs on an H200
+    assert moe_router._gate_once_tiles(128, 5120, 132) == (32, 256)  # the DSpark router: 4 x 20
+    g = gen(19)
+    x, gw, bias = _router_inputs(g, 4, 44, 1280)
+    w, i = moe_router.router(x, gw, bias, 6)
+    w1, i1 = moe_router.router(x, gw, bias, 6, gate_once=True)
+    assert torch.equal(i, i1) and torch.equal(w, w1)
+    w, i = moe_router.router(x[:1], gw, bias, 6)  # one token: the GEMV's bits
+    w1, i1 = moe_router.router(x[:1], gw, bias, 6, fused=True)
+    assert torch.equal(i, i1) and torch.equal(w, w1)
+
+
 def test_router_exact_ties_break_toward_lower_index():
     # integer-valued inputs: every logit is exact in fp32 whatever the summation order
     g = gen(8)
@@ -930,6 +965,35 @@ def test_gpu_router_fused_decode_under_graph_replay(T):
         graph.replay()
         torch.cuda.synchronize()
         w2, i2 = moe_router.router(x, gw, bias, 6, fused=False)
+        assert torch.equal(ig, i2) and torch.equal(wg, w2), f"replay {r}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 8])
+def test_gpu_router_gate_once_under_graph_replay(T):
+    """The gate-once decode router at real widths (384 experts, 5120 channels, 120 programs): the reference's
+    experts (weights to fp32 rounding: its sums are MMA sums), and under a CUDA graph whose first kernel rewrites x
+    (a read of x before the PDL wait would show) the bits of an eager call on the same x, replay after replay."""
+    from dsv41c.codegen.triton import moe_router
+    g = gen(35)
+    E, D = 384, 5120
+    x = randn(g, T, D, dtype=torch.bfloat16)
+    gw = randn(g, E, D, scale=0.02, dtype=torch.bfloat16)
+    bias = randn(g, E, scale=0.01)
+    w, i = moe_router.router(x, gw, bias, 6, gate_once=True)
+    rw, ri = moe.router_reference(x, gw, bias, 6)
+    assert torch.equal(i, ri)
+    torch.testing.assert_close(w, rw, rtol=1e-5, atol=1e-6)
+    xs = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        xs.copy_(x)
+        wg, ig = moe_router.router(xs, gw, bias, 6, gate_once=True)
+    for r in range(3):
+        x.copy_(randn(g, T, D, dtype=torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        w2, i2 = moe_router.router(x, gw, bias, 6, gate_once=True)
         assert torch.equal(ig, i2) and torch.equal(wg, w2), f"replay {r}"
 
 

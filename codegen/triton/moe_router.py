@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, register
-from dsv41c.codegen.triton.arrival import arrive_last, counters, reset_counter
+from dsv41c.codegen.triton.arrival import arrive_last, counters, reset_counter, wait_count
 from dsv41c.codegen.triton.fp8_gemm import N_SMS_HINT, aot_spec, fp32_dot_precision, interpreting, target_traits
 from dsv41c.codegen.triton.kv_quant import sm_count
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
@@ -62,6 +62,19 @@ GEMV_BE, GEMV_BK = 8, 512  # 384 experts -> 48 programs per token and K split, 8
 # router, L2-cold (results/tune_moe_ffn_chain.json): 8 tokens 27.4 / 15.8 / 15.6 µs at 4 / 8 / 16 (splits 1 / 2
 # / 5), 4 tokens 15.7 / 11.2 / 12.1, one token 8.8 / 8.6 / 8.9 (split 10 = one k step a program, all three).
 GEMV_PROGRAMS_PER_SM = 8
+# decode, the gate read once (router_gate_once_kernel): BE experts x up to KS channels a program, one request each
+GATE_ONCE = True
+GATE_ONCE_MIN_T = 2  # one token: the per-token GEMV (480 programs of 8 KB) was ~0.8 µs faster L2-cold on the H200
+GATE_ONCE_BE, GATE_ONCE_KS = 32, 512
+
+
+def _gate_once_tiles(E: int, K: int, sms: int = N_SMS_HINT):
+    """(BE, KS) of the gate-once router: KS halved from GATE_ONCE_KS (whole power-of-two slices) while the grid has
+    fewer than half a program per SM, so that every SM has its gate bytes requested at once."""
+    ks = min(GATE_ONCE_KS, triton.next_power_of_2(K))
+    while ks > 64 and triton.cdiv(E, GATE_ONCE_BE) * triton.cdiv(K, ks) < sms // 2:
+        ks //= 2
+    return GATE_ONCE_BE, ks
 
 
 def _gemv_split(T: int, E: int, K: int, BK: int, interp=None, sms: int = N_SMS_HINT):
@@ -118,28 +131,61 @@ def sqrtsoftplus_f32(x):
 
 
 @triton.jit
+def _load_part(part_ptr, sp, rt, re, T, m2, E: tl.constexpr, CG: tl.constexpr):
+    """Split sp's logit partials of rows rt [rows, E_PAD] (0 where masked)."""
+    src = part_ptr + (sp * T + rt[:, None]).to(tl.int64) * E + re[None, :]
+    if CG:
+        return tl.load(src, mask=m2, other=0.0, cache_modifier=".cg")
+    return tl.load(src, mask=m2, other=0.0)
+
+
+@triton.jit
+def _sum_parts(part_ptr, rt, T, n_split, E: tl.constexpr, E_PAD: tl.constexpr, CG: tl.constexpr,
+               N_SPLIT: tl.constexpr = 0):
+    """The logits of rows rt [rows, E_PAD]: the partials part [n_split, T, E] added in split order (0 where masked).
+    N_SPLIT > 0: n_split as a constexpr, the loop unrolled so that every split's load is in flight at once."""
+    re = tl.arange(0, E_PAD)
+    m2 = (rt < T)[:, None] & (re < E)[None, :]
+    logits = tl.zeros((rt.shape[0], E_PAD), dtype=tl.float32)
+    if N_SPLIT > 0:
+        for sp in tl.static_range(N_SPLIT):
+            logits += _load_part(part_ptr, sp, rt, re, T, m2, E, CG)
+    else:
+        for sp in range(0, n_split):
+            logits += _load_part(part_ptr, sp, rt, re, T, m2, E, CG)
+    return logits
+
+
+@triton.jit
 def topk_rows(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, rt, T, n_split, inv_temp, route_scale,
               E: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr, K_PAD: tl.constexpr, HAS_VL: tl.constexpr,
-              NORM: tl.constexpr, CG: tl.constexpr):
-    """Rows rt of the router's output from the logit partials part [n_split, T, E]: the splits added in order,
-    sqrtsoftplus, biased top-k by TOPK rounds of one int64-key max (score, then lowest index), normalized × route_scale.
-    CG: read the partials from L2 (`.cg`: other programs of the same launch wrote them; arrival.py)."""
+              NORM: tl.constexpr, CG: tl.constexpr, N_SPLIT: tl.constexpr = 0):
+    """Rows rt of the router's output from the logit partials part [n_split, T, E]: the splits added in order
+    (`_sum_parts`), then `select_rows`. CG: read the partials from L2 (`.cg`: other programs of the same launch
+    wrote them; arrival.py)."""
+    re = tl.arange(0, E_PAD)
+    e_ok = re < E
+    logits = _sum_parts(part_ptr, rt, T, n_split, E, E_PAD, CG, N_SPLIT)
+    b = tl.load(bias_ptr + re, mask=e_ok, other=0.0)
+    bvl = b
+    if HAS_VL:
+        bvl = tl.load(bias_vl_ptr + re, mask=e_ok, other=0.0)
+    select_rows(logits, b, bvl, img_ptr, w_out_ptr, i_out_ptr, rt, T, inv_temp, route_scale, E, E_PAD, TOPK, K_PAD,
+                HAS_VL, NORM)
+
+
+@triton.jit
+def select_rows(logits, b, bvl, img_ptr, w_out_ptr, i_out_ptr, rt, T, inv_temp, route_scale, E: tl.constexpr,
+                E_PAD: tl.constexpr, TOPK: tl.constexpr, K_PAD: tl.constexpr, HAS_VL: tl.constexpr,
+                NORM: tl.constexpr):
+    """Rows rt of the router's output from their logits [rows, E_PAD] and the biases b / bvl [E_PAD]: sqrtsoftplus,
+    biased top-k by TOPK rounds of one int64-key max (score, then lowest index), normalized × route_scale."""
     re = tl.arange(0, E_PAD)
     t_ok = rt < T
     e_ok = re < E
-    m2 = t_ok[:, None] & e_ok[None, :]
-    logits = tl.zeros((rt.shape[0], E_PAD), dtype=tl.float32)
-    for sp in range(0, n_split):
-        src = part_ptr + (sp * T + rt[:, None]).to(tl.int64) * E + re[None, :]
-        if CG:
-            logits += tl.load(src, mask=m2, other=0.0, cache_modifier=".cg")
-        else:
-            logits += tl.load(src, mask=m2, other=0.0)
     s = sqrtsoftplus_f32(logits * inv_temp)
-    b = tl.load(bias_ptr + re, mask=e_ok, other=0.0)
     sel = s + b[None, :]
     if HAS_VL:
-        bvl = tl.load(bias_vl_ptr + re, mask=e_ok, other=0.0)
         img = tl.load(img_ptr + rt, mask=t_ok, other=0) != 0
         sel = tl.where(img[:, None], s + bvl[None, :], sel)
     sel = tl.where(e_ok[None, :], sel + 0.0, float("-inf"))  # +0.0: -0.0 and +0.0 tie
@@ -232,6 +278,66 @@ def router_decode_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, bias_ptr, bias_vl_ptr,
         reset_counter(cnt_ptr + t)
 
 
+@triton.jit
+def router_gate_once_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr,
+                            T, inv_temp, route_scale, E: tl.constexpr, K: tl.constexpr, BE: tl.constexpr,
+                            KS: tl.constexpr, T_PAD: tl.constexpr, ROW_PROGRAMS: tl.constexpr, E_PAD: tl.constexpr,
+                            TOPK: tl.constexpr, K_PAD: tl.constexpr, HAS_VL: tl.constexpr, NORM: tl.constexpr,
+                            UPCAST: tl.constexpr, PDL: tl.constexpr = False):
+    """Decode, one launch, the gate read once for every token: program (BE experts, K slice of KS channels) loads
+    its [BE, KS] gate tile in one request (before the PDL grid wait: the gate is no kernel's output), then x [T_PAD,
+    KS] (rows past T are 0), and stores part[split, t, e] = x·Wᵀ over the slice as one MMA (bf16 operands: every
+    product exact, fp32 accumulation; UPCAST: fp32 operands, ieee, for the interpreter, whose bf16 dot is wrong).
+    Then the top-k, a token a program (ROW_PROGRAMS: the last T programs to arrive; else, in the interpreter, the last
+    one, token after token): the splits added in order, `topk_rows`. Two counters, left at zero."""
+    eb = tl.program_id(0)
+    sp = tl.program_id(1)
+    re = eb * BE + tl.arange(0, BE)
+    rk = sp * KS + tl.arange(0, KS)
+    rt = tl.arange(0, T_PAD)
+    e_ok = re < E
+    k_ok = rk < K
+    t_ok = rt < T
+    w = tl.load(w_ptr + re[:, None].to(tl.int64) * K + rk[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
+    grid_wait(PDL)  # x is the predecessor's output
+    grid_release(PDL)
+    x = tl.load(x_ptr + rt[:, None].to(tl.int64) * K + rk[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
+    # the biases (static, 2 KB) too before the MMA, so that a row program's top-k waits on no DRAM round trip
+    eb_all = tl.arange(0, E_PAD)
+    b = tl.load(bias_ptr + eb_all, mask=eb_all < E, other=0.0)
+    bvl = b
+    if HAS_VL:
+        bvl = tl.load(bias_vl_ptr + eb_all, mask=eb_all < E, other=0.0)
+    if UPCAST:
+        acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+    else:
+        acc = tl.dot(x, tl.trans(w))
+    tl.store(part_ptr + (sp * T + rt[:, None]).to(tl.int64) * E + re[None, :], acc, mask=t_ok[:, None] & e_ok[None, :])
+    NS: tl.constexpr = (K + KS - 1) // KS  # = num_programs(1), as a constexpr: the top-k's loads unrolled
+    n = tl.num_programs(0) * NS
+    if ROW_PROGRAMS:
+        # the last T programs to arrive take a token each: once every program has arrived (wait_count: at most T-1
+        # of them spin, for programs already past their MMA), a row's top-k. Its code is one row's, executed once;
+        # the whole [T, E_PAD] top-k in one program was 4,800 more SASS instructions (sm90), run once straight
+        # through: 8 µs more than one row in graph replay, 28 µs more with the L2 flushed (its code fetched cold)
+        tl.debug_barrier()  # every thread's partial stores before the release
+        row = n - 1 - tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
+        if row < T:
+            wait_count(cnt_ptr, n)
+            rr = row + tl.arange(0, 1)
+            select_rows(_sum_parts(part_ptr, rr, T, NS, E, E_PAD, True, NS), b, bvl, img_ptr, w_out_ptr, i_out_ptr, rr,
+                        T, inv_temp, route_scale, E, E_PAD, TOPK, K_PAD, HAS_VL, NORM)
+            if arrive_last(cnt_ptr + 1, T):  # every row program is past its wait: both counters back to 0
+                reset_counter(cnt_ptr)
+                reset_counter(cnt_ptr + 1)
+    elif arrive_last(cnt_ptr, n):  # the interpreter runs programs one after another: no program may wait
+        for t in range(0, T):
+            rr = t + tl.arange(0, 1)
+            select_rows(_sum_parts(part_ptr, rr, T, NS, E, E_PAD, True, NS), b, bvl, img_ptr, w_out_ptr, i_out_ptr, rr,
+                        T, inv_temp, route_scale, E, E_PAD, TOPK, K_PAD, HAS_VL, NORM)
+        reset_counter(cnt_ptr)
+
+
 # ============================================================================ reference
 
 
@@ -253,12 +359,14 @@ def router_reference(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate
 
 
 def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: float = 1.0, bias_vl=None,
-           image_mask=None, norm_topk_prob: bool = True, fused=None, pdl=None):
+           image_mask=None, norm_topk_prob: bool = True, fused=None, pdl=None, gate_once=None, tiles=None):
     """Triton router: -> (weights [T, k] fp32, expert ids [T, k] int32).
 
     fused (None: on up to GEMV_MAX_T tokens): the decode logits and top-k in one launch
-    (`router_decode_kernel`; same bits as the two launches, which fused=False keeps). pdl: the fused kernel's
-    programmatic dependent launch (None: where the device has it; False: off)."""
+    (`router_decode_kernel`; same bits as the two launches, which fused=False keeps). gate_once (None: GATE_ONCE
+    where it applies: GATE_ONCE_MIN_T to GEMV_MAX_T bf16 tokens, fused left None): the one-launch kernel that reads the gate
+    once for all the tokens (`router_gate_once_kernel`: MMA sums, so not the GEMV's bits); tiles: its (BE, KS).
+    pdl: the fused kernels' programmatic dependent launch (None: where the device has it; False: off)."""
     T, D = x.shape
     E = gate_w.shape[0]
     if gate_w.shape[1] != D or bias.shape != (E,):
@@ -268,6 +376,12 @@ def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: flo
     gemv = T <= GEMV_MAX_T
     if fused and not gemv:
         raise ValueError(f"router: fused=True is the decode path (T <= {GEMV_MAX_T}), got T={T}")
+    once_ok = gemv and x.dtype == gate_w.dtype == torch.bfloat16
+    if gate_once and not once_ok:
+        raise ValueError(f"router: gate_once=True needs bf16 x and gate and T <= {GEMV_MAX_T}, got T={T}, "
+                         f"{x.dtype} / {gate_w.dtype}")
+    gate_once = (GATE_ONCE and once_ok and fused is None and T >= GATE_ONCE_MIN_T) if gate_once is None \
+        else bool(gate_once)
     fused = gemv if fused is None else bool(fused)
     wts = torch.empty(T, top_k, dtype=torch.float32, device=x.device)
     ids = torch.empty(T, top_k, dtype=torch.int32, device=x.device)
@@ -281,6 +395,16 @@ def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: flo
     b_vl = bias_vl.float().contiguous() if has_vl else b
     topk_ce = dict(E=E, E_PAD=triton.next_power_of_2(E), TOPK=top_k, K_PAD=triton.next_power_of_2(top_k),
                    HAS_VL=has_vl, NORM=norm_topk_prob)
+    if gate_once:
+        BE, KS = tiles or _gate_once_tiles(E, D, sm_count(x.device))
+        n_split = triton.cdiv(D, KS)
+        part = torch.empty(n_split, T, E, dtype=torch.float32, device=x.device)
+        pdl = pdl_for(x.device) and (pdl is None or bool(pdl))
+        router_gate_once_kernel[(triton.cdiv(E, BE), n_split)](
+            x, gw, part, counters(x.device, 2, pool="router_gate_once"), b, b_vl, img, wts, ids, T, 1.0 / gate_temp,
+            float(route_scale), K=D, BE=BE, KS=KS, T_PAD=16, ROW_PROGRAMS=not interpreting(), UPCAST=interpreting(),
+            PDL=pdl, num_warps=4, **topk_ce, **launch_kw(pdl))
+        return wts, ids
     if gemv:
         BK = min(GEMV_BK, triton.next_power_of_2(D))
         split, k_per = _gemv_split(T, E, D, BK, sms=sm_count(x.device))
@@ -352,6 +476,11 @@ def _router_variants(target: str) -> list:
                                     "route_scale")}}
         out.append(aot_spec(router_decode_kernel, f"decode_fused_{name}", ft, fce, 4, 1,
                             {"router": name, "mode": "decode_fused", **fce}))
+        be, ks = _gate_once_tiles(E, HIDDEN)
+        gce = {"E": E, "K": HIDDEN, "BE": be, "KS": ks, "T_PAD": 16, "ROW_PROGRAMS": True, "UPCAST": False,
+               **{c: ce[c] for c in ("E_PAD", "TOPK", "K_PAD", "HAS_VL", "NORM")}, "PDL": False}
+        out.append(aot_spec(router_gate_once_kernel, f"decode_gate_once_{name}", ft, gce, 4, 1,
+                            {"router": name, "mode": "decode_gate_once", **gce}))
     return out
 
 
@@ -359,6 +488,6 @@ register(KernelTemplate(
     name="moe_router", module=__name__,
     summary="fp32 gate logits, sqrtsoftplus, biased top-k (ties -> lower index), normalized ×scale weights",
     keys=("router", "E", "K", "TOPK", "mode", "BT", "BE", "BK", "K_PER_SPLIT", "PREC", "E_PAD", "K_PAD", "HAS_VL",
-          "NORM", "PDL"), reference=router_reference,
+          "NORM", "PDL", "KS", "T_PAD", "ROW_PROGRAMS", "UPCAST"), reference=router_reference,
     launch=router,
     specializations=_router_variants))
