@@ -25,7 +25,9 @@ Cases (published widths, the same random weights as kernels_ffn.py / compressor_
   norm -> the shared expert's gated w1/w3 (2 x 2304 x 5120), also at 8 tokens; `wo_b_M1`, `wo_b_M8`: a norm of
   width 8192 (standing in for wo_a, its real predecessor) -> wo_b (5120 x 8192),
 - `shared_w2_M8`: the shared expert's gated w1/w3 GEMM [8, 5120] -> [8, 2304] -> the FP8 w2 GEMM (5120 x 2304),
-- `router_T8`: RMSNorm(h) [8, 5120] -> the fused decode router (384 x 5120 bf16 gate),
+- `router_T8`, `router_T1`: RMSNorm(h) [T, 5120] -> the gate-once decode router (384 x 5120 bf16 gate; variants: its
+  default tile and two others, whose sums and so bits differ from the serial row's); `router_T8_gemv`,
+  `router_T1_gemv`: the same behind the norm on the per-token GEMV router (`router_decode_kernel`),
 - `compressor_r1_T1`, `compressor_r2_T2`: RMSNorm(h) -> the one-launch decode compressor (wkv 512 x 5120 bf16,
   + wgate at ratio 2, + the indexer key).
 The bytes floor of each case is K's bytes (as in the kernel tables) over the copy bandwidth measured in the run;

@@ -15,18 +15,41 @@ lowest index) — exactly a stable descending sort's first k. Logits come from o
   experts, K split), fp32 multiply-and-sum, no padded MMA rows. (H200, before the GEMV form: 20 µs under a
   CUDA graph at one token, against a 0.9 µs bytes floor; the GEMV without a K split: 48 programs, 20.6 µs
   L2-cold under Nsight Compute, so K is now split until ~GEMV_PROGRAMS_PER_SM programs per SM.)
-- `router_decode_kernel` (decode, the default up to GEMV_MAX_T tokens): the GEMV's programs, then the
-  last of a token's programs to arrive (arrival.py) runs the top-k for it, in the same launch; the
-  partials are the GEMV's and are added in the same order, so the bits are the two-launch path's.
+- `router_decode_kernel` (decode, the default at one token, and at up to GEMV_MAX_T with fused=True): the GEMV's
+  programs, then the last of a token's programs to arrive (arrival.py) runs the top-k for it, in the same launch;
+  the partials are the GEMV's and are added in the same order, so the bits are the two-launch path's.
   Programmatic dependent launch on sm90+ (pdl.py: it waits before reading x, releases at once).
   H200, CUDA-graph replay, L2-cold (results/tune_moe_ffn_chain_run4.json): alone 9.1 -> 8.7 µs at one
   token, 28.9 -> 27.6 µs at eight (15.8 µs with the 8-per-SM split, tune_moe_ffn_chain.json); inside the
   whole MoE FFN at one token (shared expert overlapped) 76.2 -> 72.9 µs, where the launch it saves sits
   on the critical path.
 
+- `router_gate_once_kernel` (decode, the default at GATE_ONCE_MIN_T (2) to GEMV_MAX_T bf16 tokens): the gate read
+  once for every token. A program owns a [BE, KS] gate tile (32 experts x 512 channels: 12 x 10 = 120 programs at
+  384 x 5120, one 32 KB request each), loaded before its PDL wait (the gate is nobody's output), with the biases;
+  after the wait x [16, KS] (rows past T zero) and one MMA (bf16 operands: exact products, fp32 sums) -> partials.
+  Then every program takes a ticket on one counter; the last T to arrive each wait until all have (`wait_count`:
+  at most T-1 programs spin, on programs already past their MMA), add the splits of one token in order and select
+  its experts (`select_rows`); the last of those resets the counters. The interpreter runs programs in turn, so
+  there the last arriver selects every token, one after another.
+  Why a token a program: the first form ran all T rows of the top-k in the last program, [8, 512] tiles whose
+  unrolled code is 4,800 SASS instructions more than one row's (sm90), run once straight through: 36 µs L2-cold at
+  8 tokens (13.9 warm) against 9.7 (6.8 warm) with a row a program (`results/step_chain_s24_router_run1/2.json`).
+  `benchmarks/icache_cold.py` (`results/icache_cold_s24.json`) shows the likely cause: one warp running 8,192
+  unrolled FMAs (~128 KB of code) once took 11.3 µs warm and 38.3 µs with the L2 flushed (a loop of the same FMAs:
+  13.9 / 14.9), while 4,096 (~64 KB) cost only 0.5 µs more cold than the loop: past ~64 KB, code run once is
+  fetched from DRAM line after line. Session 21's tensor-core tokens-in-program kernel (29.5-34.5 µs,
+  docs/KERNELS_HISTORY.md), whose last program also ran all eight rows, was probably slow for the same reason;
+  session 9's (below) gave each finisher one row and was slow in its logits phase (neither re-measured).
+  H200, L2-cold graph replay (`results/step_chain_s24_router_run3.json`, twice, interleaved): 8 tokens 8.8-9.0 µs
+  alone against the per-token GEMV's 15.6-15.9 in the same run (13.5 in the table before); behind the decode norm
+  with PDL it adds 6.8 µs to the step (GEMV: 13.6-13.8). Tiles 16 x 1024 / 32 x 256: 9.6 / 9.7 alone. One token:
+  9.5-9.7 against the GEMV's 8.6-8.8 (run 2), so one token keeps the GEMV.
+
 Specialization keys: router (backbone 384 experts top-6 / DSpark 128 top-3), E, K (5120), TOPK,
-mode (decode_fused / decode_gemv / decode / prefill), BT, BE, BK, K_PER_SPLIT, PREC; top-k: E_PAD, K_PAD,
-HAS_VL, NORM; PDL (the fused kernel; off in the ahead-of-time variant).
+mode (decode_fused / decode_gemv / decode / prefill / decode_gate_once), BT, BE, BK, K_PER_SPLIT, PREC; top-k: E_PAD,
+K_PAD, HAS_VL, NORM; PDL (the fused kernels; off in the ahead-of-time variants); gate-once: KS, T_PAD (16, the MMA's
+least M), ROW_PROGRAMS (a token a program; off in the interpreter), UPCAST (fp32 operands: the interpreter).
 
 Tried and reverted (results/tune_router_tokens.json; code in git history, commit 7aa945a): at 2-8 tokens,
 programs over (8 experts, K split) that take every token, so the gate is read once per k step rather than
@@ -36,10 +59,12 @@ of it 34.0 µs, so the logits phase itself is slower), 12.6 vs 6.8 at two; why w
 8.5 µs L2-cold.
 
 Known gaps: the prefill path is two launches (logits, then top-k); the fused decode kernel's per-token
-counter takes one atomic from each of its (E/BE)·splits programs (480 at one token); at eight tokens each
-token's programs read the whole 3.9 MB gate again (from the L2);
-the GEMV sums in a different order than the fp32 matmul of the reference, so an exact tie in
-s + b between two experts can flip (the benchmark reports the fraction of identical rows).
+counter takes one atomic from each of its (E/BE)·splits programs (480 at one token); the gate-once kernel's row
+programs spin until the whole grid has arrived, so it needs T of its programs resident at once (any GPU does: 120
+programs of 4 warps) and must not share its counter pool with a concurrent launch;
+the GEMV and MMA sum in a different order than the fp32 matmul of the reference, so an exact tie in
+s + b between two experts can flip (the benchmark reports the fraction of identical rows), and the gate-once
+kernel's weights are not the GEMV's bits.
 """
 from __future__ import annotations
 
