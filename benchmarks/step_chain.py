@@ -27,7 +27,8 @@ Cases (published widths, the same random weights as kernels_ffn.py / compressor_
 - `shared_w2_M8`: the shared expert's gated w1/w3 GEMM [8, 5120] -> [8, 2304] -> the FP8 w2 GEMM (5120 x 2304),
 - `router_T8`, `router_T1`: RMSNorm(h) [T, 5120] -> the gate-once decode router (384 x 5120 bf16 gate; variants: its
   default tile and two others, whose sums and so bits differ from the serial row's); `router_T8_gemv`,
-  `router_T1_gemv`: the same behind the norm on the per-token GEMV router (`router_decode_kernel`),
+  `router_T1_gemv`: the same behind the norm on the per-token GEMV router (`router_decode_kernel`; `pdl_early`: its
+  first gate tile and the biases loaded before the wait, EARLY),
 - `compressor_r1_T1`, `compressor_r2_T2`: RMSNorm(h) -> the one-launch decode compressor (wkv 512 x 5120 bf16,
   + wgate at ratio 2, + the indexer key).
 The bytes floor of each case is K's bytes (as in the kernel tables) over the copy bandwidth measured in the run;
@@ -133,13 +134,15 @@ def case_router(T, gate_once=True):
 
     def kernel(x, v):
         return moe_router.router(x, gw, bias, K_TOP, pdl=v["pdl"], gate_once=gate_once, fused=True,
-                                 tiles=v.get("tiles"))
+                                 tiles=v.get("tiles"), early=v.get("early", False))
     # gate_once: the kernel that reads the gate once for every token (its sums are MMA sums: its own bits), else
     # the per-token GEMV (router_decode_kernel)
     variants = {"serial": {"pdl": False}, "pdl": {"pdl": True}}
     if gate_once:
         for be, ks in ((16, 1024), (32, 256)):
             variants[f"pdl_{be}x{ks}"] = {"pdl": True, "tiles": (be, ks)}
+    else:  # the GEMV's first gate tile and the biases before its wait (EARLY; the same bits)
+        variants["pdl_early"] = {"pdl": True, "early": True}
     return Case(f"router_T{T}{'' if gate_once else '_gemv'}", E * D * 2 + T * D * 2 + T * K_TOP * 8,
                 lambda pdl: rn.rmsnorm(h, nw, EPS, pdl=pdl), kernel, variants)
 

@@ -87,6 +87,7 @@ GEMV_BE, GEMV_BK = 8, 512  # 384 experts -> 48 programs per token and K split, 8
 # router, L2-cold (results/tune_moe_ffn_chain.json): 8 tokens 27.4 / 15.8 / 15.6 µs at 4 / 8 / 16 (splits 1 / 2
 # / 5), 4 tokens 15.7 / 11.2 / 12.1, one token 8.8 / 8.6 / 8.9 (split 10 = one k step a program, all three).
 GEMV_PROGRAMS_PER_SM = 8
+GEMV_EARLY = True  # router_decode_kernel's EARLY (first gate tile and biases before the PDL wait)
 # decode, the gate read once (router_gate_once_kernel): BE experts x up to KS channels a program, one request each
 GATE_ONCE = True
 GATE_ONCE_MIN_T = 2  # one token: the per-token GEMV (480 programs of 8 KB) was ~0.8 µs faster L2-cold on the H200
@@ -286,21 +287,56 @@ def router_logits_gemv_kernel(x_ptr, w_ptr, part_ptr, T, E: tl.constexpr, K: tl.
 def router_decode_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, T,
                          inv_temp, route_scale, E: tl.constexpr, K: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
                          K_PER_SPLIT: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr, K_PAD: tl.constexpr,
-                         HAS_VL: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr = False):
+                         HAS_VL: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr = False,
+                         EARLY: tl.constexpr = False):
     """Decode, one launch: the logits GEMV of router_logits_gemv_kernel, then the last of the token's
     (E/BE)·splits programs to arrive (arrival.py; counter cnt[t], left at 0) runs `topk_rows` for it.
     Same partials, same order, so the same bits as the two-launch path.
 
     PDL: x is the predecessor's output, so the program waits first; it releases the next kernel at once
-    (pdl.py's contract; the MoE prep that follows waits for this kernel to complete)."""
-    grid_wait(PDL)
-    grid_release(PDL)
-    logits_partial_program(x_ptr, w_ptr, part_ptr, T, E, K, BE, BK, K_PER_SPLIT)
+    (pdl.py's contract; the MoE prep that follows waits for this kernel to complete). EARLY: the split's first gate
+    tile and the biases are loaded before that wait (static data), the same arithmetic."""
     t = tl.program_id(0)
-    if arrive_last(cnt_ptr + t, tl.num_programs(1) * tl.num_programs(2)):
-        topk_rows(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, t + tl.arange(0, 1), T,
-                  tl.num_programs(2), inv_temp, route_scale, E, E_PAD, TOPK, K_PAD, HAS_VL, NORM, True)
-        reset_counter(cnt_ptr + t)
+    if EARLY:
+        # static data before the wait: the split's first gate tile and the biases (the top-k's, should this
+        # program arrive last); the same sums in the same order as logits_partial_program
+        re = tl.program_id(1) * BE + tl.arange(0, BE)
+        split = tl.program_id(2)
+        e_ok = re < E
+        rk = split * K_PER_SPLIT + tl.arange(0, BK)
+        w0 = tl.load(w_ptr + re[:, None].to(tl.int64) * K + rk[None, :], mask=e_ok[:, None] & (rk < K)[None, :],
+                     other=0.0).to(tl.float32)
+        eb = tl.arange(0, E_PAD)
+        b = tl.load(bias_ptr + eb, mask=eb < E, other=0.0)
+        bvl = b
+        if HAS_VL:
+            bvl = tl.load(bias_vl_ptr + eb, mask=eb < E, other=0.0)
+        grid_wait(PDL)
+        grid_release(PDL)
+        x_row = x_ptr + t.to(tl.int64) * K
+        acc = tl.zeros((BE,), dtype=tl.float32)
+        acc += tl.sum(w0 * tl.load(x_row + rk, mask=rk < K, other=0.0).to(tl.float32)[None, :], axis=1)
+        for k0 in range(split * K_PER_SPLIT + BK, tl.minimum(split * K_PER_SPLIT + K_PER_SPLIT, K), BK):
+            rk = k0 + tl.arange(0, BK)
+            k_ok = rk < K
+            xk = tl.load(x_row + rk, mask=k_ok, other=0.0).to(tl.float32)
+            wt = tl.load(w_ptr + re[:, None].to(tl.int64) * K + rk[None, :], mask=e_ok[:, None] & k_ok[None, :],
+                         other=0.0).to(tl.float32)
+            acc += tl.sum(wt * xk[None, :], axis=1)
+        tl.store(part_ptr + (split * T + t).to(tl.int64) * E + re, acc, mask=e_ok)
+        if arrive_last(cnt_ptr + t, tl.num_programs(1) * tl.num_programs(2)):
+            rr = t + tl.arange(0, 1)
+            select_rows(_sum_parts(part_ptr, rr, T, tl.num_programs(2), E, E_PAD, True), b, bvl, img_ptr, w_out_ptr,
+                        i_out_ptr, rr, T, inv_temp, route_scale, E, E_PAD, TOPK, K_PAD, HAS_VL, NORM)
+            reset_counter(cnt_ptr + t)
+    else:
+        grid_wait(PDL)
+        grid_release(PDL)
+        logits_partial_program(x_ptr, w_ptr, part_ptr, T, E, K, BE, BK, K_PER_SPLIT)
+        if arrive_last(cnt_ptr + t, tl.num_programs(1) * tl.num_programs(2)):
+            topk_rows(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, t + tl.arange(0, 1), T,
+                      tl.num_programs(2), inv_temp, route_scale, E, E_PAD, TOPK, K_PAD, HAS_VL, NORM, True)
+            reset_counter(cnt_ptr + t)
 
 
 @triton.jit
@@ -384,14 +420,16 @@ def router_reference(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate
 
 
 def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: float = 1.0, bias_vl=None,
-           image_mask=None, norm_topk_prob: bool = True, fused=None, pdl=None, gate_once=None, tiles=None):
+           image_mask=None, norm_topk_prob: bool = True, fused=None, pdl=None, gate_once=None, tiles=None,
+           early=None):
     """Triton router: -> (weights [T, k] fp32, expert ids [T, k] int32).
 
     fused (None: on up to GEMV_MAX_T tokens): the decode logits and top-k in one launch
     (`router_decode_kernel`; same bits as the two launches, which fused=False keeps). gate_once (None: GATE_ONCE
     where it applies: GATE_ONCE_MIN_T to GEMV_MAX_T bf16 tokens, fused left None): the one-launch kernel that reads the gate
     once for all the tokens (`router_gate_once_kernel`: MMA sums, so not the GEMV's bits); tiles: its (BE, KS).
-    pdl: the fused kernels' programmatic dependent launch (None: where the device has it; False: off)."""
+    pdl: the fused kernels' programmatic dependent launch (None: where the device has it; False: off). early (None:
+    GEMV_EARLY): the per-token fused kernel loads its first gate tile and the biases before its PDL wait."""
     T, D = x.shape
     E = gate_w.shape[0]
     if gate_w.shape[1] != D or bias.shape != (E,):
@@ -439,7 +477,8 @@ def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: flo
             pdl = pdl_for(x.device) and (pdl is None or bool(pdl))
             router_decode_kernel[grid](x, gw, part, counters(x.device, T, pool="router"), b, b_vl, img, wts, ids, T,
                                        1.0 / gate_temp, float(route_scale), K=D, BE=GEMV_BE, BK=BK, K_PER_SPLIT=k_per,
-                                       PDL=pdl, num_warps=4, **topk_ce, **launch_kw(pdl))
+                                       PDL=pdl, EARLY=GEMV_EARLY if early is None else bool(early), num_warps=4,
+                                       **topk_ce, **launch_kw(pdl))
             return wts, ids
         router_logits_gemv_kernel[grid](x, gw, part, T, E=E, K=D, BE=GEMV_BE, BK=BK, K_PER_SPLIT=k_per, num_warps=4)
     else:
@@ -513,6 +552,6 @@ register(KernelTemplate(
     name="moe_router", module=__name__,
     summary="fp32 gate logits, sqrtsoftplus, biased top-k (ties -> lower index), normalized ×scale weights",
     keys=("router", "E", "K", "TOPK", "mode", "BT", "BE", "BK", "K_PER_SPLIT", "PREC", "E_PAD", "K_PAD", "HAS_VL",
-          "NORM", "PDL", "KS", "T_PAD", "ROW_PROGRAMS", "UPCAST"), reference=router_reference,
+          "NORM", "PDL", "KS", "T_PAD", "ROW_PROGRAMS", "UPCAST", "EARLY"), reference=router_reference,
     launch=router,
     specializations=_router_variants))
