@@ -44,11 +44,15 @@ lowest index) — exactly a stable descending sort's first k. Logits come from o
   H200, L2-cold graph replay (`results/step_chain_s24_router_run3.json`, twice, interleaved): 8 tokens 8.8-9.0 µs
   alone against the per-token GEMV's 15.6-15.9 in the same run (13.5 in the table before); behind the decode norm
   with PDL it adds 6.8 µs to the step (GEMV: 13.6-13.8). Tiles 16 x 1024 / 32 x 256: 9.6 / 9.7 alone. One token:
-  9.5-9.7 against the GEMV's 8.6-8.8 (run 2), so one token keeps the GEMV.
+  9.5-9.7 against the GEMV's 8.6-8.8 (run 2), so one token keeps the GEMV, which since then loads its first gate
+  tile and the biases before the PDL wait (`router_decode_kernel`'s EARLY): 8.5 -> 8.0 µs alone, 6.4-6.5 -> 5.5 in
+  the step (`results/step_chain_s24_router_early.json`; at 8 tokens the GEMV with EARLY, 13.1 / 10.5-10.7, stays
+  behind the gate-once kernel). 2-7 tokens were not timed: GATE_ONCE_MIN_T = 2 is a guess between the two ends.
 
 Specialization keys: router (backbone 384 experts top-6 / DSpark 128 top-3), E, K (5120), TOPK,
 mode (decode_fused / decode_gemv / decode / prefill / decode_gate_once), BT, BE, BK, K_PER_SPLIT, PREC; top-k: E_PAD,
-K_PAD, HAS_VL, NORM; PDL (the fused kernels; off in the ahead-of-time variants); gate-once: KS, T_PAD (16, the MMA's
+K_PAD, HAS_VL, NORM; PDL (the fused kernels; off in the ahead-of-time variants), EARLY (the per-token fused kernel's
+first gate tile and biases before the PDL wait; off ahead of time); gate-once: KS, T_PAD (16, the MMA's
 least M), ROW_PROGRAMS (a token a program; off in the interpreter), UPCAST (fp32 operands: the interpreter).
 
 Tried and reverted (results/tune_router_tokens.json; code in git history, commit 7aa945a): at 2-8 tokens,
