@@ -538,7 +538,7 @@ def _router_variants(target: str) -> list:
         out.append(aot_spec(router_topk_kernel, f"topk_{name}_e{E}_k{k}", tt, ce, 4, 1,
                             {"router": name, "TOPK": k, **ce}))
         fce = {"E": E, "K": HIDDEN, "BE": GEMV_BE, "BK": GEMV_BK, "K_PER_SPLIT": k_per,
-               **{c: ce[c] for c in ("E_PAD", "TOPK", "K_PAD", "HAS_VL", "NORM")}, "PDL": False}
+               **{c: ce[c] for c in ("E_PAD", "TOPK", "K_PAD", "HAS_VL", "NORM")}, "PDL": False, "EARLY": False}
         ft = {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32", "cnt_ptr": "*i32",
               **{a: tt[a] for a in ("bias_ptr", "bias_vl_ptr", "img_ptr", "w_out_ptr", "i_out_ptr", "T", "inv_temp",
                                     "route_scale")}}
