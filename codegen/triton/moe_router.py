@@ -263,16 +263,22 @@ def logits_partial_program(x_ptr, w_ptr, part_ptr, T, E: tl.constexpr, K: tl.con
     re = tl.program_id(1) * BE + tl.arange(0, BE)
     split = tl.program_id(2)
     e_ok = re < E
-    x_row = x_ptr + t.to(tl.int64) * K
-    acc = tl.zeros((BE,), dtype=tl.float32)
-    for k0 in range(split * K_PER_SPLIT, tl.minimum(split * K_PER_SPLIT + K_PER_SPLIT, K), BK):
+    acc = _gemv_steps(tl.zeros((BE,), dtype=tl.float32), x_ptr + t.to(tl.int64) * K, w_ptr, re, e_ok,
+                      split * K_PER_SPLIT, tl.minimum(split * K_PER_SPLIT + K_PER_SPLIT, K), K, BK)
+    tl.store(part_ptr + (split * T + t).to(tl.int64) * E + re, acc, mask=e_ok)
+
+
+@triton.jit
+def _gemv_steps(acc, x_row, w_ptr, re, e_ok, k_from, k_to, K: tl.constexpr, BK: tl.constexpr):
+    """acc [BE] += Σ_{k in [k_from, k_to)} W[re, k]·x_row[k], a BK step at a time (fp32 multiply-and-sum)."""
+    for k0 in range(k_from, k_to, BK):
         rk = k0 + tl.arange(0, BK)
         k_ok = rk < K
         xk = tl.load(x_row + rk, mask=k_ok, other=0.0).to(tl.float32)
         wt = tl.load(w_ptr + re[:, None].to(tl.int64) * K + rk[None, :], mask=e_ok[:, None] & k_ok[None, :],
                      other=0.0).to(tl.float32)
         acc += tl.sum(wt * xk[None, :], axis=1)
-    tl.store(part_ptr + (split * T + t).to(tl.int64) * E + re, acc, mask=e_ok)
+    return acc
 
 
 @triton.jit
@@ -320,13 +326,8 @@ def router_decode_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, bias_ptr, bias_vl_ptr,
         x_row = x_ptr + t.to(tl.int64) * K
         acc = tl.zeros((BE,), dtype=tl.float32)
         acc += tl.sum(w0 * tl.load(x_row + rk, mask=rk < K, other=0.0).to(tl.float32)[None, :], axis=1)
-        for k0 in range(split * K_PER_SPLIT + BK, tl.minimum(split * K_PER_SPLIT + K_PER_SPLIT, K), BK):
-            rk = k0 + tl.arange(0, BK)
-            k_ok = rk < K
-            xk = tl.load(x_row + rk, mask=k_ok, other=0.0).to(tl.float32)
-            wt = tl.load(w_ptr + re[:, None].to(tl.int64) * K + rk[None, :], mask=e_ok[:, None] & k_ok[None, :],
-                         other=0.0).to(tl.float32)
-            acc += tl.sum(wt * xk[None, :], axis=1)
+        acc = _gemv_steps(acc, x_row, w_ptr, re, e_ok, split * K_PER_SPLIT + BK,
+                          tl.minimum(split * K_PER_SPLIT + K_PER_SPLIT, K), K, BK)
         tl.store(part_ptr + (split * T + t).to(tl.int64) * E + re, acc, mask=e_ok)
         if arrive_last(cnt_ptr + t, tl.num_programs(1) * tl.num_programs(2)):
             rr = t + tl.arange(0, 1)
