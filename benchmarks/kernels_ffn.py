@@ -6,7 +6,7 @@ time (triton.testing.do_bench) of the Triton kernel and of the eager reference, 
 max(bytes / measured copy bandwidth, FLOPs / measured bf16 matmul rate), both ceilings measured
 here (a large device copy, a large bf16 torch.matmul). Every case runs in its own try/except.
 
-    python benchmarks/kernels_ffn.py --out results.json [--only moe] [--quick]
+    python benchmarks/kernels_ffn.py --out results.json [--only moe] [--quick] [--ffn-only]
     python benchmarks/kernels_ffn.py --tune --out tune.json     # tile sweep of the FP4 grouped GEMMs
 
 Goals checked:
@@ -212,7 +212,9 @@ def case_moe_experts(ceil, quick):
     shapes = [("decode_T1", 1, "router"), ("decode_T8", 8, "router"), (f"prefill_T{BIG_T}_router", BIG_T, "router"),
               (f"prefill_M{BIG_T * K_TOP // E}_balanced", BIG_T, "balanced"),
               (f"prefill_M{BIG_T * K_TOP // (E // 4)}_balanced", BIG_T, "balanced_quarter")]
-    if quick:
+    if quick == "ffn":  # --ffn-only: the whole-FFN rows alone
+        shapes = []
+    elif quick:
         shapes = [shapes[0], shapes[2]]
     for label, T, routing in shapes:
         def experts(label=label, T=T, routing=routing):
@@ -431,6 +433,7 @@ def main(argv=None):
     ap.add_argument("--out", default="kernels_ffn.json")
     ap.add_argument("--only", default="", help="comma-separated case names: " + ",".join(CASES))
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
+    ap.add_argument("--ffn-only", action="store_true", help="the moe case: only the whole-FFN decode rows")
     ap.add_argument("--tune", action="store_true", help="sweep the grouped FP4 GEMM tiles instead")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -451,7 +454,8 @@ def main(argv=None):
     for name in names:
         t0 = time.time()
         try:
-            doc["results"].extend(CASES[name](doc["ceilings"], args.quick))
+            quick = "ffn" if args.ffn_only and name == "moe" else args.quick
+            doc["results"].extend(CASES[name](doc["ceilings"], quick))
         except Exception as ex:  # noqa: BLE001 - one failing case must not lose the others
             doc["results"].append({"name": name, "error": f"{type(ex).__name__}: {ex}",
                                    "traceback": traceback.format_exc()[-3000:]})
