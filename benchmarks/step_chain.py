@@ -25,7 +25,7 @@ Cases (published widths, the same random weights as kernels_ffn.py / compressor_
   norm -> the shared expert's gated w1/w3 (2 x 2304 x 5120), also at 8 tokens; `wo_b_M1`, `wo_b_M8`: a norm of
   width 8192 (standing in for wo_a, its real predecessor) -> wo_b (5120 x 8192),
 - `shared_w2_M8`: the shared expert's gated w1/w3 GEMM [8, 5120] -> [8, 2304] -> the FP8 w2 GEMM (5120 x 2304),
-- `router_T8`, `router_T1`: RMSNorm(h) [T, 5120] -> the gate-once decode router (384 x 5120 bf16 gate; variants: its
+- `router_T8`, `router_T1` (and `router_T2`, `router_T4`): RMSNorm(h) [T, 5120] -> the gate-once decode router (384 x 5120 bf16 gate; variants: its
   default tile and two others, whose sums and so bits differ from the serial row's); `router_T8_gemv`,
   `router_T1_gemv`: the same behind the norm on the per-token GEMV router (`router_decode_kernel`; `pdl_early`: its
   first gate tile and the biases loaded before the wait, EARLY),
@@ -173,6 +173,8 @@ CASES = {"wq_a_M1": lambda: case_norm_linear("wq_a", 1, 1280, D), "wq_a_M8": lam
          "shared_w2_M8": lambda: case_shared_w2(8),
          "router_T8": lambda: case_router(8), "router_T1": lambda: case_router(1),
          "router_T8_gemv": lambda: case_router(8, False), "router_T1_gemv": lambda: case_router(1, False),
+         "router_T2": lambda: case_router(2), "router_T4": lambda: case_router(4),
+         "router_T2_gemv": lambda: case_router(2, False), "router_T4_gemv": lambda: case_router(4, False),
          "compressor_r1_T1": lambda: case_compressor(1),
          "compressor_r2_T2": lambda: case_compressor(2)}
 
