@@ -24,7 +24,7 @@ lowest index) — exactly a stable descending sort's first k. Logits come from o
   whole MoE FFN at one token (shared expert overlapped) 76.2 -> 72.9 µs, where the launch it saves sits
   on the critical path.
 
-- `router_gate_once_kernel` (decode, the default at GATE_ONCE_MIN_T (2) to GEMV_MAX_T bf16 tokens): the gate read
+- `router_gate_once_kernel` (decode, the default at GATE_ONCE_MIN_T (3) to GEMV_MAX_T bf16 tokens): the gate read
   once for every token. A program owns a [BE, KS] gate tile (32 experts x 512 channels: 12 x 10 = 120 programs at
   384 x 5120, one 32 KB request each), loaded before its PDL wait (the gate is nobody's output), with the biases;
   after the wait x [16, KS] (rows past T zero) and one MMA (bf16 operands: exact products, fp32 sums) -> partials.
@@ -47,7 +47,9 @@ lowest index) — exactly a stable descending sort's first k. Logits come from o
   9.5-9.7 against the GEMV's 8.6-8.8 (run 2), so one token keeps the GEMV, which since then loads its first gate
   tile and the biases before the PDL wait (`router_decode_kernel`'s EARLY): 8.5 -> 8.0 µs alone, 6.4-6.5 -> 5.5 in
   the step (`results/step_chain_s24_router_early.json`; at 8 tokens the GEMV with EARLY, 13.1 / 10.5-10.7, stays
-  behind the gate-once kernel). 2-7 tokens were not timed: GATE_ONCE_MIN_T = 2 is a guess between the two ends.
+  behind the gate-once kernel). At 2 and 4 tokens (`results/step_chain_s24_router_t24.json`, alone / in the step with
+  PDL, µs): 2 tokens gate once 8.7-9.1 / 6.6-8.1, GEMV with EARLY 8.7-8.8 / 6.1-6.3; 4 tokens gate once 9.1-9.3 /
+  6.8-6.9, GEMV with EARLY 10.6 / 8.4-8.5. So GATE_ONCE_MIN_T = 3 (3 tokens not timed).
 
 Specialization keys: router (backbone 384 experts top-6 / DSpark 128 top-3), E, K (5120), TOPK,
 mode (decode_fused / decode_gemv / decode / prefill / decode_gate_once), BT, BE, BK, K_PER_SPLIT, PREC; top-k: E_PAD,
@@ -94,7 +96,7 @@ GEMV_PROGRAMS_PER_SM = 8
 GEMV_EARLY = True  # router_decode_kernel's EARLY (first gate tile and biases before the PDL wait)
 # decode, the gate read once (router_gate_once_kernel): BE experts x up to KS channels a program, one request each
 GATE_ONCE = True
-GATE_ONCE_MIN_T = 2  # one token: the per-token GEMV (480 programs of 8 KB) was ~0.8 µs faster L2-cold on the H200
+GATE_ONCE_MIN_T = 3  # 1-2 tokens: the per-token GEMV with EARLY was as fast alone and faster in the step (H200)
 GATE_ONCE_BE, GATE_ONCE_KS = 32, 512
 
 
