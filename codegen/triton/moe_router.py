@@ -15,7 +15,7 @@ lowest index) — exactly a stable descending sort's first k. Logits come from o
   experts, K split), fp32 multiply-and-sum, no padded MMA rows. (H200, before the GEMV form: 20 µs under a
   CUDA graph at one token, against a 0.9 µs bytes floor; the GEMV without a K split: 48 programs, 20.6 µs
   L2-cold under Nsight Compute, so K is now split until ~GEMV_PROGRAMS_PER_SM programs per SM.)
-- `router_decode_kernel` (decode, the default at one token, and at up to GEMV_MAX_T with fused=True): the GEMV's
+- `router_decode_kernel` (decode, the default at 1-2 tokens, and up to GEMV_MAX_T with fused=True): the GEMV's
   programs, then the last of a token's programs to arrive (arrival.py) runs the top-k for it, in the same launch;
   the partials are the GEMV's and are added in the same order, so the bits are the two-launch path's.
   Programmatic dependent launch on sm90+ (pdl.py: it waits before reading x, releases at once).
@@ -191,13 +191,13 @@ def _sum_parts(part_ptr, rt, T, n_split, E: tl.constexpr, E_PAD: tl.constexpr, C
 @triton.jit
 def topk_rows(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, rt, T, n_split, inv_temp, route_scale,
               E: tl.constexpr, E_PAD: tl.constexpr, TOPK: tl.constexpr, K_PAD: tl.constexpr, HAS_VL: tl.constexpr,
-              NORM: tl.constexpr, CG: tl.constexpr, N_SPLIT: tl.constexpr = 0):
+              NORM: tl.constexpr, CG: tl.constexpr):
     """Rows rt of the router's output from the logit partials part [n_split, T, E]: the splits added in order
     (`_sum_parts`), then `select_rows`. CG: read the partials from L2 (`.cg`: other programs of the same launch
     wrote them; arrival.py)."""
     re = tl.arange(0, E_PAD)
     e_ok = re < E
-    logits = _sum_parts(part_ptr, rt, T, n_split, E, E_PAD, CG, N_SPLIT)
+    logits = _sum_parts(part_ptr, rt, T, n_split, E, E_PAD, CG)
     b = tl.load(bias_ptr + re, mask=e_ok, other=0.0)
     bvl = b
     if HAS_VL:
