@@ -949,14 +949,17 @@ def test_gpu_router_fused_decode_under_graph_replay(T):
     (a read of x before its PDL grid wait would show) and with its counters reset between replays."""
     from dsv41c.codegen.triton import moe_router
     g = gen(34)
-    E, D = 384, 5120
-    x = randn(g, T, D, dtype=torch.bfloat16)
-    gw = randn(g, E, D, scale=0.02, dtype=torch.bfloat16)
-    bias = randn(g, E, scale=0.01)
+    x, gw, bias = _router_real_inputs(g, T)
     wf, i_f = moe_router.router(x, gw, bias, 6, fused=True)
     w2, i2 = moe_router.router(x, gw, bias, 6, fused=False)
     assert torch.equal(i_f, i2) and torch.equal(wf, w2)
     _check_router_graph_replays(g, x, gw, bias, {"fused": True}, {"fused": False})
+
+
+def _router_real_inputs(g, T):
+    """x [T, 5120] bf16, the gate [384, 5120] bf16 and its biases [384] fp32 at the router's published widths."""
+    return (randn(g, T, 5120, dtype=torch.bfloat16), randn(g, 384, 5120, scale=0.02, dtype=torch.bfloat16),
+            randn(g, 384, scale=0.01))
 
 
 def _check_router_graph_replays(g, x, gw, bias, graph_kw, eager_kw):
@@ -985,10 +988,7 @@ def test_gpu_router_gate_once_under_graph_replay(T):
     (a read of x before the PDL wait would show) the bits of an eager call on the same x, replay after replay."""
     from dsv41c.codegen.triton import moe_router
     g = gen(35)
-    E, D = 384, 5120
-    x = randn(g, T, D, dtype=torch.bfloat16)
-    gw = randn(g, E, D, scale=0.02, dtype=torch.bfloat16)
-    bias = randn(g, E, scale=0.01)
+    x, gw, bias = _router_real_inputs(g, T)
     w, i = moe_router.router(x, gw, bias, 6, gate_once=True)
     rw, ri = moe.router_reference(x, gw, bias, 6)
     assert torch.equal(i, ri)

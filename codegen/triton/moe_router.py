@@ -195,15 +195,21 @@ def topk_rows(part_ptr, bias_ptr, bias_vl_ptr, img_ptr, w_out_ptr, i_out_ptr, rt
     """Rows rt of the router's output from the logit partials part [n_split, T, E]: the splits added in order
     (`_sum_parts`), then `select_rows`. CG: read the partials from L2 (`.cg`: other programs of the same launch
     wrote them; arrival.py)."""
-    re = tl.arange(0, E_PAD)
-    e_ok = re < E
     logits = _sum_parts(part_ptr, rt, T, n_split, E, E_PAD, CG)
-    b = tl.load(bias_ptr + re, mask=e_ok, other=0.0)
-    bvl = b
-    if HAS_VL:
-        bvl = tl.load(bias_vl_ptr + re, mask=e_ok, other=0.0)
+    b, bvl = load_biases(bias_ptr, bias_vl_ptr, E, E_PAD, HAS_VL)
     select_rows(logits, b, bvl, img_ptr, w_out_ptr, i_out_ptr, rt, T, inv_temp, route_scale, E, E_PAD, TOPK, K_PAD,
                 HAS_VL, NORM)
+
+
+@triton.jit
+def load_biases(bias_ptr, bias_vl_ptr, E: tl.constexpr, E_PAD: tl.constexpr, HAS_VL: tl.constexpr):
+    """(b, bvl) [E_PAD] fp32, 0 past E: the selection biases (bvl = b without the image-span bias)."""
+    re = tl.arange(0, E_PAD)
+    b = tl.load(bias_ptr + re, mask=re < E, other=0.0)
+    bvl = b
+    if HAS_VL:
+        bvl = tl.load(bias_vl_ptr + re, mask=re < E, other=0.0)
+    return b, bvl
 
 
 @triton.jit
@@ -318,11 +324,7 @@ def router_decode_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, bias_ptr, bias_vl_ptr,
         rk = split * K_PER_SPLIT + tl.arange(0, BK)
         w0 = tl.load(w_ptr + re[:, None].to(tl.int64) * K + rk[None, :], mask=e_ok[:, None] & (rk < K)[None, :],
                      other=0.0).to(tl.float32)
-        eb = tl.arange(0, E_PAD)
-        b = tl.load(bias_ptr + eb, mask=eb < E, other=0.0)
-        bvl = b
-        if HAS_VL:
-            bvl = tl.load(bias_vl_ptr + eb, mask=eb < E, other=0.0)
+        b, bvl = load_biases(bias_ptr, bias_vl_ptr, E, E_PAD, HAS_VL)
         grid_wait(PDL)
         grid_release(PDL)
         x_row = x_ptr + t.to(tl.int64) * K
@@ -371,11 +373,7 @@ def router_gate_once_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, bias_ptr, bias_vl_p
     grid_release(PDL)
     x = tl.load(x_ptr + rt[:, None].to(tl.int64) * K + rk[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0)
     # the biases (static, 2 KB) too before the MMA, so that a row program's top-k waits on no DRAM round trip
-    eb_all = tl.arange(0, E_PAD)
-    b = tl.load(bias_ptr + eb_all, mask=eb_all < E, other=0.0)
-    bvl = b
-    if HAS_VL:
-        bvl = tl.load(bias_vl_ptr + eb_all, mask=eb_all < E, other=0.0)
+    b, bvl = load_biases(bias_ptr, bias_vl_ptr, E, E_PAD, HAS_VL)
     if UPCAST:
         acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
     else:
