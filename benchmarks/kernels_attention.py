@@ -241,11 +241,18 @@ def case_indexer(ceil, quick):
             pin = ((nvis - 1) // 8).to(torch.int32)
             c1, c2 = ix.topk_select(bm, 2048, pin), ix.topk_select_ref(bm, 2048, pin)
             f = lambda: ix.topk_select(bm, 2048, pin)  # noqa: E731
+            fm = lambda: ix.topk_select(bm, 2048, pin, as_mask=True)  # noqa: E731
             e = entry(ceil, f"indexer_candidates2048_S{S}_NB{bm.shape[1]}", list(bm.shape), ms(f),
                       ms(lambda: ix.topk_select_ref(bm, 2048, pin), rep=20), bm.numel() * 4, 0, "bf16",
-                      {"candidates_identical": bool(torch.equal(c1, c2))})
+                      {"candidates_identical": bool(torch.equal(c1, c2)),
+                       "mask_identical": bool(torch.equal(fm(), ix.ids_to_mask(c2, bm.shape[1])))},
+                      mask_ms=ms(fm))
             if S == 1:
                 decode_goal(e, ceil, ms_graph(f))
+                # the set as flags (as_mask: what the step writes since session 25), same run
+                gm = ms_graph(fm)
+                e["mask_graph_ms"] = gm if isinstance(gm, str) else float(gm)
+                e["mask_graph_cold_ms"] = getattr(gm, "cold", None)
             return e
         yield f"indexer_candidates2048_S{S}", cands
 
@@ -254,8 +261,9 @@ def case_indexer(ceil, quick):
             kw = dict(ratio=1, topk=512, candidate_blocks=2048)
             r1 = ix.indexer_topk(qp, qe, w, kp, ke, qpos, **kw)
             r2 = ix.indexer_topk_ref(qp, qe, w, kp, ke, qpos, with_stats=False, **kw)
+            # the step's candidates are flags (cand_mask) since session 25: compared as flags
             err = {"topk_identical": bool(torch.equal(r1.topk, r2.topk)),
-                   "candidates_identical": bool(torch.equal(r1.candidates, r2.candidates)), "stats": r1.stats}
+                   "candidates_identical": bool(torch.equal(r1.cand_mask, r2.cand_mask)), "stats": r1.stats}
             del r1, r2
             f = lambda: ix.indexer_topk(qp, qe, w, kp, ke, qpos, with_stats=False, **kw)  # noqa: E731
             e = entry(ceil, f"indexer_source_step_S{S}_T{T}", [S, H, T], ms(f),

@@ -169,7 +169,7 @@ def _check_indexer(args, qpos, programs=None, **kw):
         cnt = torch.zeros(2, dtype=torch.int32, device=DEV)
         sc, _ = ix.index_scores(q_codes, q_exps, w.float() * 128 ** -0.5, k_codes, k_exps, nvis, block_q=1,
                                 block_t=kw.get("block_t", 128), programs=programs, counters=cnt)
-        a = ix.IndexerOut(ix.topk_select(sc, kw["topk"], chunk=kw.get("chunk", 4096)), None, sc, None,
+        a = ix.IndexerOut(ix.topk_select(sc, kw["topk"], chunk=kw.get("chunk", 4096)), None, None, sc, None,
                           {"fallback_heads": int((~ix.int8_rows_ok(q_codes, q_exps)).sum()),
                            "fallback_head_tiles": int(cnt[0]), "fallback_tiles": int(cnt[1])})
     b = ix.indexer_topk_ref(*args, qpos, **kw)
@@ -177,7 +177,9 @@ def _check_indexer(args, qpos, programs=None, **kw):
     assert torch.equal(a.topk, b.topk), "top-k differs"
     if b.candidates is not None:
         assert torch.equal(a.block_max.view(torch.int32), b.block_max.view(torch.int32))
-        assert torch.equal(a.candidates, b.candidates), "candidate blocks differ"
+        assert torch.equal(a.cand_mask, b.cand_mask), "candidate blocks differ"
+        if a.candidates is not None:  # candidate_ids=True: the ordered ids too
+            assert torch.equal(a.candidates, b.candidates), "candidate block order differs"
     assert a.stats == b.stats, (a.stats, b.stats)
     return a
 
@@ -239,7 +241,9 @@ def test_indexer_overlap_needs_cuda():
     qpos = torch.tensor([63], dtype=torch.int32, device=DEV)
     kw = dict(ratio=1, topk=8, candidate_blocks=2, block_t=64, chunk=64, overlap_selections=False)
     a = ix.indexer_topk(*args, qpos, **kw)
-    assert torch.equal(a.candidates, ix.indexer_topk_ref(*args, qpos, **kw).candidates)
+    assert torch.equal(a.cand_mask, ix.indexer_topk_ref(*args, qpos, **kw).cand_mask)
+    b = ix.indexer_topk(*args, qpos, candidate_ids=True, **kw)
+    assert torch.equal(b.candidates, ix.indexer_topk_ref(*args, qpos, **kw).candidates)
     if DEV == "cpu":
         with pytest.raises(ValueError, match="CUDA"):
             ix.indexer_topk(*args, qpos, **{**kw, "overlap_selections": True})
@@ -437,7 +441,7 @@ def test_gpu_indexer_exact_real_widths():
     a = _check_indexer(args, qpos, ratio=1, topk=512, candidate_blocks=2048)
     # one bad key tile, seen by both 16-query blocks; one bad query-head row
     assert a.stats["fallback_tiles"] == 2 and a.stats["fallback_heads"] == 1 and a.stats["fallback_head_tiles"] > 0
-    mask = ix.candidate_mask(a.candidates, nblk)
+    mask = a.cand_mask
     _check_indexer(args, qpos, ratio=1, topk=512, cand_mask=mask)
 
 
@@ -452,7 +456,7 @@ def test_gpu_indexer_decode_heads_kernel(S):
     qpos = torch.arange(T - S, T, dtype=torch.int32, device=DEV)
     a = _check_indexer(args, qpos, ratio=1, topk=512, candidate_blocks=2048, block_q=1)
     assert a.stats["fallback_tiles"] == 2 * S and a.stats["fallback_head_tiles"] > 0
-    mask = ix.candidate_mask(a.candidates, -(-T // 8))
+    mask = a.cand_mask
     _check_indexer(args, qpos, ratio=2, topk=512, cand_mask=mask, block_q=1)
     _check_indexer(args, qpos, ratio=1, topk=512, block_q=1, block_t=64, programs=7)
 
@@ -467,17 +471,51 @@ def test_gpu_indexer_step_overlapped_selections():
     kw = dict(ratio=1, topk=512, candidate_blocks=2048, block_q=1, with_stats=False)
     a = _check_indexer(args, qpos, **kw)  # overlapped (the default on CUDA) against the reference
     b = ix.indexer_topk(*args, qpos, overlap_selections=False, **kw)
-    assert torch.equal(a.topk, b.topk) and torch.equal(a.candidates, b.candidates)
+    assert torch.equal(a.topk, b.topk) and torch.equal(a.cand_mask, b.cand_mask)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         c = ix.indexer_topk(*args, qpos, **kw)
     for _ in range(2):
         c.topk.fill_(-7)  # a replay that wrote nothing would leave these
-        c.candidates.fill_(-7)
+        c.cand_mask.fill_(7)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(c.topk, a.topk) and torch.equal(c.candidates, a.candidates)
+        assert torch.equal(c.topk, a.topk) and torch.equal(c.cand_mask, a.cand_mask)
+
+
+@pytest.mark.gpu
+def test_gpu_indexer_step_pdl_chain_under_graph_replay():
+    """The decode step PDL-chained (prep -> scoring, its query decoded before its wait -> the one-launch top-k)
+    gives the unchained step's indices, also from a CUDA graph whose first kernel rewrites the query codes and
+    scales: a scoring launch that decoded its query before that copy finished would score the other query."""
+    H, T = 32, 131072
+    a_args = _indexer_inputs(1, H, T, seed=14, dup=[(10, 100000)])
+    b_args = _indexer_inputs(1, H, T, seed=15)
+    qpos = torch.tensor([T - 1], dtype=torch.int32, device=DEV)
+    kw = dict(ratio=1, topk=512, candidate_blocks=2048, block_q=1, with_stats=False)
+    rest = a_args[2:]  # the same weights and keys; two queries
+    want = [ix.indexer_topk(*x[:2], *rest, qpos, pdl=False, **kw) for x in (a_args, b_args)]
+    assert not torch.equal(want[0].topk, want[1].topk)
+    got = ix.indexer_topk(*a_args[:2], *rest, qpos, pdl=True, **kw)
+    assert torch.equal(got.topk, want[0].topk) and torch.equal(got.cand_mask, want[0].cand_mask)
+    qc, qe = a_args[0].clone(), a_args[1].clone()  # the graph's inputs, rewritten by its first kernels
+    src_c, src_e = a_args[0].clone(), a_args[1].clone()
+    ix.indexer_topk(qc, qe, *rest, qpos, pdl=True, **kw)  # compile / allocate the workspaces before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        qc.copy_(src_c)
+        qe.copy_(src_e)
+        c = ix.indexer_topk(qc, qe, *rest, qpos, pdl=True, **kw)
+    for i in (1, 0, 1, 0):
+        src_c.copy_((a_args, b_args)[i][0])
+        src_e.copy_((a_args, b_args)[i][1])
+        c.topk.fill_(-7)
+        c.cand_mask.fill_(7)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(c.topk, want[i].topk) and torch.equal(c.cand_mask, want[i].cand_mask), i
 
 
 @pytest.mark.gpu

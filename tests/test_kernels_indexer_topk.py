@@ -65,6 +65,15 @@ def _split(s, k, pin=None, **kw):
     hist, slots = tk._split_workspace(s.device, s.shape[0], tk._LEVELS if fused else 1, pool)
     assert int(hist.abs().sum()) == 0 and int(slots.abs().sum()) == 0
     assert int(counters(s.device, s.shape[0], pool=pool).abs().sum()) == 0
+    # the same selection as a set (mask=True: no rank of the sure keys): the reference's indices as flags
+    m = tk.topk_select_split(s, k, pin, mask=True, **kw)
+    want = tk.ids_to_mask(b, s.shape[1])
+    assert m.dtype == torch.uint8 and m.shape == want.shape
+    if not torch.equal(m, want):
+        bad = (m != want).nonzero()[:8].tolist()
+        raise AssertionError(f"split top-{k} as a mask differs from the reference at {bad}; state {state.tolist()}")
+    assert int(hist.abs().sum()) == 0 and int(slots.abs().sum()) == 0
+    assert int(counters(s.device, s.shape[0], pool=pool).abs().sum()) == 0
     return a, state
 
 
@@ -167,6 +176,19 @@ def test_dispatch_uses_split_for_few_long_rows():
     s = torch.randn(1, tk.SPLIT_MIN_N, generator=torch.Generator().manual_seed(2)).to(DEV)
     assert torch.equal(tk.topk_select(s, 128), tk.topk_select_ref(s, 128))
     assert torch.equal(tk.topk_select(s, 128), tk.topk_select_chunked(s, 128))
+
+
+def test_select_as_mask_both_paths():
+    """topk_select(as_mask=True): the selected set as uint8 flags, on the split path (few long rows) and the
+    chunked one (many rows: the ids scattered), equal to the reference's indices as flags; pinned and tied."""
+    for S, N, k in ((1, 8192, 300), (6, 3000, 200)):
+        s = _ties(S, N, seed=S).to(DEV)
+        pin = torch.arange(S, dtype=torch.int32, device=DEV) * 7
+        want = tk.ids_to_mask(tk.topk_select_ref(s, k, pin), N)
+        got = tk.topk_select(s, k, pin, chunk=1024, as_mask=True)
+        assert tk.split_path(S, N, k) == (S == 1)
+        assert torch.equal(got, want) and int(got.sum()) == S * k
+        assert torch.equal(tk.topk_select_ref(s, k, pin, as_mask=True), want)
 
 
 def test_split_rejects_bad_input():

@@ -39,20 +39,46 @@ from dsv41c.codegen.triton.indexer_score import (  # noqa: F401 (re-exported)
     HEADS_KERNEL_MAX_S, block_max_ref, candidate_mask, expected_fallbacks, index_scores, index_scores_ref,
     int8_rows_ok, score_block_q, score_specs, visible_counts)
 from dsv41c.codegen.triton.indexer_topk import (  # noqa: F401 (re-exported)
-    MERGE, split_path, topk_select, topk_select_ref, topk_specs)
+    MERGE, ids_to_mask, split_path, split_workspace_lines, topk_select, topk_select_ref, topk_specs)
+from dsv41c.codegen.triton.l2_prefetch import prefetch_rows_l2
+from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 from dsv41c.codegen.triton.streams import side_stream
 
 SIDE_POOL = "topk_side"  # workspace / counter pool of the candidate selection on the side stream
+PDL_INDEXER = True  # the step's launches PDL-chained (`indexer_topk`'s pdl); measured: see the module docstring
+WARM_WORKSPACE = True  # the prep kernel prefetches the selections' workspace lines (`indexer_topk`'s warm_workspace)
+
+
+@triton.jit
+def _warm_rows(hist_ptr, slots_ptr, cnt_ptr, s, NB4: tl.constexpr):
+    """L2 bulk prefetches of query s's lines of one split selection's workspace: its histograms (NB4 int32),
+    its two slot counters and its barrier counter (16-byte pieces holding them; the buffers are whole
+    allocations of >= 8 rows, so a piece never leaves them)."""
+    prefetch_rows_l2(hist_ptr + s * NB4, NB4 * 4, True)
+    prefetch_rows_l2(slots_ptr + (s // 2) * 4, 16, True)
+    prefetch_rows_l2(cnt_ptr + (s // 4) * 4, 16, True)
 
 
 @triton.jit
 def _step_prep_kernel(qpos_ptr, w_ptr, nvis_ptr, pin_ptr, wq_ptr, T, ratio, cand_block, scale,
-                      H: tl.constexpr, HP: tl.constexpr):
+                      hist_a, slots_a, cnt_a, hist_b, slots_b, cnt_b,
+                      H: tl.constexpr, HP: tl.constexpr, PDL: tl.constexpr = False, WARM_A: tl.constexpr = False,
+                      WARM_B: tl.constexpr = False, NB4: tl.constexpr = 1024):
     """One query's step inputs in one launch (were ~11 small PyTorch ops, ~1-1.5 µs each under CUDA-graph
     replay at one query): nvis = min((p+1) // ratio, T) visible entries, the pinned newest candidate block
     (nvis-1) // cand_block (-1 with none visible) and wq = w · scale in fp32 (the same single rounding as
-    `w.float() * scale`). qpos < -1 counts as nothing visible, as the clamped reference does downstream."""
+    `w.float() * scale`). qpos < -1 counts as nothing visible, as the clamped reference does downstream.
+    PDL (pdl.py): qpos and w may be the previous kernel's: wait first, then release the scoring launch.
+    WARM_A / WARM_B: the workspace lines of the step's two one-launch selections (`_warm_rows`; A the top-k's, B
+    the candidates'), prefetched into the L2 while the scoring runs: a cold line costs each of the selections'
+    atomics (histogram bins, barrier, slots) a DRAM round trip, several a selection (benchmarks/indexer_step.py)."""
     s = tl.program_id(0)
+    if WARM_A:  # nothing reads these lines before the selections, which come two launches later: no wait needed
+        _warm_rows(hist_a, slots_a, cnt_a, s, NB4)
+    if WARM_B:
+        _warm_rows(hist_b, slots_b, cnt_b, s, NB4)
+    grid_wait(PDL)
+    grid_release(PDL)
     nv = tl.minimum(tl.maximum(tl.load(qpos_ptr + s).to(tl.int64) + 1, 0) // ratio, T)
     tl.store(nvis_ptr + s, nv.to(tl.int32))
     tl.store(pin_ptr + s, tl.where(nv > 0, (nv - 1) // cand_block, -1).to(tl.int32))
@@ -61,8 +87,10 @@ def _step_prep_kernel(qpos_ptr, w_ptr, nvis_ptr, pin_ptr, wq_ptr, T, ratio, cand
     tl.store(wq_ptr + s * H + h, w * scale, mask=h < H)
 
 
-def step_prep(qpos, w, ratio: int, T: int, cand_block: int, scale: float):
-    """(nvis int32 [S], pin int32 [S], wq fp32 [S, H]) of `_step_prep_kernel` (see there)."""
+def step_prep(qpos, w, ratio: int, T: int, cand_block: int, scale: float, pdl: bool = False, warm=(None, None)):
+    """(nvis int32 [S], pin int32 [S], wq fp32 [S, H]) of `_step_prep_kernel` (see there); pdl: launched with
+    programmatic dependent launch (pdl.py; the caller checks `pdl_for`); warm: up to two (hist, slots, counters)
+    workspaces (`indexer_topk.split_workspace_lines`) to prefetch into the L2 (sm90+ only: L2 bulk prefetch)."""
     S, H = w.shape
     if qpos.shape != (S,):
         raise ValueError(f"indexer: qpos must be [S] = [{S}] (one position per query), got {tuple(qpos.shape)}")
@@ -71,15 +99,22 @@ def step_prep(qpos, w, ratio: int, T: int, cand_block: int, scale: float):
     pin = torch.empty(S, dtype=torch.int32, device=dev)
     wq = torch.empty((S, H), dtype=torch.float32, device=dev)
     if S:
-        _step_prep_kernel[(S,)](qpos.contiguous(), w.contiguous(), nvis, pin, wq, T, ratio, cand_block, scale, H=H,
-                                HP=triton.next_power_of_2(H))
+        wa, wb = warm
+        if (wa is not None or wb is not None) and not pdl_for(dev):
+            raise ValueError("step_prep: warm needs an sm90+ CUDA device (L2 bulk prefetch)")
+        rows = [t for ws in (wa, wb) for t in (ws if ws is not None else (nvis,) * 3)]
+        nb4 = (wa or wb)[0].shape[1] if (wa or wb) is not None else 1024
+        _step_prep_kernel[(S,)](qpos.contiguous(), w.contiguous(), nvis, pin, wq, T, ratio, cand_block, scale, *rows,
+                                H=H, HP=triton.next_power_of_2(H), PDL=pdl, WARM_A=wa is not None,
+                                WARM_B=wb is not None, NB4=nb4, **launch_kw(pdl))
     return nvis, pin, wq
 
 
 @dataclass
 class IndexerOut:
     topk: torch.Tensor  # [S, topk] int32, -1 padded
-    candidates: torch.Tensor | None  # [S, candidate_topk_blocks] int32 block ids (candidate source), else None
+    candidates: torch.Tensor | None  # [S, candidate_topk_blocks] int32 block ids, best first (candidate_ids=True)
+    cand_mask: torch.Tensor | None  # [S, ceil(T/8)] uint8, 1 = a candidate block (candidate source), else None
     scores: torch.Tensor  # [S, T] fp32 (-inf = invisible / not a candidate)
     block_max: torch.Tensor | None  # [S, ceil(T/8)] fp32 (candidate source)
     stats: dict
@@ -88,7 +123,8 @@ class IndexerOut:
 def indexer_topk(q_codes, q_exps, w, k_codes, k_exps, qpos, *, ratio: int, topk: int = 512,
                  cand_mask=None, candidate_blocks: int = 0, cand_block: int = 8, with_stats: bool = True,
                  block_q: int | None = None, block_t: int = 128, chunk: int = 4096,
-                 overlap_selections: bool | None = None) -> IndexerOut:
+                 overlap_selections: bool | None = None, pdl: bool | None = None,
+                 candidate_ids: bool = False, warm_workspace: bool | None = None) -> IndexerOut:
     """Indexer for S queries at positions qpos over T compressed entries (see module docstring).
 
     w [S, H] = weights_proj(x)·H^-0.5 (fp32). cand_mask [S, ceil(T/8)] uint8 at Reindex layers.
@@ -97,60 +133,84 @@ def indexer_topk(q_codes, q_exps, w, k_codes, k_exps, qpos, *, ratio: int, topk:
     overlap_selections (None: on for CUDA tensors): with candidate_blocks, the candidate selection runs on a
     side stream (streams.py) concurrently with the top-k, each planned for half the SMs (`topk_select`'s
     share=2, so both one-launch grids are resident together) and with its own workspace (SIDE_POOL); the
-    same indices either way."""
+    same indices either way.
+    pdl (None: PDL_INDEXER where the device has it, `pdl_for`): the prep, scoring (heads kernel, its query decoded
+    before its wait: `index_scores`' early_q) and the main stream's one-launch top-k are PDL-launched, each
+    scheduled while its predecessor drains; the side stream's candidate selection is not (its predecessor is
+    the cross-stream wait). The same indices either way.
+    candidate_ids: the candidate blocks also as ordered block ids (`IndexerOut.candidates`, best first); by
+    default only their flags (`cand_mask`, what `index_scores(cand_mask=)` reads at the Reindex layers), which
+    the selection writes without ranking its blocks (`topk_select`'s as_mask).
+    warm_workspace (None: WARM_WORKSPACE with PDL): the prep kernel prefetches the one-launch selections'
+    workspace lines into the L2 (`step_prep`'s warm), so that their atomics find them there."""
     if overlap_selections and not q_codes.is_cuda:
         raise ValueError("indexer_topk: overlap_selections=True needs a CUDA device (it runs the candidate "
                          f"selection on a second stream), got {q_codes.device}")
     CI = q_codes.shape[-1] * 2
     T = k_codes.shape[0]
-    nvis, pin, wq = step_prep(qpos, w, ratio, T, cand_block, CI ** -0.5)
+    pdl = pdl_for(q_codes.device) and (PDL_INDEXER if pdl is None else bool(pdl))
     counters = torch.zeros(2, dtype=torch.int32, device=q_codes.device) if with_stats else None
+    overlap = candidate_blocks > 0 and (q_codes.is_cuda if overlap_selections is None else overlap_selections)
+    warm = (None, None)
+    if pdl and (WARM_WORKSPACE if warm_workspace is None else warm_workspace):
+        S, NB = q_codes.shape[0], triton.cdiv(T, cand_block)
+        side_split = overlap and split_path(S, NB, candidate_blocks)
+        warm = (split_workspace_lines(S, T, topk, q_codes.device, share=2 if side_split else 1),
+                split_workspace_lines(S, NB, candidate_blocks, q_codes.device, pool=SIDE_POOL if overlap else "split",
+                                      share=2 if overlap else 1) if candidate_blocks > 0 and overlap else None)
+    nvis, pin, wq = step_prep(qpos, w, ratio, T, cand_block, CI ** -0.5, pdl=pdl, warm=warm)
+    # the query codes come from before the prep launch: the scoring may decode them before its wait
     scores, bmax = index_scores(q_codes, q_exps, wq, k_codes, k_exps, nvis, cand_mask=cand_mask,
                                 cand_block=cand_block, block_max=candidate_blocks > 0, block_q=block_q,
-                                block_t=block_t, counters=counters)
-    cands = None
+                                block_t=block_t, counters=counters, pdl=pdl, early_q=pdl)
+    cands = cmask = None
     side = None
     share = 1
     if candidate_blocks > 0:
-        overlap = q_codes.is_cuda if overlap_selections is None else overlap_selections
         if overlap:  # the candidate blocks on the side stream, beside the top-k (streams.py's contract)
             side = side_stream(q_codes.device)
             side.wait_stream(torch.cuda.current_stream(q_codes.device))
             with torch.cuda.stream(side):
-                cands = topk_select(bmax, candidate_blocks, pin, chunk=chunk, pool=SIDE_POOL, share=2)
+                cands = topk_select(bmax, candidate_blocks, pin, chunk=chunk, pool=SIDE_POOL, share=2,
+                                    as_mask=not candidate_ids)
             # the top-k needs half the SMs only beside a one-launch candidate grid (the chunked path never waits)
             share = 2 if split_path(*bmax.shape, candidate_blocks) else 1
         else:
-            cands = topk_select(bmax, candidate_blocks, pin, chunk=chunk)
-    idx = topk_select(scores, topk, chunk=chunk, share=share)
+            cands = topk_select(bmax, candidate_blocks, pin, chunk=chunk, as_mask=not candidate_ids)
+    idx = topk_select(scores, topk, chunk=chunk, share=share, pdl=pdl)
     if side is not None:
         torch.cuda.current_stream(q_codes.device).wait_stream(side)
+    if cands is not None:
+        cmask = ids_to_mask(cands, bmax.shape[1]) if candidate_ids else cands
+        cands = cands if candidate_ids else None
     stats = {}
     if with_stats:
         stats = {"fallback_heads": int((~int8_rows_ok(q_codes, q_exps)).sum()),
                  "fallback_head_tiles": int(counters[0]), "fallback_tiles": int(counters[1])}
-    return IndexerOut(idx, cands, scores, bmax, stats)
+    return IndexerOut(idx, cands, cmask, scores, bmax, stats)
 
 
 def indexer_topk_ref(q_codes, q_exps, w, k_codes, k_exps, qpos, *, ratio: int, topk: int = 512,
                      cand_mask=None, candidate_blocks: int = 0, cand_block: int = 8, with_stats: bool = True,
                      block_q: int | None = None, block_t: int = 128, chunk: int = 4096,
-                     overlap_selections: bool | None = None) -> IndexerOut:
-    """The float32 reference of `indexer_topk` (same signature; block_q / block_t / chunk / overlap_selections
-    only shape the expected fallback counts or do not apply)."""
+                     overlap_selections: bool | None = None, pdl: bool | None = None,
+                     candidate_ids: bool = False) -> IndexerOut:
+    """The float32 reference of `indexer_topk` (same signature; block_q / block_t / chunk / overlap_selections /
+    pdl only shape the expected fallback counts or do not apply); the candidates both as ids and as flags."""
     CI = q_codes.shape[-1] * 2
     T = k_codes.shape[0]
     wq = w.float() * (CI ** -0.5)
     nvis = visible_counts(qpos, ratio, T)
     scores = index_scores_ref(q_codes, q_exps, wq, k_codes, k_exps, nvis, cand_mask=cand_mask, cand_block=cand_block)
-    bmax = cands = None
+    bmax = cands = cmask = None
     if candidate_blocks > 0:
         bmax = block_max_ref(scores, cand_block)
         pin = torch.where(nvis > 0, (nvis - 1) // cand_block, -1)
         cands = topk_select_ref(bmax, candidate_blocks, pin)
+        cmask = ids_to_mask(cands, bmax.shape[1])
     idx = topk_select_ref(scores, topk)
     stats = expected_fallbacks(q_codes, q_exps, k_codes, k_exps, nvis, block_q, block_t) if with_stats else {}
-    return IndexerOut(idx, cands, scores, bmax, stats)
+    return IndexerOut(idx, cands, cmask, scores, bmax, stats)
 
 
 # ----------------------------------------------------------------------------- registration
@@ -159,10 +219,11 @@ def indexer_topk_ref(q_codes, q_exps, w, k_codes, k_exps, qpos, *, ratio: int, t
 register(KernelTemplate(
     name="indexer_score", module=__name__,
     summary="exact INT8 FP4-indexer scores (+ candidate block max), per-head / whole-tile float fallback",
-    keys=("H", "CI", "BQ", "BT", "CB", "USE_CAND", "WRITE_BMAX", "COUNT", "enable_fp_fusion"),
+    keys=("H", "CI", "BQ", "BT", "CB", "USE_CAND", "WRITE_BMAX", "COUNT", "PDL", "EARLY_Q", "enable_fp_fusion"),
     reference=indexer_topk_ref, launch=indexer_topk, specializations=score_specs))
 register(KernelTemplate(
     name="indexer_topk", module=__name__,
     summary="stable top-k (descending score, ascending index) by int64 key sort + merge",
-    keys=("K", "CHUNK", "USE_PIN", "CAP", "FINAL", "LEVEL", "BITS", "R", "TB", "RESIDENT_PROGRAMS", "SHARE"),
+    keys=("K", "CHUNK", "USE_PIN", "CAP", "FINAL", "LEVEL", "BITS", "R", "TB", "PDL", "MASK", "RESIDENT_PROGRAMS",
+          "SHARE"),
     reference=topk_select_ref, launch=topk_select, specializations=topk_specs))

@@ -98,6 +98,7 @@ import triton.language as tl
 
 from dsv41c.codegen.templates import aot_spec
 from dsv41c.codegen.triton.kv_quant import _bcast_groups, pow2_float, sm_count
+from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw
 from dsv41c import formats as nx
 
 
@@ -271,8 +272,14 @@ def _index_score_kernel(q_ptr, qe_ptr, wq_ptr, k_ptr, ke_ptr, nvis_ptr, cand_ptr
 def _index_score_heads_kernel(q_ptr, qe_ptr, wq_ptr, k_ptr, ke_ptr, nvis_ptr, cand_ptr, s_ptr, bmax_ptr, cnt_ptr,
                               S, T, NBLK,
                               H: tl.constexpr, CI: tl.constexpr, BT: tl.constexpr, CB: tl.constexpr,
-                              USE_CAND: tl.constexpr, WRITE_BMAX: tl.constexpr, COUNT: tl.constexpr):
+                              USE_CAND: tl.constexpr, WRITE_BMAX: tl.constexpr, COUNT: tl.constexpr,
+                              PDL: tl.constexpr = False, EARLY_Q: tl.constexpr = False):
     NW: tl.constexpr = CI // 8  # int32 words per packed row
+    # PDL (pdl.py): wq and nvis are the previous kernel's (the step's prep); EARLY_Q: the query's codes and scales
+    # are at least two launches old (the indexer step: their producer ran before the prep kernel), so the
+    # program loads and decodes them before its wait, overlapping the prep launch
+    if not EARLY_Q:
+        grid_wait(PDL)
     NB: tl.constexpr = CI // 32
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -290,6 +297,9 @@ def _index_score_heads_kernel(q_ptr, qe_ptr, wq_ptr, k_ptr, ke_ptr, nvis_ptr, ca
     qE8 = tl.trans(qEs)  # [CI/2, H]
     qO8 = tl.trans(qOs)
     n_bad = tl.sum((q_ok == 0).to(tl.int32), axis=0)
+    if EARLY_Q:
+        grid_wait(PDL)
+    grid_release(PDL)
     wqh = tl.load(wq_ptr + qrow)
     wqf = (wqh * qscale) * 0.25  # exact: powers of two
     nv = tl.load(nvis_ptr + s)
@@ -450,14 +460,17 @@ def score_block_q(S: int, block_q: int | None) -> int:
 
 def index_scores(q_codes, q_exps, wq, k_codes, k_exps, nvis, *, cand_mask=None, cand_block=8, block_max=False,
                  block_q=None, block_t=128, programs=None, num_warps=None, num_stages=None, counters=None,
-                 maxnreg=None):
+                 maxnreg=None, pdl: bool = False, early_q: bool = False):
     """Scores [S, T] (and block max [S, ceil(T/cand_block)] if asked). q_codes [S, H, CI/2] uint8,
     q_exps [S, H, CI/32] uint8, wq [S, H] fp32 (already times d^-0.5), k_codes [T, CI/2],
     k_exps [T, CI/32], nvis [S] int32, cand_mask [S, ceil(T/cand_block)] uint8 or None.
     block_q: 1 (heads kernel), 16 (queries-as-rows kernel) or None (by S: `score_block_q`).
     programs, maxnreg: heads kernel only, programs per query and register cap (0: none; None: `heads_launch`'s
     defaults).
-    counters: int32 [2] accumulating (per-head fallbacks, whole-tile fallbacks) or None."""
+    counters: int32 [2] accumulating (per-head fallbacks, whole-tile fallbacks) or None.
+    pdl (heads kernel only; the caller checks `pdl_for`): launched with programmatic dependent launch; early_q: the
+    query codes / scales were written at least two launches back, so they are loaded before the grid wait (only a
+    caller that launches a kernel in between may say so: `indexer.indexer_topk`, behind its prep kernel)."""
     S, H, IH = q_codes.shape
     CI = IH * 2
     T = k_codes.shape[0]
@@ -477,7 +490,8 @@ def index_scores(q_codes, q_exps, wq, k_codes, k_exps, nvis, *, cand_mask=None, 
     if score_block_q(S, block_q) == 1:
         P, cap = heads_launch(S, triton.cdiv(T, block_t), sm_count(dev), programs, maxnreg)
         _index_score_heads_kernel[(P, S)](*args, num_warps=num_warps or HEADS_WARPS, num_stages=num_stages or 2,
-                                          **({"maxnreg": cap} if cap else {}), **flags)
+                                          **({"maxnreg": cap} if cap else {}), **flags, PDL=pdl,
+                                          EARLY_Q=bool(pdl and early_q), **launch_kw(pdl))
     else:  # Triton's default 3 stages, as measured on the H200
         _index_score_kernel[(triton.cdiv(T, block_t), triton.cdiv(S, 16))](*args, BQ=16, num_warps=num_warps or 4,
                                                                           num_stages=num_stages or 3, **flags)
@@ -567,7 +581,8 @@ def score_specs(target):
              "NBLK": "i32"}
     out = []
     for phase, kernel, rows, bt, nw in (("prefill", _index_score_kernel, {"BQ": 16}, 128, 4),
-                                        ("decode", _index_score_heads_kernel, {}, 128, HEADS_WARPS)):
+                                        ("decode", _index_score_heads_kernel, {"PDL": False, "EARLY_Q": False}, 128,
+                                         HEADS_WARPS)):
         for flavour, use_cand, bmax in (("source", False, True), ("reindex", True, False), ("plain", False, False)):
             const = dict({"H": c.index_n_heads, "CI": c.index_head_dim, "BT": bt, "CB": c.candidate_block_size,
                           "USE_CAND": use_cand, "WRITE_BMAX": bmax, "COUNT": True}, **rows)

@@ -78,6 +78,7 @@ import triton.language as tl
 from dsv41c.codegen.templates import aot_spec
 from dsv41c.codegen.triton.kv_quant import interpreting, sm_count
 from dsv41c.codegen.triton.arrival import arrive_last, counters, reset_counter, signal_done, wait_count
+from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw
 
 
 @triton.jit
@@ -259,16 +260,17 @@ def _split_hist_kernel(s_ptr, pin_ptr, hist_ptr, state_ptr, cnt_ptr, N, stride_s
 
 @triton.jit
 def _gather_lists(key, ku, valid, i, prefix, shift, slot_ptr, sure_ptr, bkt_ptr, ties_ptr, row, p, n_prog,
-                  K: tl.constexpr, CAP: tl.constexpr):
+                  K: tl.constexpr, CAP: tl.constexpr, MASK: tl.constexpr = False):
     """This program's keys above the threshold bucket -> sure[row] (fewer than kk <= K), as unique int64
     keys (score key << 32 | 2^31-1-index); the bucket's keys -> bkt[row] (h <= CAP of them) or, when the
     bucket is one exact score, only this program's count of them -> ties[row, p]. Slots come from a
-    per-row atomic counter: the order in the lists is arbitrary (the rank pass sorts by unique key)."""
+    per-row atomic counter: the order in the lists is arbitrary (the rank pass sorts by unique key).
+    MASK (a selected-set output, `_mask_outputs`): no sure list (a sure key is selected wherever it is)."""
     hi = ku >> shift
     comp = (key.to(tl.int64) << 32) | (2147483647 - i).to(tl.int64)
     sure = valid & (hi > prefix)
     ns = tl.sum(sure.to(tl.int32), axis=0)
-    if ns > 0:
+    if (ns > 0) & (not MASK):
         base = tl.atomic_add(slot_ptr + row * 2, ns, sem="relaxed")
         pos = base + tl.cumsum(sure.to(tl.int32), axis=0) - 1
         tl.store(sure_ptr + row.to(tl.int64) * K + pos, comp, mask=sure)
@@ -284,7 +286,8 @@ def _gather_lists(key, ku, valid, i, prefix, shift, slot_ptr, sure_ptr, bkt_ptr,
 
 @triton.jit
 def _split_gather_kernel(s_ptr, pin_ptr, state_ptr, slot_ptr, sure_ptr, bkt_ptr, ties_ptr, N, stride_s, n_prog,
-                         K: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr, USE_PIN: tl.constexpr):
+                         K: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr, USE_PIN: tl.constexpr,
+                         MASK: tl.constexpr = False):
     """`_gather_lists` for every program of every row, the threshold from state[row]."""
     p = tl.program_id(0)
     row = tl.program_id(1)
@@ -293,7 +296,8 @@ def _split_gather_kernel(s_ptr, pin_ptr, state_ptr, slot_ptr, sure_ptr, bkt_ptr,
     shift = tl.load(st + 1).to(tl.uint32)
     i = p * CHUNK + tl.arange(0, CHUNK)
     key, ku, valid = _row_keys(s_ptr, pin_ptr, row, i, N, stride_s, USE_PIN)
-    _gather_lists(key, ku, valid, i, prefix, shift, slot_ptr, sure_ptr, bkt_ptr, ties_ptr, row, p, n_prog, K, CAP)
+    _gather_lists(key, ku, valid, i, prefix, shift, slot_ptr, sure_ptr, bkt_ptr, ties_ptr, row, p, n_prog, K, CAP,
+                  MASK)
 
 
 @triton.jit
@@ -349,13 +353,50 @@ def _rank_outputs(idx_ptr, s_ptr, pin_ptr, slot_ptr, sure_ptr, bkt_ptr, ties_ptr
 
 
 @triton.jit
+def _mask_outputs(mask_ptr, ku, valid, i, N, slot_ptr, bkt_ptr, ties_ptr, n_prog, row, p, prefix, shift, above, h, kk,
+                  CAP: tl.constexpr, R: tl.constexpr, TB: tl.constexpr):
+    """The selected SET as flags (MASK): mask[row, i] = 1 for the kk selected keys, 0 elsewhere, with no order
+    among them, so no sure key is ranked (the pairwise rank of the sure list is most of an ordered selection of
+    2,048 of 16,384: module docstring). This program writes its chunk's flags, except for the bucket keys
+    of a bucket that is not one exact score: those are written by the R-entry slices that rank the bucket list
+    (selected when above + rank < kk). An exact tie is selected by index order, as in `_rank_outputs`."""
+    out = mask_ptr + row.to(tl.int64) * N
+    hi = ku >> shift
+    sure = valid & (hi > prefix)
+    eq = valid & (hi == prefix)
+    if shift == 0:  # the bucket is one exact score: the lowest indices of it first
+        before = above
+        for t in range(0, p, 128):
+            tt = t + tl.arange(0, 128)
+            before += tl.sum(tl.load(ties_ptr + row.to(tl.int64) * n_prog + tt, mask=tt < p, other=0,
+                                     cache_modifier=".cg"), axis=0)
+        pos = before + tl.cumsum(eq.to(tl.int32), axis=0) - 1
+        tl.store(out + i, (sure | (eq & (pos < kk))).to(tl.uint8), mask=i < N)
+    else:
+        tl.store(out + i, sure.to(tl.uint8), mask=(i < N) & (eq == 0))
+        for j0 in range(p * R, h, n_prog * R):
+            m, r, idx = _rank_list(bkt_ptr + row.to(tl.int64) * CAP, h, j0, R, TB)
+            tl.store(out + idx, (above + r < kk).to(tl.uint8), mask=m)
+    if p == 0:  # the gather's slot counters, zero for the next launch (nothing else reads them here)
+        tl.store(slot_ptr + row * 2 + tl.arange(0, 2), tl.zeros((2,), tl.int32))
+
+
+@triton.jit
 def _split_rank_kernel(idx_ptr, s_ptr, pin_ptr, state_ptr, slot_ptr, sure_ptr, bkt_ptr, ties_ptr, N, stride_s, k,
                        n_prog, K: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr, R: tl.constexpr,
-                       TB: tl.constexpr, USE_PIN: tl.constexpr):
-    """`_rank_outputs` for every program of every row, the threshold state from state[row]."""
+                       TB: tl.constexpr, USE_PIN: tl.constexpr, MASK: tl.constexpr = False):
+    """`_rank_outputs` (MASK: `_mask_outputs`, idx_ptr the uint8 flags) for every program of every row, the
+    threshold state from state[row]."""
     p = tl.program_id(0)
     row = tl.program_id(1)
     st = state_ptr + row * 8
+    if MASK:
+        i = p * CHUNK + tl.arange(0, CHUNK)
+        key, ku, valid = _row_keys(s_ptr, pin_ptr, row, i, N, stride_s, USE_PIN)
+        _mask_outputs(idx_ptr, ku, valid, i, N, slot_ptr, bkt_ptr, ties_ptr, n_prog, row, p,
+                      tl.load(st).to(tl.uint32, bitcast=True), tl.load(st + 1).to(tl.uint32), tl.load(st + 2),
+                      tl.load(st + 3), tl.load(st + 4), CAP, R, TB)
+        return
     _rank_outputs(idx_ptr, s_ptr, pin_ptr, slot_ptr, sure_ptr, bkt_ptr, ties_ptr, N, stride_s, k, n_prog, row, p,
                   tl.load(st).to(tl.uint32, bitcast=True), tl.load(st + 1), tl.load(st + 2), tl.load(st + 3),
                   tl.load(st + 4), K, CAP, CHUNK, R, TB, USE_PIN)
@@ -398,7 +439,7 @@ def _fused_level(ku, valid, b, hist_ptr, cnt_ptr, n_prog, n_sync, kk, above, pre
 def _split_fused_kernel(idx_ptr, s_ptr, pin_ptr, hist_ptr, state_ptr, slot_ptr, sure_ptr, bkt_ptr, ties_ptr,
                         cnt_ptr, N, stride_s, k, cap, n_prog, K: tl.constexpr, CAP: tl.constexpr,
                         CHUNK: tl.constexpr, BITS: tl.constexpr, R: tl.constexpr, TB: tl.constexpr,
-                        USE_PIN: tl.constexpr):
+                        USE_PIN: tl.constexpr, PDL: tl.constexpr = False, MASK: tl.constexpr = False):
     """The split path's launches in one: the same phases (`_level_digits` / `_pick_digit`, `_gather_lists`,
     `_rank_outputs`) separated by per-row grid barriers (`_grid_sync`) instead of kernel boundaries, the
     row's keys kept in registers from the first phase to the last. Levels 2..4 run only while the bucket is
@@ -407,8 +448,13 @@ def _split_fused_kernel(idx_ptr, s_ptr, pin_ptr, hist_ptr, state_ptr, slot_ptr, 
     fits, also with `share` such launches running at once).
     hist [S, 4, 2^BITS] (one histogram per level: a level's bins are read by every program after its
     barrier, so they are zeroed only at the end, by program 0), the slot counters and the barrier counter
-    are left at zero for the next launch / graph replay."""
+    are left at zero for the next launch / graph replay.
+    PDL (pdl.py): the scores are the previous kernel's, so the wait comes first; the release right after lets
+    the next kernel be scheduled into what this grid leaves free (every program of this grid has executed the
+    release, so the whole grid is resident by then and its barriers cannot starve)."""
     tl.static_assert(BITS == 8, "the fused kernel unrolls four radix levels of 8 bits")
+    grid_wait(PDL)
+    grid_release(PDL)
     NB: tl.constexpr = 1 << BITS
     p = tl.program_id(0)
     row = tl.program_id(1)
@@ -433,10 +479,14 @@ def _split_fused_kernel(idx_ptr, s_ptr, pin_ptr, hist_ptr, state_ptr, slot_ptr, 
                                                                   prefix, cap, BITS, 4)
                 n_sync = p * 0 + 4
     _gather_lists(key, ku, valid, i, prefix, shift.to(tl.uint32), slot_ptr, sure_ptr, bkt_ptr, ties_ptr, row, p,
-                  n_prog, K, CAP)
+                  n_prog, K, CAP, MASK)
     _grid_sync(cnt, (n_sync + 1) * n_prog)
-    _rank_outputs(idx_ptr, s_ptr, pin_ptr, slot_ptr, sure_ptr, bkt_ptr, ties_ptr, N, stride_s, k, n_prog, row, p,
-                  prefix, shift, above, hd, kk, K, CAP, CHUNK, R, TB, USE_PIN)
+    if MASK:
+        _mask_outputs(idx_ptr, ku, valid, i, N, slot_ptr, bkt_ptr, ties_ptr, n_prog, row, p, prefix,
+                      shift.to(tl.uint32), above, hd, kk, CAP, R, TB)
+    else:
+        _rank_outputs(idx_ptr, s_ptr, pin_ptr, slot_ptr, sure_ptr, bkt_ptr, ties_ptr, N, stride_s, k, n_prog, row,
+                      p, prefix, shift, above, hd, kk, K, CAP, CHUNK, R, TB, USE_PIN)
     if p == 0:  # every program read every histogram before the gather barrier: zero them for the next launch
         for lv in range(0, n_sync):
             tl.store(hist + lv * NB + b, tl.zeros((NB,), tl.int32))
@@ -450,6 +500,14 @@ MERGE = 16384  # keys one merge program selects from (MERGE / K lists)
 SPLIT_MAX_S = 4  # rows up to which topk_select splits each row over many programs (H200: faster at S <= 4, slower at 8)
 SPLIT_MIN_N = 8192  # shorter rows: the one-program-per-chunk path is already one or two short launches
 SPLIT_CAP = 512  # largest threshold bucket ranked pairwise (h^2 work); a fuller one is refined one more level
+# keys a thread holds in a split-path program (`split_warps`): the one-launch kernel unrolls its four levels and
+# gather over them, so its straight-line code grows with it (static sm90 SASS, Triton 3.9, top-512 at chunk 2048:
+# 5,240 instructions at 16 keys a thread, 3,448 at 8, 2,736 at 4), and it runs once per program, fetched from DRAM
+# when the L2 is cold. H200, L2-cold graph replay, twice, interleaved (results/indexer_step_s25_kpt.json): the
+# top-512 at half the SMs 26.9-27.0 µs at 16 keys a thread, 19.5-19.6 at 8, 18.0 at 4 (warm 15.8 / 14.7-14.8 /
+# 16.3-16.4); the whole one-query step (PDL, candidates as flags) 43.9-44.1 / 35.6-35.8 / 32.3-32.4 (warm 28.0-28.2
+# / 24.5 / 25.6)
+SPLIT_KEYS_PER_THREAD = 4
 RANK_R = 16  # list entries a program ranks per step (k = 2048 sure keys: 128 slices, about one per program)
 _BITS = 8  # radix digit width: four levels of 8 bits, 256 bins each. Triton's tl.histogram combines its warps'
 # bins through shared-memory atomics, so its cost grows with the bins: on the H200 (triton 3.6, in-kernel clock
@@ -464,7 +522,8 @@ def split_path(S: int, N: int, k: int) -> bool:
 
 
 def topk_select(scores: torch.Tensor, k: int, pin: torch.Tensor | None = None, chunk: int = 4096,
-                merge: int = MERGE, pool: str = "split", share: int = 1) -> torch.Tensor:
+                merge: int = MERGE, pool: str = "split", share: int = 1, pdl: bool = False,
+                as_mask: bool = False) -> torch.Tensor:
     """Top-k indices of each row of scores [S, N] (fp32): descending score, ties toward the lower
     index; `pin` [S] (int32, -1 = none) is forced to +inf first; -1 where the score is -inf or
     fewer than k entries exist. Returns int32 [S, k].
@@ -478,11 +537,24 @@ def topk_select(scores: torch.Tensor, k: int, pin: torch.Tensor | None = None, c
 
     pool / share (the split path): the workspace and counters to use, and the fraction 1/share of the SMs
     to plan its grid for; a caller that runs two selections at once on two streams gives each its own pool
-    and share=2, so that both one-launch grids are resident together (indexer.indexer_topk)."""
+    and share=2, so that both one-launch grids are resident together (indexer.indexer_topk). pdl: the one-launch
+    split kernel is launched with programmatic dependent launch (pdl.py; the caller checks `pdl_for`); the other
+    forms ignore it.
+    as_mask: return the selected SET instead, uint8 flags [S, N] (1 = selected), for a consumer that only asks
+    whether an entry was selected (the candidate blocks: a mask is what the Reindex layers read). The split path
+    then skips ranking its sure keys (`_mask_outputs`); the chunked path selects the indices and scatters them."""
     S, N = scores.shape
     if split_path(S, N, k):
-        return topk_select_split(scores, k, pin, pool=pool, share=share)
-    return topk_select_chunked(scores, k, pin, chunk=chunk, merge=merge)
+        return topk_select_split(scores, k, pin, pool=pool, share=share, pdl=pdl, mask=as_mask)
+    idx = topk_select_chunked(scores, k, pin, chunk=chunk, merge=merge)
+    return ids_to_mask(idx, N) if as_mask else idx
+
+
+def ids_to_mask(idx: torch.Tensor, n: int) -> torch.Tensor:
+    """Selected indices [S, k] (-1 padded) -> uint8 flags [S, n] (1 = selected)."""
+    m = torch.zeros((idx.shape[0], n + 1), dtype=torch.uint8, device=idx.device)
+    m.scatter_(1, torch.where(idx >= 0, idx.long(), n), 1)
+    return m[:, :n].contiguous()
 
 
 def topk_select_chunked(scores: torch.Tensor, k: int, pin: torch.Tensor | None = None, chunk: int = 4096,
@@ -549,6 +621,24 @@ def fused_for(dev, programs: int) -> bool:
     return programs <= sm_count(dev)
 
 
+def split_warps(chunk: int) -> int:
+    """Warps of a split-path program: chunk / (32 · SPLIT_KEYS_PER_THREAD), 4 to 16."""
+    return min(16, max(4, chunk // (32 * SPLIT_KEYS_PER_THREAD)))
+
+
+def split_workspace_lines(S: int, N: int, k: int, dev, pool: str = "split", share: int = 1):
+    """(hist, slots, counters) the one-launch split selection of scores [S, N] will use (allocated now if new), or
+    None where `topk_select` takes another path: a caller that knows a selection is coming can bring these lines
+    into the L2 ahead of it (indexer.step_prep's WARM), so that its atomics do not each wait on DRAM."""
+    if not split_path(S, N, k):
+        return None
+    P = triton.cdiv(N, split_chunk(N, S, dev, share))
+    if not fused_for(dev, P * S * share):
+        return None
+    hist, slots = _split_workspace(dev, S, _LEVELS, pool)
+    return hist, slots, counters(dev, S, pool=pool)
+
+
 def split_chunk(N: int, S: int, dev, share: int = 1) -> int:
     """Scores per program of the split path: about one program per SM over all rows (so the one-launch form's
     grid is resident), or per 1/share of the SMs (two selections running at once: both grids together then
@@ -560,7 +650,7 @@ def split_chunk(N: int, S: int, dev, share: int = 1) -> int:
 
 def topk_select_split(scores: torch.Tensor, k: int, pin: torch.Tensor | None = None, chunk: int | None = None,
                       cap: int = SPLIT_CAP, state: torch.Tensor | None = None, fused: bool | None = None,
-                      pool: str = "split", share: int = 1) -> torch.Tensor:
+                      pool: str = "split", share: int = 1, pdl: bool = False, mask: bool = False) -> torch.Tensor:
     """`topk_select` for few long rows: each row split over P = ceil(N / chunk) programs (module
     docstring: four 8-bit radix levels, a gather, a pairwise-rank pass). fused (None: `fused_for`): all of
     it in one launch with grid barriers (`_split_fused_kernel`), else six launches; the same indices either
@@ -568,12 +658,16 @@ def topk_select_split(scores: torch.Tensor, k: int, pin: torch.Tensor | None = N
     (prefix, shift, above, h, kk, done), for tests that check which path a row took. pool: the workspace and
     arrival counters (`_split_workspace`, arrival.counters); share: plan the default chunk for 1/share of the
     SMs (`split_chunk`), and allow the one-launch form only for grids of at most SMs / share programs, so
-    that `share` such selections running at once on different streams (different pools) are all resident."""
+    that `share` such selections running at once on different streams (different pools) are all resident.
+    pdl: the one-launch kernel only (`_split_fused_kernel`'s PDL). mask: return uint8 flags [S, N] of the selected
+    set (`topk_select`'s as_mask; `_mask_outputs`) instead of the ordered indices."""
     if scores.dim() != 2:
         raise ValueError(f"topk_select_split: scores must be [S, N], got shape {tuple(scores.shape)}")
     S, N = scores.shape
     dev = scores.device
     if S == 0 or N == 0 or k == 0:
+        if mask:
+            return torch.zeros((S, N), dtype=torch.uint8, device=dev)
         return torch.full((S, k), -1, dtype=torch.int32, device=dev)
     if N >= 2 ** 31 - 1:
         raise ValueError(f"topk_select_split: row length {N} does not fit the 31-bit index half of the key")
@@ -591,7 +685,7 @@ def topk_select_split(scores: torch.Tensor, k: int, pin: torch.Tensor | None = N
     CAP = triton.next_power_of_2(max(cap, 2))  # bucket list size; cap itself is the refinement bound
     P = triton.cdiv(N, CHUNK)
     K = triton.next_power_of_2(k)
-    out = torch.empty((S, k), dtype=torch.int32, device=dev)
+    out = torch.empty((S, N) if mask else (S, k), dtype=torch.uint8 if mask else torch.int32, device=dev)
     use_pin = pin is not None
     pin_t = _pin_i32(pin) if use_pin else out
     if fused is None:
@@ -608,27 +702,30 @@ def topk_select_split(scores: torch.Tensor, k: int, pin: torch.Tensor | None = N
         state = torch.empty((S, 8), dtype=torch.int32, device=dev)
     elif state.shape != (S, 8) or state.dtype != torch.int32 or not state.is_contiguous():
         raise ValueError(f"topk_select_split: state must be contiguous int32 [{S}, 8]")
-    sure = torch.empty((S, K), dtype=torch.int64, device=dev)
+    sure = torch.empty((1,) if mask else (S, K), dtype=torch.int64, device=dev)  # mask: no sure list
     bkt = torch.empty((S, CAP), dtype=torch.int64, device=dev)
     ties = torch.empty((S, P), dtype=torch.int32, device=dev)
-    nw = 8 if CHUNK >= 4096 else 4
+    nw = split_warps(CHUNK)
     grid = (P, S)
     if fused:
         _split_fused_kernel[grid](out, scores, pin_t, hist, state, slots, sure, bkt, ties, cnt, N, scores.stride(0),
                                   k, cap, P, K=K, CAP=CAP, CHUNK=CHUNK, BITS=_BITS, R=RANK_R, TB=256,
-                                  USE_PIN=use_pin, num_warps=nw)
+                                  USE_PIN=use_pin, PDL=pdl, MASK=mask, num_warps=nw, **launch_kw(pdl))
         return out
     for level in range(1, _LEVELS + 1):
         _split_hist_kernel[grid](scores, pin_t, hist, state, cnt, N, scores.stride(0), k, cap, P,
                                  CHUNK=CHUNK, BITS=_BITS, LEVEL=level, USE_PIN=use_pin, num_warps=nw)
     _split_gather_kernel[grid](scores, pin_t, state, slots, sure, bkt, ties, N, scores.stride(0), P,
-                               K=K, CAP=CAP, CHUNK=CHUNK, USE_PIN=use_pin, num_warps=nw)
+                               K=K, CAP=CAP, CHUNK=CHUNK, USE_PIN=use_pin, MASK=mask, num_warps=nw)
     _split_rank_kernel[grid](out, scores, pin_t, state, slots, sure, bkt, ties, N, scores.stride(0), k, P,
-                             K=K, CAP=CAP, CHUNK=CHUNK, R=RANK_R, TB=256, USE_PIN=use_pin, num_warps=nw)
+                             K=K, CAP=CAP, CHUNK=CHUNK, R=RANK_R, TB=256, USE_PIN=use_pin, MASK=mask, num_warps=nw)
     return out
 
 
-def topk_select_ref(scores: torch.Tensor, k: int, pin: torch.Tensor | None = None, chunk: int = 4096) -> torch.Tensor:
+def topk_select_ref(scores: torch.Tensor, k: int, pin: torch.Tensor | None = None, chunk: int = 4096,
+                    as_mask: bool = False) -> torch.Tensor:
+    if as_mask:
+        return ids_to_mask(topk_select_ref(scores, k, pin), scores.shape[1])
     s = scores.float().clone()
     if pin is not None:
         rows = torch.nonzero(pin >= 0).flatten()
@@ -669,25 +766,31 @@ def topk_specs(target):
         for level in range(1, _LEVELS + 1):
             out.append(aot_spec(_split_hist_kernel, f"split_hist{level}_k{K}_c{schunk}",
                                 {**row, "hist_ptr": "*i32", "cnt_ptr": "*i32", "k": "i32", "cap": "i32", "n_prog": "i32"},
-                                {"CHUNK": schunk, "BITS": _BITS, "LEVEL": level, "USE_PIN": pin}, num_warps=4))
+                                {"CHUNK": schunk, "BITS": _BITS, "LEVEL": level, "USE_PIN": pin},
+                                num_warps=split_warps(schunk)))
         lists = {"slot_ptr": "*i32", "sure_ptr": "*i64", "bkt_ptr": "*i64", "ties_ptr": "*i32", "n_prog": "i32"}
+        # the candidate blocks (pinned) as the flags the Reindex layers read (MASK), the top-k as ordered indices
         out.append(aot_spec(_split_gather_kernel, f"split_gather_k{K}_c{schunk}", {**row, **lists},
-                            {"K": K, "CAP": SPLIT_CAP, "CHUNK": schunk, "USE_PIN": pin}, num_warps=4))
-        out.append(aot_spec(_split_rank_kernel, f"split_rank_k{K}_c{schunk}", {**row, **lists, "idx_ptr": "*i32", "k": "i32"},
-                            {"K": K, "CAP": SPLIT_CAP, "CHUNK": schunk, "R": RANK_R, "TB": 256, "USE_PIN": pin}, num_warps=4))
+                            {"K": K, "CAP": SPLIT_CAP, "CHUNK": schunk, "USE_PIN": pin, "MASK": pin},
+                            num_warps=split_warps(schunk)))
+        out.append(aot_spec(_split_rank_kernel, f"split_rank_k{K}_c{schunk}",
+                            {**row, **lists, "idx_ptr": "*u8" if pin else "*i32", "k": "i32"},
+                            {"K": K, "CAP": SPLIT_CAP, "CHUNK": schunk, "R": RANK_R, "TB": 256, "USE_PIN": pin,
+                             "MASK": pin}, num_warps=split_warps(schunk)))
         if target.startswith("cuda:"):  # the one-launch form (its grid barriers are only exercised on CUDA)
             # share 1: alone on the GPU; share 2: twice the chunk, beside the other selection of the indexer step
             # on a second stream (indexer.indexer_topk), so that both grids are resident together
             for share in (1, 2):
                 fchunk = schunk * share
                 fused_ce = {"K": K, "CAP": SPLIT_CAP, "CHUNK": fchunk, "BITS": _BITS, "R": RANK_R, "TB": 256,
-                            "USE_PIN": pin}
+                            "USE_PIN": pin, "PDL": False, "MASK": pin}
                 out.append(aot_spec(_split_fused_kernel, f"split_fused_k{K}_c{fchunk}",
-                                    {"idx_ptr": "*i32", "s_ptr": "*fp32", "pin_ptr": "*i32", "hist_ptr": "*i32",
+                                    {"idx_ptr": "*u8" if pin else "*i32", "s_ptr": "*fp32", "pin_ptr": "*i32",
+                                     "hist_ptr": "*i32",
                                      "state_ptr": "*i32", "slot_ptr": "*i32", "sure_ptr": "*i64", "bkt_ptr": "*i64",
                                      "ties_ptr": "*i32", "cnt_ptr": "*i32", "N": "i32", "stride_s": "i32", "k": "i32",
                                      "cap": "i32", "n_prog": "i32"},
-                                    fused_ce, num_warps=4,
+                                    fused_ce, num_warps=split_warps(fchunk),
                                     # the grid's programs must all be resident (its barriers wait on each other): a
                                     # runtime launches this variant only where RESIDENT_PROGRAMS × SHARE <= the SMs
                                     # (SHARE such grids at once), the six-launch variants elsewhere
