@@ -10,9 +10,9 @@ candidate source (ratio 1, the published widths: 32 index heads x 128, FP4 + UE8
 - `step_pdl_ids`: the same with its launches PDL-chained (`pdl=True`: prep -> scoring, its query decoded before
   its wait -> the main stream's one-launch top-k),
 - `step_serial`, `step_pdl`: the candidate blocks as flags (`cand_mask`: the selected set, no rank of its sure
-  keys; the default since session 25), without and with PDL (with PDL the prep kernel also prefetches the
-  selections' workspace lines into the L2: `warm_workspace`; `step_pdl_nowarm` without); `step_pdl_seq`
-  (`_nowarm`): the two selections one after the other on one stream,
+  keys; the default since session 25), without and with PDL; `step_pdl_seq`: the two selections one after the
+  other on one stream (the `*_nowarm` rows of session 25's result files: the prep kernel without its L2 prefetch
+  of the selections' workspace lines, which measured level with it and was removed),
 - parts, PDL off: `prep` (the prep kernel), `prep_score` (prep + scoring), `topk_share2` / `cands_share2[_mask]`
   (one selection alone at the grid it has in the step, half the SMs; `_mask`: as flags), `selections_ids` /
   `selections_mask` (both, forked and joined on two streams as in the step), `topk_full` / `cands_full[_mask]`
@@ -74,10 +74,7 @@ def variants():
             name = f"step_{'pdl' if pdl else 'serial'}{'_ids' if ids else ''}"
             out[name] = (lambda pdl=pdl, ids=ids: ix.indexer_topk(qp, qe, w, kp, ke, qpos, pdl=pdl,
                                                                   candidate_ids=ids, **kw))
-    out["step_pdl_nowarm"] = lambda: ix.indexer_topk(qp, qe, w, kp, ke, qpos, pdl=True, warm_workspace=False, **kw)
     out["step_pdl_seq"] = lambda: ix.indexer_topk(qp, qe, w, kp, ke, qpos, pdl=True, overlap_selections=False, **kw)
-    out["step_pdl_seq_nowarm"] = lambda: ix.indexer_topk(qp, qe, w, kp, ke, qpos, pdl=True, overlap_selections=False,
-                                                         warm_workspace=False, **kw)
     nvis, pin, wq = ix.step_prep(qpos, w, 1, T, 8, 128 ** -0.5)
     scores, bmax = ix.index_scores(qp, qe, wq, kp, ke, nvis, block_max=True, block_q=1)
     out["prep"] = lambda: ix.step_prep(qpos, w, 1, T, 8, 128 ** -0.5)

@@ -39,46 +39,25 @@ from dsv41c.codegen.triton.indexer_score import (  # noqa: F401 (re-exported)
     HEADS_KERNEL_MAX_S, block_max_ref, candidate_mask, expected_fallbacks, index_scores, index_scores_ref,
     int8_rows_ok, score_block_q, score_specs, visible_counts)
 from dsv41c.codegen.triton.indexer_topk import (  # noqa: F401 (re-exported)
-    MERGE, ids_to_mask, split_path, split_workspace_lines, topk_select, topk_select_ref, topk_specs)
-from dsv41c.codegen.triton.l2_prefetch import prefetch_rows_l2
+    MERGE, ids_to_mask, split_path, topk_select, topk_select_ref, topk_specs)
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 from dsv41c.codegen.triton.streams import side_stream
 
 SIDE_POOL = "topk_side"  # workspace / counter pool of the candidate selection on the side stream
 PDL_INDEXER = True  # the step's launches PDL-chained (`indexer_topk`'s pdl); measured: see the module docstring
-WARM_WORKSPACE = True  # the prep kernel prefetches the selections' workspace lines (`indexer_topk`'s warm_workspace)
-
-
-@triton.jit
-def _warm_rows(hist_ptr, slots_ptr, cnt_ptr, s, NB4: tl.constexpr):
-    """L2 bulk prefetches of query s's lines of one split selection's workspace: its histograms (NB4 int32),
-    its two slot counters and its barrier counter (16-byte pieces holding them; the buffers are whole
-    allocations of >= 8 rows, so a piece never leaves them)."""
-    prefetch_rows_l2(hist_ptr + s * NB4, NB4 * 4, True)
-    prefetch_rows_l2(slots_ptr + (s // 2) * 4, 16, True)
-    prefetch_rows_l2(cnt_ptr + (s // 4) * 4, 16, True)
 
 
 @triton.jit
 def _step_prep_kernel(qpos_ptr, w_ptr, nvis_ptr, pin_ptr, wq_ptr, T, ratio, cand_block, scale,
-                      hist_a, slots_a, cnt_a, hist_b, slots_b, cnt_b,
-                      H: tl.constexpr, HP: tl.constexpr, PDL: tl.constexpr = False, WARM_A: tl.constexpr = False,
-                      WARM_B: tl.constexpr = False, NB4: tl.constexpr = 1024):
+                      H: tl.constexpr, HP: tl.constexpr, PDL: tl.constexpr = False):
     """One query's step inputs in one launch (were ~11 small PyTorch ops, ~1-1.5 µs each under CUDA-graph
     replay at one query): nvis = min((p+1) // ratio, T) visible entries, the pinned newest candidate block
     (nvis-1) // cand_block (-1 with none visible) and wq = w · scale in fp32 (the same single rounding as
     `w.float() * scale`). qpos < -1 counts as nothing visible, as the clamped reference does downstream.
-    PDL (pdl.py): qpos and w may be the previous kernel's: wait first, then release the scoring launch.
-    WARM_A / WARM_B: the workspace lines of the step's two one-launch selections (`_warm_rows`; A the top-k's, B
-    the candidates'), prefetched into the L2 while the scoring runs: a cold line costs each of the selections'
-    atomics (histogram bins, barrier, slots) a DRAM round trip, several a selection (benchmarks/indexer_step.py)."""
-    s = tl.program_id(0)
-    if WARM_A:  # nothing reads these lines before the selections, which come two launches later: no wait needed
-        _warm_rows(hist_a, slots_a, cnt_a, s, NB4)
-    if WARM_B:
-        _warm_rows(hist_b, slots_b, cnt_b, s, NB4)
+    PDL (pdl.py): qpos and w may be the previous kernel's: wait first, then release the scoring launch."""
     grid_wait(PDL)
     grid_release(PDL)
+    s = tl.program_id(0)
     nv = tl.minimum(tl.maximum(tl.load(qpos_ptr + s).to(tl.int64) + 1, 0) // ratio, T)
     tl.store(nvis_ptr + s, nv.to(tl.int32))
     tl.store(pin_ptr + s, tl.where(nv > 0, (nv - 1) // cand_block, -1).to(tl.int32))
@@ -87,10 +66,9 @@ def _step_prep_kernel(qpos_ptr, w_ptr, nvis_ptr, pin_ptr, wq_ptr, T, ratio, cand
     tl.store(wq_ptr + s * H + h, w * scale, mask=h < H)
 
 
-def step_prep(qpos, w, ratio: int, T: int, cand_block: int, scale: float, pdl: bool = False, warm=(None, None)):
+def step_prep(qpos, w, ratio: int, T: int, cand_block: int, scale: float, pdl: bool = False):
     """(nvis int32 [S], pin int32 [S], wq fp32 [S, H]) of `_step_prep_kernel` (see there); pdl: launched with
-    programmatic dependent launch (pdl.py; the caller checks `pdl_for`); warm: up to two (hist, slots, counters)
-    workspaces (`indexer_topk.split_workspace_lines`) to prefetch into the L2 (sm90+ only: L2 bulk prefetch)."""
+    programmatic dependent launch (pdl.py; the caller checks `pdl_for`)."""
     S, H = w.shape
     if qpos.shape != (S,):
         raise ValueError(f"indexer: qpos must be [S] = [{S}] (one position per query), got {tuple(qpos.shape)}")
@@ -99,14 +77,8 @@ def step_prep(qpos, w, ratio: int, T: int, cand_block: int, scale: float, pdl: b
     pin = torch.empty(S, dtype=torch.int32, device=dev)
     wq = torch.empty((S, H), dtype=torch.float32, device=dev)
     if S:
-        wa, wb = warm
-        if (wa is not None or wb is not None) and not pdl_for(dev):
-            raise ValueError("step_prep: warm needs an sm90+ CUDA device (L2 bulk prefetch)")
-        rows = [t for ws in (wa, wb) for t in (ws if ws is not None else (nvis,) * 3)]
-        nb4 = (wa or wb)[0].shape[1] if (wa or wb) is not None else 1024
-        _step_prep_kernel[(S,)](qpos.contiguous(), w.contiguous(), nvis, pin, wq, T, ratio, cand_block, scale, *rows,
-                                H=H, HP=triton.next_power_of_2(H), PDL=pdl, WARM_A=wa is not None,
-                                WARM_B=wb is not None, NB4=nb4, **launch_kw(pdl))
+        _step_prep_kernel[(S,)](qpos.contiguous(), w.contiguous(), nvis, pin, wq, T, ratio, cand_block, scale, H=H,
+                                HP=triton.next_power_of_2(H), PDL=pdl, **launch_kw(pdl))
     return nvis, pin, wq
 
 
@@ -124,7 +96,7 @@ def indexer_topk(q_codes, q_exps, w, k_codes, k_exps, qpos, *, ratio: int, topk:
                  cand_mask=None, candidate_blocks: int = 0, cand_block: int = 8, with_stats: bool = True,
                  block_q: int | None = None, block_t: int = 128, chunk: int = 4096,
                  overlap_selections: bool | None = None, pdl: bool | None = None,
-                 candidate_ids: bool = False, warm_workspace: bool | None = None) -> IndexerOut:
+                 candidate_ids: bool = False) -> IndexerOut:
     """Indexer for S queries at positions qpos over T compressed entries (see module docstring).
 
     w [S, H] = weights_proj(x)·H^-0.5 (fp32). cand_mask [S, ceil(T/8)] uint8 at Reindex layers.
@@ -140,9 +112,7 @@ def indexer_topk(q_codes, q_exps, w, k_codes, k_exps, qpos, *, ratio: int, topk:
     the cross-stream wait). The same indices either way.
     candidate_ids: the candidate blocks also as ordered block ids (`IndexerOut.candidates`, best first); by
     default only their flags (`cand_mask`, what `index_scores(cand_mask=)` reads at the Reindex layers), which
-    the selection writes without ranking its blocks (`topk_select`'s as_mask).
-    warm_workspace (None: WARM_WORKSPACE with PDL): the prep kernel prefetches the one-launch selections'
-    workspace lines into the L2 (`step_prep`'s warm), so that their atomics find them there."""
+    the selection writes without ranking its blocks (`topk_select`'s as_mask)."""
     if overlap_selections and not q_codes.is_cuda:
         raise ValueError("indexer_topk: overlap_selections=True needs a CUDA device (it runs the candidate "
                          f"selection on a second stream), got {q_codes.device}")
@@ -151,14 +121,7 @@ def indexer_topk(q_codes, q_exps, w, k_codes, k_exps, qpos, *, ratio: int, topk:
     pdl = pdl_for(q_codes.device) and (PDL_INDEXER if pdl is None else bool(pdl))
     counters = torch.zeros(2, dtype=torch.int32, device=q_codes.device) if with_stats else None
     overlap = candidate_blocks > 0 and (q_codes.is_cuda if overlap_selections is None else overlap_selections)
-    warm = (None, None)
-    if pdl and (WARM_WORKSPACE if warm_workspace is None else warm_workspace):
-        S, NB = q_codes.shape[0], triton.cdiv(T, cand_block)
-        side_split = overlap and split_path(S, NB, candidate_blocks)
-        warm = (split_workspace_lines(S, T, topk, q_codes.device, share=2 if side_split else 1),
-                split_workspace_lines(S, NB, candidate_blocks, q_codes.device, pool=SIDE_POOL if overlap else "split",
-                                      share=2 if overlap else 1) if candidate_blocks > 0 and overlap else None)
-    nvis, pin, wq = step_prep(qpos, w, ratio, T, cand_block, CI ** -0.5, pdl=pdl, warm=warm)
+    nvis, pin, wq = step_prep(qpos, w, ratio, T, cand_block, CI ** -0.5, pdl=pdl)
     # the query codes come from before the prep launch: the scoring may decode them before its wait
     scores, bmax = index_scores(q_codes, q_exps, wq, k_codes, k_exps, nvis, cand_mask=cand_mask,
                                 cand_block=cand_block, block_max=candidate_blocks > 0, block_q=block_q,

@@ -626,19 +626,6 @@ def split_warps(chunk: int) -> int:
     return min(16, max(4, chunk // (32 * SPLIT_KEYS_PER_THREAD)))
 
 
-def split_workspace_lines(S: int, N: int, k: int, dev, pool: str = "split", share: int = 1):
-    """(hist, slots, counters) the one-launch split selection of scores [S, N] will use (allocated now if new), or
-    None where `topk_select` takes another path: a caller that knows a selection is coming can bring these lines
-    into the L2 ahead of it (indexer.step_prep's WARM), so that its atomics do not each wait on DRAM."""
-    if not split_path(S, N, k):
-        return None
-    P = triton.cdiv(N, split_chunk(N, S, dev, share))
-    if not fused_for(dev, P * S * share):
-        return None
-    hist, slots = _split_workspace(dev, S, _LEVELS, pool)
-    return hist, slots, counters(dev, S, pool=pool)
-
-
 def split_chunk(N: int, S: int, dev, share: int = 1) -> int:
     """Scores per program of the split path: about one program per SM over all rows (so the one-launch form's
     grid is resident), or per 1/share of the SMs (two selections running at once: both grids together then
