@@ -18,6 +18,9 @@ candidate source (ratio 1, the published widths: 32 index heads x 128, FP4 + UE8
   `selections_mask` (both, forked and joined on two streams as in the step), `topk_full` / `cands_full[_mask]`
   (one selection alone on every SM).
 
+`--queries 4,32` times only the whole step at those query counts (PDL off / on x candidates as ids / as flags),
+do_bench and graph replay (`indexer_step_s25_s32.json`, run by the same code before it moved here).
+
 `--kpt 8,4` also times the step and the selections with that many keys a thread in the split programs
 (`indexer_topk.SPLIT_KEYS_PER_THREAD`: more warps, less unrolled code; `_kpt8`, `_kpt4` rows).
 
@@ -104,6 +107,28 @@ def variants():
     return out
 
 
+def multi_query(S: int, out: dict):
+    """The whole step at S queries (kernels_attention.py's data: one adversarial query-head row and key row when
+    S > 1), PDL off / on x candidates as ids / as flags: do_bench (host launch included) and graph replay."""
+    from benchmarks.common import ms
+    from benchmarks.kernels_attention import _indexer_data
+
+    qp, qe, w, kp, ke = _indexer_data(S, H, T, spread=S > 1)
+    qpos = torch.full((S,), T + 5, dtype=torch.int32, device=DEV) - torch.arange(S, device=DEV, dtype=torch.int32)
+    for pdl in (False, True):
+        for ids in (True, False):
+            f = lambda pdl=pdl, ids=ids: ix.indexer_topk(qp, qe, w, kp, ke, qpos, ratio=1, topk=TOPK,  # noqa: E731
+                                                         candidate_blocks=CANDS, with_stats=False, pdl=pdl,
+                                                         candidate_ids=ids)
+            f()
+            torch.cuda.synchronize()
+            g = ms_graph(f, rep=50)
+            r = {"do_bench_us": ms(f) * 1e3, "graph_us": float(g) * 1e3 if not isinstance(g, str) else g,
+                 "graph_cold_us": getattr(g, "cold", 0) * 1e3}
+            out[f"S{S}_pdl{int(pdl)}_ids{int(ids)}"] = r
+            print(S, pdl, ids, r, flush=True)
+
+
 def with_kpt(fn, kpt: int):
     """fn run (and so captured) with `indexer_topk.SPLIT_KEYS_PER_THREAD` = kpt."""
     def run():
@@ -124,8 +149,17 @@ def main(argv=None):
     ap.add_argument("--rep", type=int, default=100, help="graph replays a timing")
     ap.add_argument("--kpt", default="", help="comma-separated keys a thread (SPLIT_KEYS_PER_THREAD) to time the "
                     "step_pdl, topk_* and cands_*_mask variants at as well (`_kptN` rows)")
+    ap.add_argument("--queries", default="", help="comma-separated query counts: time only the whole step at each "
+                    "(PDL off / on x candidates as ids / flags; `multi_query`), e.g. 4,32")
     a = ap.parse_args(argv)
     torch.manual_seed(0)
+    if a.queries:
+        doc = {"what": "indexer step at S queries x 131,072 entries (candidate source), µs", "env": env_info(),
+               "rows": {}}
+        for S in [int(x) for x in a.queries.split(",") if x]:
+            multi_query(S, doc["rows"])
+            write_json(a.out, doc)
+        return
     vs = variants()
     for kpt in [int(x) for x in a.kpt.split(",") if x]:
         for n in ("step_pdl", "topk_share2", "topk_full", "cands_share2_mask", "selections_mask"):
