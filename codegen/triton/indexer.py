@@ -14,14 +14,19 @@ templates:
   then merges of the chunk lists.
 
 `indexer_topk` runs the step: one prep launch (`step_prep`: visible counts, the pinned newest candidate
-block, the scaled head weights), scoring, the candidate blocks (at the source layer) and the top-k, and
-reports the fallback counts. The two selections are independent; on CUDA they run at once, the candidate
+block, the scaled head weights), scoring, the candidate blocks (at the source layer; as uint8 flags [S, ceil(T/8)],
+the set the Reindex layers read, or on request as ordered ids) and the top-k, and reports the fallback counts. On
+sm90+ the prep, scoring and top-k launches are PDL-chained (pdl.py). The two selections are independent; on CUDA they run at once, the candidate
 blocks on the side stream of streams.py, each gridded for half the SMs (`topk_select(share=2)`) so that
 both one-launch grids with their grid barriers are resident together, each with its own workspace pool.
 H200, CUDA-graph replay at one query over 131,072 entries with candidates (benchmarks/results/
 kernels_attention.json): 89.2 -> 47.6 µs (L2-cold 95.8 -> 54.4) from the one-launch top-k (indexer_topk.py)
 and the prep kernel, which replaced ~11 small PyTorch ops; then 47.4 -> 39.0 µs (L2-cold 53.9 -> 50.0) from
-the two streams (`sequential_graph_ms` in the same JSON).
+the two streams (`sequential_graph_ms` in the same JSON). Session 25 (benchmarks/indexer_step.py,
+results/indexer_step_s25_*.json, L2-cold / warm): 44.0-44.4 / 34.0 -> 32.3-32.95 / 25.6-25.8 µs from the candidate
+blocks as flags (`cand_mask`: the selected set, not ranked; the candidate selection at half the SMs 22.9 -> 9.1 µs
+warm), 4 keys a thread in the split selections (indexer_topk.py: less unrolled code, fetched cold) and the
+PDL-chained launches (~2.3 µs of it).
 Specialization keys and variants: see the two modules. Known gaps: the scores [S, T] round-trip
 through memory between scoring and top-k; at half the SMs each selection runs twice the chunk per program
 (running both at their full grids would need a check that two programs of the kernel fit one SM).

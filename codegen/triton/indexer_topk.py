@@ -60,10 +60,19 @@ top-512 14.0 µs (cold 20.3), candidate-2048 16.3 µs (cold 18.5); the six-launc
 17.5 / 20.1 µs warm (`results/topk_phase_times.json`). What is left of the one-row time, in program
 cycles: two levels ~12 k, gather + barrier ~5 k, rank ~0.4 k for top-512 but ~10.6 k for the 2,030 sure
 keys of the candidates (pairwise).
+Session 25 (benchmarks/indexer_step.py, results/indexer_step_s25_*.json): the set as flags (`as_mask`: no rank of
+the sure keys) takes the candidate selection at half the SMs 22.9 -> 9.1 µs warm; 4 keys a thread instead of 16
+(SPLIT_KEYS_PER_THREAD: the one launch unrolls its levels over a thread's keys, and 5,240 sm90 instructions at chunk
+2048 run once a program, fetched cold) takes the top-512 at half the SMs 27.0 -> 18.0 µs cold (15.8 -> 16.3 warm).
+
+Selected set as flags (`topk_select(as_mask=True)`, split path: MASK): the output is uint8 [S, N], 1 for the kk
+selected keys; the gather keeps no sure list, a program writes its chunk's flags (sure keys 1, others 0), the
+bucket keys get theirs from the slices that rank the bucket list, exact ties by the same index-order count.
 
 Known gaps: the chunked path at one row fills 32 of the 132 SMs and the merge one, both bounded by
 their 32 sequential counting steps. The pairwise rank costs n^2 comparisons for n sure or bucket keys
-(the candidate selection's 2,030 sure keys: ~5 µs). The one-launch form relies on every program being
+(the candidate selection's 2,030 sure keys as ordered ids: ~5 µs; as flags they are not ranked). The chunked
+path's flags are its ids scattered by torch (extra launches). The one-launch form relies on every program being
 resident, which one program per SM gives unless the GPU is partitioned (MPS / green contexts with fewer
 SMs than `sm_count` reports): there it would wait forever; force `fused=False`. Its workspace and the
 arrival counters are shared per device and `pool`: two split selections that run concurrently on
