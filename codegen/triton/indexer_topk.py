@@ -44,8 +44,9 @@ Workspace: the per-row histograms and slot counters are zeroed once and left zer
 (no memset in a CUDA graph); allocate them (a first call) before capture.
 
 Specialization keys: chunked K (512 / 2048), CHUNK (4096 per chunk program; MERGE = 16384 per merge
-program, 16 warps), USE_PIN, FINAL; split CHUNK (128..4096 by N and S), BITS = 8, LEVEL, K, CAP, R,
-TB, USE_PIN; the fused form on CUDA targets.
+program, 16 warps), USE_PIN, FINAL; split CHUNK (128..4096 by N and S; warps `split_warps`), BITS = 8, LEVEL,
+K, CAP, R, TB, USE_PIN, MASK (the set as flags); the fused form on CUDA targets, also with PDL. The AOT variants
+build the candidate selection (pinned) as flags and the top-512 as ordered indices, PDL off.
 
 Measured (H200, torch 2.11 / triton 3.6, graph replay): before, `benchmarks/results/tune_indexer_topk.json`:
 top-512 of 131,072 at one row 48.6 -> 24.2 µs (chunked -> five launches of 11-bit digits), candidate-2048
