@@ -16,9 +16,10 @@ templates:
 `indexer_topk` runs the step: one prep launch (`step_prep`: visible counts, the pinned newest candidate
 block, the scaled head weights), scoring, the candidate blocks (at the source layer; as uint8 flags [S, ceil(T/8)],
 the set the Reindex layers read, or on request as ordered ids) and the top-k, and reports the fallback counts. On
-sm90+ the prep, scoring and top-k launches are PDL-chained (pdl.py). The two selections are independent; on CUDA they run at once, the candidate
-blocks on the side stream of streams.py, each gridded for half the SMs (`topk_select(share=2)`) so that
-both one-launch grids with their grid barriers are resident together, each with its own workspace pool.
+sm90+ the prep, scoring and top-k launches are PDL-chained (pdl.py). The two selections are independent; on
+CUDA they run at once, the candidate blocks on the side stream of streams.py, each gridded for half the SMs
+(`topk_select(share=2)`) so that both one-launch grids with their grid barriers are resident together, each with
+its own workspace pool.
 H200, CUDA-graph replay at one query over 131,072 entries with candidates (benchmarks/results/
 kernels_attention.json): 89.2 -> 47.6 µs (L2-cold 95.8 -> 54.4) from the one-launch top-k (indexer_topk.py)
 and the prep kernel, which replaced ~11 small PyTorch ops; then 47.4 -> 39.0 µs (L2-cold 53.9 -> 50.0) from
