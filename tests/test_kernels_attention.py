@@ -230,7 +230,7 @@ def test_indexer_reindex_candidate_mask_and_single_query(block_q):
     qpos = torch.tensor([77], dtype=torch.int32, device=DEV)
     nblk = -(-T // 8)
     blocks = torch.tensor([[9, 0, 3, -1]], dtype=torch.int32, device=DEV)
-    mask = ix.candidate_mask(blocks, nblk)
+    mask = ix.ids_to_mask(blocks, nblk)
     a = _check_indexer(args, qpos, ratio=1, topk=40, cand_mask=mask, block_t=64, chunk=64, block_q=block_q)
     sel = a.topk[0][a.topk[0] >= 0]
     assert set((sel // 8).tolist()) <= {9, 0, 3} and a.stats["fallback_tiles"] == 1

@@ -42,7 +42,7 @@ import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, register
 from dsv41c.codegen.triton.indexer_score import (  # noqa: F401 (re-exported)
-    HEADS_KERNEL_MAX_S, block_max_ref, candidate_mask, expected_fallbacks, index_scores, index_scores_ref,
+    HEADS_KERNEL_MAX_S, block_max_ref, expected_fallbacks, index_scores, index_scores_ref,
     int8_rows_ok, score_block_q, score_specs, visible_counts)
 from dsv41c.codegen.triton.indexer_topk import (  # noqa: F401 (re-exported)
     MERGE, ids_to_mask, split_path, topk_select, topk_select_ref, topk_specs)

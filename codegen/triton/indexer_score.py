@@ -401,15 +401,6 @@ def visible_counts(qpos: torch.Tensor, ratio: int, T: int) -> torch.Tensor:
     return torch.clamp((qpos.long() + 1) // ratio, max=T).to(torch.int32)
 
 
-def candidate_mask(blocks: torch.Tensor, n_blocks: int) -> torch.Tensor:
-    """Candidate block ids [S, Kb] (-1 padded) -> uint8 flags [S, n_blocks]."""
-    S = blocks.shape[0]
-    m = torch.zeros((S, n_blocks + 1), dtype=torch.uint8, device=blocks.device)
-    b = torch.where(blocks >= 0, blocks.long(), n_blocks)
-    m.scatter_(1, b, 1)
-    return m[:, :n_blocks].contiguous()
-
-
 # Queries up to this count take the heads kernel (block_q 1; it decodes the keys once per query);
 # the H200 sweep in benchmarks/kernels_attention.py times both kernels at 1 and 32 queries.
 HEADS_KERNEL_MAX_S = 4

@@ -327,6 +327,18 @@ def _rank_list(lst_ptr, n, j0, R: tl.constexpr, TB: tl.constexpr):
 
 
 @triton.jit
+def _ties_before(ties_ptr, row, n_prog, p, above):
+    """above + the exact ties the row's programs before p hold (their gather counts, `.cg`: other programs'
+    stores): where this program's ties start in index order."""
+    before = above
+    for t in range(0, p, 128):
+        tt = t + tl.arange(0, 128)
+        before += tl.sum(tl.load(ties_ptr + row.to(tl.int64) * n_prog + tt, mask=tt < p, other=0,
+                                 cache_modifier=".cg"), axis=0)
+    return before
+
+
+@triton.jit
 def _rank_outputs(idx_ptr, s_ptr, pin_ptr, slot_ptr, sure_ptr, bkt_ptr, ties_ptr, N, stride_s, k, n_prog, row, p,
                   prefix, shift, above, h, kk, K: tl.constexpr, CAP: tl.constexpr, CHUNK: tl.constexpr,
                   R: tl.constexpr, TB: tl.constexpr, USE_PIN: tl.constexpr):
@@ -347,11 +359,7 @@ def _rank_outputs(idx_ptr, s_ptr, pin_ptr, slot_ptr, sure_ptr, bkt_ptr, ties_ptr
             r = above + r
             tl.store(out + r, idx, mask=m & (r < kk))
     else:
-        before = above
-        for t in range(0, p, 128):
-            tt = t + tl.arange(0, 128)
-            before += tl.sum(tl.load(ties_ptr + row.to(tl.int64) * n_prog + tt, mask=tt < p, other=0,
-                                     cache_modifier=".cg"), axis=0)
+        before = _ties_before(ties_ptr, row, n_prog, p, above)
         if before < kk:  # some of this chunk's ties are taken (the lowest indices overall)
             i = p * CHUNK + tl.arange(0, CHUNK)
             key, ku, valid = _row_keys(s_ptr, pin_ptr, row, i, N, stride_s, USE_PIN)
@@ -375,11 +383,7 @@ def _mask_outputs(mask_ptr, ku, valid, i, N, slot_ptr, bkt_ptr, ties_ptr, n_prog
     sure = valid & (hi > prefix)
     eq = valid & (hi == prefix)
     if shift == 0:  # the bucket is one exact score: the lowest indices of it first
-        before = above
-        for t in range(0, p, 128):
-            tt = t + tl.arange(0, 128)
-            before += tl.sum(tl.load(ties_ptr + row.to(tl.int64) * n_prog + tt, mask=tt < p, other=0,
-                                     cache_modifier=".cg"), axis=0)
+        before = _ties_before(ties_ptr, row, n_prog, p, above)
         pos = before + tl.cumsum(eq.to(tl.int32), axis=0) - 1
         tl.store(out + i, (sure | (eq & (pos < kk))).to(tl.uint8), mask=i < N)
     else:
