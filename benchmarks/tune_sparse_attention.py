@@ -60,6 +60,12 @@ VARIANTS = {
         # session 18: cvec 8 was 50.6 vs 52.4 µs cold in its first run; timed again, interleaved
         ("default_again", {}),
         ("cvec8_again", {"cvec": 8}),
+        # session 26: the warp-specialized Gluon kernel (sparse_attention_ws.py), 1 / 2 (its default) / 4 splits
+        ("ws", {"ws": True}),
+        ("ws_split1", {"ws": True, "n_split": 1}),
+        ("ws_split4", {"ws": True, "n_split": 4}),
+        ("default_again2", {}),
+        ("ws_again", {"ws": True}),
     ]),
     "decode_S1": (1, [
         ("old", {"qk_once": False, "fuse_combine": False}),
@@ -89,6 +95,7 @@ VARIANTS = {
         ("cvec16", {"cvec": 16}),
         ("default_again", {}),
         ("cvec8_again", {"cvec": 8}),
+        ("ws", {"ws": True}),  # session 26: 10 splits of one 64-key block
     ]),
 }
 

@@ -555,6 +555,49 @@ def test_gpu_sparse_attention_real_widths(S, quant, cfg):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("S,cfg,KC", [(48, {}, 512), (64, {}, 512), (64, {"n_split": 1}, 512), (64, {"n_split": 3}, 512),
+                                      (2, {}, 512), (5, {}, 200), (1, {}, 512)])
+def test_gpu_sparse_attention_ws_real_widths(S, cfg, KC):
+    """The warp-specialized Gluon kernel (sparse_attention_ws.py) against the reference and against the Triton
+    kernel: empty window slots (qpos 2), padded and out-of-range index columns (KC not a multiple of the key block),
+    1 / 2 / 3 key splits, a block range ending inside the window."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the ws kernel needs sm90+")
+    H, D, W, N = 64, 512, 128, 3000
+    cos, sin = rope_table(4096, 32)
+    q, qpos, wkv, ckv, idx, sink = _attn_inputs(S, H, D, W, KC, N, True, seed=S + KC, R=W + S + 1)
+    o = sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin, ws=True, **cfg)
+    r = sa.sparse_attention_ref(q, qpos, wkv, ckv, idx, sink, cos, sin)
+    t = sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin, ws=False, **cfg)
+    assert_bf16_close(o, r, ulps=4, floor=2.0)
+    assert_bf16_close(o, t, ulps=4, floor=2.0)
+    assert torch.equal(o, sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin, ws=True, **cfg))
+
+
+@pytest.mark.gpu
+def test_gpu_sparse_attention_ws_batched_bases():
+    """64 batched decode queries with per-query ring and cache bases (the benchmark's layout), ws against reference."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the ws kernel needs sm90+")
+    S, H, D, W, KC, N = 64, 64, 512, 128, 512, 64 * 256
+    g = torch.Generator().manual_seed(7)
+    cos, sin = rope_table(1 << 16, 32)
+    q = torch.randn(S, H, D, generator=g).to(torch.bfloat16).to(DEV)
+    qpos = torch.randint(0, 60000, (S,), generator=g).to(torch.int32).to(DEV)
+    win, cmp = torch.randn(W * S, D, generator=g) * 2, torch.randn(N, D, generator=g) * 2
+    wq, we = nx.quant_fp8_ue8m0(win, 32)
+    cp, cs = nx.quant_fp4_e4m3(cmp, 16)
+    wkv, ckv = (bits(wq).to(DEV), we.to(DEV)), (cp.to(DEV), bits(cs).to(DEV))
+    idx = torch.randint(-1, N // S, (S, KC), generator=g).to(torch.int32).to(DEV)
+    sink = torch.randn(H, generator=g).to(DEV)
+    kw = dict(ring=W, win_base=torch.arange(S, dtype=torch.int32, device=DEV) * W,
+              cmp_base=torch.arange(S, dtype=torch.int32, device=DEV) * (N // S))
+    o = sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin, ws=True, **kw)
+    r = sa.sparse_attention_ref(q, qpos, wkv, ckv, idx, sink, cos, sin, **kw)
+    assert_bf16_close(o, r, ulps=4, floor=2.0)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("win", [True, False])
 def test_gpu_kv_tile_pairs_every_code(win):
     """kv_pairs.py's inline-PTX bf16x2 decoders (register order of the packed operands, prmt selectors) give the

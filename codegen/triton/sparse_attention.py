@@ -453,7 +453,8 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
                      win_base=None, cmp_base=None, scale: float | None = None, n_split: int | None = None, dv: int | None = None,
                      block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                      qk_once: bool | None = None, fuse_combine: bool | None = None, kv_pairs: bool | None = None,
-                     lazy_rescale: float | None = None, pdl: bool | None = None, cvec: int | None = None):
+                     lazy_rescale: float | None = None, pdl: bool | None = None, cvec: int | None = None,
+                     ws: bool | None = None):
     """q [S, H, D] bf16 post-RoPE; qpos [S] int32; win_kv: (E4M3 codes [R, D] u8, UE8M0 [R, D/32] u8)
     or bf16 [R, D] (ring, slot = pos % R); cmp_kv: (packed FP4 [N, D/2] u8, E4M3 [N, D/16] u8) or
     bf16 [N, D]; idx [S, KC] int32 compressed rows (-1 = padding); sink [H] fp32; cos/sin [P, rope/2].
@@ -465,7 +466,9 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     tile decoders of kv_pairs.py (quantized KV on CUDA only; elsewhere ignored); lazy_rescale: the running max's
     slack in natural-log units (`_attend_block`; 0 = rescale every block); pdl: programmatic dependent launch of
     both kernels (pdl.py; None: where the device has it, PDL_ATTENTION); cvec: the bytes a thread loads at once
-    along a packed FP4 row, 4, 8 or 16 (`_kv_tile`'s CVEC; None: CVEC_DEFAULT).
+    along a packed FP4 row, 4, 8 or 16 (`_kv_tile`'s CVEC; None: CVEC_DEFAULT); ws: the warp-specialized Gluon
+    kernel for the key blocks (sparse_attention_ws.py: FP8/FP4 KV on CUDA sm90+ only, its own key block; None:
+    WS_ATTENTION where it applies).
     Returns o [S, H, D] bf16 (inverse-rotated)."""
     S, H, D = q.shape
     wkv, wsc, wq = _kv_parts(win_kv, "win_kv")
@@ -479,6 +482,13 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     out = torch.empty((S, H, D), dtype=torch.bfloat16, device=dev)
     if S == 0:
         return out
+    if ws or (ws is None and WS_ATTENTION and S > 1):
+        from dsv41c.codegen.triton.sparse_attention_ws import ws_supported
+        if ws_supported(q, win_kv, cmp_kv):
+            return _sparse_attention_ws(q, qpos, wkv, wsc, ckv, csc, idx, sink, cos, sin, window, R, win_base,
+                                        cmp_base, scale, n_split, pdl, out)
+        if ws:
+            raise ValueError("sparse_attention: ws=True needs FP8/FP4 KV on a CUDA GPU of compute capability 9.0+")
     # a decode batch (2 <= S <= SMs / 2 quantized queries: key splits) may have its own key block and
     # stages (BATCH_BN / BATCH_STAGES; today the CUDA defaults); ROCm keeps its one stage
     batch = wq and 1 < S and 2 * S <= sm_count(dev) and not interpreting() and torch.version.hip is None
@@ -543,6 +553,37 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     return out
 
 
+def _sparse_attention_ws(q, qpos, wkv, wsc, ckv, csc, idx, sink, cos, sin, window, R, win_base, cmp_base, scale,
+                         n_split, pdl, out):
+    """The key blocks by the warp-specialized kernel (partials always), merged by `_combine_kernel`."""
+    from dsv41c.codegen.triton import sparse_attention_ws as wsk
+
+    S, H, D = q.shape
+    BN = wsk.WS_BN
+    if window % BN:
+        raise ValueError(f"sparse_attention: window {window} is not a multiple of the ws key block {BN}")
+    dev = q.device
+    KC = idx.shape[1]
+    idx = idx if idx.dtype == torch.int32 and idx.is_contiguous() else idx.to(torch.int32).contiguous()
+    qpos = qpos if qpos.dtype == torch.int32 and qpos.is_contiguous() else qpos.to(torch.int32).contiguous()
+    has_base = win_base is not None
+    wb = win_base.to(torch.int32).contiguous() if has_base else qpos
+    cb = cmp_base.to(torch.int32).contiguous() if has_base else qpos
+    bps, n_split = _key_splits(window // BN + triton.cdiv(KC, BN), S, sm_count(dev), n_split)
+    pm = torch.empty((S, n_split, H), dtype=torch.float32, device=dev)
+    pl = torch.empty_like(pm)
+    pacc = torch.empty((S, n_split, H, D), dtype=torch.float32, device=dev)
+    wsk.launch_ws(q.contiguous(), qpos, wkv, wsc, ckv, csc, idx, wb, cb, pm, pl, pacc, R, KC, has_base, bps, n_split,
+                  D ** -0.5 if scale is None else scale, window)
+    pdl = pdl_for(dev) and (PDL_ATTENTION if pdl is None else bool(pdl))
+    NS, HB = _combine_tile_shape(n_split, H)
+    sink = sink if sink.dtype == torch.float32 and sink.is_contiguous() else sink.float().contiguous()
+    _combine_kernel[(S, D // 64, H // HB)](pm, pl, pacc, qpos, sink, cos.contiguous(), sin.contiguous(), out, n_split,
+                                          H=H, D=D, ROPE=cos.shape[1] * 2, HB=HB, CP=64, NS=NS, PDL=pdl, num_warps=4,
+                                          **launch_kw(pdl))
+    return out
+
+
 # Defaults (module docstring): 64-key blocks for FP8/FP4 KV, 32 for bf16 (its 2-stage buffers are
 # twice the bytes: 197 KB of shared memory at 64 keys, over sm100's 227 KB limit with its extras);
 # two pipeline stages prefetch the next block's rows into shared memory on CUDA (ROCm: one stage).
@@ -575,6 +616,9 @@ CVEC_DEFAULT = 8
 # and its key block (CUDA): H200, session 14 (results/tune_sparse_attention_s14.json, after the chunked combine), L2-cold
 # graph replay: BN 32 15.1 µs, BN 64 25.6 (the DV 512 tiles: BN 16 16.8, BN 32 17.8; DV 64 22.3)
 ONE_QUERY_BN = 32
+# the warp-specialized Gluon kernel (sparse_attention_ws.py) for decode batches (S > 1) where it applies: off until
+# timed on the H200 (opt-in: ws=True)
+WS_ATTENTION = False
 COMBINE_TILE = 4096  # floats of partial accumulators a combine program loads at once (NS x HB x 64)
 
 

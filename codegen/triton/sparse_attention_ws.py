@@ -1,0 +1,262 @@
+"""Batched decode sparse attention with warp specialization (Gluon, CUDA sm90+): a producer dequantizes, consumers multiply.
+
+What: the same computation as `sparse_attention.py`'s quantized decode split (one program = one query x one range of
+key blocks; window FP8 E4M3 + UE8M0/32 rows, then selected FP4 E2M1 + E4M3/16 rows; K = V; partial (m, l, acc) per
+split, merged with the sink and the inverse RoPE by `sparse_attention._combine_kernel`).
+
+Why a second kernel: in the Triton kernel every warp does everything in turn — gather a key block, dequantize it into
+the bf16 tile, q·K^T, the online softmax, P·V — so the tensor cores idle while the tile is decoded and the decode waits
+on the MMAs (H200 profile, docs/KERNELS_HISTORY.md sessions 13 / 16: 24 % of issue slots used, 0.35 eligible warps a
+scheduler; 64 queries took 6.6x their FLOP floor). Triton's automatic warp specialization does not take this loop
+(its gathers are not TMA loads; `tl.range(warp_specialize=True)` leaves the sm90 code unchanged), so the partitions
+are written by hand in Gluon (Triton's explicit-layout dialect, `triton.experimental.gluon`):
+
+- producer partition (4 warps, few registers): for each key block it gathers the rows (window ring slots or the
+  indexer's selected entries), decodes them exactly to the bf16 tile [BN, D] in units of 2^-8 (FP4 bytes by
+  `kv_pairs`' bf16x2 PTX, written as int32 pairs through an int32 view of the same swizzled buffer; FP8 codes by the
+  hardware e4m3 conversion times the UE8M0 power of two), writes the block's -inf padding bias [BN], and signals
+  `ready[buf]`; NBUF tiles in a ring, each freed by the consumers through `empty[buf]`. Its global loads are issued
+  before it waits for a free buffer, so a block's DRAM round trip overlaps the consumers' work on the previous one.
+- consumer (default) partition (8 warps = 2 warpgroups, the registers the producer gives up): q [H, D] staged once
+  in shared memory; per block S = q·K^T by wgmma (the two warpgroups take half the keys each), the online softmax
+  (fp32 m, l), then P·V by wgmma with P from registers (each warpgroup owns half of the D output channels); the
+  previous block's P·V is still in flight when the next q·K^T is issued, and its tile is released after both
+  warpgroups waited for it.
+
+The arithmetic is the Triton kernel's: the same exact bf16 tiles, fp32 logits, P rounded to bf16, fp32 accumulation,
+the same partials for the same combine (not the same bits: the MMA instruction shapes differ).
+
+Specialization keys: H (64), D (512), W (128), BN (key block, 64), NBUF (tiles in flight, 2: q 64 KB + 2 x 64 KB),
+PRODUCER_REGS (the producer's register budget; the consumers get the rest of the 64 K).
+
+Known gaps: CUDA sm90+ only (wgmma, mbarriers, register reallocation) — the matrix keeps the Triton kernel
+everywhere else and this kernel is opt-in (`sparse_attention(..., ws=True)`); quantized KV only (FP8 window + FP4
+compressed); always writes partials (a one-split launch still runs the combine); no PDL; not in the AOT build
+(Gluon sources compile through GluonASTSource, not wired into `dsv41c kernels --build`); no interpreter path
+(Gluon has none), so its tests run on the GPU only.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait)
+
+from triton.experimental.gluon.language._core import builtin
+
+from dsv41c.codegen.triton.kv_pairs import _E2M1_PAIRS
+
+# a CTA-wide (in a partition: the partition's warps) barrier: `gl.barrier` since triton 3.7, `gl.thread_barrier` before
+_sync = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+
+
+
+@builtin
+def _reinterpret(smem, dtype, shape, layout, _semantic=None):
+    """smem viewed as another dtype / shape / layout (`reinterpret` since triton 3.7, `_reinterpret` before)."""
+    view = getattr(smem, "reinterpret", None) or smem._reinterpret
+    return view(dtype, shape, layout, _semantic=_semantic)
+
+
+WS_BN = 64  # keys a block: two warpgroups x 32 keys of q·K^T
+WS_NBUF = 2  # bf16 tiles in flight: 64 KB each, beside q's 64 KB (sm90: 227 KB a CTA)
+WS_PRODUCER_REGS = 112  # registers a producer thread (sm90 SASS, triton 3.9: 96 spilled ~45 LDL in the producer; at 112 the consumers get 192 and spill only before their loop)
+WS_MAXNREG = 168
+WS_CHUNKS = 4  # channel chunks a tile is decoded in (the producer's live outputs: 32 registers a chunk)  # the launch's per-thread budget for 12 warps (<= 65536 / 384), redistributed by setmaxnreg
+
+
+@gluon.jit
+def _rows3(n: gl.constexpr, L3: gl.constexpr):
+    """arange(n) as [n, 1, 1] in the 3-D layout L3."""
+    r = gl.arange(0, n, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
+    return gl.expand_dims(gl.expand_dims(r, 1), 2)
+
+
+@gluon.jit
+def _mid3(n: gl.constexpr, L3: gl.constexpr):
+    """arange(n) as [1, n, 1] in L3."""
+    g = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+    return gl.expand_dims(gl.expand_dims(g, 0), 2)
+
+
+@gluon.jit
+def _last3(n: gl.constexpr, L3: gl.constexpr):
+    """arange(n) as [1, 1, n] in L3."""
+    k = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    return gl.expand_dims(gl.expand_dims(k, 0), 1)
+
+
+@gluon.jit
+def _producer(wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, s, p, wbase, cbase, R, KC, b0, b1,
+              k_smem, bias_smem, ready, empty, D: gl.constexpr, W: gl.constexpr, BN: gl.constexpr,
+              NBUF: gl.constexpr, NCH: gl.constexpr):
+    """Fill the tile ring: per key block, gather its rows (every chunk's loads issued before waiting for a free
+    tile), decode NCH channel chunks in turn into the tile (so a chunk's outputs, not the block's, are live), write
+    the padding bias, then signal ready."""
+    NWB: gl.constexpr = W // BN
+    WG: gl.constexpr = D // 32 // NCH  # UE8M0 groups (32 channels) of a window chunk
+    CG: gl.constexpr = D // 16 // NCH  # E4M3 groups (16 channels = 8 bytes) of a compressed chunk
+    # FP8 window rows as [rows, groups of 32, 32 codes]; FP4 rows as [rows, groups of 16 channels, 8 bytes]
+    LW: gl.constexpr = gl.BlockedLayout([1, 1, 8], [8, 1, 4], [4, 1, 1], [2, 1, 0])
+    LC: gl.constexpr = gl.BlockedLayout([1, 1, 8], [4, 8, 1], [4, 1, 1], [2, 1, 0])
+    BIAS_L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    I32_TILE: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+    s64 = s.to(gl.int64)
+    i = 0
+    for blk in range(b0, gl.minimum(b1, NWB)):
+        # window keys: positions p-W+1 .. p at ring slot pos % R
+        j = p - W + 1 + blk * BN + _rows3(BN, LW)
+        ok = j >= 0
+        rows = (wbase + gl.where(ok, j, 0) % R).to(gl.int64)
+        codes = ()
+        exps = ()
+        for ch in gl.static_range(NCH):
+            g = ch * WG + _mid3(WG, LW)
+            codes = codes + (gl.load(wkv_ptr + rows * D + g * 32 + _last3(32, LW), mask=ok, other=0),)
+            exps = exps + (gl.load(wsc_ptr + rows * (D // 32) + g, mask=ok, other=127),)
+        jb = p - W + 1 + blk * BN + gl.arange(0, BN, layout=BIAS_L)
+        bias = gl.where(jb >= 0, 0.0, float("-inf"))
+        buf = i % NBUF
+        mbarrier.wait(empty.index(buf), ((i // NBUF) & 1) ^ 1)
+        tile = k_smem.index(buf)
+        for ch in gl.static_range(NCH):
+            # value·2^(e-127) in units of 2^-8: the e4m3 value (exact in fp32) x 2^-8, then x 2^(e-127) (bits e << 23)
+            e = exps[ch].to(gl.int32)
+            v = codes[ch].to(gl.float8e4nv, bitcast=True).to(gl.float32) * 0.00390625
+            v = v * (e << 23).to(gl.float32, bitcast=True)
+            tile.slice(ch * (D // NCH), D // NCH, dim=1).store(gl.reshape(v.to(gl.bfloat16), [BN, D // NCH]))
+        bias_smem.index(buf).store(bias)
+        fence_async_shared()
+        _sync()
+        mbarrier.arrive(ready.index(buf), count=1)
+        i += 1
+    for blk in range(gl.maximum(b0, NWB), b1):
+        # selected compressed entries (-1 = padding; columns past KC are padding too)
+        jj = (blk - NWB) * BN + _rows3(BN, LC)
+        ent = gl.load(idx_ptr + s64 * KC + jj, mask=jj < KC, other=-1)
+        ok = ent >= 0
+        rows = (cbase + gl.where(ok, ent, 0)).to(gl.int64)
+        packed = ()
+        scales = ()
+        for ch in gl.static_range(NCH):
+            g = ch * CG + _mid3(CG, LC)
+            packed = packed + (gl.load(ckv_ptr + rows * (D // 2) + g * 8 + _last3(8, LC), mask=ok, other=0),)
+            scales = scales + (gl.load(csc_ptr + rows * (D // 16) + g, mask=ok, other=0),)
+        jb = (blk - NWB) * BN + gl.arange(0, BN, layout=BIAS_L)
+        eb = gl.load(idx_ptr + s64 * KC + jb, mask=jb < KC, other=-1)
+        bias = gl.where(eb >= 0, 0.0, float("-inf"))
+        buf = i % NBUF
+        mbarrier.wait(empty.index(buf), ((i // NBUF) & 1) ^ 1)
+        tile = _reinterpret(k_smem.index(buf), gl.int32, [BN, D // 2], I32_TILE)
+        for ch in gl.static_range(NCH):
+            b = packed[ch]
+            # a byte's factor: its E4M3 scale x 2^118 (kv_pairs.py: the bf16 fma then gives value·scale·2^-8), exact
+            f = (scales[ch].to(gl.float8e4nv, bitcast=True).to(gl.float32) * 3.3230699894622896e35).to(gl.bfloat16)
+            f = gl.broadcast(f, b)[0]
+            w = gl.inline_asm_elementwise(_E2M1_PAIRS, "=r,=r,=r,=r,r,r,r", [b, f], dtype=gl.int32, is_pure=True,
+                                          pack=4)
+            # int32 word c of a row = channels 2c, 2c+1: the bf16 tile's bytes under the same 128-byte swizzle
+            tile.slice(ch * (D // 2 // NCH), D // 2 // NCH, dim=1).store(gl.reshape(w, [BN, D // 2 // NCH]))
+        bias_smem.index(buf).store(bias)
+        fence_async_shared()
+        _sync()
+        mbarrier.arrive(ready.index(buf), count=1)
+        i += 1
+
+
+@gluon.jit
+def _consumer(q_ptr, s, sp, nblk, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_smem, k_smem, bias_smem, ready, empty,
+              H: gl.constexpr, D: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr):
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BN // 2, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16])
+    P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+    Q_L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+    s64 = s.to(gl.int64)
+    hq = gl.arange(0, H, layout=gl.SliceLayout(1, Q_L))
+    cq = gl.arange(0, D, layout=gl.SliceLayout(0, Q_L))
+    q_smem.store(gl.load(q_ptr + (s64 * H + hq)[:, None] * D + cq[None, :]))
+    fence_async_shared()
+    _sync()
+    m_i = gl.full([H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_L))
+    l_i = gl.zeros([H], gl.float32, layout=gl.SliceLayout(1, S_L))
+    acc = warpgroup_mma_init(gl.zeros([H, D], gl.float32, layout=O_L))  # the loop carries an async accumulator
+    zs = gl.zeros([H, BN], gl.float32, layout=S_L)
+    scale = scale * 256.0  # tiles hold K = V in units of 2^-8
+    for i in range(nblk):
+        buf = i % NBUF
+        mbarrier.wait(ready.index(buf), (i // NBUF) & 1)
+        kt = k_smem.index(buf)
+        qk = warpgroup_mma(q_smem, kt.permute((1, 0)), zs, use_acc=False, is_async=True)
+        qk, acc = warpgroup_mma_wait(num_outstanding=0, deps=(qk, acc))
+        if i > 0:  # the previous block's P·V has completed in both warpgroups: its tile is free
+            _sync()
+            mbarrier.arrive(empty.index((i - 1) % NBUF), count=1)
+        bias = bias_smem.index(buf).load(gl.SliceLayout(0, S_L))
+        logits = qk * scale + bias[None, :]
+        m_new = gl.maximum(m_i, gl.max(logits, axis=1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp(m_i - m_safe)
+        pr = gl.exp(logits - m_safe[:, None])
+        l_i = l_i * alpha + gl.sum(pr, axis=1)
+        m_i = m_new
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
+        acc = warpgroup_mma(gl.convert_layout(pr.to(gl.bfloat16), P_L), kt, acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    acc = acc * 256.0
+    st = (s64 * n_split + sp) * H
+    hs = gl.arange(0, H, layout=gl.SliceLayout(1, S_L))
+    gl.store(pm_ptr + st + hs, m_i)
+    gl.store(pl_ptr + st + hs, l_i)
+    ho = gl.arange(0, H, layout=gl.SliceLayout(1, O_L))
+    co = gl.arange(0, D, layout=gl.SliceLayout(0, O_L))
+    gl.store(pacc_ptr + (st + ho)[:, None] * D + co[None, :], acc)
+
+
+@gluon.jit
+def _sparse_attn_ws_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, wbase_ptr, cbase_ptr,
+                           pm_ptr, pl_ptr, pacc_ptr, R, KC, has_base, blocks_per_split, n_split, scale,
+                           H: gl.constexpr, D: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr,
+                           PRODUCER_REGS: gl.constexpr, NCH: gl.constexpr):
+    s = gl.program_id(0)
+    sp = gl.program_id(2)
+    p = gl.load(qpos_ptr + s)
+    wbase = gl.load(wbase_ptr + s) * has_base  # has_base = 0: the base pointers alias qpos
+    cbase = gl.load(cbase_ptr + s) * has_base
+    b0 = sp * blocks_per_split
+    b1 = gl.minimum(b0 + blocks_per_split, W // BN + gl.cdiv(KC, BN))
+    TILE: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [H, D], TILE)
+    k_smem = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, D], TILE)
+    bias_smem = gl.allocate_shared_memory(gl.float32, [NBUF, BN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    ready = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+    for k in gl.static_range(NBUF):
+        mbarrier.init(ready.index(k), count=1)
+        mbarrier.init(empty.index(k), count=1)
+    gl.warp_specialize([
+        (_consumer, (q_ptr, s, sp, b1 - b0, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_smem, k_smem, bias_smem,
+                     ready, empty, H, D, BN, NBUF)),
+        (_producer, (wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, s, p, wbase, cbase, R, KC, b0, b1, k_smem,
+                     bias_smem, ready, empty, D, W, BN, NBUF, NCH)),
+    ], [4], [PRODUCER_REGS])
+
+
+def ws_supported(q, win_kv, cmp_kv) -> bool:
+    """Whether `sparse_attention_ws` can run these inputs: CUDA sm90+ (not ROCm, not the interpreter), FP8/FP4 KV."""
+    import os
+    if q.device.type != "cuda" or torch.version.hip is not None or os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return False
+    if not (isinstance(win_kv, (tuple, list)) and isinstance(cmp_kv, (tuple, list))):
+        return False
+    return torch.cuda.get_device_capability(q.device)[0] >= 9
+
+
+def launch_ws(q, qpos, wkv, wsc, ckv, csc, idx, wb, cb, pm, pl, pacc, R, KC, has_base, bps, n_split, scale, window,
+              block_n=WS_BN, nbuf=WS_NBUF, producer_regs=WS_PRODUCER_REGS, maxnreg=WS_MAXNREG, chunks=WS_CHUNKS):
+    """The partial-writing launch (grid S x 1 x n_split); `sparse_attention` prepares the arguments and merges."""
+    S, H, D = q.shape
+    _sparse_attn_ws_kernel[(S, 1, n_split)](
+        q, qpos, wkv, wsc, ckv, csc, idx, wb, cb, pm, pl, pacc, R, KC, int(has_base), bps, n_split, scale,
+        H=H, D=D, W=window, BN=block_n, NBUF=nbuf, PRODUCER_REGS=producer_regs, NCH=chunks, num_warps=8, maxnreg=maxnreg)
