@@ -66,6 +66,14 @@ VARIANTS = {
         ("ws_split4", {"ws": True, "n_split": 4}),
         ("default_again2", {}),
         ("ws_again", {"ws": True}),
+        ("ws_la0", {"ws": True, "ws_cfg": {"lookahead": False}}),
+        ("ws_la1", {"ws": True, "ws_cfg": {"lookahead": True}}),
+        # diagnostics (wrong outputs): the launch alone (no combine); no gathers / decode; no MMA
+        ("ws_la0_main", {"ws": True, "ws_cfg": {"lookahead": False, "combine": False}}),
+        ("ws_la1_main", {"ws": True, "ws_cfg": {"lookahead": True, "combine": False}}),
+        ("ws_diag1_main", {"ws": True, "ws_cfg": {"diag": 1, "combine": False}}),
+        ("ws_diag2_main", {"ws": True, "ws_cfg": {"diag": 2, "combine": False}}),
+        ("ws_la1_p128", {"ws": True, "ws_cfg": {"lookahead": True, "producer_regs": 128}}),
     ]),
     "decode_S1": (1, [
         ("old", {"qk_once": False, "fuse_combine": False}),

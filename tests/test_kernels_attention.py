@@ -556,7 +556,10 @@ def test_gpu_sparse_attention_real_widths(S, quant, cfg):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("S,cfg,KC", [(48, {}, 512), (64, {}, 512), (64, {"n_split": 1}, 512), (64, {"n_split": 3}, 512),
-                                      (2, {}, 512), (5, {}, 200), (1, {}, 512)])
+                                      (2, {}, 512), (5, {}, 200), (1, {}, 512),
+                                      (64, {"ws_cfg": {"lookahead": True}}, 512),
+                                      (5, {"ws_cfg": {"lookahead": False}}, 200),
+                                      (5, {"ws_cfg": {"lookahead": True}}, 200)])
 def test_gpu_sparse_attention_ws_real_widths(S, cfg, KC):
     """The warp-specialized Gluon kernel (sparse_attention_ws.py) against the reference and against the Triton
     kernel: empty window slots (qpos 2), padded and out-of-range index columns (KC not a multiple of the key block),
@@ -568,7 +571,8 @@ def test_gpu_sparse_attention_ws_real_widths(S, cfg, KC):
     q, qpos, wkv, ckv, idx, sink = _attn_inputs(S, H, D, W, KC, N, True, seed=S + KC, R=W + S + 1)
     o = sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin, ws=True, **cfg)
     r = sa.sparse_attention_ref(q, qpos, wkv, ckv, idx, sink, cos, sin)
-    t = sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin, ws=False, **cfg)
+    t = sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin, ws=False,
+                            **{k: v for k, v in cfg.items() if k != "ws_cfg"})
     assert_bf16_close(o, r, ulps=4, floor=2.0)
     assert_bf16_close(o, t, ulps=4, floor=2.0)
     assert torch.equal(o, sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin, ws=True, **cfg))

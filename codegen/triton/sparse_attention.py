@@ -454,7 +454,7 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
                      block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                      qk_once: bool | None = None, fuse_combine: bool | None = None, kv_pairs: bool | None = None,
                      lazy_rescale: float | None = None, pdl: bool | None = None, cvec: int | None = None,
-                     ws: bool | None = None):
+                     ws: bool | None = None, ws_cfg: dict | None = None):
     """q [S, H, D] bf16 post-RoPE; qpos [S] int32; win_kv: (E4M3 codes [R, D] u8, UE8M0 [R, D/32] u8)
     or bf16 [R, D] (ring, slot = pos % R); cmp_kv: (packed FP4 [N, D/2] u8, E4M3 [N, D/16] u8) or
     bf16 [N, D]; idx [S, KC] int32 compressed rows (-1 = padding); sink [H] fp32; cos/sin [P, rope/2].
@@ -468,7 +468,8 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     both kernels (pdl.py; None: where the device has it, PDL_ATTENTION); cvec: the bytes a thread loads at once
     along a packed FP4 row, 4, 8 or 16 (`_kv_tile`'s CVEC; None: CVEC_DEFAULT); ws: the warp-specialized Gluon
     kernel for the key blocks (sparse_attention_ws.py: FP8/FP4 KV on CUDA sm90+ only, its own key block; None:
-    WS_ATTENTION where it applies).
+    WS_ATTENTION where it applies); ws_cfg: its tuning keywords (`sparse_attention_ws.launch_ws`), and "combine":
+    False to time its launch alone (the output is then not written).
     Returns o [S, H, D] bf16 (inverse-rotated)."""
     S, H, D = q.shape
     wkv, wsc, wq = _kv_parts(win_kv, "win_kv")
@@ -486,7 +487,7 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
         from dsv41c.codegen.triton.sparse_attention_ws import ws_supported
         if ws_supported(q, win_kv, cmp_kv):
             return _sparse_attention_ws(q, qpos, wkv, wsc, ckv, csc, idx, sink, cos, sin, window, R, win_base,
-                                        cmp_base, scale, n_split, pdl, out)
+                                        cmp_base, scale, n_split, pdl, out, ws_cfg)
         if ws:
             raise ValueError("sparse_attention: ws=True needs FP8/FP4 KV on a CUDA GPU of compute capability 9.0+")
     # a decode batch (2 <= S <= SMs / 2 quantized queries: key splits) may have its own key block and
@@ -554,7 +555,7 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
 
 
 def _sparse_attention_ws(q, qpos, wkv, wsc, ckv, csc, idx, sink, cos, sin, window, R, win_base, cmp_base, scale,
-                         n_split, pdl, out):
+                         n_split, pdl, out, ws_cfg=None):
     """The key blocks by the warp-specialized kernel (partials always), merged by `_combine_kernel`."""
     from dsv41c.codegen.triton import sparse_attention_ws as wsk
 
@@ -573,8 +574,12 @@ def _sparse_attention_ws(q, qpos, wkv, wsc, ckv, csc, idx, sink, cos, sin, windo
     pm = torch.empty((S, n_split, H), dtype=torch.float32, device=dev)
     pl = torch.empty_like(pm)
     pacc = torch.empty((S, n_split, H, D), dtype=torch.float32, device=dev)
+    cfg = dict(ws_cfg or {})
+    combine = cfg.pop("combine", True)
     wsk.launch_ws(q.contiguous(), qpos, wkv, wsc, ckv, csc, idx, wb, cb, pm, pl, pacc, R, KC, has_base, bps, n_split,
-                  D ** -0.5 if scale is None else scale, window)
+                  D ** -0.5 if scale is None else scale, window, **cfg)
+    if not combine:
+        return out
     pdl = pdl_for(dev) and (PDL_ATTENTION if pdl is None else bool(pdl))
     NS, HB = _combine_tile_shape(n_split, H)
     sink = sink if sink.dtype == torch.float32 and sink.is_contiguous() else sink.float().contiguous()

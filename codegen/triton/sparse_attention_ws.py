@@ -64,6 +64,7 @@ WS_BN = 64  # keys a block: two warpgroups x 32 keys of q·K^T
 WS_NBUF = 2  # bf16 tiles in flight: 64 KB each, beside q's 64 KB (sm90: 227 KB a CTA)
 WS_PRODUCER_REGS = 112  # registers a producer thread (sm90 SASS, triton 3.9: 96 spilled ~45 LDL in the producer; at 112 the consumers get 192 and spill only before their loop)
 WS_MAXNREG = 168
+WS_LOOKAHEAD = False  # the producer gathers block i+1 before decoding block i (registers: two blocks' raw bytes)
 WS_CHUNKS = 4  # channel chunks a tile is decoded in (the producer's live outputs: 32 registers a chunk)  # the launch's per-thread budget for 12 warps (<= 65536 / 384), redistributed by setmaxnreg
 
 
@@ -91,16 +92,15 @@ def _last3(n: gl.constexpr, L3: gl.constexpr):
 @gluon.jit
 def _producer(wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, s, p, wbase, cbase, R, KC, b0, b1,
               k_smem, bias_smem, ready, empty, D: gl.constexpr, W: gl.constexpr, BN: gl.constexpr,
-              NBUF: gl.constexpr, NCH: gl.constexpr):
+              NBUF: gl.constexpr, NCH: gl.constexpr, LOOKAHEAD: gl.constexpr, DIAG: gl.constexpr):
     """Fill the tile ring: per key block, gather its rows (every chunk's loads issued before waiting for a free
     tile), decode NCH channel chunks in turn into the tile (so a chunk's outputs, not the block's, are live), write
     the padding bias, then signal ready."""
     NWB: gl.constexpr = W // BN
     WG: gl.constexpr = D // 32 // NCH  # UE8M0 groups (32 channels) of a window chunk
-    CG: gl.constexpr = D // 16 // NCH  # E4M3 groups (16 channels = 8 bytes) of a compressed chunk
-    # FP8 window rows as [rows, groups of 32, 32 codes]; FP4 rows as [rows, groups of 16 channels, 8 bytes]
+    # FP8 window rows as [rows, groups of 32, 32 codes]; FP4 rows as [rows, groups of 16 channels, 2 int32 words]
     LW: gl.constexpr = gl.BlockedLayout([1, 1, 8], [8, 1, 4], [4, 1, 1], [2, 1, 0])
-    LC: gl.constexpr = gl.BlockedLayout([1, 1, 8], [4, 8, 1], [4, 1, 1], [2, 1, 0])
+    LC: gl.constexpr = gl.BlockedLayout([1, 1, 2], [4, 8, 1], [4, 1, 1], [2, 1, 0])
     BIAS_L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     I32_TILE: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
     s64 = s.to(gl.int64)
@@ -110,6 +110,7 @@ def _producer(wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, s, p, wbase, cbase, R
         j = p - W + 1 + blk * BN + _rows3(BN, LW)
         ok = j >= 0
         rows = (wbase + gl.where(ok, j, 0) % R).to(gl.int64)
+        ok = ok & (DIAG != 1)
         codes = ()
         exps = ()
         for ch in gl.static_range(NCH):
@@ -121,7 +122,7 @@ def _producer(wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, s, p, wbase, cbase, R
         buf = i % NBUF
         mbarrier.wait(empty.index(buf), ((i // NBUF) & 1) ^ 1)
         tile = k_smem.index(buf)
-        for ch in gl.static_range(NCH):
+        for ch in gl.static_range(NCH * (DIAG != 1)):
             # value·2^(e-127) in units of 2^-8: the e4m3 value (exact in fp32) x 2^-8, then x 2^(e-127) (bits e << 23)
             e = exps[ch].to(gl.int32)
             v = codes[ch].to(gl.float8e4nv, bitcast=True).to(gl.float32) * 0.00390625
@@ -132,43 +133,67 @@ def _producer(wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, s, p, wbase, cbase, R
         _sync()
         mbarrier.arrive(ready.index(buf), count=1)
         i += 1
-    for blk in range(gl.maximum(b0, NWB), b1):
-        # selected compressed entries (-1 = padding; columns past KC are padding too)
-        jj = (blk - NWB) * BN + _rows3(BN, LC)
-        ent = gl.load(idx_ptr + s64 * KC + jj, mask=jj < KC, other=-1)
-        ok = ent >= 0
-        rows = (cbase + gl.where(ok, ent, 0)).to(gl.int64)
-        packed = ()
-        scales = ()
-        for ch in gl.static_range(NCH):
-            g = ch * CG + _mid3(CG, LC)
-            packed = packed + (gl.load(ckv_ptr + rows * (D // 2) + g * 8 + _last3(8, LC), mask=ok, other=0),)
-            scales = scales + (gl.load(csc_ptr + rows * (D // 16) + g, mask=ok, other=0),)
-        jb = (blk - NWB) * BN + gl.arange(0, BN, layout=BIAS_L)
-        eb = gl.load(idx_ptr + s64 * KC + jb, mask=jb < KC, other=-1)
-        bias = gl.where(eb >= 0, 0.0, float("-inf"))
+    c0 = gl.maximum(b0, NWB)
+    cur = _cmp_loads(ckv_ptr, csc_ptr, idx_ptr, s64, cbase, KC, c0, b1, D, BN, NWB, NCH, LC, BIAS_L, DIAG)
+    for blk in range(c0, b1):
+        if LOOKAHEAD:  # the next block's gathers go out before this one is decoded (its DRAM round trip overlaps)
+            nxt = _cmp_loads(ckv_ptr, csc_ptr, idx_ptr, s64, cbase, KC, blk + 1, b1, D, BN, NWB, NCH, LC, BIAS_L, DIAG)
+        words, factors, bias = cur
         buf = i % NBUF
         mbarrier.wait(empty.index(buf), ((i // NBUF) & 1) ^ 1)
-        tile = _reinterpret(k_smem.index(buf), gl.int32, [BN, D // 2], I32_TILE)
-        for ch in gl.static_range(NCH):
-            b = packed[ch]
-            # a byte's factor: its E4M3 scale x 2^118 (kv_pairs.py: the bf16 fma then gives value·scale·2^-8), exact
-            f = (scales[ch].to(gl.float8e4nv, bitcast=True).to(gl.float32) * 3.3230699894622896e35).to(gl.bfloat16)
-            f = gl.broadcast(f, b)[0]
-            w = gl.inline_asm_elementwise(_E2M1_PAIRS, "=r,=r,=r,=r,r,r,r", [b, f], dtype=gl.int32, is_pure=True,
-                                          pack=4)
-            # int32 word c of a row = channels 2c, 2c+1: the bf16 tile's bytes under the same 128-byte swizzle
-            tile.slice(ch * (D // 2 // NCH), D // 2 // NCH, dim=1).store(gl.reshape(w, [BN, D // 2 // NCH]))
+        if DIAG != 1:
+            tile = _reinterpret(k_smem.index(buf), gl.int32, [BN, D // 2], I32_TILE)
+            for ch in gl.static_range(NCH):
+                # each word's 4 bytes -> 4 bf16x2 pairs (kv_pairs.py's PTX, the factor in both halves of $5 and $6)
+                f = gl.broadcast(factors[ch], words[ch])[0]
+                o0, o1, o2, o3 = gl.inline_asm_elementwise(_E2M1_PAIRS, "=r,=r,=r,=r,r,r,r", [words[ch], f, f],
+                                                           dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
+                                                           is_pure=True, pack=1)
+                # [rows, groups, word, i, j] = byte 2i + j of the word: the pairs in channel order
+                w = gl.join(gl.join(o0, o2), gl.join(o1, o3))
+                # int32 word c of a row = channels 2c, 2c+1: the bf16 tile's bytes under the same 128-byte swizzle
+                tile.slice(ch * (D // 2 // NCH), D // 2 // NCH, dim=1).store(gl.reshape(w, [BN, D // 2 // NCH]))
         bias_smem.index(buf).store(bias)
         fence_async_shared()
         _sync()
         mbarrier.arrive(ready.index(buf), count=1)
         i += 1
+        if not LOOKAHEAD:
+            nxt = _cmp_loads(ckv_ptr, csc_ptr, idx_ptr, s64, cbase, KC, blk + 1, b1, D, BN, NWB, NCH, LC, BIAS_L, DIAG)
+        cur = nxt
+
+
+@gluon.jit
+def _cmp_loads(ckv_ptr, csc_ptr, idx_ptr, s64, cbase, KC, blk, b1, D: gl.constexpr, BN: gl.constexpr,
+               NWB: gl.constexpr, NCH: gl.constexpr, LC: gl.constexpr, BIAS_L: gl.constexpr, DIAG: gl.constexpr):
+    """The gathers of compressed block blk (nothing is read when blk >= b1): its packed FP4 rows as int32 words
+    [BN, groups, 2] a chunk (a word = 4 bytes = 8 channels; 32-bit values, so a block carried across the loop stays
+    one register a word, where uint8 elements took one register a byte), each group's factor (its E4M3 scale x
+    2^118 as a bf16, copied into both halves of an int32: kv_pairs.py's fma then gives value·scale·2^-8, exact)
+    [BN, groups, 1], and the block's padding bias [BN] (-1 entries and columns past KC)."""
+    CG: gl.constexpr = D // 16 // NCH  # E4M3 groups (16 channels = 8 bytes = 2 words) of a chunk
+    live = blk < b1
+    jj = (blk - NWB) * BN + _rows3(BN, LC)
+    ent = gl.load(idx_ptr + s64 * KC + jj, mask=(jj < KC) & live, other=-1)
+    ok = (ent >= 0) & (DIAG != 1)
+    rows = (cbase + gl.where(ok, ent, 0)).to(gl.int64)
+    words = ()
+    factors = ()
+    for ch in gl.static_range(NCH):
+        g = ch * CG + _mid3(CG, LC)
+        words = words + (gl.load(ckv_ptr + rows * (D // 8) + g * 2 + _last3(2, LC), mask=ok, other=0),)
+        sc = gl.load(csc_ptr + rows * (D // 16) + g, mask=ok, other=0)
+        f = (sc.to(gl.float8e4nv, bitcast=True).to(gl.float32) * 3.3230699894622896e35).to(gl.bfloat16)
+        fb = f.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+        factors = factors + (fb | (fb << 16),)
+    jb = (blk - NWB) * BN + gl.arange(0, BN, layout=BIAS_L)
+    eb = gl.load(idx_ptr + s64 * KC + jb, mask=(jb < KC) & live, other=-1)
+    return words, factors, gl.where(eb >= 0, 0.0, float("-inf"))
 
 
 @gluon.jit
 def _consumer(q_ptr, s, sp, nblk, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_smem, k_smem, bias_smem, ready, empty,
-              H: gl.constexpr, D: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr):
+              H: gl.constexpr, D: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, DIAG: gl.constexpr):
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BN // 2, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16])
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
@@ -181,15 +206,20 @@ def _consumer(q_ptr, s, sp, nblk, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_sm
     _sync()
     m_i = gl.full([H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_L))
     l_i = gl.zeros([H], gl.float32, layout=gl.SliceLayout(1, S_L))
-    acc = warpgroup_mma_init(gl.zeros([H, D], gl.float32, layout=O_L))  # the loop carries an async accumulator
+    acc = gl.zeros([H, D], gl.float32, layout=O_L)
+    if DIAG != 2:
+        acc = warpgroup_mma_init(acc)  # the loop carries an async accumulator
     zs = gl.zeros([H, BN], gl.float32, layout=S_L)
     scale = scale * 256.0  # tiles hold K = V in units of 2^-8
     for i in range(nblk):
         buf = i % NBUF
         mbarrier.wait(ready.index(buf), (i // NBUF) & 1)
         kt = k_smem.index(buf)
-        qk = warpgroup_mma(q_smem, kt.permute((1, 0)), zs, use_acc=False, is_async=True)
-        qk, acc = warpgroup_mma_wait(num_outstanding=0, deps=(qk, acc))
+        if DIAG == 2:  # diagnostics: no MMA (the producer alone sets the pace)
+            qk = zs
+        else:
+            qk = warpgroup_mma(q_smem, kt.permute((1, 0)), zs, use_acc=False, is_async=True)
+            qk, acc = warpgroup_mma_wait(num_outstanding=0, deps=(qk, acc))
         if i > 0:  # the previous block's P·V has completed in both warpgroups: its tile is free
             _sync()
             mbarrier.arrive(empty.index((i - 1) % NBUF), count=1)
@@ -202,8 +232,10 @@ def _consumer(q_ptr, s, sp, nblk, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_sm
         l_i = l_i * alpha + gl.sum(pr, axis=1)
         m_i = m_new
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
-        acc = warpgroup_mma(gl.convert_layout(pr.to(gl.bfloat16), P_L), kt, acc, is_async=True)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        if DIAG != 2:
+            acc = warpgroup_mma(gl.convert_layout(pr.to(gl.bfloat16), P_L), kt, acc, is_async=True)
+    if DIAG != 2:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     acc = acc * 256.0
     st = (s64 * n_split + sp) * H
     hs = gl.arange(0, H, layout=gl.SliceLayout(1, S_L))
@@ -218,7 +250,8 @@ def _consumer(q_ptr, s, sp, nblk, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_sm
 def _sparse_attn_ws_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, wbase_ptr, cbase_ptr,
                            pm_ptr, pl_ptr, pacc_ptr, R, KC, has_base, blocks_per_split, n_split, scale,
                            H: gl.constexpr, D: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr,
-                           PRODUCER_REGS: gl.constexpr, NCH: gl.constexpr):
+                           PRODUCER_REGS: gl.constexpr, NCH: gl.constexpr, LOOKAHEAD: gl.constexpr,
+                           DIAG: gl.constexpr = 0):
     s = gl.program_id(0)
     sp = gl.program_id(2)
     p = gl.load(qpos_ptr + s)
@@ -237,9 +270,9 @@ def _sparse_attn_ws_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, 
         mbarrier.init(empty.index(k), count=1)
     gl.warp_specialize([
         (_consumer, (q_ptr, s, sp, b1 - b0, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_smem, k_smem, bias_smem,
-                     ready, empty, H, D, BN, NBUF)),
+                     ready, empty, H, D, BN, NBUF, DIAG)),
         (_producer, (wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, s, p, wbase, cbase, R, KC, b0, b1, k_smem,
-                     bias_smem, ready, empty, D, W, BN, NBUF, NCH)),
+                     bias_smem, ready, empty, D, W, BN, NBUF, NCH, LOOKAHEAD, DIAG)),
     ], [4], [PRODUCER_REGS])
 
 
@@ -254,9 +287,13 @@ def ws_supported(q, win_kv, cmp_kv) -> bool:
 
 
 def launch_ws(q, qpos, wkv, wsc, ckv, csc, idx, wb, cb, pm, pl, pacc, R, KC, has_base, bps, n_split, scale, window,
-              block_n=WS_BN, nbuf=WS_NBUF, producer_regs=WS_PRODUCER_REGS, maxnreg=WS_MAXNREG, chunks=WS_CHUNKS):
+              block_n=WS_BN, nbuf=WS_NBUF, producer_regs=WS_PRODUCER_REGS, maxnreg=WS_MAXNREG, chunks=WS_CHUNKS,
+              lookahead=WS_LOOKAHEAD, diag=0):
     """The partial-writing launch (grid S x 1 x n_split); `sparse_attention` prepares the arguments and merges."""
     S, H, D = q.shape
+    if ckv.shape[-1] % 4 or not ckv.is_contiguous():
+        raise ValueError(f"sparse_attention_ws: packed FP4 rows must be contiguous whole int32 words, got {tuple(ckv.shape)}")
     _sparse_attn_ws_kernel[(S, 1, n_split)](
-        q, qpos, wkv, wsc, ckv, csc, idx, wb, cb, pm, pl, pacc, R, KC, int(has_base), bps, n_split, scale,
-        H=H, D=D, W=window, BN=block_n, NBUF=nbuf, PRODUCER_REGS=producer_regs, NCH=chunks, num_warps=8, maxnreg=maxnreg)
+        q, qpos, wkv, wsc, ckv.view(torch.int32), csc, idx, wb, cb, pm, pl, pacc, R, KC, int(has_base), bps, n_split, scale,
+        H=H, D=D, W=window, BN=block_n, NBUF=nbuf, PRODUCER_REGS=producer_regs, NCH=chunks, LOOKAHEAD=lookahead,
+        DIAG=diag, num_warps=8, maxnreg=maxnreg)
