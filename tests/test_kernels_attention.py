@@ -547,7 +547,7 @@ def test_gpu_sparse_attention_real_widths(S, quant, cfg):
     H, D, W, KC, N = 64, 512, 128, 512, 3000
     cos, sin = rope_table(4096, 32)
     q, qpos, wkv, ckv, idx, sink = _attn_inputs(S, H, D, W, KC, N, quant, seed=S, R=W + S + 1)
-    o = sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin, **cfg)
+    o = sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin, ws=False, **cfg)  # this file's kernel; ws: below
     r = sa.sparse_attention_ref(q, qpos, wkv, ckv, idx, sink, cos, sin)
     # P is rounded to bf16 for the P·V MMA: the error scales with the values (|v| ~ 2), not with
     # the (cancelling) output, so the floor is two bf16 ulps of the value scale
@@ -563,7 +563,8 @@ def test_gpu_sparse_attention_real_widths(S, quant, cfg):
 def test_gpu_sparse_attention_ws_real_widths(S, cfg, KC):
     """The warp-specialized Gluon kernel (sparse_attention_ws.py) against the reference and against the Triton
     kernel: empty window slots (qpos 2), padded and out-of-range index columns (KC not a multiple of the key block),
-    1 / 2 / 3 key splits, a block range ending inside the window."""
+    1 / 2 / 3 key splits, a block range ending inside the window, the producer's lookahead; a second call gives the
+    same bits."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the ws kernel needs sm90+")
     H, D, W, N = 64, 512, 128, 3000

@@ -483,7 +483,14 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     out = torch.empty((S, H, D), dtype=torch.bfloat16, device=dev)
     if S == 0:
         return out
-    if ws or (ws is None and WS_ATTENTION and S > 1):
+    # the warp-specialized kernel: decode batches of FP8/FP4 queries (2 <= S <= SMs / 2, the `batch` rule below) unless
+    # a knob of this file's kernel is given
+    knobs = [k for k, v in (("dv", dv), ("block_n", block_n), ("num_warps", num_warps), ("num_stages", num_stages),
+                            ("qk_once", qk_once), ("fuse_combine", fuse_combine), ("kv_pairs", kv_pairs),
+                            ("lazy_rescale", lazy_rescale), ("cvec", cvec)) if v is not None]
+    if ws and knobs:
+        raise ValueError(f"sparse_attention: ws=True takes none of the Triton kernel's knobs, got {knobs}")
+    if ws or (ws is None and WS_ATTENTION and not knobs and wq and 1 < S and 2 * S <= sm_count(dev)):
         from dsv41c.codegen.triton.sparse_attention_ws import ws_supported
         if ws_supported(q, win_kv, cmp_kv):
             return _sparse_attention_ws(q, qpos, wkv, wsc, ckv, csc, idx, sink, cos, sin, window, R, win_base,
@@ -587,6 +594,12 @@ def _sparse_attention_ws(q, qpos, wkv, wsc, ckv, csc, idx, sink, cos, sin, windo
                                           H=H, D=D, ROPE=cos.shape[1] * 2, HB=HB, CP=64, NS=NS, PDL=pdl, num_warps=4,
                                           **launch_kw(pdl))
     return out
+    pdl = pdl_for(dev) and (PDL_ATTENTION if pdl is None else bool(pdl))
+    NS, HB = _combine_tile_shape(n_split, H)
+    _combine_kernel[(S, D // 64, H // HB)](pm, pl, pacc, qpos, sink, cos, sin, out, n_split,
+                                          H=H, D=D, ROPE=cos.shape[1] * 2, HB=HB, CP=64, NS=NS, PDL=pdl, num_warps=4,
+                                          **launch_kw(pdl))
+    return out
 
 
 # Defaults (module docstring): 64-key blocks for FP8/FP4 KV, 32 for bf16 (its 2-stage buffers are
@@ -621,9 +634,10 @@ CVEC_DEFAULT = 8
 # and its key block (CUDA): H200, session 14 (results/tune_sparse_attention_s14.json, after the chunked combine), L2-cold
 # graph replay: BN 32 15.1 µs, BN 64 25.6 (the DV 512 tiles: BN 16 16.8, BN 32 17.8; DV 64 22.3)
 ONE_QUERY_BN = 32
-# the warp-specialized Gluon kernel (sparse_attention_ws.py) for decode batches (S > 1) where it applies: off until
-# timed on the H200 (opt-in: ws=True)
-WS_ATTENTION = False
+# the warp-specialized Gluon kernel (sparse_attention_ws.py) for quantized decode batches (2 <= S <= SMs / 2) on CUDA
+# sm90+. H200, L2-cold graph replay, 64 queries (session 26, results/tune_sparse_attention_ws_s26*.json, three runs):
+# 36.3 µs against this file's kernel's 50.4-51.1; one query stays here (14.8 against 13.8 µs)
+WS_ATTENTION = True
 COMBINE_TILE = 4096  # floats of partial accumulators a combine program loads at once (NS x HB x 64)
 
 
