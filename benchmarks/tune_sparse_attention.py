@@ -74,6 +74,11 @@ VARIANTS = {
         ("ws_diag1_main", {"ws": True, "ws_cfg": {"diag": 1, "combine": False}}),
         ("ws_diag2_main", {"ws": True, "ws_cfg": {"diag": 2, "combine": False}}),
         ("ws_la1_p128", {"ws": True, "ws_cfg": {"lookahead": True, "producer_regs": 128}}),
+        # PDL on the ws launch (the combine's launch overlaps it): off / on; the producer's register budget
+        ("ws_nopdl", {"ws": True, "ws_cfg": {"pdl": False}}),
+        ("ws_pdl", {"ws": True, "ws_cfg": {"pdl": True}}),
+        ("ws_p104", {"ws": True, "ws_cfg": {"producer_regs": 104}}),
+        ("ws_p120", {"ws": True, "ws_cfg": {"producer_regs": 120}}),
         # session 26, tried and removed (results/tune_sparse_attention_ws_s26_fuse.json): the last split to arrive
         # merged the others' partials in the same launch (39.6 µs cold against 36.7, and its bits depend on the
         # arrival order)

@@ -583,11 +583,11 @@ def _sparse_attention_ws(q, qpos, wkv, wsc, ckv, csc, idx, sink, cos, sin, windo
     pacc = torch.empty((S, n_split, H, D), dtype=torch.float32, device=dev)
     cfg = dict(ws_cfg or {})
     combine = cfg.pop("combine", True)
+    pdl = pdl_for(dev) and (PDL_ATTENTION if pdl is None else bool(pdl))
     wsk.launch_ws(q.contiguous(), qpos, wkv, wsc, ckv, csc, idx, wb, cb, pm, pl, pacc, R, KC, has_base, bps, n_split,
-                  D ** -0.5 if scale is None else scale, window, **cfg)
+                  D ** -0.5 if scale is None else scale, window, **{"pdl": pdl and wsk.WS_PDL, **cfg})
     if not combine:
         return out
-    pdl = pdl_for(dev) and (PDL_ATTENTION if pdl is None else bool(pdl))
     NS, HB = _combine_tile_shape(n_split, H)
     sink = sink if sink.dtype == torch.float32 and sink.is_contiguous() else sink.float().contiguous()
     _combine_kernel[(S, D // 64, H // HB)](pm, pl, pacc, qpos, sink, cos.contiguous(), sin.contiguous(), out, n_split,

@@ -47,6 +47,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.language._core import builtin
 
 from dsv41c.codegen.triton.kv_pairs import _E2M1_PAIRS
+from dsv41c.codegen.triton.pdl import launch_kw
 
 # a CTA-wide (in a partition: the partition's warps) barrier: `gl.barrier` since triton 3.7, `gl.thread_barrier` before
 _sync = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
@@ -65,6 +66,7 @@ WS_NBUF = 2  # bf16 tiles in flight: 64 KB each, beside q's 64 KB (sm90: 227 KB 
 WS_PRODUCER_REGS = 112  # registers a producer thread (sm90 SASS, triton 3.9: 96 spilled ~45 LDL in the producer; at 112 the consumers get 192 and spill only before their loop)
 WS_MAXNREG = 168
 WS_LOOKAHEAD = False  # the producer gathers block i+1 before decoding block i (registers: two blocks' raw bytes)
+WS_PDL = True  # launched with PDL where the device has it (pdl.py): the combine's launch overlaps this grid
 WS_CHUNKS = 4  # channel chunks a tile is decoded in (the producer's live outputs: 32 registers a chunk)  # the launch's per-thread budget for 12 warps (<= 65536 / 384), redistributed by setmaxnreg
 
 
@@ -251,7 +253,11 @@ def _sparse_attn_ws_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, 
                            pm_ptr, pl_ptr, pacc_ptr, R, KC, has_base, blocks_per_split, n_split, scale,
                            H: gl.constexpr, D: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr,
                            PRODUCER_REGS: gl.constexpr, NCH: gl.constexpr, LOOKAHEAD: gl.constexpr,
-                           DIAG: gl.constexpr = 0):
+                           DIAG: gl.constexpr = 0, PDL: gl.constexpr = False):
+    if PDL:  # pdl.py's protocol: wait for the previous grid's writes, then let the combine launch be scheduled
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                  pack=1)
     s = gl.program_id(0)
     sp = gl.program_id(2)
     p = gl.load(qpos_ptr + s)
@@ -288,7 +294,7 @@ def ws_supported(q, win_kv, cmp_kv) -> bool:
 
 def launch_ws(q, qpos, wkv, wsc, ckv, csc, idx, wb, cb, pm, pl, pacc, R, KC, has_base, bps, n_split, scale, window,
               block_n=WS_BN, nbuf=WS_NBUF, producer_regs=WS_PRODUCER_REGS, maxnreg=WS_MAXNREG, chunks=WS_CHUNKS,
-              lookahead=WS_LOOKAHEAD, diag=0):
+              lookahead=WS_LOOKAHEAD, diag=0, pdl=False):
     """The partial-writing launch (grid S x 1 x n_split); `sparse_attention` prepares the arguments and merges."""
     S, H, D = q.shape
     if ckv.shape[-1] % 4 or not ckv.is_contiguous():
@@ -296,4 +302,4 @@ def launch_ws(q, qpos, wkv, wsc, ckv, csc, idx, wb, cb, pm, pl, pacc, R, KC, has
     _sparse_attn_ws_kernel[(S, 1, n_split)](
         q, qpos, wkv, wsc, ckv.view(torch.int32), csc, idx, wb, cb, pm, pl, pacc, R, KC, int(has_base), bps, n_split, scale,
         H=H, D=D, W=window, BN=block_n, NBUF=nbuf, PRODUCER_REGS=producer_regs, NCH=chunks, LOOKAHEAD=lookahead,
-        DIAG=diag, num_warps=8, maxnreg=maxnreg)
+        DIAG=diag, PDL=bool(pdl), num_warps=8, maxnreg=maxnreg, **launch_kw(bool(pdl)))
