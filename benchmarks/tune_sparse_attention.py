@@ -79,6 +79,9 @@ VARIANTS = {
         ("ws_pdl", {"ws": True, "ws_cfg": {"pdl": True}}),
         ("ws_p104", {"ws": True, "ws_cfg": {"producer_regs": 104}}),
         ("ws_p120", {"ws": True, "ws_cfg": {"producer_regs": 120}}),
+        # after the P·V wait moved into its own iteration (no C7515 serialization): the producer's budget again
+        ("ws_p112", {"ws": True, "ws_cfg": {"producer_regs": 112}}),
+        ("ws_p128", {"ws": True, "ws_cfg": {"producer_regs": 128}}),
         # session 26, tried and removed (results/tune_sparse_attention_ws_s26_fuse.json): the last split to arrive
         # merged the others' partials in the same launch (39.6 µs cold against 36.7, and its bits depend on the
         # arrival order)

@@ -42,7 +42,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait)
+    fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait)
 
 from triton.experimental.gluon.language._core import builtin
 
@@ -63,7 +63,7 @@ def _reinterpret(smem, dtype, shape, layout, _semantic=None):
 
 WS_BN = 64  # keys a block: two warpgroups x 32 keys of q·K^T
 WS_NBUF = 2  # bf16 tiles in flight: 64 KB each, beside q's 64 KB (sm90: 227 KB a CTA)
-WS_PRODUCER_REGS = 112  # registers a producer thread (sm90 SASS, triton 3.9: 96 spilled ~45 LDL in the producer; at 112 the consumers get 192 and spill only before their loop)
+WS_PRODUCER_REGS = 120  # registers a producer thread; the consumers get 192 (sm90, triton 3.6 ptxas: 8 bytes of stack at 120, 176 at 112)
 WS_MAXNREG = 168
 WS_LOOKAHEAD = False  # the producer gathers block i+1 before decoding block i (registers: two blocks' raw bytes)
 WS_PDL = True  # launched with PDL where the device has it (pdl.py): the combine's launch overlaps this grid
@@ -209,8 +209,6 @@ def _consumer(q_ptr, s, sp, nblk, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_sm
     m_i = gl.full([H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_L))
     l_i = gl.zeros([H], gl.float32, layout=gl.SliceLayout(1, S_L))
     acc = gl.zeros([H, D], gl.float32, layout=O_L)
-    if DIAG != 2:
-        acc = warpgroup_mma_init(acc)  # the loop carries an async accumulator
     zs = gl.zeros([H, BN], gl.float32, layout=S_L)
     scale = scale * 256.0  # tiles hold K = V in units of 2^-8
     for i in range(nblk):
@@ -221,10 +219,7 @@ def _consumer(q_ptr, s, sp, nblk, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_sm
             qk = zs
         else:
             qk = warpgroup_mma(q_smem, kt.permute((1, 0)), zs, use_acc=False, is_async=True)
-            qk, acc = warpgroup_mma_wait(num_outstanding=0, deps=(qk, acc))
-        if i > 0:  # the previous block's P·V has completed in both warpgroups: its tile is free
-            _sync()
-            mbarrier.arrive(empty.index((i - 1) % NBUF), count=1)
+            qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
         bias = bias_smem.index(buf).load(gl.SliceLayout(0, S_L))
         logits = qk * scale + bias[None, :]
         m_new = gl.maximum(m_i, gl.max(logits, axis=1))
@@ -235,9 +230,12 @@ def _consumer(q_ptr, s, sp, nblk, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_sm
         m_i = m_new
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
         if DIAG != 2:
+            # P·V waited for in this iteration: an accumulator still in flight across the loop's back edge made
+            # ptxas serialize every wgmma of the kernel (C7515: a wait after each of the 36 a block)
             acc = warpgroup_mma(gl.convert_layout(pr.to(gl.bfloat16), P_L), kt, acc, is_async=True)
-    if DIAG != 2:
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        _sync()  # both warpgroups are done with the tile
+        mbarrier.arrive(empty.index(buf), count=1)
     acc = acc * 256.0
     st = (s64 * n_split + sp) * H
     hs = gl.arange(0, H, layout=gl.SliceLayout(1, S_L))
