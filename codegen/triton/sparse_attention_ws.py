@@ -92,9 +92,9 @@ def _last3(n: gl.constexpr, L3: gl.constexpr):
 
 
 @gluon.jit
-def _producer(wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, qpos_ptr, wbase_ptr, cbase_ptr, has_base, s, R, KC, b0, b1,
-              k_smem, bias_smem, idx_smem, ready, empty, D: gl.constexpr, W: gl.constexpr, BN: gl.constexpr,
-              NBUF: gl.constexpr, NCH: gl.constexpr, LOOKAHEAD: gl.constexpr, DIAG: gl.constexpr, KCB: gl.constexpr):
+def _producer(wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, s, p, wbase, cbase, R, KC, b0, b1,
+              k_smem, bias_smem, ready, empty, D: gl.constexpr, W: gl.constexpr, BN: gl.constexpr,
+              NBUF: gl.constexpr, NCH: gl.constexpr, LOOKAHEAD: gl.constexpr, DIAG: gl.constexpr):
     """Fill the tile ring: per key block, gather its rows (every chunk's loads issued before waiting for a free
     tile), decode NCH channel chunks in turn into the tile (so a chunk's outputs, not the block's, are live), write
     the padding bias, then signal ready."""
@@ -106,19 +106,6 @@ def _producer(wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, qpos_ptr, wbase_ptr, 
     BIAS_L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     I32_TILE: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
     s64 = s.to(gl.int64)
-    # the query's position and base rows, loaded here (not before the partitions fork, where every partition
-    # would wait for them); has_base = 0: the base pointers alias qpos
-    p = gl.load(qpos_ptr + s)
-    wbase = gl.load(wbase_ptr + s) * has_base
-    cbase = gl.load(cbase_ptr + s) * has_base
-    # the query's selected entries, staged once (one DRAM round trip, not one a block before each block's gathers)
-    rows_idx = ()
-    for r in gl.static_range(KCB):  # every row's load goes out before the first store
-        jr = r * BN + gl.arange(0, BN, layout=BIAS_L)
-        rows_idx = rows_idx + (gl.load(idx_ptr + s64 * KC + jr, mask=jr < KC, other=-1),)
-    for r in gl.static_range(KCB):
-        idx_smem.index(r).store(rows_idx[r])
-    _sync()
     i = 0
     for blk in range(b0, gl.minimum(b1, NWB)):
         # window keys: positions p-W+1 .. p at ring slot pos % R
@@ -149,10 +136,10 @@ def _producer(wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, qpos_ptr, wbase_ptr, 
         mbarrier.arrive(ready.index(buf), count=1)
         i += 1
     c0 = gl.maximum(b0, NWB)
-    cur = _cmp_loads(ckv_ptr, csc_ptr, idx_smem, cbase, c0, b1, D, BN, NWB, NCH, LC, BIAS_L, DIAG, KCB)
+    cur = _cmp_loads(ckv_ptr, csc_ptr, idx_ptr, s64, cbase, KC, c0, b1, D, BN, NWB, NCH, LC, BIAS_L, DIAG)
     for blk in range(c0, b1):
         if LOOKAHEAD:  # the next block's gathers go out before this one is decoded (its DRAM round trip overlaps)
-            nxt = _cmp_loads(ckv_ptr, csc_ptr, idx_smem, cbase, blk + 1, b1, D, BN, NWB, NCH, LC, BIAS_L, DIAG, KCB)
+            nxt = _cmp_loads(ckv_ptr, csc_ptr, idx_ptr, s64, cbase, KC, blk + 1, b1, D, BN, NWB, NCH, LC, BIAS_L, DIAG)
         words, factors, bias = cur
         buf = i % NBUF
         mbarrier.wait(empty.index(buf), ((i // NBUF) & 1) ^ 1)
@@ -174,24 +161,23 @@ def _producer(wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, qpos_ptr, wbase_ptr, 
         mbarrier.arrive(ready.index(buf), count=1)
         i += 1
         if not LOOKAHEAD:
-            nxt = _cmp_loads(ckv_ptr, csc_ptr, idx_smem, cbase, blk + 1, b1, D, BN, NWB, NCH, LC, BIAS_L, DIAG, KCB)
+            nxt = _cmp_loads(ckv_ptr, csc_ptr, idx_ptr, s64, cbase, KC, blk + 1, b1, D, BN, NWB, NCH, LC, BIAS_L, DIAG)
         cur = nxt
 
 
 @gluon.jit
-def _cmp_loads(ckv_ptr, csc_ptr, idx_smem, cbase, blk, b1, D: gl.constexpr, BN: gl.constexpr,
-               NWB: gl.constexpr, NCH: gl.constexpr, LC: gl.constexpr, BIAS_L: gl.constexpr, DIAG: gl.constexpr,
-               KCB: gl.constexpr):
-    """The gathers of compressed block blk (nothing is read when blk >= b1; its entries from the staged idx_smem
-    [KCB, BN], -1 = padding): its packed FP4 rows as int32 words [BN, groups, 2] a chunk (a word = 4 bytes = 8
-    channels; 32-bit values, so a block carried across the loop stays one register a word, where uint8 elements took
-    one register a byte), each group's factor (its E4M3 scale x 2^118 as a bf16, copied into both halves of an
-    int32: kv_pairs.py's fma then gives value·scale·2^-8, exact) [BN, groups, 1], and the block's padding bias [BN]."""
+def _cmp_loads(ckv_ptr, csc_ptr, idx_ptr, s64, cbase, KC, blk, b1, D: gl.constexpr, BN: gl.constexpr,
+               NWB: gl.constexpr, NCH: gl.constexpr, LC: gl.constexpr, BIAS_L: gl.constexpr, DIAG: gl.constexpr):
+    """The gathers of compressed block blk (nothing is read when blk >= b1): its packed FP4 rows as int32 words
+    [BN, groups, 2] a chunk (a word = 4 bytes = 8 channels; 32-bit values, so a block carried across the loop stays
+    one register a word, where uint8 elements took one register a byte), each group's factor (its E4M3 scale x
+    2^118 as a bf16, copied into both halves of an int32: kv_pairs.py's fma then gives value·scale·2^-8, exact)
+    [BN, groups, 1], and the block's padding bias [BN] (-1 entries and columns past KC)."""
     CG: gl.constexpr = D // 16 // NCH  # E4M3 groups (16 channels = 8 bytes = 2 words) of a chunk
     live = blk < b1
-    ids = idx_smem.index(gl.minimum(blk - NWB, KCB - 1))
-    ent = gl.expand_dims(gl.expand_dims(ids.load(gl.SliceLayout(1, gl.SliceLayout(2, LC))), 1), 2)
-    ok = (ent >= 0) & live & (DIAG != 1)
+    jj = (blk - NWB) * BN + _rows3(BN, LC)
+    ent = gl.load(idx_ptr + s64 * KC + jj, mask=(jj < KC) & live, other=-1)
+    ok = (ent >= 0) & (DIAG != 1)
     rows = (cbase + gl.where(ok, ent, 0)).to(gl.int64)
     words = ()
     factors = ()
@@ -202,7 +188,9 @@ def _cmp_loads(ckv_ptr, csc_ptr, idx_smem, cbase, blk, b1, D: gl.constexpr, BN: 
         f = (sc.to(gl.float8e4nv, bitcast=True).to(gl.float32) * 3.3230699894622896e35).to(gl.bfloat16)
         fb = f.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
         factors = factors + (fb | (fb << 16),)
-    return words, factors, gl.where(ids.load(BIAS_L) >= 0, 0.0, float("-inf"))
+    jb = (blk - NWB) * BN + gl.arange(0, BN, layout=BIAS_L)
+    eb = gl.load(idx_ptr + s64 * KC + jb, mask=(jb < KC) & live, other=-1)
+    return words, factors, gl.where(eb >= 0, 0.0, float("-inf"))
 
 
 @gluon.jit
@@ -262,7 +250,7 @@ def _consumer(q_ptr, s, sp, nblk, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_sm
 def _sparse_attn_ws_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, wbase_ptr, cbase_ptr,
                            pm_ptr, pl_ptr, pacc_ptr, R, KC, has_base, blocks_per_split, n_split, scale,
                            H: gl.constexpr, D: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr,
-                           KCB: gl.constexpr, PRODUCER_REGS: gl.constexpr, NCH: gl.constexpr, LOOKAHEAD: gl.constexpr,
+                           PRODUCER_REGS: gl.constexpr, NCH: gl.constexpr, LOOKAHEAD: gl.constexpr,
                            DIAG: gl.constexpr = 0, PDL: gl.constexpr = False):
     if PDL:  # pdl.py's protocol: wait for the previous grid's writes, then let the combine launch be scheduled
         gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
@@ -270,13 +258,15 @@ def _sparse_attn_ws_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, 
                                   pack=1)
     s = gl.program_id(0)
     sp = gl.program_id(2)
+    p = gl.load(qpos_ptr + s)
+    wbase = gl.load(wbase_ptr + s) * has_base  # has_base = 0: the base pointers alias qpos
+    cbase = gl.load(cbase_ptr + s) * has_base
     b0 = sp * blocks_per_split
     b1 = gl.minimum(b0 + blocks_per_split, W // BN + gl.cdiv(KC, BN))
     TILE: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [H, D], TILE)
     k_smem = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, D], TILE)
     bias_smem = gl.allocate_shared_memory(gl.float32, [NBUF, BN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    idx_smem = gl.allocate_shared_memory(gl.int32, [KCB, BN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     ready = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
     for k in gl.static_range(NBUF):
@@ -285,9 +275,8 @@ def _sparse_attn_ws_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, 
     gl.warp_specialize([
         (_consumer, (q_ptr, s, sp, b1 - b0, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_smem, k_smem, bias_smem,
                      ready, empty, H, D, BN, NBUF, DIAG)),
-        (_producer, (wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, qpos_ptr, wbase_ptr, cbase_ptr, has_base, s, R, KC,
-                     b0, b1, k_smem,
-                     bias_smem, idx_smem, ready, empty, D, W, BN, NBUF, NCH, LOOKAHEAD, DIAG, KCB)),
+        (_producer, (wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, s, p, wbase, cbase, R, KC, b0, b1, k_smem,
+                     bias_smem, ready, empty, D, W, BN, NBUF, NCH, LOOKAHEAD, DIAG)),
     ], [4], [PRODUCER_REGS])
 
 
@@ -310,5 +299,5 @@ def launch_ws(q, qpos, wkv, wsc, ckv, csc, idx, wb, cb, pm, pl, pacc, R, KC, has
         raise ValueError(f"sparse_attention_ws: packed FP4 rows must be contiguous whole int32 words, got {tuple(ckv.shape)}")
     _sparse_attn_ws_kernel[(S, 1, n_split)](
         q, qpos, wkv, wsc, ckv.view(torch.int32), csc, idx, wb, cb, pm, pl, pacc, R, KC, int(has_base), bps, n_split, scale,
-        H=H, D=D, W=window, BN=block_n, NBUF=nbuf, KCB=triton.next_power_of_2(triton.cdiv(KC, block_n)), PRODUCER_REGS=producer_regs, NCH=chunks, LOOKAHEAD=lookahead,
+        H=H, D=D, W=window, BN=block_n, NBUF=nbuf, PRODUCER_REGS=producer_regs, NCH=chunks, LOOKAHEAD=lookahead,
         DIAG=diag, PDL=bool(pdl), num_warps=8, maxnreg=maxnreg, **launch_kw(bool(pdl)))
