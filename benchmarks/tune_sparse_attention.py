@@ -82,6 +82,10 @@ VARIANTS = {
         # after the P·V wait moved into its own iteration (no C7515 serialization): the producer's budget again
         ("ws_p112", {"ws": True, "ws_cfg": {"producer_regs": 112}}),
         ("ws_p128", {"ws": True, "ws_cfg": {"producer_regs": 128}}),
+        ("ws_la1_p128", {"ws": True, "ws_cfg": {"lookahead": True, "producer_regs": 128}}),
+        ("ws_la1_p136", {"ws": True, "ws_cfg": {"lookahead": True, "producer_regs": 136}}),
+        # session 26, tried and reverted (tune_sparse_attention_ws_s26_idx.json): the query's selected entries staged
+        # in shared memory once by the producer, and the position / bases loaded after the fork: 35.0 against 34.3
         # session 26, tried and removed (results/tune_sparse_attention_ws_s26_fuse.json): the last split to arrive
         # merged the others' partials in the same launch (39.6 µs cold against 36.7, and its bits depend on the
         # arrival order)
