@@ -117,7 +117,7 @@ def _build_one(name, t, tg: Target, spec, tmp: str, restore: bool = True) -> dic
         files[ext], sums[ext] = rel, _sha256(data)
     entry.update(status="built", files=files, sha256=sums, entry=out["metadata"].get("name"),
                  metadata=out["metadata"], options=out["options"],
-                 matrix_instructions=matrix_instructions(tg, asm.get("ttir", ""), asm[text_ext],
+                 matrix_instructions=matrix_instructions(tg, asm.get("ttir") or asm.get("ttgir", ""), asm[text_ext],
                                                          getattr(spec, "matrix", None)))
     return entry
 

@@ -143,6 +143,13 @@ def make_ast_source(fn, signature: dict, constexprs: dict, divisible: dict | Non
     divisibility hints of the integer arguments named in `divisible` (name -> divisor)."""
     from triton.compiler import ASTSource
 
+    source_cls = ASTSource
+    try:  # a Gluon kernel (triton.experimental.gluon) compiles from its own AST source
+        from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
+        if isinstance(fn, GluonJITFunction):
+            source_cls = GluonASTSource
+    except ImportError:  # pragma: no cover - a Triton without Gluon
+        pass
     params = inspect.signature(ASTSource.__init__).parameters
     if "constexprs" not in params:
         import triton
@@ -163,7 +170,7 @@ def make_ast_source(fn, signature: dict, constexprs: dict, divisible: dict | Non
     attrs = {(i,): [["tt.divisibility", POINTER_ALIGNMENT]] for i, n in enumerate(names)
              if isinstance(sig[n], str) and sig[n].startswith("*")}
     attrs.update({(names.index(n),): [["tt.divisibility", int(d)]] for n, d in (divisible or {}).items()})
-    return ASTSource(fn, signature=sig, constexprs=dict(constexprs), attrs=attrs)
+    return source_cls(fn, signature=sig, constexprs=dict(constexprs), attrs=attrs)
 
 
 def _options(spec, backend) -> dict:
@@ -188,7 +195,8 @@ def matrix_instructions(target: Target, ttir: str, asm: str, chosen: str | None 
     found: dict = {}
     for m in _MATRIX_RE.finditer(asm):
         found[m.group(1)] = found.get(m.group(1), 0) + 1
-    dots = len(re.findall(r"\btt\.dot(?:_scaled)?\b", ttir))
+    # Triton's tt.dot; a Gluon kernel has no TTIR and names its MMAs in TTGIR (warpgroup / tcgen05 MMA ops)
+    dots = len(re.findall(r"\btt\.dot(?:_scaled)?\b|\bttng\.(?:warp_group_dot|tc_gen5_mma)\b", ttir))
     expected = chosen or EXPECTED.get(target.arch, "")
     families = sorted({f for f in _FAMILIES for name in found if name.startswith(f)})
     if dots == 0:

@@ -24,6 +24,7 @@ KERNEL_MODULES = (
     "dsv41c.codegen.triton.kv_quant",
     "dsv41c.codegen.triton.indexer",
     "dsv41c.codegen.triton.sparse_attention",
+    "dsv41c.codegen.triton.sparse_attention_ws",
     "dsv41c.codegen.triton.mhc",
     "dsv41c.codegen.triton.moe",
     "dsv41c.codegen.triton.moe_router",

@@ -11,29 +11,36 @@ scheduler; 64 queries took 6.6x their FLOP floor). Triton's automatic warp speci
 (its gathers are not TMA loads; `tl.range(warp_specialize=True)` leaves the sm90 code unchanged), so the partitions
 are written by hand in Gluon (Triton's explicit-layout dialect, `triton.experimental.gluon`):
 
-- producer partition (4 warps, few registers): for each key block it gathers the rows (window ring slots or the
-  indexer's selected entries), decodes them exactly to the bf16 tile [BN, D] in units of 2^-8 (FP4 bytes by
-  `kv_pairs`' bf16x2 PTX, written as int32 pairs through an int32 view of the same swizzled buffer; FP8 codes by the
-  hardware e4m3 conversion times the UE8M0 power of two), writes the block's -inf padding bias [BN], and signals
-  `ready[buf]`; NBUF tiles in a ring, each freed by the consumers through `empty[buf]`. Its global loads are issued
-  before it waits for a free buffer, so a block's DRAM round trip overlaps the consumers' work on the previous one.
-- consumer (default) partition (8 warps = 2 warpgroups, the registers the producer gives up): q [H, D] staged once
-  in shared memory; per block S = q·K^T by wgmma (the two warpgroups take half the keys each), the online softmax
-  (fp32 m, l), then P·V by wgmma with P from registers (each warpgroup owns half of the D output channels); the
-  previous block's P·V is still in flight when the next q·K^T is issued, and its tile is released after both
-  warpgroups waited for it.
+- producer partition (4 warps, PRODUCER_REGS registers): for each key block it gathers the rows (window ring slots or
+  the indexer's selected entries), decodes them exactly to the bf16 tile [BN, D] in units of 2^-8 (FP4 rows loaded
+  as int32 words and decoded by `kv_pairs`' bf16x2 PTX, written as int32 pairs through an int32 view of the same
+  128-byte-swizzled buffer; FP8 codes by the hardware e4m3 conversion times the UE8M0 power of two), NCH channel
+  chunks at a time, writes the block's -inf padding bias [BN], and signals `ready[buf]`; NBUF tiles in a ring, each
+  freed by the consumers through `empty[buf]`. A block's gathers go out before the producer waits for a free tile.
+- consumer (default) partition (8 warps = 2 warpgroups, the registers the producer leaves: 192): q [H, D] staged
+  once in shared memory; per block S = q·K^T by wgmma (the two warpgroups take half the keys each), the online
+  softmax (fp32 m, l), then P·V by wgmma with P from registers (each warpgroup owns half of the D output channels),
+  waited for in the same iteration: an accumulator left in flight across the loop's back edge made ptxas serialize
+  every wgmma of the kernel (C7515, a wait after each of the 36 a block; tests/test_kernels_sparse_attention_ws.py
+  checks the chain); then the tile goes back to the producer.
 
 The arithmetic is the Triton kernel's: the same exact bf16 tiles, fp32 logits, P rounded to bf16, fp32 accumulation,
-the same partials for the same combine (not the same bits: the MMA instruction shapes differ).
+the same partials for the same combine (not the same bits: the MMA instruction shapes differ). With PDL (pdl.py) the
+launch waits for its predecessor's grid and lets the combine's launch be scheduled at once.
+
+Measured (H200, L2-cold graph replay, 64 queries, docs/KERNELS_HISTORY.md session 26): 33.9-34.3 µs against the
+Triton kernel's 50.4-51.1; the launch without its combine 28.0, the consumers alone 22.2, the producer alone 23.1.
+One query: level with the Triton kernel, which keeps it (sparse_attention.WS_ATTENTION's rule).
 
 Specialization keys: H (64), D (512), W (128), BN (key block, 64), NBUF (tiles in flight, 2: q 64 KB + 2 x 64 KB),
-PRODUCER_REGS (the producer's register budget; the consumers get the rest of the 64 K).
+PRODUCER_REGS, NCH (decode chunks), LOOKAHEAD (the producer gathers block i+1 before decoding block i: measured
+slower, off), DIAG (timing diagnostics: 1 the producer decodes nothing, 2 no MMA), PDL; the launch's maxnreg (168:
+12 warps share the 64 K registers, redistributed by setmaxnreg).
 
-Known gaps: CUDA sm90+ only (wgmma, mbarriers, register reallocation) — the matrix keeps the Triton kernel
-everywhere else and this kernel is opt-in (`sparse_attention(..., ws=True)`); quantized KV only (FP8 window + FP4
-compressed); always writes partials (a one-split launch still runs the combine); no PDL; not in the AOT build
-(Gluon sources compile through GluonASTSource, not wired into `dsv41c kernels --build`); no interpreter path
-(Gluon has none), so its tests run on the GPU only.
+Known gaps: CUDA sm90 only (wgmma, mbarrier partitions, setmaxnreg; sm100 would need tcgen05) — the matrix lists the
+Triton kernel everywhere else; quantized KV, H = 64, D = 512 only; always writes fp32 partials (16.8 MB at 64
+queries: with the combine ~12 of the 34 µs); no interpreter path (Gluon has none): its numerics are tested on the
+GPU only, its sm90 build on the CPU. The AOT variant is built with PDL off and ships no launcher for the runtime yet.
 """
 from __future__ import annotations
 
@@ -46,6 +53,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from triton.experimental.gluon.language._core import builtin
 
+from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
 from dsv41c.codegen.triton.kv_pairs import _E2M1_PAIRS
 from dsv41c.codegen.triton.pdl import launch_kw
 
@@ -301,3 +309,50 @@ def launch_ws(q, qpos, wkv, wsc, ckv, csc, idx, wb, cb, pm, pl, pacc, R, KC, has
         q, qpos, wkv, wsc, ckv.view(torch.int32), csc, idx, wb, cb, pm, pl, pacc, R, KC, int(has_base), bps, n_split, scale,
         H=H, D=D, W=window, BN=block_n, NBUF=nbuf, PRODUCER_REGS=producer_regs, NCH=chunks, LOOKAHEAD=lookahead,
         DIAG=diag, PDL=bool(pdl), num_warps=8, maxnreg=maxnreg, **launch_kw(bool(pdl)))
+
+
+# ============================================================================ registration
+
+
+_WS_TYPES = {"q_ptr": "*bf16", "qpos_ptr": "*i32", "wkv_ptr": "*u8", "wsc_ptr": "*u8", "ckv_ptr": "*i32", "csc_ptr": "*u8",
+             "idx_ptr": "*i32", "wbase_ptr": "*i32", "cbase_ptr": "*i32", "pm_ptr": "*fp32", "pl_ptr": "*fp32",
+             "pacc_ptr": "*fp32", "R": "i32", "KC": "i32", "has_base": "i32", "blocks_per_split": "i32",
+             "n_split": "i32", "scale": "fp32"}
+_OTHERS = "; the sparse_attention template serves this target"
+
+
+def _specs(target):
+    """The launcher's defaults at the model's widths, sm90 only (wgmma, mbarrier partitions, setmaxnreg). Built with
+    PDL off, like every AOT variant."""
+    if target != "cuda:sm90":
+        return []
+    from dsv41c.frontend.config import preset
+
+    c = preset("full")
+    const = {"H": c.num_attention_heads, "D": c.head_dim, "W": c.sliding_window, "BN": WS_BN, "NBUF": WS_NBUF,
+             "PRODUCER_REGS": WS_PRODUCER_REGS, "NCH": WS_CHUNKS, "LOOKAHEAD": WS_LOOKAHEAD, "DIAG": 0, "PDL": False}
+    return [aot_spec(_sparse_attn_ws_kernel, f"decode_batch_fp8fp4_bn{WS_BN}_nbuf{WS_NBUF}", _WS_TYPES, const,
+                     num_warps=8, num_stages=1, keys={**const, "maxnreg": WS_MAXNREG})]
+
+
+def _launch(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, **kw):
+    from dsv41c.codegen.triton.sparse_attention import sparse_attention
+    return sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, ws=True, **kw)
+
+
+def _reference(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, **kw):
+    from dsv41c.codegen.triton.sparse_attention import sparse_attention_ref
+    return sparse_attention_ref(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, **kw)
+
+
+register(KernelTemplate(
+    name="sparse_attention_ws", module=__name__,
+    summary="decode-batch sparse attention, FP8/FP4 KV: a producer warpgroup dequantizes key blocks while two "
+            "consumer warpgroups run wgmma (Gluon, warp-specialized)",
+    keys=("H", "D", "W", "BN", "NBUF", "PRODUCER_REGS", "NCH", "LOOKAHEAD", "DIAG", "PDL", "maxnreg"),
+    reference=_reference, launch=_launch, specializations=_specs,
+    missing_on={"cuda:sm80": "wgmma, mbarrier partitions and setmaxnreg are sm90+" + _OTHERS,
+                "cuda:sm100": "written for Hopper's warpgroup MMA; Blackwell needs tcgen05 and tensor memory (not "
+                              "written)" + _OTHERS,
+                **{t: "a CUDA Gluon kernel (NVIDIA partitions, wgmma)" + _OTHERS
+                   for t in ("rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")}}))

@@ -1,0 +1,108 @@
+"""The warp-specialized Gluon attention kernel (codegen/triton/sparse_attention_ws.py) without a GPU.
+
+Gluon has no interpreter, so its numerics are checked on the GPU only (`gpu` tests in test_kernels_attention.py:
+`test_gpu_sparse_attention_ws_*`). Here: it compiles ahead of time for sm90 with the installed Triton (its source is
+shared by triton 3.6 and 3.9), into the code it is meant to be — register reallocation between its partitions and
+wgmma issued back to back (a kernel whose accumulator stayed in flight across its loop got a wait after every wgmma
+from ptxas); the launcher refuses it clearly where it cannot run; the matrix lists it for sm90 only, with reasons.
+"""
+import os
+import re
+
+import pytest
+import torch
+
+from dsv41c.codegen.triton import sparse_attention as sa
+from dsv41c.codegen.triton import sparse_attention_ws as ws
+from dsv41c import formats as nx
+
+
+@pytest.fixture(scope="module")
+def sm90_sass():
+    from benchmarks.sass import instructions, sass_of
+    from dsv41c.codegen.aot_compat import compile_spec
+    from dsv41c.codegen.matrix import TARGETS
+
+    (spec,) = ws._specs("cuda:sm90")
+    compiled = compile_spec(spec, TARGETS["cuda:sm90"])
+    text, usage = sass_of(compiled)
+    return compiled, [t for _, t in instructions(text)], usage
+
+
+def test_compiles_for_sm90_with_partitions_and_pipelined_wgmma(sm90_sass):
+    compiled, ops, usage = sm90_sass
+    # three partitions' register budgets: the consumers raised, the producer's budget, idle warps lowered to 24
+    budgets = sorted({int(m, 16) for t in ops for m in re.findall(r"USETMAXREG\.\w+\.CTAPOOL (?:UP0, )?(0x[0-9a-f]+)", t)})
+    assert 0x18 in budgets and ws.WS_PRODUCER_REGS in budgets, budgets
+    hgmma = [i for i, t in enumerate(ops) if t.startswith("HGMMA")]
+    assert len(hgmma) == 36  # q·K^T: 512 / 16 k steps of m64n32; P·V: 64 / 16 of m64n256
+    # back to back: no wgmma wait between two consecutive q·K^T steps (the C7515 serialization puts one after each)
+    qk = [i for i in hgmma if ".64x32x16" in ops[i]]
+    waits = sum(1 for a, b in zip(qk, qk[1:]) if any("WARPGROUP.DEPBAR" in t for t in ops[a + 1:b]))
+    assert waits == 0, f"{waits} wgmma waits inside the q·K^T chain"
+    # 8 consumer warps + the 4-warp producer
+    assert compiled["metadata"]["num_warps"] == 12 and compiled["options"]["maxnreg"] == ws.WS_MAXNREG
+    assert compiled["metadata"]["shared"] <= 227 * 1024  # q + two tiles + bias ring + barriers
+
+
+def test_aot_build_records_wgmma_for_the_gluon_kernel(tmp_path):
+    from dsv41c.codegen import aot, templates
+
+    t = templates.all_templates()["sparse_attention_ws"]
+    m = aot.build(["cuda:sm90", "cuda:sm80"], str(tmp_path / "k"), templates={"sparse_attention_ws": t}, log=None,
+                  sources=False)
+    (k,) = [k for k in m["kernels"] if k["template"] == "sparse_attention_ws"]
+    assert k["target"] == "cuda:sm90" and k["status"] == "built", k.get("error")
+    assert k["matrix_instructions"]["check"] == "ok" and k["matrix_instructions"]["dots"] == 2
+
+
+def test_matrix_lists_it_on_sm90_only_with_reasons():
+    from dsv41c.codegen.matrix import KernelMatrix
+
+    m = KernelMatrix.build()
+    row = next(r for r in m.rows if r.name == "sparse_attention_ws")
+    assert row.cells["cuda:sm90"].status == "native"
+    for target, cell in row.cells.items():
+        if target.startswith("ascend"):  # no Triton backend there at all: the matrix's own reason
+            assert cell.status == "missing" and "no Triton backend" in cell.reason, (target, cell)
+        elif target != "cuda:sm90":
+            assert cell.status == "missing" and "sparse_attention template serves" in cell.reason, (target, cell)
+
+
+def _inputs(S=3, H=16, D=64, W=16, KC=8, N=24):
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(S, H, D, generator=g).to(torch.bfloat16)
+    qpos = torch.tensor([3, 20, 40][:S], dtype=torch.int32)
+    wq, we = nx.quant_fp8_ue8m0(torch.randn(W + S, D, generator=g), 32)
+    cp, cs = nx.quant_fp4_e4m3(torch.randn(N, D, generator=g), 16)
+    idx = torch.randint(-1, N, (S, KC), generator=g).to(torch.int32)
+    ang = torch.arange(64, dtype=torch.float64)[:, None] * torch.ones(8, dtype=torch.float64)[None] * 0.01
+    return (q, qpos, (wq.view(torch.uint8), we), (cp, cs.view(torch.uint8)), idx, torch.randn(H, generator=g),
+            torch.cos(ang).float(), torch.sin(ang).float())
+
+
+def test_ws_refused_where_it_cannot_run():
+    args = _inputs()
+    assert not ws.ws_supported(args[0], args[2], args[3])
+    with pytest.raises(ValueError, match="compute capability 9.0"):
+        sa.sparse_attention(*args, window=16, ws=True)
+    with pytest.raises(ValueError, match=r"takes none of the Triton kernel's knobs, got \['block_n'\]"):
+        sa.sparse_attention(*args, window=16, ws=True, block_n=16)
+    # the default (ws=None) falls back to the Triton kernel here and matches the reference
+    o = sa.sparse_attention(*args, window=16)
+    r = sa.sparse_attention_ref(*args, window=16)
+    assert (o.float() - r.float()).abs().max() < 0.05 * r.float().abs().max()
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") == "1" or not torch.cuda.is_available(),
+                    reason="a CUDA GPU without the interpreter")
+def test_ws_rejects_packed_rows_that_are_not_whole_words():
+    args = list(_inputs())
+    dev = "cuda"
+    args = [a.to(dev) if torch.is_tensor(a) else tuple(x.to(dev) for x in a) for a in args]
+    if not ws.ws_supported(args[0], args[2], args[3]):
+        pytest.skip("needs sm90+")
+    cp, cs = args[3]
+    args[3] = (cp[:, :30], cs)  # 30 bytes a row: not whole int32 words
+    with pytest.raises(ValueError, match="whole int32 words"):
+        sa.sparse_attention(*args, window=16, ws=True)
