@@ -506,11 +506,7 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     if window % BN:
         raise ValueError(f"sparse_attention: window {window} is not a multiple of the key block {BN}")
     KC = idx.shape[1]
-    idx = idx if idx.dtype == torch.int32 and idx.is_contiguous() else idx.to(torch.int32).contiguous()
-    qpos = qpos if qpos.dtype == torch.int32 and qpos.is_contiguous() else qpos.to(torch.int32).contiguous()
-    has_base = win_base is not None
-    wb = win_base.to(torch.int32).contiguous() if has_base else qpos
-    cb = cmp_base.to(torch.int32).contiguous() if has_base else qpos
+    qpos, idx, wb, cb, has_base = _index_args(qpos, idx, win_base, cmp_base)
     # One FP8/FP4 query: 128-channel output slices give 4x the programs (H200 sweep: 20.5 µs vs
     # 25.8 µs at DV 512); batches keep whole rows (more DV slices only repeat the q·k work).
     DV = dv or (ONE_QUERY_DV if S == 1 and wq and not interpreting() and D % ONE_QUERY_DV == 0 else D)
@@ -561,6 +557,17 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     return out
 
 
+def _index_args(qpos, idx, win_base, cmp_base):
+    """int32 contiguous qpos / idx / base rows; without bases the base pointers alias qpos (has_base = 0: no zero
+    tensors to fill at decode)."""
+    idx = idx if idx.dtype == torch.int32 and idx.is_contiguous() else idx.to(torch.int32).contiguous()
+    qpos = qpos if qpos.dtype == torch.int32 and qpos.is_contiguous() else qpos.to(torch.int32).contiguous()
+    has_base = win_base is not None
+    wb = win_base.to(torch.int32).contiguous() if has_base else qpos
+    cb = cmp_base.to(torch.int32).contiguous() if has_base else qpos
+    return qpos, idx, wb, cb, has_base
+
+
 def _sparse_attention_ws(q, qpos, wkv, wsc, ckv, csc, idx, sink, cos, sin, window, R, win_base, cmp_base, scale,
                          n_split, pdl, out, ws_cfg=None):
     """The key blocks by the warp-specialized kernel (partials always), merged by `_combine_kernel`."""
@@ -572,11 +579,7 @@ def _sparse_attention_ws(q, qpos, wkv, wsc, ckv, csc, idx, sink, cos, sin, windo
         raise ValueError(f"sparse_attention: window {window} is not a multiple of the ws key block {BN}")
     dev = q.device
     KC = idx.shape[1]
-    idx = idx if idx.dtype == torch.int32 and idx.is_contiguous() else idx.to(torch.int32).contiguous()
-    qpos = qpos if qpos.dtype == torch.int32 and qpos.is_contiguous() else qpos.to(torch.int32).contiguous()
-    has_base = win_base is not None
-    wb = win_base.to(torch.int32).contiguous() if has_base else qpos
-    cb = cmp_base.to(torch.int32).contiguous() if has_base else qpos
+    qpos, idx, wb, cb, has_base = _index_args(qpos, idx, win_base, cmp_base)
     bps, n_split = _key_splits(window // BN + triton.cdiv(KC, BN), S, sm_count(dev), n_split)
     pm = torch.empty((S, n_split, H), dtype=torch.float32, device=dev)
     pl = torch.empty_like(pm)
