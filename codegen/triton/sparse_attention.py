@@ -33,6 +33,10 @@ unrolled and independent so that they are in flight together: running max raised
 sums rescaled, the chunk's splits added in split order element by element (for n_split <= NS the
 arithmetic of a two-pass merge exactly). A loop over single splits waited a round trip a split (H200,
 Nsight Compute: 10.4 µs for one query's 10 splits).
+Since session 26 FP8/FP4 decode batches (2 <= S <= SMs / 2) on CUDA sm90+ run the warp-specialized Gluon kernel of
+sparse_attention_ws.py instead (`ws`, WS_ATTENTION: a producer warpgroup dequantizes while two consumer warpgroups
+multiply; 64 queries 50.4 -> 34 µs on the H200), with this file's combine; a knob of this kernel (block_n, dv, ...)
+keeps this one. This kernel serves one query, prefill, bf16 KV and every other target.
 Decode splits: a batch of S queries runs SMs // S key splits (at least 1), so about one program per
 SM is in flight: one quantized query (DV 128, 32-key blocks on CUDA) = 4 channel slices × 20 splits of
 one block, 64 queries (64-key blocks) = 128 programs.
