@@ -6,7 +6,6 @@ shared by triton 3.6 and 3.9), into the code it is meant to be — register real
 wgmma issued back to back (a kernel whose accumulator stayed in flight across its loop got a wait after every wgmma
 from ptxas); the launcher refuses it clearly where it cannot run; the matrix lists it for sm90 only, with reasons.
 """
-import os
 import re
 
 import pytest
@@ -69,22 +68,27 @@ def test_matrix_lists_it_on_sm90_only_with_reasons():
             assert cell.status == "missing" and "sparse_attention template serves" in cell.reason, (target, cell)
 
 
-def _inputs(S=3, H=16, D=64, W=16, KC=8, N=24):
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _inputs(S=3, H=16, D=64, W=16, KC=8, N=24, dev=DEV):
     g = torch.Generator().manual_seed(3)
     q = torch.randn(S, H, D, generator=g).to(torch.bfloat16)
     qpos = torch.tensor([3, 20, 40][:S], dtype=torch.int32)
     wq, we = nx.quant_fp8_ue8m0(torch.randn(W + S, D, generator=g), 32)
     cp, cs = nx.quant_fp4_e4m3(torch.randn(N, D, generator=g), 16)
     idx = torch.randint(-1, N, (S, KC), generator=g).to(torch.int32)
-    ang = torch.arange(64, dtype=torch.float64)[:, None] * torch.ones(8, dtype=torch.float64)[None] * 0.01
-    return (q, qpos, (wq.view(torch.uint8), we), (cp, cs.view(torch.uint8)), idx, torch.randn(H, generator=g),
+    ang = torch.arange(64, dtype=torch.float64)[:, None] * torch.ones(D // 8, dtype=torch.float64)[None] * 0.01
+    args = (q, qpos, (wq.view(torch.uint8), we), (cp, cs.view(torch.uint8)), idx, torch.randn(H, generator=g),
             torch.cos(ang).float(), torch.sin(ang).float())
+    return [a.to(dev) if torch.is_tensor(a) else tuple(x.to(dev) for x in a) for a in args]
 
 
 def test_ws_refused_where_it_cannot_run():
+    """Here: the interpreter (CPU tier) or, on a GPU, widths other than the model's 64 heads x 512."""
     args = _inputs()
     assert not ws.ws_supported(args[0], args[2], args[3])
-    with pytest.raises(ValueError, match="compute capability 9.0"):
+    with pytest.raises(ValueError, match="64 heads x 512 channels and a CUDA GPU of compute capability 9.0"):
         sa.sparse_attention(*args, window=16, ws=True)
     with pytest.raises(ValueError, match=r"takes none of the Triton kernel's knobs, got \['block_n'\]"):
         sa.sparse_attention(*args, window=16, ws=True, block_n=16)
@@ -94,15 +98,12 @@ def test_ws_refused_where_it_cannot_run():
     assert (o.float() - r.float()).abs().max() < 0.05 * r.float().abs().max()
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") == "1" or not torch.cuda.is_available(),
-                    reason="a CUDA GPU without the interpreter")
-def test_ws_rejects_packed_rows_that_are_not_whole_words():
-    args = list(_inputs())
-    dev = "cuda"
-    args = [a.to(dev) if torch.is_tensor(a) else tuple(x.to(dev) for x in a) for a in args]
+@pytest.mark.gpu
+def test_gpu_ws_rejects_packed_rows_that_are_not_whole_words():
+    args = _inputs(H=64, D=512, W=128, dev="cuda")
     if not ws.ws_supported(args[0], args[2], args[3]):
         pytest.skip("needs sm90+")
     cp, cs = args[3]
-    args[3] = (cp[:, :30], cs)  # 30 bytes a row: not whole int32 words
+    args[3] = (cp[:, :254], cs)  # 254 bytes a row: not whole int32 words
     with pytest.raises(ValueError, match="whole int32 words"):
-        sa.sparse_attention(*args, window=16, ws=True)
+        sa.sparse_attention(*args, window=128, ws=True)

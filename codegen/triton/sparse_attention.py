@@ -500,7 +500,8 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
             return _sparse_attention_ws(q, qpos, wkv, wsc, ckv, csc, idx, sink, cos, sin, window, R, win_base,
                                         cmp_base, scale, n_split, pdl, out, ws_cfg)
         if ws:
-            raise ValueError("sparse_attention: ws=True needs FP8/FP4 KV on a CUDA GPU of compute capability 9.0+")
+            raise ValueError("sparse_attention: ws=True needs FP8/FP4 KV, 64 heads x 512 channels and a CUDA GPU of "
+                             "compute capability 9.0+")
     # a decode batch (2 <= S <= SMs / 2 quantized queries: key splits) may have its own key block and
     # stages (BATCH_BN / BATCH_STAGES; today the CUDA defaults); ROCm keeps its one stage
     batch = wq and 1 < S and 2 * S <= sm_count(dev) and not interpreting() and torch.version.hip is None

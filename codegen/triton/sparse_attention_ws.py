@@ -289,11 +289,14 @@ def _sparse_attn_ws_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, 
 
 
 def ws_supported(q, win_kv, cmp_kv) -> bool:
-    """Whether `sparse_attention_ws` can run these inputs: CUDA sm90+ (not ROCm, not the interpreter), FP8/FP4 KV."""
+    """Whether `sparse_attention_ws` can run these inputs: CUDA sm90+ (not ROCm, not the interpreter), FP8/FP4 KV, the
+    model's 64 heads x 512 channels (one wgmma M of heads; two warpgroups of 256 output channels)."""
     import os
     if q.device.type != "cuda" or torch.version.hip is not None or os.environ.get("TRITON_INTERPRET", "0") == "1":
         return False
     if not (isinstance(win_kv, (tuple, list)) and isinstance(cmp_kv, (tuple, list))):
+        return False
+    if tuple(q.shape[1:]) != (64, 512):
         return False
     return torch.cuda.get_device_capability(q.device)[0] >= 9
 
