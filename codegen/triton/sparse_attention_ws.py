@@ -45,7 +45,6 @@ GPU only, its sm90 build on the CPU. The AOT variant is built with PDL off and s
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -55,6 +54,7 @@ from triton.experimental.gluon.language._core import builtin
 
 from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
 from dsv41c.codegen.triton.kv_pairs import _E2M1_PAIRS
+from dsv41c.codegen.triton.kv_quant import interpreting
 from dsv41c.codegen.triton.pdl import launch_kw
 
 # a CTA-wide (in a partition: the partition's warps) barrier: `gl.barrier` since triton 3.7, `gl.thread_barrier` before
@@ -291,8 +291,7 @@ def _sparse_attn_ws_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, 
 def ws_supported(q, win_kv, cmp_kv) -> bool:
     """Whether `sparse_attention_ws` can run these inputs: CUDA sm90+ (not ROCm, not the interpreter), FP8/FP4 KV, the
     model's 64 heads x 512 channels (one wgmma M of heads; two warpgroups of 256 output channels)."""
-    import os
-    if q.device.type != "cuda" or torch.version.hip is not None or os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if q.device.type != "cuda" or torch.version.hip is not None or interpreting():
         return False
     if not (isinstance(win_kv, (tuple, list)) and isinstance(cmp_kv, (tuple, list))):
         return False
