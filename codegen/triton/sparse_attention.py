@@ -494,7 +494,8 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
                             ("lazy_rescale", lazy_rescale), ("cvec", cvec)) if v is not None]
     if ws and knobs:
         raise ValueError(f"sparse_attention: ws=True takes none of the Triton kernel's knobs, got {knobs}")
-    if ws or (ws is None and WS_ATTENTION and not knobs and wq and 1 < S and 2 * S <= sm_count(dev)):
+    decode_batch = wq and 1 < S and 2 * S <= sm_count(dev)
+    if ws or (ws is None and WS_ATTENTION and not knobs and decode_batch):
         from dsv41c.codegen.triton.sparse_attention_ws import ws_supported
         if ws_supported(q, win_kv, cmp_kv):
             return _sparse_attention_ws(q, qpos, wkv, wsc, ckv, csc, idx, sink, cos, sin, window, R, win_base,
@@ -504,7 +505,7 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
                              "compute capability 9.0+")
     # a decode batch (2 <= S <= SMs / 2 quantized queries: key splits) may have its own key block and
     # stages (BATCH_BN / BATCH_STAGES; today the CUDA defaults); ROCm keeps its one stage
-    batch = wq and 1 < S and 2 * S <= sm_count(dev) and not interpreting() and torch.version.hip is None
+    batch = decode_batch and not interpreting() and torch.version.hip is None
     # one FP8/FP4 query on CUDA: 32-key blocks (twice the programs of 64, each half the dequantization)
     one = wq and S == 1 and not interpreting() and torch.version.hip is None
     BN = min(block_n or (BATCH_BN if batch else ONE_QUERY_BN if one else DEFAULT_BN[wq]), window)
@@ -536,7 +537,7 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     if not 0 <= lazy <= LAZY_MAX:  # e^slack bounds each probability: fp32 sums and bf16 P stay finite
         raise ValueError(f"sparse_attention: lazy_rescale {lazy} must be in [0, {LAZY_MAX}]")
     CP = min(64, DV)
-    NS, HB = _combine_tile_shape(n_split, H)
+    NS = _combine_tile_shape(n_split, H)[0]  # the fused merge's split chunk
     if split:
         pm = torch.empty((S, n_split, H), dtype=torch.float32, device=dev)
         pl = torch.empty_like(pm)
@@ -555,11 +556,18 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
         num_warps=num_warps or 8, num_stages=num_stages or (BATCH_STAGES if batch else _default_stages()),
         **launch_kw(pdl))
     if split and not fuse:
-        CP = min(64, D)
-        _combine_kernel[(S, D // CP, H // HB)](pm, pl, pacc, qpos, sink, cos, sin, out, n_split,
-                                              H=H, D=D, ROPE=rope, HB=HB, CP=CP, NS=NS, PDL=pdl, num_warps=4,
-                                              **launch_kw(pdl))
+        _launch_combine(pm, pl, pacc, qpos, sink, cos, sin, out, n_split, pdl)
     return out
+
+
+def _launch_combine(pm, pl, pacc, qpos, sink, cos, sin, out, n_split, pdl):
+    """`_combine_kernel` over the splits' partials: grid query x 64-channel x HB-head tiles (`_combine_tile_shape`)."""
+    S, H, D = out.shape
+    CP = min(64, D)
+    NS, HB = _combine_tile_shape(n_split, H)
+    _combine_kernel[(S, D // CP, H // HB)](pm, pl, pacc, qpos, sink, cos, sin, out, n_split,
+                                          H=H, D=D, ROPE=cos.shape[1] * 2, HB=HB, CP=CP, NS=NS, PDL=pdl, num_warps=4,
+                                          **launch_kw(pdl))
 
 
 def _index_args(qpos, idx, win_base, cmp_base):
@@ -594,19 +602,9 @@ def _sparse_attention_ws(q, qpos, wkv, wsc, ckv, csc, idx, sink, cos, sin, windo
     pdl = pdl_for(dev) and (PDL_ATTENTION if pdl is None else bool(pdl))
     wsk.launch_ws(q.contiguous(), qpos, wkv, wsc, ckv, csc, idx, wb, cb, pm, pl, pacc, R, KC, has_base, bps, n_split,
                   D ** -0.5 if scale is None else scale, window, **{"pdl": pdl and wsk.WS_PDL, **cfg})
-    if not combine:
-        return out
-    NS, HB = _combine_tile_shape(n_split, H)
-    sink = sink if sink.dtype == torch.float32 and sink.is_contiguous() else sink.float().contiguous()
-    _combine_kernel[(S, D // 64, H // HB)](pm, pl, pacc, qpos, sink, cos.contiguous(), sin.contiguous(), out, n_split,
-                                          H=H, D=D, ROPE=cos.shape[1] * 2, HB=HB, CP=64, NS=NS, PDL=pdl, num_warps=4,
-                                          **launch_kw(pdl))
-    return out
-    pdl = pdl_for(dev) and (PDL_ATTENTION if pdl is None else bool(pdl))
-    NS, HB = _combine_tile_shape(n_split, H)
-    _combine_kernel[(S, D // 64, H // HB)](pm, pl, pacc, qpos, sink, cos, sin, out, n_split,
-                                          H=H, D=D, ROPE=cos.shape[1] * 2, HB=HB, CP=64, NS=NS, PDL=pdl, num_warps=4,
-                                          **launch_kw(pdl))
+    if combine:
+        sink = sink if sink.dtype == torch.float32 and sink.is_contiguous() else sink.float().contiguous()
+        _launch_combine(pm, pl, pacc, qpos, sink, cos.contiguous(), sin.contiguous(), out, n_split, pdl)
     return out
 
 
@@ -643,8 +641,8 @@ CVEC_DEFAULT = 8
 # graph replay: BN 32 15.1 µs, BN 64 25.6 (the DV 512 tiles: BN 16 16.8, BN 32 17.8; DV 64 22.3)
 ONE_QUERY_BN = 32
 # the warp-specialized Gluon kernel (sparse_attention_ws.py) for quantized decode batches (2 <= S <= SMs / 2) on CUDA
-# sm90+. H200, L2-cold graph replay, 64 queries (session 26, results/tune_sparse_attention_ws_s26*.json, three runs):
-# 36.3 µs against this file's kernel's 50.4-51.1; one query stays here (14.8 against 13.8 µs)
+# sm90+. H200, L2-cold graph replay, 64 queries (session 26, results/tune_sparse_attention_ws_s26*.json and the
+# table run): 33.9-34.3 µs against this file's kernel's 50.4-51.1; one query stays here (level: 13.7 against 13.5 µs)
 WS_ATTENTION = True
 COMBINE_TILE = 4096  # floats of partial accumulators a combine program loads at once (NS x HB x 64)
 
