@@ -89,6 +89,12 @@ VARIANTS = {
         # session 26, tried and removed (results/tune_sparse_attention_ws_s26_fuse.json): the last split to arrive
         # merged the others' partials in the same launch (39.6 µs cold against 36.7, and its bits depend on the
         # arrival order)
+        # session 27, tried and removed (docs/KERNELS_HISTORY.md session 27; tune_sparse_attention_ws_s27_run1-4.json,
+        # ws_timeline_s27_run1-5.json), L2-cold µs, the kernel as shipped 34.1-34.5 in the same runs: the next block's
+        # entries loaded a block ahead 35.4-35.6; the partials through the freed tile ring (512-byte warp stores) 35.1;
+        # every row prefetched into the L2 at the program's start 35.1-35.3; the compressed rows by cp.async into a
+        # staging buffer one block ahead 37.6; the two splits merged in the launch by the last to arrive (both
+        # partials re-read from the L2, no combine kernel) 38.3-38.5 (warm: 30.3-30.5 against 32.2)
     ]),
     "decode_S1": (1, [
         ("old", {"qk_once": False, "fuse_combine": False}),

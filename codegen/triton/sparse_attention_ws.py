@@ -100,9 +100,23 @@ def _last3(n: gl.constexpr, L3: gl.constexpr):
 
 
 @gluon.jit
+def _stamp(ts_ptr, cta, slot, STAMPS: gl.constexpr, GLOBAL: gl.constexpr = False, ok=True):
+    """Diagnostics (STAMPS): the SM clock (or, GLOBAL, the global nanosecond timer) into ts_ptr[cta, slot] where ok
+    (64 slots a program: 12 consumer blocks, 8 producer blocks; benchmarks/ws_timeline.py reads them and documents
+    the slot map)."""
+    if STAMPS:
+        if GLOBAL:
+            t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+        else:
+            t = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+        gl.store(ts_ptr + cta * 64 + slot, t, mask=ok)
+
+
+@gluon.jit
 def _producer(wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, s, p, wbase, cbase, R, KC, b0, b1,
-              k_smem, bias_smem, ready, empty, D: gl.constexpr, W: gl.constexpr, BN: gl.constexpr,
-              NBUF: gl.constexpr, NCH: gl.constexpr, LOOKAHEAD: gl.constexpr, DIAG: gl.constexpr):
+              k_smem, bias_smem, ready, empty, ts_ptr, cta, D: gl.constexpr, W: gl.constexpr, BN: gl.constexpr,
+              NBUF: gl.constexpr, NCH: gl.constexpr, LOOKAHEAD: gl.constexpr, DIAG: gl.constexpr,
+              STAMPS: gl.constexpr):
     """Fill the tile ring: per key block, gather its rows (every chunk's loads issued before waiting for a free
     tile), decode NCH channel chunks in turn into the tile (so a chunk's outputs, not the block's, are live), write
     the padding bias, then signal ready."""
@@ -131,6 +145,7 @@ def _producer(wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, s, p, wbase, cbase, R
         bias = gl.where(jb >= 0, 0.0, float("-inf"))
         buf = i % NBUF
         mbarrier.wait(empty.index(buf), ((i // NBUF) & 1) ^ 1)
+        _stamp(ts_ptr, cta, 44 + 2 * i, STAMPS, ok=i < 8)
         tile = k_smem.index(buf)
         for ch in gl.static_range(NCH * (DIAG != 1)):
             # value·2^(e-127) in units of 2^-8: the e4m3 value (exact in fp32) x 2^-8, then x 2^(e-127) (bits e << 23)
@@ -142,6 +157,7 @@ def _producer(wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, s, p, wbase, cbase, R
         fence_async_shared()
         _sync()
         mbarrier.arrive(ready.index(buf), count=1)
+        _stamp(ts_ptr, cta, 45 + 2 * i, STAMPS, ok=i < 8)
         i += 1
     c0 = gl.maximum(b0, NWB)
     cur = _cmp_loads(ckv_ptr, csc_ptr, idx_ptr, s64, cbase, KC, c0, b1, D, BN, NWB, NCH, LC, BIAS_L, DIAG)
@@ -151,6 +167,7 @@ def _producer(wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, s, p, wbase, cbase, R
         words, factors, bias = cur
         buf = i % NBUF
         mbarrier.wait(empty.index(buf), ((i // NBUF) & 1) ^ 1)
+        _stamp(ts_ptr, cta, 44 + 2 * i, STAMPS, ok=i < 8)
         if DIAG != 1:
             tile = _reinterpret(k_smem.index(buf), gl.int32, [BN, D // 2], I32_TILE)
             for ch in gl.static_range(NCH):
@@ -167,6 +184,7 @@ def _producer(wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, s, p, wbase, cbase, R
         fence_async_shared()
         _sync()
         mbarrier.arrive(ready.index(buf), count=1)
+        _stamp(ts_ptr, cta, 45 + 2 * i, STAMPS, ok=i < 8)
         i += 1
         if not LOOKAHEAD:
             nxt = _cmp_loads(ckv_ptr, csc_ptr, idx_ptr, s64, cbase, KC, blk + 1, b1, D, BN, NWB, NCH, LC, BIAS_L, DIAG)
@@ -203,17 +221,21 @@ def _cmp_loads(ckv_ptr, csc_ptr, idx_ptr, s64, cbase, KC, blk, b1, D: gl.constex
 
 @gluon.jit
 def _consumer(q_ptr, s, sp, nblk, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_smem, k_smem, bias_smem, ready, empty,
-              H: gl.constexpr, D: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, DIAG: gl.constexpr):
+              ts_ptr, cta, H: gl.constexpr, D: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, DIAG: gl.constexpr,
+              STAMPS: gl.constexpr):
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BN // 2, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16])
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     Q_L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+    _stamp(ts_ptr, cta, 62, STAMPS, True)
+    _stamp(ts_ptr, cta, 0, STAMPS)
     s64 = s.to(gl.int64)
     hq = gl.arange(0, H, layout=gl.SliceLayout(1, Q_L))
     cq = gl.arange(0, D, layout=gl.SliceLayout(0, Q_L))
     q_smem.store(gl.load(q_ptr + (s64 * H + hq)[:, None] * D + cq[None, :]))
     fence_async_shared()
     _sync()
+    _stamp(ts_ptr, cta, 1, STAMPS)
     m_i = gl.full([H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_L))
     l_i = gl.zeros([H], gl.float32, layout=gl.SliceLayout(1, S_L))
     acc = gl.zeros([H, D], gl.float32, layout=O_L)
@@ -222,12 +244,14 @@ def _consumer(q_ptr, s, sp, nblk, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_sm
     for i in range(nblk):
         buf = i % NBUF
         mbarrier.wait(ready.index(buf), (i // NBUF) & 1)
+        _stamp(ts_ptr, cta, 2 + 3 * i, STAMPS, ok=i < 12)
         kt = k_smem.index(buf)
         if DIAG == 2:  # diagnostics: no MMA (the producer alone sets the pace)
             qk = zs
         else:
             qk = warpgroup_mma(q_smem, kt.permute((1, 0)), zs, use_acc=False, is_async=True)
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
+        _stamp(ts_ptr, cta, 3 + 3 * i, STAMPS, ok=i < 12)
         bias = bias_smem.index(buf).load(gl.SliceLayout(0, S_L))
         logits = qk * scale + bias[None, :]
         m_new = gl.maximum(m_i, gl.max(logits, axis=1))
@@ -242,9 +266,11 @@ def _consumer(q_ptr, s, sp, nblk, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_sm
             # ptxas serialize every wgmma of the kernel (C7515: a wait after each of the 36 a block)
             acc = warpgroup_mma(gl.convert_layout(pr.to(gl.bfloat16), P_L), kt, acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        _stamp(ts_ptr, cta, 4 + 3 * i, STAMPS, ok=i < 12)
         _sync()  # both warpgroups are done with the tile
         mbarrier.arrive(empty.index(buf), count=1)
     acc = acc * 256.0
+    _stamp(ts_ptr, cta, 40, STAMPS)
     st = (s64 * n_split + sp) * H
     hs = gl.arange(0, H, layout=gl.SliceLayout(1, S_L))
     gl.store(pm_ptr + st + hs, m_i)
@@ -252,20 +278,23 @@ def _consumer(q_ptr, s, sp, nblk, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_sm
     ho = gl.arange(0, H, layout=gl.SliceLayout(1, O_L))
     co = gl.arange(0, D, layout=gl.SliceLayout(0, O_L))
     gl.store(pacc_ptr + (st + ho)[:, None] * D + co[None, :], acc)
+    _stamp(ts_ptr, cta, 41, STAMPS)
+    _stamp(ts_ptr, cta, 63, STAMPS, True)
 
 
 @gluon.jit
 def _sparse_attn_ws_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, wbase_ptr, cbase_ptr,
-                           pm_ptr, pl_ptr, pacc_ptr, R, KC, has_base, blocks_per_split, n_split, scale,
+                           pm_ptr, pl_ptr, pacc_ptr, ts_ptr, R, KC, has_base, blocks_per_split, n_split, scale,
                            H: gl.constexpr, D: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr,
                            PRODUCER_REGS: gl.constexpr, NCH: gl.constexpr, LOOKAHEAD: gl.constexpr,
-                           DIAG: gl.constexpr = 0, PDL: gl.constexpr = False):
+                           DIAG: gl.constexpr = 0, PDL: gl.constexpr = False, STAMPS: gl.constexpr = False):
     if PDL:  # pdl.py's protocol: wait for the previous grid's writes, then let the combine launch be scheduled
         gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
                                   pack=1)
     s = gl.program_id(0)
     sp = gl.program_id(2)
+    cta = sp * gl.num_programs(0) + s
     p = gl.load(qpos_ptr + s)
     wbase = gl.load(wbase_ptr + s) * has_base  # has_base = 0: the base pointers alias qpos
     cbase = gl.load(cbase_ptr + s) * has_base
@@ -282,9 +311,9 @@ def _sparse_attn_ws_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, 
         mbarrier.init(empty.index(k), count=1)
     gl.warp_specialize([
         (_consumer, (q_ptr, s, sp, b1 - b0, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_smem, k_smem, bias_smem,
-                     ready, empty, H, D, BN, NBUF, DIAG)),
+                     ready, empty, ts_ptr, cta, H, D, BN, NBUF, DIAG, STAMPS)),
         (_producer, (wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, s, p, wbase, cbase, R, KC, b0, b1, k_smem,
-                     bias_smem, ready, empty, D, W, BN, NBUF, NCH, LOOKAHEAD, DIAG)),
+                     bias_smem, ready, empty, ts_ptr, cta, D, W, BN, NBUF, NCH, LOOKAHEAD, DIAG, STAMPS)),
     ], [4], [PRODUCER_REGS])
 
 
@@ -302,15 +331,21 @@ def ws_supported(q, win_kv, cmp_kv) -> bool:
 
 def launch_ws(q, qpos, wkv, wsc, ckv, csc, idx, wb, cb, pm, pl, pacc, R, KC, has_base, bps, n_split, scale, window,
               block_n=WS_BN, nbuf=WS_NBUF, producer_regs=WS_PRODUCER_REGS, maxnreg=WS_MAXNREG, chunks=WS_CHUNKS,
-              lookahead=WS_LOOKAHEAD, diag=0, pdl=False):
-    """The partial-writing launch (grid S x 1 x n_split); `sparse_attention` prepares the arguments and merges."""
+              lookahead=WS_LOOKAHEAD, diag=0, pdl=False, stamps=None):
+    """The partial-writing launch (grid S x 1 x n_split); `sparse_attention` prepares the arguments and merges.
+    stamps: an int64 [S * n_split, 64] buffer for the STAMPS diagnostic timeline (benchmarks/ws_timeline.py)."""
     S, H, D = q.shape
     if ckv.shape[-1] % 4 or not ckv.is_contiguous():
         raise ValueError(f"sparse_attention_ws: packed FP4 rows must be contiguous whole int32 words, got {tuple(ckv.shape)}")
+    if stamps is not None and (stamps.dtype != torch.int64 or stamps.device != q.device or not stamps.is_contiguous()
+                               or stamps.numel() < S * n_split * 64):
+        raise ValueError(f"sparse_attention_ws: stamps must be a contiguous int64 tensor of at least {S * n_split} x 64 "
+                         f"on {q.device}, got {stamps.dtype} {tuple(stamps.shape)} on {stamps.device}")
     _sparse_attn_ws_kernel[(S, 1, n_split)](
-        q, qpos, wkv, wsc, ckv.view(torch.int32), csc, idx, wb, cb, pm, pl, pacc, R, KC, int(has_base), bps, n_split, scale,
+        q, qpos, wkv, wsc, ckv.view(torch.int32), csc, idx, wb, cb, pm, pl, pacc, pm if stamps is None else stamps,
+        R, KC, int(has_base), bps, n_split, scale,
         H=H, D=D, W=window, BN=block_n, NBUF=nbuf, PRODUCER_REGS=producer_regs, NCH=chunks, LOOKAHEAD=lookahead,
-        DIAG=diag, PDL=bool(pdl), num_warps=8, maxnreg=maxnreg, **launch_kw(bool(pdl)))
+        DIAG=diag, PDL=bool(pdl), STAMPS=stamps is not None, num_warps=8, maxnreg=maxnreg, **launch_kw(bool(pdl)))
 
 
 # ============================================================================ registration
@@ -318,7 +353,7 @@ def launch_ws(q, qpos, wkv, wsc, ckv, csc, idx, wb, cb, pm, pl, pacc, R, KC, has
 
 _WS_TYPES = {"q_ptr": "*bf16", "qpos_ptr": "*i32", "wkv_ptr": "*u8", "wsc_ptr": "*u8", "ckv_ptr": "*i32", "csc_ptr": "*u8",
              "idx_ptr": "*i32", "wbase_ptr": "*i32", "cbase_ptr": "*i32", "pm_ptr": "*fp32", "pl_ptr": "*fp32",
-             "pacc_ptr": "*fp32", "R": "i32", "KC": "i32", "has_base": "i32", "blocks_per_split": "i32",
+             "pacc_ptr": "*fp32", "ts_ptr": "*i64", "R": "i32", "KC": "i32", "has_base": "i32", "blocks_per_split": "i32",
              "n_split": "i32", "scale": "fp32"}
 _OTHERS = "; the sparse_attention template serves this target"
 
@@ -332,7 +367,8 @@ def _specs(target):
 
     c = preset("full")
     const = {"H": c.num_attention_heads, "D": c.head_dim, "W": c.sliding_window, "BN": WS_BN, "NBUF": WS_NBUF,
-             "PRODUCER_REGS": WS_PRODUCER_REGS, "NCH": WS_CHUNKS, "LOOKAHEAD": WS_LOOKAHEAD, "DIAG": 0, "PDL": False}
+             "PRODUCER_REGS": WS_PRODUCER_REGS, "NCH": WS_CHUNKS, "LOOKAHEAD": WS_LOOKAHEAD, "DIAG": 0, "PDL": False,
+             "STAMPS": False}
     return [aot_spec(_sparse_attn_ws_kernel, f"decode_batch_fp8fp4_bn{WS_BN}_nbuf{WS_NBUF}", _WS_TYPES, const,
                      num_warps=8, num_stages=1, keys={**const, "maxnreg": WS_MAXNREG})]
 
@@ -351,7 +387,7 @@ register(KernelTemplate(
     name="sparse_attention_ws", module=__name__,
     summary="decode-batch sparse attention, FP8/FP4 KV: a producer warpgroup dequantizes key blocks while two "
             "consumer warpgroups run wgmma (Gluon, warp-specialized)",
-    keys=("H", "D", "W", "BN", "NBUF", "PRODUCER_REGS", "NCH", "LOOKAHEAD", "DIAG", "PDL", "maxnreg"),
+    keys=("H", "D", "W", "BN", "NBUF", "PRODUCER_REGS", "NCH", "LOOKAHEAD", "DIAG", "PDL", "STAMPS", "maxnreg"),
     reference=_reference, launch=_launch, specializations=_specs,
     missing_on={"cuda:sm80": "wgmma, mbarrier partitions and setmaxnreg are sm90+" + _OTHERS,
                 "cuda:sm100": "written for Hopper's warpgroup MMA; Blackwell needs tcgen05 and tensor memory (not "
