@@ -12,9 +12,14 @@ import torch
 
 from dsv41c.codegen.triton import arrival
 from dsv41c.codegen.triton import sparse_attention as sa
+from dsv41c.codegen.triton.kv_quant import interpreting
 from dsv41c import formats as nx
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
+# The interpreter runs the kernel's fp32 path (UPCAST): a couple of ulps of each value. Compiled for a GPU (this file
+# run there without TRITON_INTERPRET), P is rounded to bf16 for the P·V MMA, so the error scales with the values
+# (|v| ~ 2), not with the cancelling output: the GPU tier's tolerance (test_kernels_attention.py's real widths).
+TOL = dict(ulps=2, floor=1e-3) if interpreting() or DEV == "cpu" else dict(ulps=4, floor=2.0)
 
 
 def rope_table(P, n_freq, theta=160000.0):
@@ -68,13 +73,15 @@ def batch_inputs(S, H, D, W, KC, N, quant, seed, pad_rows=()):
     (True, True, 4, None, 8),     # more splits than some queries' non-empty blocks
 ])
 def test_decode_batch_variants(quant, qk_once, fuse, n_split, dv, block_n):
+    if block_n < 16 and not (interpreting() or DEV == "cpu"):
+        pytest.skip("key blocks below 16 run in the interpreter only (a compiled tl.dot needs K >= 16)")
     S, H, D, W, KC, N = 4, 16, 64, 16, 21, 24
     cos, sin = rope_table(512, 8)
     args, kw = batch_inputs(S, H, D, W, KC, N, quant, seed=7 + n_split, pad_rows=(2,))
     o = sa.sparse_attention(*args, cos, sin, n_split=n_split, dv=dv, block_n=block_n, qk_once=qk_once,
                             fuse_combine=fuse, **kw)
     r = sa.sparse_attention_ref(*args, cos, sin, **kw)
-    assert_bf16_close(o, r, ulps=2, floor=1e-3)
+    assert_bf16_close(o, r, **TOL)
 
 
 def test_fused_combine_matches_separate_and_leaves_counters_zero():
@@ -101,7 +108,7 @@ def test_combine_in_chunks_of_splits():
     b = sa.sparse_attention(*args, cos, sin, n_split=20, block_n=16, fuse_combine=True, **kw)
     assert torch.equal(a, b)
     r = sa.sparse_attention_ref(*args, cos, sin, **kw)
-    assert_bf16_close(a, r, ulps=2, floor=1e-3)
+    assert_bf16_close(a, r, **TOL)
     assert sa._combine_tile_shape(20, 64) == (16, 4) and sa._combine_tile_shape(2, 64) == (2, 16)
     assert sa._combine_tile_shape(10, 64) == (16, 4) and sa._combine_tile_shape(1, 64) == (1, 16)
     for n in (1, 2, 3, 10, 16, 40, 200):
@@ -119,7 +126,7 @@ def test_all_padding_blocks_and_empty_window():
     for fuse in (True, False):
         o = sa.sparse_attention(*args, cos, sin, n_split=3, block_n=16, fuse_combine=fuse, **kw)
         r = sa.sparse_attention_ref(*args, cos, sin, **kw)
-        assert_bf16_close(o, r, ulps=2, floor=1e-3)
+        assert_bf16_close(o, r, **TOL)
 
 
 def test_bad_dv_is_rejected():
@@ -168,3 +175,34 @@ def test_gpu_decode_batch_real_widths(cfg):
     assert_bf16_close(o, r, ulps=4, floor=2.0)
     o2 = sa.sparse_attention(*args, cos, sin, **cfg, **kw)  # counters left at zero: a replay agrees
     assert torch.equal(o, o2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("H,D,S", [(16, 64, 4), (8, 64, 3), (4, 64, 1), (16, 128, 4), (96, 64, 2)])
+def test_gpu_quantized_heads_not_a_multiple_of_64_are_padded(H, D, S):
+    """FP8/FP4 KV with fewer than 64 heads (the tiny and mini presets): compiled for CUDA these products came out wrong
+    (session 27: errors of 4-10, every knob), so the launcher pads q and the sink with zero heads to a multiple of 64;
+    the result matches the reference and has the caller's head count. Small blocks below 16 are refused clearly."""
+    W, KC, N = 16, 21, 24
+    cos, sin = rope_table(512, 8)
+    args, kw = batch_inputs(S, H, D, W, KC, N, True, seed=H + S, pad_rows=(0,) if S > 1 else ())
+    o = sa.sparse_attention(*args, cos, sin, **kw)
+    r = sa.sparse_attention_ref(*args, cos, sin, **kw)
+    assert o.shape == (S, H, D)
+    assert_bf16_close(o, r, **TOL)
+    with pytest.raises(ValueError, match="below 16"):
+        sa.sparse_attention(*args, cos, sin, block_n=8, **kw)
+
+
+@pytest.mark.gpu
+def test_gpu_default_leaves_ws_where_its_blocks_do_not_tile_the_window():
+    """64 heads x 512 FP8/FP4 queries with a 16-key window: the default takes the Triton kernel (the ws kernel's 64-key
+    blocks do not tile the window) instead of raising; ws=True still says why it cannot."""
+    S, H, D, W, KC, N = 4, 64, 512, 16, 40, 64
+    cos, sin = rope_table(512, 32)
+    args, kw = batch_inputs(S, H, D, W, KC, N, True, seed=5)
+    o = sa.sparse_attention(*args, cos, sin, **kw)
+    r = sa.sparse_attention_ref(*args, cos, sin, **kw)
+    assert_bf16_close(o, r, **TOL)
+    with pytest.raises(ValueError, match="not a multiple of the ws key block"):
+        sa.sparse_attention(*args, cos, sin, ws=True, **kw)

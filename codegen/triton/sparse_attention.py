@@ -484,6 +484,22 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
         raise ValueError("sparse_attention: pass both win_base and cmp_base, or neither")
     R = ring or wkv.shape[0]
     dev = q.device
+    if wq and H % MMA_HEADS and dev.type == "cuda" and not interpreting() and torch.version.hip is None:
+        # FP8/FP4 tiles with fewer than 64 heads came out wrong on the H200 (session 27, results/
+        # diag_small_widths_s27.json: errors of 4-10 on N(0, 1) values at 16 heads for every knob, D 64 to 512, while
+        # bf16 tiles at 16 heads and FP8/FP4 at 64 were right; cause not found: those products are mma.sync, M < 64).
+        # The model has 64 heads; smaller presets get q and the sink padded with zero heads to a multiple of 64.
+        Hp = -(-H // MMA_HEADS) * MMA_HEADS
+        qp = torch.zeros((S, Hp, D), dtype=q.dtype, device=dev)
+        qp[:, :H] = q
+        sp = torch.zeros(Hp, dtype=torch.float32, device=dev)
+        sp[:H] = sink.float()
+        o = sparse_attention(qp, qpos, win_kv, cmp_kv, idx, sp, cos, sin, window=window, ring=ring, win_base=win_base,
+                             cmp_base=cmp_base, scale=D ** -0.5 if scale is None else scale, n_split=n_split, dv=dv,
+                             block_n=block_n, num_warps=num_warps, num_stages=num_stages, qk_once=qk_once,
+                             fuse_combine=fuse_combine, kv_pairs=kv_pairs, lazy_rescale=lazy_rescale, pdl=pdl,
+                             cvec=cvec, ws=ws, ws_cfg=ws_cfg)
+        return o[:, :H].contiguous()
     out = torch.empty((S, H, D), dtype=torch.bfloat16, device=dev)
     if S == 0:
         return out
@@ -496,8 +512,9 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
         raise ValueError(f"sparse_attention: ws=True takes none of the Triton kernel's knobs, got {knobs}")
     decode_batch = wq and 1 < S and 2 * S <= sm_count(dev)
     if ws or (ws is None and WS_ATTENTION and not knobs and decode_batch):
-        from dsv41c.codegen.triton.sparse_attention_ws import ws_supported
-        if ws_supported(q, win_kv, cmp_kv):
+        from dsv41c.codegen.triton.sparse_attention_ws import WS_BN, ws_supported
+        # by default only where its 64-key blocks tile the window (ws=True with another window: its error)
+        if ws_supported(q, win_kv, cmp_kv) and (ws or window % WS_BN == 0):
             return _sparse_attention_ws(q, qpos, wkv, wsc, ckv, csc, idx, sink, cos, sin, window, R, win_base,
                                         cmp_base, scale, n_split, pdl, out, ws_cfg)
         if ws:
@@ -511,6 +528,9 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     BN = min(block_n or (BATCH_BN if batch else ONE_QUERY_BN if one else DEFAULT_BN[wq]), window)
     if window % BN:
         raise ValueError(f"sparse_attention: window {window} is not a multiple of the key block {BN}")
+    if BN < 16 and not interpreting():
+        raise ValueError(f"sparse_attention: key block {BN} is below 16, the least K of a compiled tl.dot (P·V); "
+                         f"pass block_n >= 16 (smaller blocks run in the interpreter only)")
     KC = idx.shape[1]
     qpos, idx, wb, cb, has_base = _index_args(qpos, idx, win_base, cmp_base)
     # One FP8/FP4 query: 128-channel output slices give 4x the programs (H200 sweep: 20.5 µs vs
@@ -644,6 +664,7 @@ ONE_QUERY_BN = 32
 # sm90+. H200, L2-cold graph replay, 64 queries (session 26, results/tune_sparse_attention_ws_s26*.json and the
 # table run): 33.9-34.3 µs against this file's kernel's 50.4-51.1; one query stays here (level: 13.7 against 13.5 µs)
 WS_ATTENTION = True
+MMA_HEADS = 64  # FP8/FP4 KV on CUDA: heads padded to a multiple of this (sparse_attention; session 27)
 COMBINE_TILE = 4096  # floats of partial accumulators a combine program loads at once (NS x HB x 64)
 
 
