@@ -66,8 +66,10 @@ of it 34.0 µs, so the logits phase itself is slower), 12.6 vs 6.8 at two; why w
 
 Known gaps: the prefill path is two launches (logits, then top-k); the fused decode kernel's per-token
 counter takes one atomic from each of its (E/BE)·splits programs (480 at one token); the gate-once kernel's row
-programs spin until the whole grid has arrived, so it needs T of its programs resident at once (any GPU does: 120
-programs of 4 warps) and must not share its counter pool with a concurrent launch;
+programs spin until the whole grid has arrived, so it needs min(T, programs) of its programs resident at once (any
+GPU does: 120 programs of 4 warps) and must not share its counter pool with a concurrent launch; with fewer programs
+than tokens (small presets) a row program selects several tokens (session 27's fix, compiled for sm90 here but not
+yet run on a GPU: the CPU tier takes the interpreter's last-arriver path);
 the GEMV and MMA sum in a different order than the fp32 matmul of the reference, so an exact tie in
 s + b between two experts can flip (the benchmark reports the fraction of identical rows), and the gate-once
 kernel's weights are not the GEMV's bits.
@@ -390,10 +392,14 @@ def router_gate_once_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, bias_ptr, bias_vl_p
         row = n - 1 - tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
         if row < T:
             wait_count(cnt_ptr, n)
-            rr = row + tl.arange(0, 1)
-            select_rows(_sum_parts(part_ptr, rr, T, NS, E, E_PAD, True, NS), b, bvl, img_ptr, w_out_ptr, i_out_ptr, rr,
-                        T, inv_temp, route_scale, E, E_PAD, TOPK, K_PAD, HAS_VL, NORM)
-            if arrive_last(cnt_ptr + 1, T):  # every row program is past its wait: both counters back to 0
+            # tokens row, row + n, ...: with fewer programs than tokens (few experts: a small preset's 24 x 128 gate is
+            # 2 programs) a program takes several; before session 27 tokens past the grid were never selected (their
+            # outputs left unwritten: the CPU-tier router tests run on the H200)
+            for r in range(row, T, n):
+                rr = r + tl.arange(0, 1)
+                select_rows(_sum_parts(part_ptr, rr, T, NS, E, E_PAD, True, NS), b, bvl, img_ptr, w_out_ptr, i_out_ptr,
+                            rr, T, inv_temp, route_scale, E, E_PAD, TOPK, K_PAD, HAS_VL, NORM)
+            if arrive_last(cnt_ptr + 1, tl.minimum(n, T)):  # every row program is past its wait: both counters at 0
                 reset_counter(cnt_ptr)
                 reset_counter(cnt_ptr + 1)
     elif arrive_last(cnt_ptr, n):  # the interpreter runs programs one after another: no program may wait
