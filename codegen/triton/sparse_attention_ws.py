@@ -34,8 +34,14 @@ One query: level with the Triton kernel, which keeps it (sparse_attention.WS_ATT
 
 Specialization keys: H (64), D (512), W (128), BN (key block, 64), NBUF (tiles in flight, 2: q 64 KB + 2 x 64 KB),
 PRODUCER_REGS, NCH (decode chunks), LOOKAHEAD (the producer gathers block i+1 before decoding block i: measured
-slower, off), DIAG (timing diagnostics: 1 the producer decodes nothing, 2 no MMA), PDL; the launch's maxnreg (168:
-12 warps share the 64 K registers, redistributed by setmaxnreg).
+slower, off), DIAG (timing diagnostics: 1 the producer decodes nothing, 2 no MMA), PDL, STAMPS (diagnostics: the SM
+clock at each pipeline event of each program into a buffer, for benchmarks/ws_timeline.py; off in every shipped
+variant); the launch's maxnreg (168: 12 warps share the 64 K registers, redistributed by setmaxnreg).
+
+Where its time goes (session 27, ws_timeline_s27_final.json, 64 queries L2-cold): first tile ready 4.9 µs into a
+program, then a 64-key block every 3.3-3.5 µs (the producer's chain: 2.2 µs to hold the next block's rows, 1.3 to
+decode; alone it takes 2.3 a block, the consumers alone 2.5), the partial store 4.5 µs, the combine ~6 after the
+grid. Five changes measured slower and removed are listed in docs/KERNELS_HISTORY.md session 27.
 
 Known gaps: CUDA sm90 only (wgmma, mbarrier partitions, setmaxnreg; sm100 would need tcgen05) — the matrix lists the
 Triton kernel everywhere else; quantized KV, H = 64, D = 512 only; always writes fp32 partials (16.8 MB at 64
