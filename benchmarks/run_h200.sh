@@ -21,6 +21,10 @@
 #   tune_overlap     benchmarks/tune_moe_ffn_overlap.py -> tune_moe_ffn_chain.json (fused router, shared expert on a side stream)
 #   step_chain       benchmarks/step_chain.py -> step_chain.json (decode kernels behind their real predecessor, with
 #                    and without PDL / weights requested before the wait; CHAIN_ONLY / CHAIN_VARIANTS: regexes)
+#   cpu_tier         benchmarks/cpu_tier_on_gpu.py -> cpu_tier_on_gpu.json (the CPU-tier kernel tests compiled on the
+#                    GPU, a file a process; CPU_TIER_FILES picks files)
+#   ws_timeline      benchmarks/ws_timeline.py -> ws_timeline.json (the warp-specialized attention's per-program
+#                    timeline from clock stamps; WS_ONLY, a regex, picks its variants)
 #   read_floor       benchmarks/read_floor.py -> read_floor.json (the least time to read each decode case's bytes,
 #                    from the kept kernels_*.json, or this call's if bench_* ran first; ~6.5 min, so its
 #                    timeout is at least 420 s whatever STEP_TIMEOUT says)
@@ -90,6 +94,10 @@ for step in $STEPS; do
              ${COMPILED_ONLY:+--only "$COMPILED_ONLY"} ${COMPILED_CASES:+--cases "$COMPILED_CASES"} \
              --compile-budget "${COMPILE_BUDGET:-420}" \
              > "$OUT/compiled.txt" 2>&1 ;;
+    cpu_tier) timeout "$T" python3 benchmarks/cpu_tier_on_gpu.py --out "$OUT/cpu_tier_on_gpu.json" \
+             ${CPU_TIER_FILES:-} > "$OUT/cpu_tier.txt" 2>&1 ;;
+    ws_timeline) timeout "$T" python3 benchmarks/ws_timeline.py --out "$OUT/ws_timeline.json" \
+             ${WS_ONLY:+--only "$WS_ONLY"} > "$OUT/ws_timeline.txt" 2>&1 ;;
     *) echo "unknown step $step" ;;
   esac
   echo "== step $step: rc=$? in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt"
