@@ -53,8 +53,8 @@ def summarize(runs, S, n_split):
         names.update({44 + 2 * i: f"P blk{i} tile free", 45 + 2 * i: f"P blk{i} signalled"})
     out = {"clock_GHz": ghz, "splits": []}
     for sp in range(n_split):
-        sel = rel[:, sp * S:(sp + 1) * S]
-        raw = x[:, sp * S:(sp + 1) * S]
+        sel = rel[:, sp::n_split]
+        raw = x[:, sp::n_split]
         ev = {}
         for slot, name in names.items():
             v = raw[..., slot]
@@ -62,11 +62,11 @@ def summarize(runs, S, n_split):
                 ev[name] = round(float(sel[..., slot].median()), 3)
         out["splits"].append({
             "split": sp, "events_us": ev,
-            "start_us": {"min": round(float(starts[:, sp * S:(sp + 1) * S].min()), 3),
-                         "median": round(float(starts[:, sp * S:(sp + 1) * S].median()), 3),
-                         "max": round(float(starts[:, sp * S:(sp + 1) * S].max()), 3)},
-            "end_us": {"median": round(float(ends[:, sp * S:(sp + 1) * S].median()), 3),
-                       "max": round(float(ends[:, sp * S:(sp + 1) * S].max()), 3)}})
+            "start_us": {"min": round(float(starts[:, sp::n_split].min()), 3),
+                         "median": round(float(starts[:, sp::n_split].median()), 3),
+                         "max": round(float(starts[:, sp::n_split].max()), 3)},
+            "end_us": {"median": round(float(ends[:, sp::n_split].median()), 3),
+                       "max": round(float(ends[:, sp::n_split].max()), 3)}})
     out["grid_span_us"] = round(float((ends.max(dim=1).values).median()), 3)
     return out
 

@@ -89,8 +89,8 @@ def test_timeline_summary_of_synthetic_stamps():
     ev = out["splits"][1]["events_us"]
     assert ev["q staged"] == pytest.approx(2.0) and ev["blk0 ready"] == pytest.approx(2.0)
     assert ev["partials stored"] == pytest.approx(10.0) and "blk1 ready" not in ev
-    assert out["splits"][0]["start_us"]["max"] == pytest.approx(0.1)  # programs 0, 1
-    assert out["splits"][1]["start_us"]["min"] == pytest.approx(0.2)
+    assert out["splits"][0]["start_us"]["max"] == pytest.approx(0.2)  # programs 0, 2 (row s * n_split + sp)
+    assert out["splits"][1]["start_us"]["min"] == pytest.approx(0.1)
 
 
 @pytest.mark.gpu

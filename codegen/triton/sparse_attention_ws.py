@@ -300,7 +300,7 @@ def _sparse_attn_ws_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, 
                                   pack=1)
     s = gl.program_id(0)
     sp = gl.program_id(2)
-    cta = sp * gl.num_programs(0) + s
+    cta = s * n_split + sp  # the stamps row (gl.num_programs did not compile under every triton)
     p = gl.load(qpos_ptr + s)
     wbase = gl.load(wbase_ptr + s) * has_base  # has_base = 0: the base pointers alias qpos
     cbase = gl.load(cbase_ptr + s) * has_base
