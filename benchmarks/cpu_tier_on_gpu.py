@@ -54,8 +54,8 @@ def main(argv=None):
         r = run_file(f, args.timeout)
         rows.append(r)
         print(f"{f}: {r['summary']} ({r['wall_s']} s){'  ' + r['first_error'] if r['failed'] else ''}", flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps({"kind": "cpu_tier_on_gpu", "files": rows}, indent=1))
+        if args.out:  # after each file, so a call cut short still keeps what ran
+            Path(args.out).write_text(json.dumps({"kind": "cpu_tier_on_gpu", "files": rows}, indent=1))
     return 0 if all(r["rc"] in (0, 5) for r in rows) else 1
 
 

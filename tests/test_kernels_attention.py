@@ -18,6 +18,7 @@ from dsv41c.codegen.triton import indexer_score as ixs
 from dsv41c.codegen.triton import kv_pairs
 from dsv41c.codegen.triton import kv_quant as kq
 from dsv41c.codegen.triton import sparse_attention as sa
+from dsv41c.codegen.triton.kv_quant import interpreting
 from dsv41c import formats as nx
 
 from kernel_helpers import (DEV, assert_bf16_close, assert_compressor_close, bits,  # noqa: E402
@@ -375,6 +376,12 @@ def test_kv_tile_dequant_exact_every_code(win, pairs):
     _kv_tile_every_code(win, pairs)
 
 
+# Compiled (a GPU, also for these small shapes), P is rounded to bf16 for the P·V MMA, so the error scales with the
+# values (|v| ~ 2), not with the cancelling output: the GPU tier's tolerance. The interpreter multiplies in fp32.
+# Session 28 ran these compiled on the H200: max error 0.0156 at 2 ulps of the output, inside 4 ulps of 2.
+ATTN_TOL = dict(ulps=2, floor=1e-3) if interpreting() or DEV == "cpu" else dict(ulps=4, floor=2.0)
+
+
 @pytest.mark.parametrize("S,quant,n_split,dv,lazy", [(3, True, None, None, 0.0), (1, True, None, None, 0.0),
                                                     (4, False, 1, None, 0.0), (2, True, 1, 64, 0.0),
                                                     (1, False, 3, 64, 0.0), (1, True, 2, 32, 0.0),
@@ -389,7 +396,7 @@ def test_sparse_attention(S, quant, n_split, dv, lazy):
     o = sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin, n_split=n_split, dv=dv, lazy_rescale=lazy,
                             **kw)
     r = sa.sparse_attention_ref(q, qpos, wkv, ckv, idx, sink, cos, sin, **kw)
-    assert_bf16_close(o, r, ulps=2, floor=1e-3)
+    assert_bf16_close(o, r, **ATTN_TOL)
 
 
 def test_sparse_attention_batched_bases():
@@ -404,7 +411,7 @@ def test_sparse_attention_batched_bases():
     wkv = (wkv[0][:2 * W], wkv[1][:2 * W])
     o = sa.sparse_attention(q, qpos, wkv, ckv, idx, sink, cos, sin, **kw)
     r = sa.sparse_attention_ref(q, qpos, wkv, ckv, idx, sink, cos, sin, **kw)
-    assert_bf16_close(o, r, ulps=2, floor=1e-3)
+    assert_bf16_close(o, r, **ATTN_TOL)
 
 
 # ============================================================================ registry

@@ -302,14 +302,19 @@ def _expert_tiles(R: int, K: int, N: int = 0):
     slots or when asked) with tl.dot_scaled and 128-row weight tiles; prefill with decoder 2 at
     128×128×128 for gate/up and 128×256×128 for down (`benchmarks/tune_moe_prefill.py`, 2026-11-29:
     down 3.34 ms vs 4.18 ms at 128×128). The interpreter's BN = BK lets the gate/up kernel store h
-    in the down kernel's k order."""
+    in the down kernel's k order. BK is halved (not below 64, what decoders 1/2 need) until it divides
+    K, so narrow test widths (I = 64) compile with the same kernels as the real ones (I = 2048)."""
     if interpreting():
         return 16, 64, 64, 4, 1
     if R <= 128:
-        return 16, 128, 128, 4, 4
-    if N >= 4096:  # the down GEMM (N = hidden 5120): wider weight tiles win (H200 sweep, decoder 2)
-        return 128, 256, 128, 8, 3
-    return 128, 128, 128, 8, 3
+        BM, BN, BK, nw, ns = 16, 128, 128, 4, 4
+    elif N >= 4096:  # the down GEMM (N = hidden 5120): wider weight tiles win (H200 sweep, decoder 2)
+        BM, BN, BK, nw, ns = 128, 256, 128, 8, 3
+    else:
+        BM, BN, BK, nw, ns = 128, 128, 128, 8, 3
+    while BK > 64 and K % BK:
+        BK //= 2
+    return BM, BN, BK, nw, ns
 
 
 def _dot_scaled_default(R: int) -> bool:

@@ -237,16 +237,21 @@ def select_rows(logits, b, bvl, img_ptr, w_out_ptr, i_out_ptr, rt, T, inv_temp, 
     rk = tl.arange(0, K_PAD)
     top_i = tl.zeros((rt.shape[0], K_PAD), dtype=tl.int32)
     top_w = tl.zeros((rt.shape[0], K_PAD), dtype=tl.float32)
+    # the normalizer summed in selection order, one add a round: a tl.sum over top_w's K_PAD columns adds in a tree
+    # that follows the tile's register layout, which differs between the fused kernel's one row and the top-k
+    # kernel's BT rows, so their weights differed in the last bit on the H200 at 44 experts and 3 or 8 tokens
+    # (session 28; the interpreter sums in one order)
+    total = tl.zeros((rt.shape[0],), dtype=tl.float32)
     for j in tl.static_range(TOPK):
         best = tl.max(key, axis=1)
         idx = E_PAD - 1 - (best & 0xFFFFFFFF).to(tl.int32)
         hit = re[None, :] == idx[:, None]
-        wj = tl.sum(tl.where(hit, s, 0.0), axis=1)
+        wj = tl.sum(tl.where(hit, s, 0.0), axis=1)  # one nonzero term: exact in any order
+        total += wj
         top_i = tl.where(rk[None, :] == j, idx[:, None], top_i)
-        top_w = tl.where(rk[None, :] == j, wj[:, None], top_w)  # this layout: the fused and two-launch sums agree
+        top_w = tl.where(rk[None, :] == j, wj[:, None], top_w)
         key = tl.where(hit, -9223372036854775808, key)
     if NORM:
-        total = tl.sum(top_w, axis=1)
         top_w = top_w / (total[:, None] + 1e-20)
     top_w = top_w * route_scale
     om = t_ok[:, None] & (rk[None, :] < TOPK)
