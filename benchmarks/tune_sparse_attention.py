@@ -95,6 +95,11 @@ VARIANTS = {
         # every row prefetched into the L2 at the program's start 35.1-35.3; the compressed rows by cp.async into a
         # staging buffer one block ahead 37.6; the two splits merged in the launch by the last to arrive (both
         # partials re-read from the L2, no combine kernel) 38.3-38.5 (warm: 30.3-30.5 against 32.2)
+        # session 28, tried and removed (tune_sparse_attention_ws_s28_p16.json, _p16raw.json; the gpu tests of the
+        # form passed, gpu_tests_attention_ws_s28_p16.txt): fp16 partials, each head's row scaled by a power of two
+        # folded into m and l: 35.9-36.0 µs L2-cold against 34.2-34.3; the launch alone 31.5 against 28.1, 30.8 with no
+        # row scaling at all (the fp16 stores, 4 bytes a thread instead of 8, are slower than the fp32 ones); the
+        # combine 1.7 µs faster (half the bytes read)
     ]),
     "decode_S1": (1, [
         ("old", {"qk_once": False, "fuse_combine": False}),

@@ -15,6 +15,8 @@ Kernels created while TRITON_INTERPRET=1 are `InterpretedFunction`s, and so are
 triton.language's own jitted helpers (tl.sum, tl.cdiv, ...). For the compile, every
 InterpretedFunction reachable by name (module globals, tensor member functions) is swapped
 for a JITFunction and the interpreter knob is off; in-process this is undone afterwards.
+The builtins an interpreted launch left patched on triton.language are put back for the compile too
+(`interpreter_leaks.py`: triton 3.9's interpreter leaks them from jitted helpers such as tl.sum).
 Known gap: an InterpretedFunction held only in a container or a closure is not converted.
 """
 from __future__ import annotations
@@ -28,6 +30,7 @@ import re
 import sys
 import types
 
+from dsv41c.codegen import interpreter_leaks
 from dsv41c.codegen.matrix import KernelBuildError, Target
 
 POINTER_ALIGNMENT = 16
@@ -126,6 +129,7 @@ def _compile_mode(restore: bool = True, kernel=None):
 
     interpreted = not issubclass(type(standard.sum), JITFunction) or (
         kernel is not None and not issubclass(type(kernel), JITFunction))
+    leaks = interpreter_leaks.unleak()  # builtins an interpreted launch left patched (interpreter_leaks.py)
     undo = _devirtualize() if interpreted else []
     knobs.runtime.interpret = False
     knobs.compilation.disable_line_info = os.environ.get("DSV41C_AOT_LINE_INFO", "0") != "1"
@@ -135,6 +139,7 @@ def _compile_mode(restore: bool = True, kernel=None):
     finally:
         if restore:
             _undo(undo)
+            interpreter_leaks.restore(leaks)
             knobs.runtime.interpret, knobs.compilation.disable_line_info = saved
 
 
