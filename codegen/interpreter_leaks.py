@@ -58,7 +58,7 @@ def _made_by_interpreter(v) -> bool:
 
 
 def unleak() -> list:
-    """Put back what the interpreter left patched; returns [(owner, name, value now or _MISSING)] for `restore`."""
+    """Put back what the interpreter left patched; returns [(owner, name, value now)] for `restore`."""
     undo = []
     clean = dict((id(o), c) for o, c in (_RECORD or []))
     for obj in _objects():

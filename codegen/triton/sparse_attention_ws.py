@@ -46,8 +46,8 @@ grid. Five changes measured slower and removed are listed in docs/KERNELS_HISTOR
 Known gaps: CUDA sm90 only (wgmma, mbarrier partitions, setmaxnreg; sm100 would need tcgen05) — the matrix lists the
 Triton kernel everywhere else; quantized KV, H = 64, D = 512 only; always writes fp32 partials (16.8 MB at 64
 queries: with the combine ~12 of the 34 µs; row-scaled fp16 ones were slower, 36.0 µs: their 4-byte stores took
-longer than the fp32 8-byte ones, docs/KERNELS_HISTORY.md session 28); no interpreter path (Gluon has none): its numerics are tested on the
-GPU only, its sm90 build on the CPU. The AOT variant is built with PDL off and ships no launcher for the runtime yet.
+longer than the fp32 8-byte ones, docs/KERNELS_HISTORY.md session 28); no interpreter path (Gluon has none): its
+numerics are tested on the GPU only, its sm90 build on the CPU. The AOT variant is built with PDL off and ships no launcher for the runtime yet.
 """
 from __future__ import annotations
 
