@@ -55,7 +55,8 @@ Specialization keys: router (backbone 384 experts top-6 / DSpark 128 top-3), E, 
 mode (decode_fused / decode_gemv / decode / prefill / decode_gate_once), BT, BE, BK, K_PER_SPLIT, PREC; top-k: E_PAD,
 K_PAD, HAS_VL, NORM; PDL (the fused kernels; off in the ahead-of-time variants), EARLY (the per-token fused kernel's
 first gate tile and biases before the PDL wait; off ahead of time); gate-once: KS, T_PAD (16, the MMA's
-least M), ROW_PROGRAMS (a token a program; off in the interpreter), UPCAST (fp32 operands: the interpreter).
+least M), ROW_PROGRAMS (a token a program; off in the interpreter), UPCAST (fp32 operands: the interpreter),
+MULTI_ROW (fewer programs than tokens: a row program loops over tokens row, row + n, ...).
 
 Tried and reverted (results/tune_router_tokens.json; code in git history, commit 7aa945a): at 2-8 tokens,
 programs over (8 experts, K split) that take every token, so the gate is read once per k step rather than
@@ -68,8 +69,8 @@ Known gaps: the prefill path is two launches (logits, then top-k); the fused dec
 counter takes one atomic from each of its (E/BE)·splits programs (480 at one token); the gate-once kernel's row
 programs spin until the whole grid has arrived, so it needs min(T, programs) of its programs resident at once (any
 GPU does: 120 programs of 4 warps) and must not share its counter pool with a concurrent launch; with fewer programs
-than tokens (small presets) a row program selects several tokens (session 27's fix, compiled for sm90 here but not
-yet run on a GPU: the CPU tier takes the interpreter's last-arriver path);
+than tokens (small presets) a row program selects several tokens (session 27's fix, MULTI_ROW since session 28;
+checked on the H200 by the CPU-tier tests compiled there and a `gpu` test);
 the GEMV and MMA sum in a different order than the fp32 matmul of the reference, so an exact tie in
 s + b between two experts can flip (the benchmark reports the fraction of identical rows), and the gate-once
 kernel's weights are not the GEMV's bits.
@@ -360,7 +361,7 @@ def router_gate_once_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, bias_ptr, bias_vl_p
                             T, inv_temp, route_scale, E: tl.constexpr, K: tl.constexpr, BE: tl.constexpr,
                             KS: tl.constexpr, T_PAD: tl.constexpr, ROW_PROGRAMS: tl.constexpr, E_PAD: tl.constexpr,
                             TOPK: tl.constexpr, K_PAD: tl.constexpr, HAS_VL: tl.constexpr, NORM: tl.constexpr,
-                            UPCAST: tl.constexpr, PDL: tl.constexpr = False):
+                            UPCAST: tl.constexpr, PDL: tl.constexpr = False, MULTI_ROW: tl.constexpr = False):
     """Decode, one launch, the gate read once for every token: program (BE experts, K slice of KS channels) loads
     its [BE, KS] gate tile in one request (before the PDL grid wait: the gate is no kernel's output), then x [T_PAD,
     KS] (rows past T are 0), and stores part[split, t, e] = x·Wᵀ over the slice as one MMA (bf16 operands: every
@@ -397,11 +398,17 @@ def router_gate_once_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, bias_ptr, bias_vl_p
         row = n - 1 - tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
         if row < T:
             wait_count(cnt_ptr, n)
-            # tokens row, row + n, ...: with fewer programs than tokens (few experts: a small preset's 24 x 128 gate is
-            # 2 programs) a program takes several; before session 27 tokens past the grid were never selected (their
-            # outputs left unwritten: the CPU-tier router tests run on the H200)
-            for r in range(row, T, n):
-                rr = r + tl.arange(0, 1)
+            if MULTI_ROW:
+                # tokens row, row + n, ...: with fewer programs than tokens (few experts: a small preset's 24 x 128
+                # gate is 2 programs) a program takes several; before session 27 tokens past the grid were never
+                # selected (their outputs left unwritten: the CPU-tier router tests run on the H200). A constexpr, as
+                # the loop cost the model's 8 tokens 0.45 µs against one straight row (session 28)
+                for r in range(row, T, n):
+                    rr = r + tl.arange(0, 1)
+                    select_rows(_sum_parts(part_ptr, rr, T, NS, E, E_PAD, True, NS), b, bvl, img_ptr, w_out_ptr,
+                                i_out_ptr, rr, T, inv_temp, route_scale, E, E_PAD, TOPK, K_PAD, HAS_VL, NORM)
+            else:
+                rr = row + tl.arange(0, 1)
                 select_rows(_sum_parts(part_ptr, rr, T, NS, E, E_PAD, True, NS), b, bvl, img_ptr, w_out_ptr, i_out_ptr,
                             rr, T, inv_temp, route_scale, E, E_PAD, TOPK, K_PAD, HAS_VL, NORM)
             if arrive_last(cnt_ptr + 1, tl.minimum(n, T)):  # every row program is past its wait: both counters at 0
@@ -479,10 +486,11 @@ def router(x, gate_w, bias, top_k: int, route_scale: float = 1.5, gate_temp: flo
         n_split = triton.cdiv(D, KS)
         part = torch.empty(n_split, T, E, dtype=torch.float32, device=x.device)
         pdl = pdl_for(x.device) and (pdl is None or bool(pdl))
-        router_gate_once_kernel[(triton.cdiv(E, BE), n_split)](
+        grid = (triton.cdiv(E, BE), n_split)
+        router_gate_once_kernel[grid](
             x, gw, part, counters(x.device, 2, pool="router_gate_once"), b, b_vl, img, wts, ids, T, 1.0 / gate_temp,
             float(route_scale), K=D, BE=BE, KS=KS, T_PAD=16, ROW_PROGRAMS=not interpreting(), UPCAST=interpreting(),
-            PDL=pdl, num_warps=4, **topk_ce, **launch_kw(pdl))
+            PDL=pdl, MULTI_ROW=grid[0] * grid[1] < T, num_warps=4, **topk_ce, **launch_kw(pdl))
         return wts, ids
     if gemv:
         BK = min(GEMV_BK, triton.next_power_of_2(D))
@@ -558,7 +566,8 @@ def _router_variants(target: str) -> list:
                             {"router": name, "mode": "decode_fused", **fce}))
         be, ks = _gate_once_tiles(E, HIDDEN)
         gce = {"E": E, "K": HIDDEN, "BE": be, "KS": ks, "T_PAD": 16, "ROW_PROGRAMS": True, "UPCAST": False,
-               **{c: ce[c] for c in ("E_PAD", "TOPK", "K_PAD", "HAS_VL", "NORM")}, "PDL": False}
+               **{c: ce[c] for c in ("E_PAD", "TOPK", "K_PAD", "HAS_VL", "NORM")}, "PDL": False,
+               "MULTI_ROW": False}  # the model's gates: 120 / 80 programs, at least T_PAD
         out.append(aot_spec(router_gate_once_kernel, f"decode_gate_once_{name}", ft, gce, 4, 1,
                             {"router": name, "mode": "decode_gate_once", **gce}))
     return out
@@ -568,6 +577,6 @@ register(KernelTemplate(
     name="moe_router", module=__name__,
     summary="fp32 gate logits, sqrtsoftplus, biased top-k (ties -> lower index), normalized ×scale weights",
     keys=("router", "E", "K", "TOPK", "mode", "BT", "BE", "BK", "K_PER_SPLIT", "PREC", "E_PAD", "K_PAD", "HAS_VL",
-          "NORM", "PDL", "KS", "T_PAD", "ROW_PROGRAMS", "UPCAST", "EARLY"), reference=router_reference,
+          "NORM", "PDL", "KS", "T_PAD", "ROW_PROGRAMS", "UPCAST", "EARLY", "MULTI_ROW"), reference=router_reference,
     launch=router,
     specializations=_router_variants))
