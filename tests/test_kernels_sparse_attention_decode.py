@@ -15,11 +15,9 @@ from dsv41c.codegen.triton import sparse_attention as sa
 from dsv41c.codegen.triton.kv_quant import interpreting
 from dsv41c import formats as nx
 
+from kernel_helpers import ATTN_TOL as TOL  # noqa: E402 - the interpreter's tolerance or the compiled kernel's
+
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-# The interpreter runs the kernel's fp32 path (UPCAST): a couple of ulps of each value. Compiled for a GPU (this file
-# run there without TRITON_INTERPRET), P is rounded to bf16 for the P·V MMA, so the error scales with the values
-# (|v| ~ 2), not with the cancelling output: the GPU tier's tolerance (test_kernels_attention.py's real widths).
-TOL = dict(ulps=2, floor=1e-3) if interpreting() or DEV == "cpu" else dict(ulps=4, floor=2.0)
 
 
 def rope_table(P, n_freq, theta=160000.0):
