@@ -15,23 +15,8 @@ from dsv41c.codegen.triton import sparse_attention as sa
 from dsv41c.codegen.triton.kv_quant import interpreting
 from dsv41c import formats as nx
 
-from kernel_helpers import ATTN_TOL as TOL  # noqa: E402 - the interpreter's tolerance or the compiled kernel's
-
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def rope_table(P, n_freq, theta=160000.0):
-    inv = 1.0 / (theta ** (torch.arange(n_freq, dtype=torch.float64) / n_freq))
-    ang = torch.arange(P, dtype=torch.float64)[:, None] * inv[None]
-    return torch.cos(ang).float().to(DEV), torch.sin(ang).float().to(DEV)
-
-
-def assert_bf16_close(out, ref, ulps, floor):
-    o, r = out.float(), ref.float()
-    tol = ulps * torch.clamp(r.abs(), min=floor) * 2.0 ** -8
-    bad = (o - r).abs() > tol
-    assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} values off by more than {ulps} ulps; " \
-                          f"max abs err {float((o - r).abs().max()):.3g}"
+# the interpreter's tolerance or the compiled kernel's; the shared input builders and comparison
+from kernel_helpers import ATTN_TOL as TOL, DEV, assert_bf16_close, rope_table  # noqa: E402
 
 
 def batch_inputs(S, H, D, W, KC, N, quant, seed, pad_rows=()):
