@@ -100,6 +100,14 @@ VARIANTS = {
         # folded into m and l: 35.9-36.0 µs L2-cold against 34.2-34.3; the launch alone 31.5 against 28.1, 30.8 with no
         # row scaling at all (the fp16 stores, 4 bytes a thread instead of 8, are slower than the fp32 ones); the
         # combine 1.7 µs faster (half the bytes read)
+        # session 29: bf16 partials (range of fp32, no row scaling) stored through the freed tile ring, 16 bytes a
+        # thread (PBF16); fp32 and bf16 interleaved, each whole and as the launch alone
+        ("s29_fp32", {"ws": True, "ws_cfg": {"partial_bf16": False}}),
+        ("s29_bf16", {"ws": True, "ws_cfg": {"partial_bf16": True}}),
+        ("s29_fp32_main", {"ws": True, "ws_cfg": {"partial_bf16": False, "combine": False}}),
+        ("s29_bf16_main", {"ws": True, "ws_cfg": {"partial_bf16": True, "combine": False}}),
+        ("s29_fp32_again", {"ws": True, "ws_cfg": {"partial_bf16": False}}),
+        ("s29_bf16_again", {"ws": True, "ws_cfg": {"partial_bf16": True}}),
     ]),
     "decode_S1": (1, [
         ("old", {"qk_once": False, "fuse_combine": False}),

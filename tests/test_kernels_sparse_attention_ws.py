@@ -183,3 +183,20 @@ def test_gpu_ws_rejects_packed_rows_that_are_not_whole_words():
     args[3] = (cp[:, :254], cs)  # 254 bytes a row: not whole int32 words
     with pytest.raises(ValueError, match="whole int32 words"):
         sa.sparse_attention(*args, window=128, ws=True)
+
+
+def test_partials_dtype_is_checked_before_the_launch():
+    """The launch writes partials in float32 or bfloat16 (PBF16) only, and an explicit partial_bf16 must agree with
+    the buffer it is given; both are refused before anything runs (so on the CPU tier too)."""
+    S, H, D = 2, 64, 512
+    q = torch.zeros(S, H, D, dtype=torch.bfloat16)
+    i32 = torch.zeros(S, dtype=torch.int32)
+    u8 = torch.zeros(4, D, dtype=torch.uint8)
+    ckv = torch.zeros(4, D // 2, dtype=torch.uint8)
+    pm = torch.zeros(S, 2, H)
+    common = (q, i32, u8, u8, ckv, u8, torch.zeros(S, 4, dtype=torch.int32), i32, i32, pm, pm)
+    tail = (128, 4, False, 5, 2, D ** -0.5, 128)
+    with pytest.raises(ValueError, match="partials must be float32 or bfloat16, got torch.float16"):
+        ws.launch_ws(*common, torch.zeros(S, 2, H, D, dtype=torch.float16), *tail)
+    with pytest.raises(ValueError, match="partial_bf16=True but pacc is torch.float32"):
+        ws.launch_ws(*common, torch.zeros(S, 2, H, D), *tail, partial_bf16=True)

@@ -616,9 +616,10 @@ def _sparse_attention_ws(q, qpos, wkv, wsc, ckv, csc, idx, sink, cos, sin, windo
     bps, n_split = _key_splits(window // BN + triton.cdiv(KC, BN), S, sm_count(dev), n_split)
     pm = torch.empty((S, n_split, H), dtype=torch.float32, device=dev)
     pl = torch.empty_like(pm)
-    pacc = torch.empty((S, n_split, H, D), dtype=torch.float32, device=dev)
     cfg = dict(ws_cfg or {})
     combine = cfg.pop("combine", True)
+    pbf16 = wsk.WS_PARTIAL_BF16 if cfg.get("partial_bf16") is None else bool(cfg["partial_bf16"])
+    pacc = torch.empty((S, n_split, H, D), dtype=torch.bfloat16 if pbf16 else torch.float32, device=dev)
     pdl = pdl_for(dev) and (PDL_ATTENTION if pdl is None else bool(pdl))
     wsk.launch_ws(q.contiguous(), qpos, wkv, wsc, ckv, csc, idx, wb, cb, pm, pl, pacc, R, KC, has_base, bps, n_split,
                   D ** -0.5 if scale is None else scale, window, **{"pdl": pdl and wsk.WS_PDL, **cfg})

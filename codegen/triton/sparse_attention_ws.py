@@ -2,7 +2,7 @@
 
 What: the same computation as `sparse_attention.py`'s quantized decode split (one program = one query x one range of
 key blocks; window FP8 E4M3 + UE8M0/32 rows, then selected FP4 E2M1 + E4M3/16 rows; K = V; partial (m, l, acc) per
-split, merged with the sink and the inverse RoPE by `sparse_attention._combine_kernel`).
+split, merged with the sink and the inverse RoPE by `sparse_attention._combine_kernel`; acc in bf16 by default).
 
 Why a second kernel: in the Triton kernel every warp does everything in turn — gather a key block, dequantize it into
 the bf16 tile, q·K^T, the online softmax, P·V — so the tensor cores idle while the tile is decoded and the decode waits
@@ -22,21 +22,28 @@ are written by hand in Gluon (Triton's explicit-layout dialect, `triton.experime
   softmax (fp32 m, l), then P·V by wgmma with P from registers (each warpgroup owns half of the D output channels),
   waited for in the same iteration: an accumulator left in flight across the loop's back edge made ptxas serialize
   every wgmma of the kernel (C7515, a wait after each of the 36 a block; tests/test_kernels_sparse_attention_ws.py
-  checks the chain); then the tile goes back to the producer.
+  checks the chain); then the tile goes back to the producer. After the last block the split's (m, l) are stored in
+  fp32 and acc (PBF16, the default) rounded to bf16 into the freed tile ring, then read back 16 bytes a thread and
+  stored as whole 128-byte lines: half the bytes of fp32 partials, and the accumulator layout's 4-byte bf16 pairs
+  (half a sector a quad) never reach global memory.
 
 The arithmetic is the Triton kernel's: the same exact bf16 tiles, fp32 logits, P rounded to bf16, fp32 accumulation,
-the same partials for the same combine (not the same bits: the MMA instruction shapes differ). With PDL (pdl.py) the
+the same combine (not the same bits: the MMA instruction shapes differ, and acc is rounded to bf16 before the merge,
+at most half a bf16 ulp of each split's acc; bf16 has fp32's range, so no row scaling, which session 28's fp16
+partials needed). With PDL (pdl.py) the
 launch waits for its predecessor's grid and lets the combine's launch be scheduled at once.
 
 Measured (H200, L2-cold graph replay, 64 queries, docs/KERNELS_HISTORY.md session 26): 33.9-34.3 µs against the
 Triton kernel's 50.4-51.1; the launch without its combine 28.0, the consumers alone 22.2, the producer alone 23.1.
+Session 29's bf16 partials: 29.5 µs, the launch alone 25.2 (fp32 partials in the same run: 34.1-34.3 and 28.3).
 One query: level with the Triton kernel, which keeps it (sparse_attention.WS_ATTENTION's rule).
 
 Specialization keys: H (64), D (512), W (128), BN (key block, 64), NBUF (tiles in flight, 2: q 64 KB + 2 x 64 KB),
 PRODUCER_REGS, NCH (decode chunks), LOOKAHEAD (the producer gathers block i+1 before decoding block i: measured
 slower, off), DIAG (timing diagnostics: 1 the producer decodes nothing, 2 no MMA), PDL, STAMPS (diagnostics: the SM
 clock at each pipeline event of each program into a buffer, for benchmarks/ws_timeline.py; off in every shipped
-variant); the launch's maxnreg (168: 12 warps share the 64 K registers, redistributed by setmaxnreg).
+variant), PBF16 (bf16 partials through shared memory; off: fp32 stored from the accumulator); the launch's
+maxnreg (168: 12 warps share the 64 K registers, redistributed by setmaxnreg).
 
 Where its time goes (session 27, ws_timeline_s27_final.json, 64 queries L2-cold): first tile ready 4.9 µs into a
 program, then a 64-key block every 3.3-3.5 µs (the producer's chain: 2.2 µs to hold the next block's rows, 1.3 to
@@ -44,9 +51,9 @@ decode; alone it takes 2.3 a block, the consumers alone 2.5), the partial store 
 grid. Five changes measured slower and removed are listed in docs/KERNELS_HISTORY.md session 27.
 
 Known gaps: CUDA sm90 only (wgmma, mbarrier partitions, setmaxnreg; sm100 would need tcgen05) — the matrix lists the
-Triton kernel everywhere else; quantized KV, H = 64, D = 512 only; always writes fp32 partials (16.8 MB at 64
-queries: with the combine ~12 of the 34 µs; row-scaled fp16 ones were slower, 36.0 µs: their 4-byte stores took
-longer than the fp32 8-byte ones, docs/KERNELS_HISTORY.md session 28); no interpreter path (Gluon has none): its
+Triton kernel everywhere else; quantized KV, H = 64, D = 512 only; always writes partials (8.4 MB of bf16 at 64
+queries; with the combine ~8 of the 29.5 µs; row-scaled fp16 ones stored straight from the accumulator were slower
+than fp32, 36.0 µs, docs/KERNELS_HISTORY.md session 28); no interpreter path (Gluon has none): its
 numerics are tested on the GPU only, its sm90 build on the CPU. The AOT variant is built with PDL off and ships no launcher for the runtime yet.
 """
 from __future__ import annotations
@@ -82,6 +89,9 @@ WS_PRODUCER_REGS = 120  # registers a producer thread; the consumers get 192 (sm
 WS_MAXNREG = 168
 WS_LOOKAHEAD = False  # the producer gathers block i+1 before decoding block i (registers: two blocks' raw bytes)
 WS_PDL = True  # launched with PDL where the device has it (pdl.py): the combine's launch overlaps this grid
+# bf16 partials stored through the freed tile ring (PBF16): 64 queries 34.1-34.3 -> 29.5 µs L2-cold on the H200, the
+# launch alone 28.3 -> 25.2 (session 29, results/tune_sparse_attention_ws_s29_pbf16.json)
+WS_PARTIAL_BF16 = True
 WS_CHUNKS = 4  # channel chunks a tile is decoded in (the producer's live outputs: 32 registers a chunk)  # the launch's per-thread budget for 12 warps (<= 65536 / 384), redistributed by setmaxnreg
 
 
@@ -229,7 +239,7 @@ def _cmp_loads(ckv_ptr, csc_ptr, idx_ptr, s64, cbase, KC, blk, b1, D: gl.constex
 @gluon.jit
 def _consumer(q_ptr, s, sp, nblk, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_smem, k_smem, bias_smem, ready, empty,
               ts_ptr, cta, H: gl.constexpr, D: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, DIAG: gl.constexpr,
-              STAMPS: gl.constexpr):
+              STAMPS: gl.constexpr, PBF16: gl.constexpr):
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BN // 2, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16])
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
@@ -282,9 +292,21 @@ def _consumer(q_ptr, s, sp, nblk, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_sm
     hs = gl.arange(0, H, layout=gl.SliceLayout(1, S_L))
     gl.store(pm_ptr + st + hs, m_i)
     gl.store(pl_ptr + st + hs, l_i)
-    ho = gl.arange(0, H, layout=gl.SliceLayout(1, O_L))
-    co = gl.arange(0, D, layout=gl.SliceLayout(0, O_L))
-    gl.store(pacc_ptr + (st + ho)[:, None] * D + co[None, :], acc)
+    if PBF16:
+        # bf16 partials, half the bytes, staged through a tile of the ring: the accumulator's layout gives a thread
+        # 2 adjacent channels (4 bytes in bf16, half a sector a quad), so they are stored from shared memory instead,
+        # 16 bytes a thread and whole 128-byte lines a warp. The ring is free: the producer has signalled its last
+        # block and both warpgroups are past their last MMA (the loop's closing barrier).
+        stage = k_smem.index(0)
+        stage.store(acc.to(gl.bfloat16))
+        _sync()
+        hp = gl.arange(0, H, layout=gl.SliceLayout(1, Q_L))
+        cp = gl.arange(0, D, layout=gl.SliceLayout(0, Q_L))
+        gl.store(pacc_ptr + (st + hp)[:, None] * D + cp[None, :], stage.load(Q_L))
+    else:
+        ho = gl.arange(0, H, layout=gl.SliceLayout(1, O_L))
+        co = gl.arange(0, D, layout=gl.SliceLayout(0, O_L))
+        gl.store(pacc_ptr + (st + ho)[:, None] * D + co[None, :], acc)
     _stamp(ts_ptr, cta, 41, STAMPS)
     _stamp(ts_ptr, cta, 63, STAMPS, True)
 
@@ -294,7 +316,8 @@ def _sparse_attn_ws_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, 
                            pm_ptr, pl_ptr, pacc_ptr, ts_ptr, R, KC, has_base, blocks_per_split, n_split, scale,
                            H: gl.constexpr, D: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr,
                            PRODUCER_REGS: gl.constexpr, NCH: gl.constexpr, LOOKAHEAD: gl.constexpr,
-                           DIAG: gl.constexpr = 0, PDL: gl.constexpr = False, STAMPS: gl.constexpr = False):
+                           DIAG: gl.constexpr = 0, PDL: gl.constexpr = False, STAMPS: gl.constexpr = False,
+                           PBF16: gl.constexpr = False):
     if PDL:  # pdl.py's protocol: wait for the previous grid's writes, then let the combine launch be scheduled
         gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
@@ -318,7 +341,7 @@ def _sparse_attn_ws_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, 
         mbarrier.init(empty.index(k), count=1)
     gl.warp_specialize([
         (_consumer, (q_ptr, s, sp, b1 - b0, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_smem, k_smem, bias_smem,
-                     ready, empty, ts_ptr, cta, H, D, BN, NBUF, DIAG, STAMPS)),
+                     ready, empty, ts_ptr, cta, H, D, BN, NBUF, DIAG, STAMPS, PBF16)),
         (_producer, (wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, s, p, wbase, cbase, R, KC, b0, b1, k_smem,
                      bias_smem, ready, empty, ts_ptr, cta, D, W, BN, NBUF, NCH, LOOKAHEAD, DIAG, STAMPS)),
     ], [4], [PRODUCER_REGS])
@@ -338,10 +361,16 @@ def ws_supported(q, win_kv, cmp_kv) -> bool:
 
 def launch_ws(q, qpos, wkv, wsc, ckv, csc, idx, wb, cb, pm, pl, pacc, R, KC, has_base, bps, n_split, scale, window,
               block_n=WS_BN, nbuf=WS_NBUF, producer_regs=WS_PRODUCER_REGS, maxnreg=WS_MAXNREG, chunks=WS_CHUNKS,
-              lookahead=WS_LOOKAHEAD, diag=0, pdl=False, stamps=None):
+              lookahead=WS_LOOKAHEAD, diag=0, pdl=False, stamps=None, partial_bf16=None):
     """The partial-writing launch (grid S x 1 x n_split); `sparse_attention` prepares the arguments and merges.
-    stamps: an int64 [S * n_split, 64] buffer for the STAMPS diagnostic timeline (benchmarks/ws_timeline.py)."""
+    stamps: an int64 [S * n_split, 64] buffer for the STAMPS diagnostic timeline (benchmarks/ws_timeline.py).
+    partial_bf16: pacc is bf16, stored through shared memory (PBF16; None: pacc's dtype decides)."""
     S, H, D = q.shape
+    pbf16 = pacc.dtype == torch.bfloat16
+    if partial_bf16 is not None and bool(partial_bf16) != pbf16:
+        raise ValueError(f"sparse_attention_ws: partial_bf16={partial_bf16} but pacc is {pacc.dtype}")
+    if pacc.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"sparse_attention_ws: partials must be float32 or bfloat16, got {pacc.dtype}")
     if ckv.shape[-1] % 4 or not ckv.is_contiguous():
         raise ValueError(f"sparse_attention_ws: packed FP4 rows must be contiguous whole int32 words, got {tuple(ckv.shape)}")
     if stamps is not None and (stamps.dtype != torch.int64 or stamps.device != q.device or not stamps.is_contiguous()
@@ -352,7 +381,8 @@ def launch_ws(q, qpos, wkv, wsc, ckv, csc, idx, wb, cb, pm, pl, pacc, R, KC, has
         q, qpos, wkv, wsc, ckv.view(torch.int32), csc, idx, wb, cb, pm, pl, pacc, pm if stamps is None else stamps,
         R, KC, int(has_base), bps, n_split, scale,
         H=H, D=D, W=window, BN=block_n, NBUF=nbuf, PRODUCER_REGS=producer_regs, NCH=chunks, LOOKAHEAD=lookahead,
-        DIAG=diag, PDL=bool(pdl), STAMPS=stamps is not None, num_warps=8, maxnreg=maxnreg, **launch_kw(bool(pdl)))
+        DIAG=diag, PDL=bool(pdl), STAMPS=stamps is not None, PBF16=pbf16, num_warps=8, maxnreg=maxnreg,
+        **launch_kw(bool(pdl)))
 
 
 # ============================================================================ registration
@@ -375,8 +405,9 @@ def _specs(target):
     c = preset("full")
     const = {"H": c.num_attention_heads, "D": c.head_dim, "W": c.sliding_window, "BN": WS_BN, "NBUF": WS_NBUF,
              "PRODUCER_REGS": WS_PRODUCER_REGS, "NCH": WS_CHUNKS, "LOOKAHEAD": WS_LOOKAHEAD, "DIAG": 0, "PDL": False,
-             "STAMPS": False}
-    return [aot_spec(_sparse_attn_ws_kernel, f"decode_batch_fp8fp4_bn{WS_BN}_nbuf{WS_NBUF}", _WS_TYPES, const,
+             "STAMPS": False, "PBF16": WS_PARTIAL_BF16}
+    types = {**_WS_TYPES, "pacc_ptr": "*bf16" if WS_PARTIAL_BF16 else "*fp32"}
+    return [aot_spec(_sparse_attn_ws_kernel, f"decode_batch_fp8fp4_bn{WS_BN}_nbuf{WS_NBUF}", types, const,
                      num_warps=8, num_stages=1, keys={**const, "maxnreg": WS_MAXNREG})]
 
 
@@ -394,7 +425,8 @@ register(KernelTemplate(
     name="sparse_attention_ws", module=__name__,
     summary="decode-batch sparse attention, FP8/FP4 KV: a producer warpgroup dequantizes key blocks while two "
             "consumer warpgroups run wgmma (Gluon, warp-specialized)",
-    keys=("H", "D", "W", "BN", "NBUF", "PRODUCER_REGS", "NCH", "LOOKAHEAD", "DIAG", "PDL", "STAMPS", "maxnreg"),
+    keys=("H", "D", "W", "BN", "NBUF", "PRODUCER_REGS", "NCH", "LOOKAHEAD", "DIAG", "PDL", "STAMPS", "PBF16",
+          "maxnreg"),
     reference=_reference, launch=_launch, specializations=_specs,
     missing_on={"cuda:sm80": "wgmma, mbarrier partitions and setmaxnreg are sm90+" + _OTHERS,
                 "cuda:sm100": "written for Hopper's warpgroup MMA; Blackwell needs tcgen05 and tensor memory (not "
