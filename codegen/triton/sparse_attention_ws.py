@@ -48,11 +48,12 @@ maxnreg (168: 12 warps share the 64 K registers, redistributed by setmaxnreg).
 Where its time goes (session 27, ws_timeline_s27_final.json, 64 queries L2-cold): first tile ready 4.9 µs into a
 program, then a 64-key block every 3.3-3.5 µs (the producer's chain: 2.2 µs to hold the next block's rows, 1.3 to
 decode; alone it takes 2.3 a block, the consumers alone 2.5), the partial store 4.5 µs, the combine ~6 after the
-grid. Five changes measured slower and removed are listed in docs/KERNELS_HISTORY.md session 27.
+grid. Five changes measured slower and removed are listed in docs/KERNELS_HISTORY.md session 27. With bf16 partials
+(session 29, ws_timeline_s29_pbf16.json) the store takes 1.3 µs after the loop; the loop is unchanged.
 
 Known gaps: CUDA sm90 only (wgmma, mbarrier partitions, setmaxnreg; sm100 would need tcgen05) — the matrix lists the
 Triton kernel everywhere else; quantized KV, H = 64, D = 512 only; always writes partials (8.4 MB of bf16 at 64
-queries; with the combine ~8 of the 29.5 µs; row-scaled fp16 ones stored straight from the accumulator were slower
+queries: their store 1.3 µs and the combine ~4.3 of the 29.5 µs; row-scaled fp16 ones stored straight from the accumulator were slower
 than fp32, 36.0 µs, docs/KERNELS_HISTORY.md session 28); no interpreter path (Gluon has none): its
 numerics are tested on the GPU only, its sm90 build on the CPU. The AOT variant is built with PDL off and ships no launcher for the runtime yet.
 """
