@@ -42,6 +42,11 @@ def test_compiles_for_sm90_with_partitions_and_pipelined_wgmma(sm90_sass):
     # 8 consumer warps + the 4-warp producer
     assert compiled["metadata"]["num_warps"] == 12 and compiled["options"]["maxnreg"] == ws.WS_MAXNREG
     assert compiled["metadata"]["shared"] <= 227 * 1024  # q + two tiles + bias ring + barriers
+    # bf16 partials (PBF16) leave through shared memory as 16-byte stores (64 x 512 bf16 = 16 a consumer thread), none
+    # of the accumulator layout's narrow ones
+    if ws.WS_PARTIAL_BF16:
+        assert sum(t.startswith("STG.E.128") for t in ops) == 16, [t for t in ops if t.startswith("STG")]
+        assert not any(t.startswith("STG.E.64") for t in ops)
 
 
 def test_stamped_build_reads_the_clocks_and_keeps_the_wgmma_chain():
