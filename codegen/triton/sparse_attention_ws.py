@@ -301,6 +301,7 @@ def _consumer(q_ptr, s, sp, nblk, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_sm
         stage = k_smem.index(0)
         stage.store(acc.to(gl.bfloat16))
         _sync()
+        # fresh aranges rather than q's hq / cq: those would stay live in the consumers' registers across the loop
         hp = gl.arange(0, H, layout=gl.SliceLayout(1, Q_L))
         cp = gl.arange(0, D, layout=gl.SliceLayout(0, Q_L))
         gl.store(pacc_ptr + (st + hp)[:, None] * D + cp[None, :], stage.load(Q_L))
