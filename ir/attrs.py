@@ -12,6 +12,7 @@ and `1.0`, and compares floats by their exact text (`repr`), so `nan` equals its
 
 `check_kind(value, kind)` tests a value against a schema kind (`int`, `float`, `Scalar`,
 `Dim`, `Dim[]`, `dtype`, ... see `ir/schema.py`) and returns an error string or None.
+`format_attr(value)` is a value's IR text (the printer's and the diagnostics' one spelling).
 """
 from __future__ import annotations
 
@@ -132,10 +133,45 @@ def check_kind(v, kind: str) -> str | None:
 
 
 def describe(v) -> str:
-    from dsv41c.ir.printer import format_attr
-
     names = {bool: "bool", int: "int", float: "float", str: "str", tuple: "list"}
     kind = "dtype" if isinstance(v, DType) else "dim" if isinstance(v, SymExpr) else names.get(type(v), type(v).__name__)
     if v is None:
         kind = "none"
     return f"{kind} {format_attr(v)}"
+
+
+_ESC = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def format_string(s: str) -> str:
+    out = []
+    for ch in s:
+        if ch in _ESC:
+            out.append(_ESC[ch])
+        elif ch.isprintable():
+            out.append(ch)
+        elif ord(ch) <= 0xFFFF:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    return '"' + "".join(out) + '"'
+
+
+def format_attr(v) -> str:
+    if v is None:
+        return "none"
+    if v is DYN:
+        return "?"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, str):
+        return format_string(v)
+    if isinstance(v, (DType, SymExpr)):
+        return str(v)
+    if isinstance(v, (tuple, list)):
+        return "[" + ", ".join(format_attr(x) for x in v) + "]"
+    raise TypeError(f"cannot print attribute value {v!r}")

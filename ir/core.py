@@ -100,12 +100,6 @@ class Op(_Attributed):
             raise ValueError(f"{self.name} has {len(self.results)} results, not one")
         return self.results[0]
 
-    @property
-    def opdef(self):
-        from dsv41c.ir.registry import lookup
-
-        return lookup(self.name)
-
     def __repr__(self):
         return f"<Op {self.name} ({len(self.operands)} -> {len(self.results)})>"
 

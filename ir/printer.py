@@ -13,46 +13,9 @@ from __future__ import annotations
 
 import re
 
-from dsv41c.ir.attrs import DYN
-from dsv41c.ir.symbolic import SymExpr
-from dsv41c.ir.types import DType
+from dsv41c.ir.attrs import format_attr, format_string  # noqa: F401 (format_string re-exported)
 
 NAME_RE = re.compile(r"[A-Za-z0-9_.]+\Z")
-_ESC = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
-
-
-def format_string(s: str) -> str:
-    out = []
-    for ch in s:
-        if ch in _ESC:
-            out.append(_ESC[ch])
-        elif ch.isprintable():
-            out.append(ch)
-        elif ord(ch) <= 0xFFFF:
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(f"\\U{ord(ch):08x}")
-    return '"' + "".join(out) + '"'
-
-
-def format_attr(v) -> str:
-    if v is None:
-        return "none"
-    if v is DYN:
-        return "?"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return repr(v)
-    if isinstance(v, str):
-        return format_string(v)
-    if isinstance(v, (DType, SymExpr)):
-        return str(v)
-    if isinstance(v, (tuple, list)):
-        return "[" + ", ".join(format_attr(x) for x in v) + "]"
-    raise TypeError(f"cannot print attribute value {v!r}")
 
 
 def format_attr_dict(attrs: dict) -> str:

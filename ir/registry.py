@@ -33,7 +33,7 @@ from typing import Callable
 from dsv41c.ir.attrs import DYN
 from dsv41c.ir.schema import Args, Schema, bind, fill_dyn, dyn_slots, parse_schema
 from dsv41c.ir.symbolic import ANY, Dim
-from dsv41c.ir.types import Type
+from dsv41c.ir.types import TensorType, Type
 
 OP_MODULES = ["dsv41c.ir.ops_aten", "dsv41c.ir.ops_aten_shape", "dsv41c.ir.ops_aten_index",
               "dsv41c.ir.ops_runtime", "dsv41c.ir.ops_dsv41"]
@@ -50,6 +50,25 @@ class Cost:
 
     def __add__(self, other):
         return Cost(self.flops + other.flops, self.bytes + other.bytes)
+
+
+def tensors_in(a) -> list:
+    """The tensor types among a shape rule's Args (variadic lists flattened)."""
+    out = []
+    for v in dict.values(a):
+        if isinstance(v, TensorType):
+            out.append(v)
+        elif isinstance(v, list):
+            out.extend(x for x in v if isinstance(x, TensorType))
+    return out
+
+
+def memory_cost(a, results) -> Cost:
+    """The default cost: no FLOPs, every operand and result tensor moved once."""
+    moved = 0
+    for t in tensors_in(a) + list(results):
+        moved = moved + (t.nbytes if isinstance(t, TensorType) else 0)
+    return Cost(0, moved)
 
 
 @dataclass(frozen=True)
@@ -92,8 +111,6 @@ class OpDef:
         args, _ = self.bind(operands, attrs)
         targs = _types_of(args)
         if self.cost_fn is None:
-            from dsv41c.ir.shape_rules import memory_cost
-
             return memory_cost(targs, result_types)
         return self.cost_fn(targs, result_types)
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from dsv41c.ir.attrs import DYN, KINDS, check_kind, describe
+from dsv41c.ir.attrs import DYN, KINDS, check_kind, describe, format_attr
 from dsv41c.ir.types import EventType, IndexType, TensorType
 
 GLOBAL_ATTRS = {"stream": "int"}
@@ -92,7 +92,6 @@ class Schema:
                                         ("[]" if a.variadic else ""), a.attr) if k)
             s = f"{kind} {a.name}"
             if a.has_default:
-                from dsv41c.ir.printer import format_attr
                 s += "=" + format_attr(a.default)
             return s
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dsv41c.ir.lazy_torch import torch
 
-from dsv41c.ir.registry import Cost, ShapeError
+from dsv41c.ir.registry import Cost, ShapeError, memory_cost, tensors_in  # noqa: F401 (re-exported)
 from dsv41c.ir.symbolic import ANY, Dim, SymExpr, product
 from dsv41c.ir.types import DType, TensorType, bool_, f32, i64
 
@@ -158,27 +158,6 @@ def eq_dims(a: Dim, b: Dim, what: str):
 
 
 # ---------------------------------------------------------------------------- costs
-def _nbytes(t) -> Dim:
-    return t.nbytes if isinstance(t, TensorType) else 0
-
-
-def tensors_in(a) -> list:
-    out = []
-    for v in dict.values(a):
-        if isinstance(v, TensorType):
-            out.append(v)
-        elif isinstance(v, list):
-            out.extend(x for x in v if isinstance(x, TensorType))
-    return out
-
-
-def memory_cost(a, results) -> Cost:
-    moved = 0
-    for t in tensors_in(a) + list(results):
-        moved = moved + _nbytes(t)
-    return Cost(0, moved)
-
-
 def elementwise_cost(a, results) -> Cost:
     return Cost(results[0].numel if results else 0, memory_cost(a, results).bytes)
 
