@@ -11,9 +11,7 @@ The submodules are imported lazily so that `import dsv41c.frontend.model` stays 
 """
 from __future__ import annotations
 
-
-class InputError(ValueError):
-    """Input the model cannot take (e.g. a token id outside [0, vocab_size))."""
+from dsv41c.frontend.model.errors import InputError  # noqa: F401 (re-exported)
 
 
 def __getattr__(name):

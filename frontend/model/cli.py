@@ -22,7 +22,7 @@ import sys
 import torch
 
 from dsv41c.frontend.config import load_config
-from dsv41c.frontend.model import InputError
+from dsv41c.frontend.model.errors import InputError
 
 
 def _check_ids(cfg, ids) -> None:

@@ -38,7 +38,7 @@ import torch
 from dsv41c.frontend.config import ModelConfig, load_config
 from dsv41c.prims.engram_hash import engram_row_ids
 from dsv41c.frontend.layer_plan import layer_plan
-from dsv41c.frontend.model import InputError
+from dsv41c.frontend.model.errors import InputError
 from dsv41c.prims.attention import (attn_kv, attn_out, attn_q, dense_attention, sparse_attention,
                                              window_bias, window_indices)
 from dsv41c.prims.compressor import compressor_full, compressor_step
