@@ -49,7 +49,7 @@ if _ROOT not in sys.path:
 
 from benchmarks.common import DEV, env_info, ms_graph, write_json  # noqa: E402
 
-from dsv41c import formats as nx  # noqa: E402
+from dsv41c import formats  # noqa: E402
 from dsv41c.codegen.triton import indexer as ix  # noqa: E402
 from dsv41c.codegen.triton import indexer_topk as tk  # noqa: E402
 from dsv41c.codegen.triton.streams import side_stream  # noqa: E402
@@ -60,8 +60,8 @@ H, T, TOPK, CANDS = 32, 131072, 512, 2048
 def inputs(seed: int = 0):
     """The kernel table's one-query indexer data (kernels_attention.py's `_indexer_data`, no adversarial rows)."""
     g = torch.Generator(device=DEV).manual_seed(seed)
-    qp, qe = nx.quant_fp4_ue8m0(torch.randn(1, H, 128, device=DEV, generator=g), 32)
-    kp, ke = nx.quant_fp4_ue8m0(torch.randn(T, 128, device=DEV, generator=g), 32)
+    qp, qe = formats.quant_fp4_ue8m0(torch.randn(1, H, 128, device=DEV, generator=g), 32)
+    kp, ke = formats.quant_fp4_ue8m0(torch.randn(T, 128, device=DEV, generator=g), 32)
     w = torch.randn(1, H, device=DEV, generator=g)
     qpos = torch.tensor([T + 5], dtype=torch.int32, device=DEV)
     return qp, qe, w, kp, ke, qpos

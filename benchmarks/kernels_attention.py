@@ -36,7 +36,7 @@ from dsv41c.codegen.triton import compressor as cm  # noqa: E402
 from dsv41c.codegen.triton import indexer as ix  # noqa: E402
 from dsv41c.codegen.triton import kv_quant as kq  # noqa: E402
 from dsv41c.codegen.triton import sparse_attention as sa  # noqa: E402
-from dsv41c import formats as nx  # noqa: E402
+from dsv41c import formats  # noqa: E402
 
 DEV = "cuda"
 
@@ -94,7 +94,7 @@ def case_kv_codecs(ceil, quick):
         yield f"fp4_dequant_{fmt}", dequant
 
     def fp8_deq():
-        q, e = nx.quant_fp8_ue8m0(torch.randn(N, 512, device=DEV), 32)
+        q, e = formats.quant_fp8_ue8m0(torch.randn(N, 512, device=DEV), 32)
         q = q.view(torch.uint8)
         d1, d2 = kq.fp8_dequant(q, e), kq.fp8_dequant_ref(q, e)
         return entry(ceil, "fp8_ue8m0_dequant_C512", [N, 512], ms(lambda: kq.fp8_dequant(q, e)),
@@ -113,8 +113,8 @@ def case_compressor(ceil, quick):
             A, B = ci.bufs(ratio, J), ci.bufs(ratio, J)
             ci.call(cm.compress, ratio, a, cos, sin, A)()
             ci.call(cm.compress_ref, ratio, a, cos, sin, B)()
-            va = nx.dequant_fp4_e4m3(A[0], A[1].view(torch.float8_e4m3fn), 16)
-            vb = nx.dequant_fp4_e4m3(B[0], B[1].view(torch.float8_e4m3fn), 16)
+            va = formats.dequant_fp4_e4m3(A[0], A[1].view(torch.float8_e4m3fn), 16)
+            vb = formats.dequant_fp4_e4m3(B[0], B[1].view(torch.float8_e4m3fn), 16)
             err = {"latent": max_rel(A[4], B[4]), "kv_fp4_value_mismatch_frac": float((va != vb).float().mean()),
                    "kv_fp4_max_abs": float((va - vb).abs().max()),
                    "index_key_code_mismatch_frac": float((A[2] != B[2]).float().mean())}
@@ -129,8 +129,8 @@ def case_compressor(ceil, quick):
 def _indexer_data(S, H, T, spread=True):
     q = torch.randn(S, H, 128, device=DEV)
     k = torch.randn(T, 128, device=DEV)
-    qp, qe = nx.quant_fp4_ue8m0(q, 32)
-    kp, ke = nx.quant_fp4_ue8m0(k, 32)
+    qp, qe = formats.quant_fp4_ue8m0(q, 32)
+    kp, ke = formats.quant_fp4_ue8m0(k, 32)
     if spread:  # a few adversarial rows so both fallbacks run at least once
         qe[0, 1] = torch.tensor([112, 127, 119, 131], dtype=torch.uint8, device=DEV)
         ke[T // 2] = torch.tensor([112, 127, 119, 131], dtype=torch.uint8, device=DEV)
@@ -162,8 +162,8 @@ def case_indexer(ceil, quick):
                    "fallback_head_tiles": int(cnt[0]), "fallback_tiles": int(cnt[1])}
 
             def eager_simple():  # the natural eager formulation (not the pinned order)
-                qd = nx.dequant_fp4_ue8m0(qp, qe, 32)
-                kd = nx.dequant_fp4_ue8m0(kp, ke, 32)
+                qd = formats.dequant_fp4_ue8m0(qp, qe, 32)
+                kd = formats.dequant_fp4_ue8m0(kp, ke, 32)
                 return torch.einsum("sh,sht->st", wq, torch.relu(torch.einsum("shd,td->sht", qd, kd)))
 
             f = lambda: ix.index_scores(qp, qe, wq, kp, ke, nvis, block_t=bt)  # noqa: E731
@@ -294,8 +294,8 @@ def _attn_data(S, quant, N=65536, W=128, KC=512, batched=False):
     idx = torch.randint(0, N // (S if batched else 1), (S, KC), dtype=torch.int32, device=DEV)
     sink = torch.randn(H, device=DEV)
     if quant:
-        wq, we = nx.quant_fp8_ue8m0(win, 32)
-        cp, cs = nx.quant_fp4_e4m3(cmp, 16)
+        wq, we = formats.quant_fp8_ue8m0(win, 32)
+        cp, cs = formats.quant_fp4_e4m3(cmp, 16)
         wkv, ckv = (wq.view(torch.uint8), we), (cp, cs.view(torch.uint8))
     else:
         wkv, ckv = win.to(torch.bfloat16), cmp.to(torch.bfloat16)

@@ -39,7 +39,7 @@ from dsv41c.codegen.triton import fp8_gemm as fg  # noqa: E402
 from dsv41c.codegen.triton import mhc  # noqa: E402
 from dsv41c.codegen.triton import moe  # noqa: E402
 from dsv41c.codegen.triton import rmsnorm as rn  # noqa: E402
-from dsv41c import formats as nx  # noqa: E402
+from dsv41c import formats  # noqa: E402
 
 DEV = "cuda"
 ROWS = 1 << 22  # Engram table rows (1 GiB of FP8)
@@ -125,7 +125,7 @@ def case_fp8_gemm(ceil, quick):
         def gemm(name=name, N=N, K=K, M=M):
             w, s = fp8_w(N, K)
             x = rnd(M, K)
-            wb = nx.dequant_fp8_weight(w, s, dtype=torch.bfloat16)
+            wb = formats.dequant_fp8_weight(w, s, dtype=torch.bfloat16)
             err = rel_err(fg.fp8_gemm(x, w, s), x.float() @ wb.float().T)
             t = ms(lambda: fg.fp8_gemm(x, w, s))
             ta = ms(lambda: fg.fp8_gemm(x, w, s, act_quant=True))

@@ -30,7 +30,7 @@ import triton  # noqa: E402
 
 from benchmarks.common import env_info, measure_ceilings, ms_graph, rel_err, write_json  # noqa: E402
 from dsv41c.codegen.triton import fp8_gemm as fg  # noqa: E402
-from dsv41c import formats as nx  # noqa: E402
+from dsv41c import formats  # noqa: E402
 
 DEV = "cuda"
 # (name, N, K, M, gated)
@@ -191,7 +191,7 @@ def main(argv=None):
         if gated:
             ref = fg.fp8_gemm_swiglu_reference(x, w, s, w3, s3, 10.0).float()
         else:
-            ref = x.float() @ nx.dequant_fp8_weight(w, s, dtype=torch.bfloat16).float().T
+            ref = x.float() @ formats.dequant_fp8_weight(w, s, dtype=torch.bfloat16).float().T
         wbytes = N * K * (1 + 1 / 1024) * (2 if gated else 1)
         floor = (wbytes + M * K * 2 + M * N * 2) / (ceil["copy_TBps"] * 1e12) * 1e3
         for label, kw in _variants(N, K, M, gated):

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dsv41c import formats as nx
+from dsv41c import formats
 from dsv41c.frontend.checkpoint import DEFAULT_SHARD_BYTES, INDEX_FILE, MAX_WRITE_BYTES, CheckpointError
 from dsv41c.frontend.config import ModelConfig
 from dsv41c.frontend.inventory import expected_tensors, init_rule, total_bytes, units_of
@@ -74,11 +74,11 @@ def _unit_pieces(cfg: ModelConfig, unit: list[str], specs: dict, seed: int):
         else:
             x = torch.rand(n, cols, generator=g) * (b - a) + a
         if spec.dtype == "I8":
-            q, s = nx.quant_fp4_weight(x, 32)
+            q, s = formats.quant_fp4_weight(x, 32)
         elif spec.dtype == "F8_E4M3" and name.endswith("engram.embed.weight"):
-            q, s = nx.quant_fp8_ue8m0(x, 32)
+            q, s = formats.quant_fp8_ue8m0(x, 32)
         elif spec.dtype == "F8_E4M3":
-            q, s = nx.quant_fp8_weight(x, blk)
+            q, s = formats.quant_fp8_weight(x, blk)
         else:
             q, s = x.to(torch.bfloat16 if spec.dtype == "BF16" else torch.float32), None
         if s is not None:

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from dsv41c import formats as nx
+from dsv41c import formats
 from dsv41c.codegen.triton.kv_quant import interpreting
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -103,16 +103,16 @@ def assert_compressor_close(a, b, ratio, ulps, floor, rtol, atol, kv_frac, key_f
         assert (err <= tol).all(), f"{int((err > tol).sum())} of {err.numel()} latent values off; " \
                                    f"max abs diff {err.max().item():.3g}"
     fp4_e4m3_close(a[0], a[1], b[0], b[1], frac=kv_frac)
-    ka = nx.dequant_fp4_ue8m0(a[2], a[3], 32)
-    kb = nx.dequant_fp4_ue8m0(b[2], b[3], 32)
+    ka = formats.dequant_fp4_ue8m0(a[2], a[3], 32)
+    kb = formats.dequant_fp4_ue8m0(b[2], b[3], 32)
     assert (ka != kb).float().mean() <= key_frac
 
 
 def fp4_e4m3_close(pa, sa_, pb, sb, frac=0.02):
     """Compressed-KV rows from differently-ordered GEMMs: same dequantized values up to rare
     one-step FP4 flips (a 1-ulp bf16 difference can cross an E2M1 tie)."""
-    va = nx.dequant_fp4_e4m3(pa, sa_.view(torch.float8_e4m3fn), 16)
-    vb = nx.dequant_fp4_e4m3(pb, sb.view(torch.float8_e4m3fn), 16)
+    va = formats.dequant_fp4_e4m3(pa, sa_.view(torch.float8_e4m3fn), 16)
+    vb = formats.dequant_fp4_e4m3(pb, sb.view(torch.float8_e4m3fn), 16)
     diff = (va - vb).abs()
     step = sb.view(torch.float8_e4m3fn).float().repeat_interleave(16, -1) * 2.0 + 1e-30
     assert (diff <= step * 1.01).all()

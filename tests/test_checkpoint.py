@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from dsv41c.cli import main as cli_main
 from dsv41c.frontend import checkpoint as ckmod
 from dsv41c.frontend import checkpoint_writer as ckwriter
-from dsv41c import formats as nx
+from dsv41c import formats
 from dsv41c.frontend.checkpoint import CheckpointError, open_checkpoint
 from dsv41c.frontend.checkpoint_writer import write_random_checkpoint
 from dsv41c.frontend.config import ConfigError, preset
@@ -129,10 +129,10 @@ def test_write_open_validate_state_dict(tiny_dir):
         assert sd[name].shape == shape and sd[name].dtype == torch.float32, name
     # dequantization is the numerics codecs applied to the stored bytes
     w = sd["layers.3.attn.wq_a.weight"]
-    assert torch.equal(w, nx.dequant_fp8_weight(ck.raw("layers.3.attn.wq_a.weight"), ck.raw("layers.3.attn.wq_a.scale")))
+    assert torch.equal(w, formats.dequant_fp8_weight(ck.raw("layers.3.attn.wq_a.weight"), ck.raw("layers.3.attn.wq_a.scale")))
     assert ck.raw("layers.3.attn.wq_a.scale").dtype == torch.float8_e8m0fnu
     e = sd["layers.0.ffn.experts.1.w2.weight"]
-    assert torch.equal(e, nx.dequant_fp4_weight(ck.raw("layers.0.ffn.experts.1.w2.weight"),
+    assert torch.equal(e, formats.dequant_fp4_weight(ck.raw("layers.0.ffn.experts.1.w2.weight"),
                                                 ck.raw("layers.0.ffn.experts.1.w2.scale")))
     wo_a = sd["layers.3.attn.wo_a.weight"]
     assert torch.equal(wo_a, wo_a.to(torch.bfloat16).float())  # the wo_a exception: BF16-rounded
@@ -184,7 +184,7 @@ def test_single_file_checkpoint_and_ignored_vision_tensors(copy):
 
 def test_main_proj_may_be_bf16(copy):
     t = _tensors(copy)
-    w = nx.dequant_fp8_weight(t.pop("mtp.0.main_proj.weight"), t.pop("mtp.0.main_proj.scale"))
+    w = formats.dequant_fp8_weight(t.pop("mtp.0.main_proj.weight"), t.pop("mtp.0.main_proj.scale"))
     t["mtp.0.main_proj.weight"] = w.to(torch.bfloat16)
     _rewrite(copy, t)
     ck = open_checkpoint(copy)

@@ -18,7 +18,7 @@ from dsv41c.codegen.triton import indexer_score as ixs
 from dsv41c.codegen.triton import kv_pairs
 from dsv41c.codegen.triton import kv_quant as kq
 from dsv41c.codegen.triton import sparse_attention as sa
-from dsv41c import formats as nx
+from dsv41c import formats
 
 from kernel_helpers import (ATTN_TOL, DEV, assert_bf16_close, assert_compressor_close, bits,  # noqa: E402
                             compressor_latent_atol, compressor_weights, rope_table)
@@ -138,7 +138,7 @@ def test_compressor_rejects_partial_pair():
 
 
 def _quant_rows(x):
-    p, e = nx.quant_fp4_ue8m0(x.float(), 32)
+    p, e = formats.quant_fp4_ue8m0(x.float(), 32)
     return p.to(DEV), e.to(DEV)
 
 
@@ -298,8 +298,8 @@ def _attn_inputs(S, H, D, W, KC, N, quant, seed, R=None):
     idx[:, -3:] = -1  # trailing padding
     sink = torch.randn(H, generator=g)
     if quant:
-        wq, we = nx.quant_fp8_ue8m0(win, 32)
-        cp, cs = nx.quant_fp4_e4m3(cmp, 16)
+        wq, we = formats.quant_fp8_ue8m0(win, 32)
+        cp, cs = formats.quant_fp4_e4m3(cmp, 16)
         wkv, ckv = (bits(wq).to(DEV), we.to(DEV)), (cp.to(DEV), bits(cs).to(DEV))
     else:
         wkv, ckv = win.to(torch.bfloat16).to(DEV), cmp.to(torch.bfloat16).to(DEV)
@@ -324,13 +324,13 @@ def _kv_tile_every_code(win, pairs=False, ptx=False, D=64, n=24, dev=DEV):
         codes = codes.to(torch.uint8)
         sc = torch.randint(100, 150, (n, D // 32), generator=g).to(torch.uint8)
         sc[0, :2] = torch.tensor([1, 254], dtype=torch.uint8)  # 2^-126 and 2^127
-        ref = nx.dequant_fp8_ue8m0(codes.view(torch.float8_e4m3fn), sc, 32)
+        ref = formats.dequant_fp8_ue8m0(codes.view(torch.float8_e4m3fn), sc, 32)
     else:
         codes = torch.randint(0, 256, (n, D // 2), generator=g).to(torch.uint8)
         codes[0, :] = torch.arange(D // 2, dtype=torch.uint8) * 8  # every nibble value twice
         sc = torch.randint(0, 127, (n, D // 16), generator=g).to(torch.uint8)
         sc[1, :4] = torch.tensor([1, 7, 8, 0x7E], dtype=torch.uint8)  # E4M3 subnormals, smallest normal, 448
-        ref = nx.dequant_fp4_e4m3(codes, sc.view(torch.float8_e4m3fn), 16)
+        ref = formats.dequant_fp4_e4m3(codes, sc.view(torch.float8_e4m3fn), 16)
     out = torch.full((n, D), float("nan"), device=dev)
     _kv_tile_probe[(triton.cdiv(n, 16),)](codes.to(dev), sc.to(dev), out, n, BN=16, D=D, WIN=win,
                                          UPCAST=not ptx, PAIRS=pairs, PTX=ptx)
@@ -594,8 +594,8 @@ def test_gpu_sparse_attention_ws_batched_bases():
     q = torch.randn(S, H, D, generator=g).to(torch.bfloat16).to(DEV)
     qpos = torch.randint(0, 60000, (S,), generator=g).to(torch.int32).to(DEV)
     win, cmp = torch.randn(W * S, D, generator=g) * 2, torch.randn(N, D, generator=g) * 2
-    wq, we = nx.quant_fp8_ue8m0(win, 32)
-    cp, cs = nx.quant_fp4_e4m3(cmp, 16)
+    wq, we = formats.quant_fp8_ue8m0(win, 32)
+    cp, cs = formats.quant_fp4_e4m3(cmp, 16)
     wkv, ckv = (bits(wq).to(DEV), we.to(DEV)), (cp.to(DEV), bits(cs).to(DEV))
     idx = torch.randint(-1, N // S, (S, KC), generator=g).to(torch.int32).to(DEV)
     sink = torch.randn(H, generator=g).to(DEV)

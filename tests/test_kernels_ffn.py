@@ -26,7 +26,7 @@ from dsv41c.codegen.triton import fp8_warp_split as ws
 from dsv41c.codegen.triton import mhc
 from dsv41c.codegen.triton import moe
 from dsv41c.codegen.triton import rmsnorm as rn
-from dsv41c import formats as nx
+from dsv41c import formats
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 BF16_ULP = 2.0 ** -7
@@ -55,12 +55,12 @@ def assert_ulps(out, ref, ulps=2, floor=1e-6):
 
 
 def fp4_experts(g, E, N, K, scale=0.1):
-    ws = [nx.quant_fp4_weight(torch.randn(N, K, generator=g) * scale) for _ in range(E)]
+    ws = [formats.quant_fp4_weight(torch.randn(N, K, generator=g) * scale) for _ in range(E)]
     return torch.stack([w for w, _ in ws]).to(DEV), torch.stack([s for _, s in ws]).to(DEV)
 
 
 def fp8_weight(g, N, K, scale=0.05):
-    w, s = nx.quant_fp8_weight(torch.randn(N, K, generator=g) * scale)
+    w, s = formats.quant_fp8_weight(torch.randn(N, K, generator=g) * scale)
     return w.to(DEV), s.to(DEV)
 
 
@@ -123,7 +123,7 @@ def test_fp8_gemm_bf16_and_float64():
     w, s = fp8_weight(g, 64, 128)
     y = fg.fp8_gemm(x, w, s)
     assert y.dtype == torch.bfloat16
-    exact = x.double() @ nx.dequant_fp8_weight(w, s).double().T
+    exact = x.double() @ formats.dequant_fp8_weight(w, s).double().T
     assert_ulps(y, exact, ulps=2, floor=1e-4)
 
 
@@ -580,7 +580,7 @@ def test_fp4_decoder_every_code_and_extreme_scale(decode, BK):
     w = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
     e = torch.tensor([0, 1, 127, 128, 129, 254, 255, 110, 125, 3, 200, 64, 126, 130, 2, 253], dtype=torch.uint8)
     s = e[(torch.arange(R)[:, None] * 3 + torch.arange(BK // 32)[None, :]) % 16]
-    ref = fu.permute_k(nx.dequant_fp4_weight(w.view(torch.int8), s), BK, decode)
+    ref = fu.permute_k(formats.dequant_fp4_weight(w.view(torch.int8), s), BK, decode)
     for f32 in (True, False):
         if decode == 0 and not f32 and DEV == "cpu":
             continue  # the interpreter's fp32 -> bf16 cvt mangles subnormals (e = 0); decoders 1/2 move bits
@@ -696,7 +696,7 @@ def test_mhc_post(dtype):
 def test_engram_gather_bit_exact():
     g = gen(19)
     rows = 40
-    table, scale = nx.quant_fp8_ue8m0(torch.randn(rows, 256, generator=g) * torch.logspace(-4, 4, rows)[:, None])
+    table, scale = formats.quant_fp8_ue8m0(torch.randn(rows, 256, generator=g) * torch.logspace(-4, 4, rows)[:, None])
     ids = torch.randint(0, rows, (3, 5), generator=g)
     ids[0, 0], ids[2, 4] = 0, rows - 1
     table, scale, ids = table.to(DEV), scale.to(DEV), ids.to(DEV)
@@ -837,7 +837,7 @@ def test_gpu_fp8_gemm_real_widths(M):
     for N, K in ((1280, 5120), (5120, 2304)):
         w, s = fp8_weight(g, N, K)
         xx = x[:, :K].contiguous()
-        exact = xx.double() @ nx.dequant_fp8_weight(w, s).double().T
+        exact = xx.double() @ formats.dequant_fp8_weight(w, s).double().T
         assert rel_err(fg.fp8_gemm(xx, w, s), exact) < BF16_ULP
         assert rel_err(fg.fp8_gemm(xx, w, s, act_quant=True), fg.fp8_gemm_reference(xx, w, s, True)) < BF16_ULP
     w1, s1 = fp8_weight(g, 2304, 5120)
@@ -855,7 +855,7 @@ def test_gpu_fp8_decode_paths_under_graph_replay(M):
     g = gen(31)
     x = randn(g, M, 8192, dtype=torch.bfloat16)
     w, s = fp8_weight(g, 5120, 8192)
-    exact = x.double() @ nx.dequant_fp8_weight(w, s).double().T
+    exact = x.double() @ formats.dequant_fp8_weight(w, s).double().T
     run = lambda **kw: fg._gemm(x, w, s, None, None, 0.0, False, None, "wo_b", **kw)  # noqa: E731
     folded, separate = run(path="mma", fold=True), run(path="mma", fold=False)
     assert torch.equal(folded, separate)
@@ -1054,7 +1054,7 @@ def test_gpu_mhc_engram_norm_real_widths(T):
     y = randn(g, T, D, dtype=torch.bfloat16)
     torch.testing.assert_close(mhc.mhc_post(H, y, ref[2], ref[3]), mhc.mhc_post_reference(H, y, ref[2], ref[3]),
                                rtol=1e-5, atol=1e-5)
-    table, tscale = nx.quant_fp8_ue8m0(torch.randn(4096, 256, generator=g))
+    table, tscale = formats.quant_fp8_ue8m0(torch.randn(4096, 256, generator=g))
     ids = torch.randint(0, 4096, (T, 24), generator=g)
     table, tscale, ids = table.to(DEV), tscale.to(DEV), ids.to(DEV)
     assert torch.equal(en.engram_gather(ids, table, tscale), en.engram_gather_reference(ids, table, tscale))

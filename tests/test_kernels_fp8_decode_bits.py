@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.triton import fp8_gemm as fg
-from dsv41c import formats as nx
+from dsv41c import formats
 from kernel_helpers import fp32_dot_bound  # noqa: E402
 from ptx_model import bf16_bits, bf16_value, prmt, run_ptx
 
@@ -92,10 +92,10 @@ def test_decode_words_all_codes_all_scales_exact(BK):
     nan = torch.isnan(want)
     assert torch.equal(torch.isnan(got), nan)
     assert torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan])
-    # where bf16 holds every product (e >= 7) this is exactly nx.dequant_fp8_weight's float32 value
+    # where bf16 holds every product (e >= 7) this is exactly formats.dequant_fp8_weight's float32 value
     ok = (e_row >= 7) & (e_row < 255) & (torch.arange(R) < len(E) * rows_per_e)
     finite = codes & 0x7F != 0x7F
-    deq = nx.dequant_fp8_weight(codes.view(torch.float8_e4m3fn), torch.full((triton.cdiv(R, 32), BK // 32), 127,
+    deq = formats.dequant_fp8_weight(codes.view(torch.float8_e4m3fn), torch.full((triton.cdiv(R, 32), BK // 32), 127,
                                                                              dtype=torch.uint8))
     deq = deq * torch.exp2((e_row - 127).float())[:, None]
     ref = deq[:, fg.k_order_w(BK)][ok]
@@ -109,8 +109,8 @@ def test_fp8_gemm_decode_w_matches_reference(M, gated):
     g = torch.Generator().manual_seed(100 + M)
     N, K = 70, 256  # ragged N (a partial 32-row scale group and a partial BN tile)
     x = (torch.randn(M, K, generator=g)).to(DEV)
-    w1, s1 = nx.quant_fp8_weight(torch.randn(N, K, generator=g) * 0.05)
-    w3, s3 = nx.quant_fp8_weight(torch.randn(N, K, generator=g) * 0.05)
+    w1, s1 = formats.quant_fp8_weight(torch.randn(N, K, generator=g) * 0.05)
+    w3, s3 = formats.quant_fp8_weight(torch.randn(N, K, generator=g) * 0.05)
     w1, s1, w3, s3 = w1.to(DEV), s1.to(DEV), w3.to(DEV), s3.to(DEV)
     lim = 0.5
     if gated:
@@ -131,7 +131,7 @@ def test_fp8_gemm_decode_w_large_scales_take_the_two_factor_loop():
     g = torch.Generator().manual_seed(9)
     N, K = 70, 256
     x = torch.randn(8, K, generator=g).to(DEV)
-    w, s = nx.quant_fp8_weight(torch.randn(N, K, generator=g) * 0.05)
+    w, s = formats.quant_fp8_weight(torch.randn(N, K, generator=g) * 0.05)
     s = s.clone()
     s[1, 3] = 140  # rows 32..63, k 96..127: the second split of the second row tile (BN 32)
     s[2, 0] = 150
@@ -239,8 +239,8 @@ def test_decode_w_2_launches_the_2_warp_tile_on_natural_x(monkeypatch):
     monkeypatch.setattr(fg, "mma_sync_decode_for", lambda device: True)
     monkeypatch.setattr(fg, "interpreting", lambda: False)  # the GPU's tile plan, not the interpreter's small tiles
     g = torch.Generator().manual_seed(8)
-    w, s = nx.quant_fp8_weight(torch.randn(2304, 5120, generator=g) * 0.05)
-    w3, s3 = nx.quant_fp8_weight(torch.randn(2304, 5120, generator=g) * 0.05)
+    w, s = formats.quant_fp8_weight(torch.randn(2304, 5120, generator=g) * 0.05)
+    w3, s3 = formats.quant_fp8_weight(torch.randn(2304, 5120, generator=g) * 0.05)
     x = torch.randn(8, 5120, generator=g).to(torch.bfloat16)
     tiles = {}
     for dw in (0, 1, 2):
@@ -255,13 +255,13 @@ def test_decode_w_2_launches_the_2_warp_tile_on_natural_x(monkeypatch):
 
 def test_fp8_gemm_decode_w_rejects_ragged_k():
     g = torch.Generator().manual_seed(3)
-    w, s = nx.quant_fp8_weight(torch.randn(40, 160, generator=g))
+    w, s = formats.quant_fp8_weight(torch.randn(40, 160, generator=g))
     x = torch.randn(4, 160, generator=g).to(DEV)
     with pytest.raises(ValueError, match="decode_w"):
         fg._gemm(x, w.to(DEV), s.to(DEV), None, None, 0.0, False, None, "t", path="mma", decode_w=1)
     y = fg._gemm(x, w.to(DEV), s.to(DEV), None, None, 0.0, False, None, "t", path="mma")  # default: ragged K -> 0
     # fp32 sums in the kernel's order and in torch's (which depends on the CPU's vector kernels): within the bound
-    bound = fp32_dot_bound(x, nx.dequant_fp8_weight(w, s).to(DEV))
+    bound = fp32_dot_bound(x, formats.dequant_fp8_weight(w, s).to(DEV))
     assert ((y - fg.fp8_gemm_reference(x, w.to(DEV), s.to(DEV))).abs() <= bound).all()
 
 
@@ -309,16 +309,16 @@ def test_gpu_fp8_decode_w_real_widths(decode_w):
     g = torch.Generator().manual_seed(41)
     M = 8
     x = torch.randn(M, 8192, generator=g).to(torch.bfloat16).to(DEV)
-    w, s = (t.to(DEV) for t in nx.quant_fp8_weight(torch.randn(5120, 8192, generator=g) * 0.05))
-    exact = x.double() @ nx.dequant_fp8_weight(w, s).double().T
+    w, s = (t.to(DEV) for t in formats.quant_fp8_weight(torch.randn(5120, 8192, generator=g) * 0.05))
+    exact = x.double() @ formats.dequant_fp8_weight(w, s).double().T
     y = fg._gemm(x, w, s, None, None, 0.0, False, None, "wo_b", path="mma", decode_w=decode_w)
     assert ((y.double() - exact).norm() / exact.norm()).item() < BF16_ULP
     x5 = x[:, :5120].contiguous()
-    w1, s1 = (t.to(DEV) for t in nx.quant_fp8_weight(torch.randn(2304, 5120, generator=g) * 0.05))
-    w3, s3 = (t.to(DEV) for t in nx.quant_fp8_weight(torch.randn(2304, 5120, generator=g) * 0.05))
+    w1, s1 = (t.to(DEV) for t in formats.quant_fp8_weight(torch.randn(2304, 5120, generator=g) * 0.05))
+    w3, s3 = (t.to(DEV) for t in formats.quant_fp8_weight(torch.randn(2304, 5120, generator=g) * 0.05))
     lim = 10.0
-    g64 = (x5.double() @ nx.dequant_fp8_weight(w1, s1).double().T).clamp(max=lim)
-    u64 = (x5.double() @ nx.dequant_fp8_weight(w3, s3).double().T).clamp(-lim, lim)
+    g64 = (x5.double() @ formats.dequant_fp8_weight(w1, s1).double().T).clamp(max=lim)
+    u64 = (x5.double() @ formats.dequant_fp8_weight(w3, s3).double().T).clamp(-lim, lim)
     h64 = torch.nn.functional.silu(g64) * u64
     h = fg._gemm(x5, w1, s1, w3, s3, lim, False, None, "shared_w13", path="mma", decode_w=decode_w)
     assert ((h.double() - h64).norm() / h64.norm()).item() < 2 * BF16_ULP

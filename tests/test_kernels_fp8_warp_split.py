@@ -9,7 +9,7 @@ import torch
 
 from dsv41c.codegen.triton import fp8_gemm as fg
 from dsv41c.codegen.triton import fp8_warp_split as ws
-from dsv41c import formats as nx
+from dsv41c import formats
 
 from kernel_helpers import fp32_dot_bound, swiglu_bound  # noqa: E402
 
@@ -20,7 +20,7 @@ BF16_ULP = 2.0 ** -7
 def _w(g, N, K, scale=0.05):
     """E4M3 codes of a quantized Gaussian with RANDOM UE8M0 bytes per 32×32 block (112..122: a quantized Gaussian's
     are nearly all one value), so that a scale read from the wrong k step, row block or matrix changes the result."""
-    w, s = nx.quant_fp8_weight(torch.randn(N, K, generator=g) * scale)
+    w, s = formats.quant_fp8_weight(torch.randn(N, K, generator=g) * scale)
     s = torch.randint(112, 123, s.shape, generator=g, dtype=torch.uint8)
     return w.to(DEV), s.to(DEV)
 
@@ -74,7 +74,7 @@ def test_bf16_against_float64():
     w, s = _w(g, 96, 512)
     y = ws.fp8_gemm_warp_split(x, w, s, tiles=(4, 16, 64, 2))
     assert y.dtype == torch.bfloat16
-    exact = x.double() @ nx.dequant_fp8_weight(w, s).double().T
+    exact = x.double() @ formats.dequant_fp8_weight(w, s).double().T
     assert _rel(y, exact) < BF16_ULP
 
 
@@ -121,7 +121,7 @@ def test_gpu_real_widths_and_graph_replay():
     assert torch.equal(ws.fp8_gemm_warp_split(x, w1, s1, w3, s3, lim, pairs=True), h)
     tiles2 = (8, 16, 32, 3)  # K 2304 = 8 slices of 9 32-wide tiles
     y = ws.fp8_gemm_warp_split(h, w2, s2, tiles=tiles2, pairs=False)
-    assert _rel(y, h.double() @ nx.dequant_fp8_weight(w2, s2).double().T) < BF16_ULP
+    assert _rel(y, h.double() @ formats.dequant_fp8_weight(w2, s2).double().T) < BF16_ULP
     assert torch.equal(ws.fp8_gemm_warp_split(h, w2, s2, tiles=tiles2, pairs=True), y)
     assert torch.equal(ws.fp8_gemm_warp_split(h, w2, s2, pairs=True), ws.fp8_gemm_warp_split(h, w2, s2, pairs=False))
     chain = lambda: ws.fp8_gemm_warp_split(ws.fp8_gemm_warp_split(x, w1, s1, w3, s3, lim), w2, s2,  # noqa: E731
@@ -245,7 +245,7 @@ def test_fp8_gemm_dispatch():
     torch.testing.assert_close(y, fg.fp8_gemm_reference(x, w1, s1), rtol=1e-5, atol=1e-5)
     h = fg._gemm(x, w1, s1, w3, s3, 0.5, False, None, "lin", path="warp_split")
     # fp32 sums in the kernel's order and in torch's (which depends on the CPU's vector kernels): within the bound
-    d1, d3 = nx.dequant_fp8_weight(w1, s1), nx.dequant_fp8_weight(w3, s3)
+    d1, d3 = formats.dequant_fp8_weight(w1, s1), formats.dequant_fp8_weight(w3, s3)
     bound = swiglu_bound(x @ d1.T, x @ d3.T, fp32_dot_bound(x, d1), fp32_dot_bound(x, d3), 0.5)
     assert ((h - fg.fp8_gemm_swiglu_reference(x, w1, s1, w3, s3, 0.5)).abs() <= bound).all()
     with pytest.raises(ValueError, match=r"lin: the warp-split path takes none of the mma path's options \(\['fold'\]\)"):

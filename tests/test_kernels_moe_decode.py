@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41c import formats as nx
+from dsv41c import formats
 from dsv41c.codegen import templates
 from dsv41c.codegen.triton import fp4_mma_gemv as mg
 from dsv41c.codegen.triton import fp8_gemm as fg
@@ -46,7 +46,7 @@ def rel_err(a, b):
 
 
 def fp4_experts(g, E, N, K, scale=0.1):
-    ws = [nx.quant_fp4_weight(torch.randn(N, K, generator=g) * scale) for _ in range(E)]
+    ws = [formats.quant_fp4_weight(torch.randn(N, K, generator=g) * scale) for _ in range(E)]
     return torch.stack([w for w, _ in ws]).to(DEV), torch.stack([s for _, s in ws]).to(DEV)
 
 
@@ -257,12 +257,12 @@ def test_fp4_decode_is_exact_for_every_code_and_scale():
     codes = torch.stack([(torch.arange(32) + r) % 16 for r in range(N)]).to(torch.uint8)
     for e in (0, 1, 127, 128, 254):  # the named extremes, with all 16 codes present
         assert sorted(set(codes[e].tolist())) == list(range(16))
-    w = nx.pack_fp4(codes).view(torch.int8).to(DEV)
+    w = formats.pack_fp4(codes).view(torch.int8).to(DEV)
     s = torch.arange(N, dtype=torch.int32).to(torch.uint8)[:, None].to(DEV)
-    value = nx.e2m1_decode(codes).double()
+    value = formats.e2m1_decode(codes).double()
     scale = torch.where(torch.arange(N) == 255, float("nan"), torch.ldexp(torch.ones(N).double(),
                                                                          torch.arange(N) - 127))
-    deq = nx.dequant_fp4_weight(w, s).cpu()  # [N, K] fp32
+    deq = formats.dequant_fp4_weight(w, s).cpu()  # [N, K] fp32
     for mag in (1.0, 2.0 ** -120, 2.0 ** 100, -3.0):
         x = torch.eye(K, device=DEV) * mag
         y = probe_columns(w, s, x).cpu()  # [K, N]: column k of the dequantized weight × mag
@@ -469,7 +469,7 @@ def test_mma_core_pairs_decode_every_code():
     k[(1,)](words.to(DEV), out, N=len(words))
     out = out.cpu()
     halves = out.view(torch.int16).view(torch.float16).float().view(len(words), 8)  # (lo, hi) per pair
-    values = nx.e2m1_decode(codes).float()
+    values = formats.e2m1_decode(codes).float()
     pairs = [0, 4, 2, 6, 1, 5, 3, 7]
     want = values[:, pairs] * 2.0 ** -14
     assert torch.equal(halves, want)
@@ -617,7 +617,7 @@ def test_gpu_moe_forward_shared_expert_overlap_keeps_the_bits(sparse_fp4_experts
     rewritten inside the graph just before the FFN (a down kernel that did not wait for the side stream
     would add a stale shared output)."""
     def fp8_weight(g, N, K):
-        w, s = nx.quant_fp8_weight(torch.randn(N, K, generator=g) * 0.05)
+        w, s = formats.quant_fp8_weight(torch.randn(N, K, generator=g) * 0.05)
         return w, s
     E, k = ROUTERS["backbone"]
     g = gen(46)

@@ -13,7 +13,7 @@ import torch
 from dsv41c.codegen.triton import arrival
 from dsv41c.codegen.triton import sparse_attention as sa
 from dsv41c.codegen.triton.kv_quant import interpreting
-from dsv41c import formats as nx
+from dsv41c import formats
 
 # the interpreter's tolerance or the compiled kernel's; the shared input builders and comparison
 from kernel_helpers import ATTN_TOL as TOL, DEV, assert_bf16_close, rope_table  # noqa: E402
@@ -35,8 +35,8 @@ def batch_inputs(S, H, D, W, KC, N, quant, seed, pad_rows=()):
         idx[r] = -1
     sink = torch.randn(H, generator=g)
     if quant:
-        wq, we = nx.quant_fp8_ue8m0(win, 32)
-        cp, cs = nx.quant_fp4_e4m3(cmp, 16)
+        wq, we = formats.quant_fp8_ue8m0(win, 32)
+        cp, cs = formats.quant_fp4_e4m3(cmp, 16)
         wkv = (wq.contiguous().view(torch.uint8).to(DEV), we.to(DEV))
         ckv = (cp.to(DEV), cs.contiguous().view(torch.uint8).to(DEV))
     else:

@@ -13,7 +13,7 @@ import torch
 
 from dsv41c.codegen.triton import sparse_attention as sa
 from dsv41c.codegen.triton import sparse_attention_ws as ws
-from dsv41c import formats as nx
+from dsv41c import formats
 
 
 @pytest.fixture(scope="module")
@@ -156,8 +156,8 @@ def _inputs(S=3, H=16, D=64, W=16, KC=8, N=24, dev=DEV):
     g = torch.Generator().manual_seed(3)
     q = torch.randn(S, H, D, generator=g).to(torch.bfloat16)
     qpos = torch.tensor([3, 20, 40][:S], dtype=torch.int32)
-    wq, we = nx.quant_fp8_ue8m0(torch.randn(W + S, D, generator=g), 32)
-    cp, cs = nx.quant_fp4_e4m3(torch.randn(N, D, generator=g), 16)
+    wq, we = formats.quant_fp8_ue8m0(torch.randn(W + S, D, generator=g), 32)
+    cp, cs = formats.quant_fp4_e4m3(torch.randn(N, D, generator=g), 16)
     idx = torch.randint(-1, N, (S, KC), generator=g).to(torch.int32)
     ang = torch.arange(64, dtype=torch.float64)[:, None] * torch.ones(D // 8, dtype=torch.float64)[None] * 0.01
     args = (q, qpos, (wq.view(torch.uint8), we), (cp, cs.view(torch.uint8)), idx, torch.randn(H, generator=g),

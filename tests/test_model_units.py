@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from dsv41c import formats as nx
+from dsv41c import formats
 from dsv41c.frontend.config import preset
 from dsv41c.prims.engram_hash import engram_row_ids
 from dsv41c.prims import quant
@@ -195,9 +195,9 @@ def test_ratio2_compressor_pools_pairs_with_softmax_gate_and_carries_odd_tokens(
 def test_fake_quant_matches_numerics_and_off_is_identity():
     g = torch.Generator().manual_seed(3)
     x = torch.randn(64, 64, generator=g) * torch.rand(64, 1, generator=g) ** 4
-    assert torch.equal(quant.fq_window_kv(x), nx.fake_quant_fp8_ue8m0(x, 32))
-    assert torch.equal(quant.fq_compressed_kv(x), nx.fake_quant_fp4_e4m3(x, 16))
-    assert torch.equal(quant.fq_indexer(x), nx.fake_quant_fp4_ue8m0(x, 32))
+    assert torch.equal(quant.fq_window_kv(x), formats.fake_quant_fp8_ue8m0(x, 32))
+    assert torch.equal(quant.fq_compressed_kv(x), formats.fake_quant_fp4_e4m3(x, 16))
+    assert torch.equal(quant.fq_indexer(x), formats.fake_quant_fp4_ue8m0(x, 32))
     for f in (quant.fq_window_kv, quant.fq_compressed_kv, quant.fq_indexer):
         assert f(x, enabled=False) is x
         assert f(x.double()).dtype == torch.float64

@@ -10,11 +10,11 @@ import math
 import pytest
 import torch
 
-from dsv41c import formats as nx
+from dsv41c import formats
 
 
 def _e2m1(xs):
-    return nx.e2m1_decode(nx.e2m1_encode(torch.tensor(xs, dtype=torch.float32))).tolist()
+    return formats.e2m1_decode(formats.e2m1_encode(torch.tensor(xs, dtype=torch.float32))).tolist()
 
 
 # ----------------------------------------------------------------------------- E2M1
@@ -41,9 +41,9 @@ def test_e2m1_round_to_nearest_even(x, want):
 
 
 def test_e2m1_codes_and_sign_bit():
-    codes = nx.e2m1_encode(torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.5, -6.0, -0.1]))
+    codes = formats.e2m1_encode(torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.5, -6.0, -0.1]))
     assert codes.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 9, 15, 8]  # -0.1 -> -0 (code 8)
-    assert nx.e2m1_decode(torch.arange(16, dtype=torch.uint8)).tolist() == list(nx.E2M1_LUT)
+    assert formats.e2m1_decode(torch.arange(16, dtype=torch.uint8)).tolist() == list(formats.E2M1_LUT)
 
 
 # ----------------------------------------------------------------------------- E4M3
@@ -57,19 +57,19 @@ def test_e4m3_saturation_rne_and_subnormals():
                       2.0**-10,                  # tie 0|2^-9 -> 0
                       3 * 2.0**-10,              # tie 2^-9|2^-8 -> 2^-8 (even)
                       7 * 2.0**-9])              # largest subnormal 0.875·2^-6
-    got = nx.to_e4m3(x).float().tolist()
+    got = formats.to_e4m3(x).float().tolist()
     assert got == [448.0, 448.0, -448.0, 448.0, 16.0, 20.0, 2.0**-9, 0.0, 2.0**-8, 7 * 2.0**-9]
 
 
 # ----------------------------------------------------------------------------- UE8M0
 
 def test_e8m0_bytes():
-    got = nx.e8m0_to_float(torch.tensor([127, 128, 126, 0, 254, 255], dtype=torch.uint8)).tolist()
+    got = formats.e8m0_to_float(torch.tensor([127, 128, 126, 0, 254, 255], dtype=torch.uint8)).tolist()
     assert got[:5] == [1.0, 2.0, 0.5, 2.0**-127, 2.0**127]
     assert math.isnan(got[5])
     # the torch dtype is read through its bytes
     e = torch.tensor([127, 130], dtype=torch.uint8).view(torch.float8_e8m0fnu)
-    assert nx.e8m0_to_float(e).tolist() == [1.0, 8.0]
+    assert formats.e8m0_to_float(e).tolist() == [1.0, 8.0]
 
 
 @pytest.mark.parametrize("amax, exp_byte", [
@@ -84,15 +84,15 @@ def test_e8m0_bytes():
 def test_ue8m0_fp8_scale_rule(amax, exp_byte):
     x = torch.zeros(32)
     x[5] = -amax  # the sign must not matter
-    q, e = nx.quant_fp8_ue8m0(x, 32)
+    q, e = formats.quant_fp8_ue8m0(x, 32)
     assert e.tolist() == [exp_byte]
     s = 2.0 ** (exp_byte - 127)
-    assert q.float()[5].item() == -min(448.0, float(nx.to_e4m3(torch.tensor(amax / s)).float()))
+    assert q.float()[5].item() == -min(448.0, float(formats.to_e4m3(torch.tensor(amax / s)).float()))
 
 
 def test_pow2_ceil_exponent_exact_at_powers_of_two():
     x = torch.tensor([1.0, 2.0, 0.125, 2.0**-126, 2.0**-140, 3.0, 1.0000001, 0.75])
-    assert nx.pow2_ceil_exponent(x).tolist() == [0, 1, -3, -126, -140, 2, 1, 0]
+    assert formats.pow2_ceil_exponent(x).tolist() == [0, 1, -3, -126, -140, 2, 1, 0]
 
 
 # ----------------------------------------------------------------------------- FP4 scales
@@ -102,9 +102,9 @@ def test_fp4_e4m3_scale_rule():
     x = torch.zeros(2, 16)
     x[0, 0], x[0, 1], x[0, 2] = 7.0, 1.0, -0.3
     # second block all zero: amax floor 6·2^-9 -> s = 2^-9, the smallest E4M3 subnormal
-    p, s = nx.quant_fp4_e4m3(x, 16)
+    p, s = formats.quant_fp4_e4m3(x, 16)
     assert s.float().tolist() == [[1.125], [2.0**-9]]
-    y = nx.dequant_fp4_e4m3(p, s, 16)
+    y = formats.dequant_fp4_e4m3(p, s, 16)
     # 1/1.125 = 0.889 -> 1.0 -> 1.125;  -0.3/1.125 = -0.267 -> -0.5 -> -0.5625
     assert y[0, :3].tolist() == [6.75, 1.125, -0.5625]
     assert y[1].abs().sum().item() == 0.0
@@ -119,7 +119,7 @@ def test_fp4_e4m3_scale_rule():
 def test_fp4_ue8m0_scale_rule(amax, exp_byte):
     x = torch.zeros(32)
     x[31] = amax
-    p, e = nx.quant_fp4_ue8m0(x, 32)
+    p, e = formats.quant_fp4_ue8m0(x, 32)
     assert e.tolist() == [exp_byte]
 
 
@@ -127,24 +127,24 @@ def test_fp4_ue8m0_values():
     # amax 12 -> s = 2^ceil(log2 2) = 2; 12/2 = 6 -> 6·2 = 12; 2.6/2 = 1.3 -> 1.5 -> 3.0; 5/2 = 2.5 -> tie -> 2 -> 4
     x = torch.zeros(32)
     x[0], x[1], x[2] = 12.0, 2.6, -5.0
-    p, e = nx.quant_fp4_ue8m0(x, 32)
-    assert nx.dequant_fp4_ue8m0(p, e, 32)[:3].tolist() == [12.0, 3.0, -4.0]
+    p, e = formats.quant_fp4_ue8m0(x, 32)
+    assert formats.dequant_fp4_ue8m0(p, e, 32)[:3].tolist() == [12.0, 3.0, -4.0]
 
 
 # ----------------------------------------------------------------------------- nibble order
 
 def test_fp4_nibble_order():
-    assert nx.unpack_fp4(torch.tensor([0xA0], dtype=torch.uint8)).tolist() == [0x0, 0xA]
-    assert nx.pack_fp4(torch.tensor([1, 2], dtype=torch.uint8)).tolist() == [0x21]
+    assert formats.unpack_fp4(torch.tensor([0xA0], dtype=torch.uint8)).tolist() == [0x0, 0xA]
+    assert formats.pack_fp4(torch.tensor([1, 2], dtype=torch.uint8)).tolist() == [0x21]
     # int8 storage (the checkpoint's I8) is read through its bytes: -95 = 0xA1
-    assert nx.unpack_fp4(torch.tensor([-95], dtype=torch.int8)).tolist() == [0x1, 0xA]
+    assert formats.unpack_fp4(torch.tensor([-95], dtype=torch.int8)).tolist() == [0x1, 0xA]
 
 
 def test_fp4_weight_dequant_by_hand():
     # one row, 64 inputs: bytes 0x21 -> codes [1, 2] -> [0.5, 1.0]; scales 2^1 (byte 128) then 2^-1 (126)
     packed = torch.full((1, 32), 0x21, dtype=torch.uint8).view(torch.int8)
     scale = torch.tensor([[128, 126]], dtype=torch.uint8)
-    w = nx.dequant_fp4_weight(packed, scale, 32)
+    w = formats.dequant_fp4_weight(packed, scale, 32)
     assert w.shape == (1, 64)
     assert w[0, :2].tolist() == [1.0, 2.0] and w[0, 32:34].tolist() == [0.25, 0.5]
 
@@ -154,7 +154,7 @@ def test_fp4_weight_dequant_by_hand():
 def test_fp8_block_dequant_non_multiple_shape():
     w = torch.ones(40, 50).to(torch.float8_e4m3fn)
     scale = torch.tensor([[127, 128], [129, 130]], dtype=torch.uint8)  # 1, 2, 4, 8
-    d = nx.dequant_fp8_weight(w, scale, 32)
+    d = formats.dequant_fp8_weight(w, scale, 32)
     assert d.shape == (40, 50)
     assert d[:32, :32].unique().tolist() == [1.0] and d[:32, 32:].unique().tolist() == [2.0]
     assert d[32:, :32].unique().tolist() == [4.0] and d[32:, 32:].unique().tolist() == [8.0]
@@ -165,17 +165,17 @@ def test_fp8_block_quant_grid_and_scales():
     w[0, 0] = 448.0      # block (0,0): s = 1
     w[33, 40] = 1.0      # block (1,1): 1/448 -> s = 2^-8
     w[5, 45] = -896.0    # block (0,1): s = 2
-    q, s = nx.quant_fp8_weight(w, 32)
+    q, s = formats.quant_fp8_weight(w, 32)
     assert q.shape == (40, 50) and s.shape == (2, 2)
     assert s[0, 0] == 127 and s[1, 1] == 119 and s[0, 1] == 128
-    d = nx.dequant_fp8_weight(q, s, 32)
+    d = formats.dequant_fp8_weight(q, s, 32)
     assert d[0, 0] == 448.0 and d[33, 40] == 1.0 and d[5, 45] == -896.0
 
 
 # ----------------------------------------------------------------------------- fake quant
 
-@pytest.mark.parametrize("fq, block", [(nx.fake_quant_fp8_ue8m0, 32), (nx.fake_quant_fp4_e4m3, 16),
-                                       (nx.fake_quant_fp4_ue8m0, 32)])
+@pytest.mark.parametrize("fq, block", [(formats.fake_quant_fp8_ue8m0, 32), (formats.fake_quant_fp4_e4m3, 16),
+                                       (formats.fake_quant_fp4_ue8m0, 32)])
 def test_fake_quant_idempotent(fq, block):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 128, generator=g) * torch.logspace(-1, 2, 64).unsqueeze(1)
@@ -192,6 +192,6 @@ def test_fp4_e4m3_not_idempotent_with_subnormal_scale():
     # s = e4m3(2^-6/6 = 1.33·2^-9) = 2^-9; 8 -> clamp 6 -> 6·2^-9.
     x = torch.zeros(16)
     x[0] = 6 * 1.5 * 2.0**-9
-    y = nx.fake_quant_fp4_e4m3(x, 16)
+    y = formats.fake_quant_fp4_e4m3(x, 16)
     assert y[0].item() == 2.0**-6
-    assert nx.fake_quant_fp4_e4m3(y, 16)[0].item() == 6 * 2.0**-9
+    assert formats.fake_quant_fp4_e4m3(y, 16)[0].item() == 6 * 2.0**-9

@@ -88,7 +88,7 @@ from dsv41c.codegen.triton.l2_prefetch import l2_prefetch_for, prefetch_rows_l2
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 from dsv41c.codegen.triton.kv_quant import (
     aot_spec, interpreting, quant_fp4_e4m3_pairs, quant_fp4_ue8m0_pairs, round_bf16)
-from dsv41c import formats as nx
+from dsv41c import formats
 
 
 @triton.jit
@@ -776,13 +776,13 @@ def compress_ref(x, wkv, norm_w, cos, sin, pos, rows, kv_cache, kv_scale, *, rat
         k = (lat.to(torch.bfloat16).float() @ wk.float().T).to(torch.bfloat16)
         k = _rms(k, k_norm_w, eps, True)
         k = rope_ref(k, pos, cos, sin).to(torch.bfloat16)
-        kp, ke = nx.quant_fp4_ue8m0(k.float(), 32)
+        kp, ke = formats.quant_fp4_ue8m0(k.float(), 32)
         _u8(idx_cache)[rr] = kp[ok]
         _u8(idx_scale)[rr] = ke[ok]
     c = rope_ref(lat, pos, cos, sin)
     if ratio == 1:
         c = c.to(torch.bfloat16)
-    p4, s4 = nx.quant_fp4_e4m3(c.float(), 16)
+    p4, s4 = formats.quant_fp4_e4m3(c.float(), 16)
     _u8(kv_cache)[rr] = p4[ok]
     _u8(kv_scale)[rr] = s4.view(torch.uint8)[ok]
     return latent_out

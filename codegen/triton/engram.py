@@ -40,7 +40,7 @@ import triton.language as tl
 from dsv41c.codegen.templates import KernelTemplate, register
 from dsv41c.codegen.triton.fp8_gemm import (
     aot_spec, as_u8, e4m3_to_f32, e8m0_to_f32, expand_cols, interpreting, native_fp8_for, target_traits)
-from dsv41c import formats as nx
+from dsv41c import formats
 
 HIDDEN = 5120
 HEAD_DIM = 256
@@ -131,7 +131,7 @@ def engram_gather_reference(ids, table, scale, out_dtype=torch.bfloat16):
     """ids [T, C] -> [T, C·256] dequantized rows (table E4M3 [rows, 256], scale UE8M0 [rows, 8])."""
     q = as_u8(table)[ids.long()].view(torch.float8_e4m3fn)
     e = as_u8(scale)[ids.long()]
-    return nx.dequant_fp8_ue8m0(q, e, 32).flatten(-2).to(out_dtype)
+    return formats.dequant_fp8_ue8m0(q, e, 32).flatten(-2).to(out_dtype)
 
 
 def engram_gate_reference(H, kv, q_weight, k_weight, eps: float, token_mask=None):

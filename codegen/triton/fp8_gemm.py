@@ -173,7 +173,7 @@ from dsv41c.codegen.triton.arrival import arrive_last, counters, reset_counter
 from dsv41c.codegen.triton.kv_quant import sm_count
 from dsv41c.codegen.triton.l2_prefetch import l2_prefetch_for, prefetch_rows_l2
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
-from dsv41c import formats as nx
+from dsv41c import formats
 
 TARGETS = ("cuda:sm80", "cuda:sm90", "cuda:sm100", "rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")
 
@@ -920,21 +920,21 @@ def act_quant_fp8_kernel(x_ptr, y_ptr, M, K: tl.constexpr, BR: tl.constexpr, BK:
 
 def act_quant_fp8_reference(x: torch.Tensor) -> torch.Tensor:
     """Dynamic per-32 FP8 fake quantization (E4M3, pow2 scale, amax floor 1e-4), x's dtype."""
-    return nx.fake_quant_fp8_ue8m0(x, 32)
+    return formats.fake_quant_fp8_ue8m0(x, 32)
 
 
 def fp8_gemm_reference(x, w, w_scale, act_quant: bool = False, out_dtype=None):
     """x [M, K] · dequant(W [N, K], scale [N/32, K/32])ᵀ in fp32 -> out_dtype (default x's)."""
     xa = act_quant_fp8_reference(x) if act_quant else x
-    y = xa.float() @ nx.dequant_fp8_weight(w, w_scale).T
+    y = xa.float() @ formats.dequant_fp8_weight(w, w_scale).T
     return y.to(out_dtype or x.dtype)
 
 
 def fp8_gemm_swiglu_reference(x, w1, s1, w3, s3, limit: float, act_quant: bool = False, out_dtype=None):
     """h = silu(min(x·W1ᵀ, limit)) · clamp(x·W3ᵀ, ±limit), fp32 math -> out_dtype (default x's)."""
     xa = (act_quant_fp8_reference(x) if act_quant else x).float()
-    g = (xa @ nx.dequant_fp8_weight(w1, s1).T).clamp(max=limit)
-    u = (xa @ nx.dequant_fp8_weight(w3, s3).T).clamp(-limit, limit)
+    g = (xa @ formats.dequant_fp8_weight(w1, s1).T).clamp(max=limit)
+    u = (xa @ formats.dequant_fp8_weight(w3, s3).T).clamp(-limit, limit)
     return (torch.nn.functional.silu(g) * u).to(out_dtype or x.dtype)
 
 

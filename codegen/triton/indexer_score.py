@@ -99,7 +99,7 @@ import triton.language as tl
 from dsv41c.codegen.templates import aot_spec
 from dsv41c.codegen.triton.kv_quant import _bcast_groups, pow2_float, sm_count
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw
-from dsv41c import formats as nx
+from dsv41c import formats
 
 
 # ============================================================================ kernels
@@ -491,7 +491,7 @@ def index_scores(q_codes, q_exps, wq, k_codes, k_exps, nvis, *, cand_mask=None, 
 
 def int8_rows_ok(codes: torch.Tensor, exps: torch.Tensor) -> torch.Tensor:
     """The kernels' per-row INT8 check, in torch: codes [..., CI/2] packed, exps [..., CI/32]."""
-    v = (nx.e2m1_decode(nx.unpack_fp4(codes)) * 2).to(torch.int32)
+    v = (formats.e2m1_decode(formats.unpack_fp4(codes)) * 2).to(torch.int32)
     bm = v.abs().unflatten(-1, (-1, 32)).amax(-1)
     e = exps.to(torch.int32)
     nz = bm > 0
@@ -531,11 +531,11 @@ def index_scores_ref(q_codes, q_exps, wq, k_codes, k_exps, nvis, *, cand_mask=No
     S, H, IH = q_codes.shape
     CI = IH * 2
     T = k_codes.shape[0]
-    q = nx.dequant_fp4_ue8m0(q_codes, q_exps, 32).unflatten(-1, (CI // 32, 32))  # [S,H,NB,32]
+    q = formats.dequant_fp4_ue8m0(q_codes, q_exps, 32).unflatten(-1, (CI // 32, 32))  # [S,H,NB,32]
     out = torch.empty((S, T), dtype=torch.float32, device=q_codes.device)
     wq = wq.float()
     for t0 in range(0, T, key_chunk):
-        k = nx.dequant_fp4_ue8m0(k_codes[t0:t0 + key_chunk], k_exps[t0:t0 + key_chunk], 32)
+        k = formats.dequant_fp4_ue8m0(k_codes[t0:t0 + key_chunk], k_exps[t0:t0 + key_chunk], 32)
         k = k.unflatten(-1, (CI // 32, 32))  # [t,NB,32]
         blk = torch.einsum("shbc,tbc->bsht", q, k)  # exact per-block partials
         d = blk[0]

@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, aot_spec, register  # noqa: F401 (aot_spec re-exported)
-from dsv41c import formats as nx
+from dsv41c import formats
 
 TARGETS = ("cuda:sm80", "cuda:sm90", "cuda:sm100", "rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")
 
@@ -313,7 +313,7 @@ def fp8_ring_append_ref(x, pos, ring_q, ring_e, block_rows: int = 16):
     if pos.numel() == 0:
         return ring_q, ring_e
     keep = pos > pos[-1] - R
-    q, e = nx.quant_fp8_ue8m0(x.float()[keep], 32)
+    q, e = formats.quant_fp8_ue8m0(x.float()[keep], 32)
     ring_q.view(torch.uint8)[pos[keep] % R] = q.view(torch.uint8)
     ring_e.view(torch.uint8)[pos[keep] % R] = e
     return ring_q, ring_e
@@ -330,7 +330,7 @@ def fp8_dequant(q, e, out_dtype=torch.bfloat16, block_rows: int = 16):
 
 
 def fp8_dequant_ref(q, e, out_dtype=torch.bfloat16, block_rows: int = 16):
-    return nx.dequant_fp8_ue8m0(q.view(torch.float8_e4m3fn), e.view(torch.uint8), 32).to(out_dtype)
+    return formats.dequant_fp8_ue8m0(q.view(torch.float8_e4m3fn), e.view(torch.uint8), 32).to(out_dtype)
 
 
 def fp4_quant(x, scale_fmt: str = "e4m3", block_rows: int = 16):
@@ -349,8 +349,8 @@ def fp4_quant(x, scale_fmt: str = "e4m3", block_rows: int = 16):
 
 def fp4_quant_ref(x, scale_fmt: str = "e4m3", block_rows: int = 16):
     if _fmt(scale_fmt):
-        return nx.quant_fp4_ue8m0(x.float(), 32)
-    p, s = nx.quant_fp4_e4m3(x.float(), 16)
+        return formats.quant_fp4_ue8m0(x.float(), 32)
+    p, s = formats.quant_fp4_e4m3(x.float(), 16)
     return p, s.view(torch.uint8)
 
 
@@ -367,8 +367,8 @@ def fp4_dequant(p, s, scale_fmt: str = "e4m3", out_dtype=torch.bfloat16, block_r
 
 def fp4_dequant_ref(p, s, scale_fmt: str = "e4m3", out_dtype=torch.bfloat16, block_rows: int = 16):
     if _fmt(scale_fmt):
-        return nx.dequant_fp4_ue8m0(_u8(p), _u8(s), 32).to(out_dtype)
-    return nx.dequant_fp4_e4m3(_u8(p), _u8(s).view(torch.float8_e4m3fn), 16).to(out_dtype)
+        return formats.dequant_fp4_ue8m0(_u8(p), _u8(s), 32).to(out_dtype)
+    return formats.dequant_fp4_e4m3(_u8(p), _u8(s).view(torch.float8_e4m3fn), 16).to(out_dtype)
 
 
 def _fmt(scale_fmt: str) -> bool:

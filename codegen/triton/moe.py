@@ -74,7 +74,7 @@ from dsv41c.codegen.triton.fp4_unpack import DECODERS, fp4_tile, permute_cols_ti
 from dsv41c.codegen.triton import moe_decode as md
 from dsv41c.codegen.triton.moe_router import ROUTERS, router, router_reference  # noqa: F401 (re-exported)
 from dsv41c.codegen.triton.streams import side_stream
-from dsv41c import formats as nx
+from dsv41c import formats
 
 HIDDEN = 5120
 MOE_INTER = 2304
@@ -238,12 +238,12 @@ def moe_experts_reference(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: fl
     for e in torch.unique(topk_idx).tolist():
         tok, j = torch.where(topk_idx == e)
         xe = xa[tok].to(cd)
-        g = (xe @ nx.dequant_fp4_weight(w1[e], s1[e]).to(cd).T).clamp(max=limit)
-        u = (xe @ nx.dequant_fp4_weight(w3[e], s3[e]).to(cd).T).clamp(-limit, limit)
+        g = (xe @ formats.dequant_fp4_weight(w1[e], s1[e]).to(cd).T).clamp(max=limit)
+        u = (xe @ formats.dequant_fp4_weight(w3[e], s3[e]).to(cd).T).clamp(-limit, limit)
         h = (torch.nn.functional.silu(g) * u * topk_w[tok, j, None].to(cd)).to(inter_dtype)
         if act_quant:
             h = act_quant_fp8_reference(h)
-        out = (h.to(cd) @ nx.dequant_fp4_weight(w2[e], s2[e]).to(cd).T).to(partial_dtype)
+        out = (h.to(cd) @ formats.dequant_fp4_weight(w2[e], s2[e]).to(cd).T).to(partial_dtype)
         y.index_add_(0, tok, out.to(cd))
     return y
 

@@ -139,7 +139,7 @@ from dsv41c.codegen.triton.kv_quant import (
 from dsv41c.codegen.triton.fp8_gemm import ptx_for
 from dsv41c.codegen.triton.kv_pairs import e2m1_tile_pairs, e4m3_tile_pairs
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
-from dsv41c import formats as nx
+from dsv41c import formats
 
 
 @triton.jit
@@ -699,8 +699,8 @@ def _dequant_kv(kv, fmt_win: bool):
         a = a.view(torch.uint8) if a.dtype != torch.uint8 else a
         b = b.view(torch.uint8) if b.dtype != torch.uint8 else b
         if fmt_win:
-            return nx.dequant_fp8_ue8m0(a.view(torch.float8_e4m3fn), b, 32)
-        return nx.dequant_fp4_e4m3(a, b.view(torch.float8_e4m3fn), 16)
+            return formats.dequant_fp8_ue8m0(a.view(torch.float8_e4m3fn), b, 32)
+        return formats.dequant_fp4_e4m3(a, b.view(torch.float8_e4m3fn), 16)
     return kv.float()
 
 
