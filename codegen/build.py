@@ -31,7 +31,9 @@ import tempfile
 import time
 from collections import Counter
 
+from dsv41c.artifact_format import is_artifact
 from dsv41c.codegen.artifact import dumps_json, write_artifact
+from dsv41c.outputs import check_output_dir
 from dsv41c.codegen.cpu import PlanError, emit_program
 
 TARGETS = ("cpu",)
@@ -86,8 +88,7 @@ def build_artifact(out: str, checkpoint: str | None = None, preset: str | None =
         raise ConfigError("compile: give either a checkpoint directory or --preset NAME (not both)")
     if target not in TARGETS:
         raise PlanError(f"target '{target}' is not built by this compiler yet (built targets: {', '.join(TARGETS)})")
-    if os.path.exists(out) and not force:
-        raise FileExistsError(f"{os.path.abspath(out)}: already exists (remove it, or pass --force)")
+    check_output_dir(out, "-o", force=force, replaceable=is_artifact)  # before any work; --force replaces artifacts only
     tmp_ckpt = None
     try:
         if checkpoint is not None:

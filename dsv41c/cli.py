@@ -2,16 +2,31 @@
 
 Each subcommand's arguments are declared here; its work is done by a `cmd_<name>`
 function in the component that owns it (imported lazily, so `dsv41c plan` does not import
-Triton). User errors (bad config, bad checkpoint, bad artifact, bad ids) are printed as one
-line `dsv41c <command>: error: ...` on stderr with exit status 2; anything else is a bug
-and keeps its traceback.
+Triton). Argument values are parsed by `dsv41c/argtypes.py` (`type=`), so a bad value fails
+before any work; output paths are checked by `dsv41c/outputs.py` before any work too.
+
+`main` is the one place that turns failures into what the user reads, always one line on
+stderr (`dsv41c <command>: error: ...`) and never a traceback:
+- bad arguments (argparse's errors, printed without the usage block), bad input (the
+  components' error classes listed in `_USER_ERROR_NAMES`: config, checkpoint, artifact,
+  ids, IR, passes, outputs), and operating-system errors (`OSError`: a missing file,
+  permission denied, disk full, read-only file system, ...): exit status 2;
+- Ctrl-C: `interrupted; nothing written` (or the outputs that were complete and kept),
+  exit status 130;
+- anything else is a bug in dsv41c: one line naming the exception, exit status 1;
+  `DSV41C_TRACEBACK=1` lets its traceback through.
+A value that starts with '-' (`--ids -2,3`) is taken as the option's value, not as an
+unknown option.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import os
+import re
 import sys
+
+from dsv41c import argtypes
 
 # subcommand -> "module:function" (the function takes the parsed args, returns an exit code)
 HANDLERS = {
@@ -31,32 +46,27 @@ class UserError(Exception):
     """An error caused by the user's input; printed as one line, exit status 2."""
 
 
-def _ids(text: str) -> list[int]:
-    try:
-        ids = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"token ids must be comma-separated integers, got {text!r}") from None
-    if not ids:
-        raise argparse.ArgumentTypeError("no token ids given")
-    return ids
+_ids = argtypes.token_ids
+_onoff = argtypes.on_off
 
 
-def _onoff(text: str) -> bool:
-    if text not in ("on", "off"):
-        raise argparse.ArgumentTypeError(f"expected 'on' or 'off', got {text!r}")
-    return text == "on"
+class _Parser(argparse.ArgumentParser):
+    """argparse, but an error is one line (no usage block): `dsv41c compile: error: ...`."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dsv41c", description="Ahead-of-time compiler and runtime for DeepSeek-V4.1-Flash.")
+    p = _Parser(prog="dsv41c", description="Ahead-of-time compiler and runtime for DeepSeek-V4.1-Flash.")
     p.add_argument("--version", action="store_true", help="print versions and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     s = sub.add_parser("init-checkpoint", help="write a seeded random checkpoint in the official format")
     s.add_argument("--preset", required=True, help="tiny | mini | bench | full")
     s.add_argument("-o", "--output", required=True, metavar="DIR", help="the checkpoint directory to write")
-    s.add_argument("--seed", type=int, default=0, help="random seed of the weights (default 0)")
-    s.add_argument("--force", action="store_true", help="overwrite DIR if it exists")
+    s.add_argument("--seed", type=argtypes.seed, default=0, help="random seed of the weights (default 0)")
+    s.add_argument("--force", action="store_true", help="replace DIR if it is a checkpoint (nothing else is replaced)")
 
     s = sub.add_parser("plan", help="print the layer plan of a checkpoint or preset")
     s.add_argument("checkpoint", nargs="?", metavar="CKPT_DIR", help="a checkpoint directory (its config.json)")
@@ -76,9 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("generate", help="greedy generation on the eager reference")
     model_args(s)
-    s.add_argument("--max-new-tokens", type=int, default=16, help="tokens to generate (default 16)")
+    s.add_argument("--max-new-tokens", type=argtypes.count, default=16, help="tokens to generate (default 16)")
     s.add_argument("--dspark", action="store_true", help="speculative decoding with the DSpark drafter")
-    s.add_argument("--chunk", type=int, default=0, help="prefill chunk size (0: one chunk)")
+    s.add_argument("--chunk", type=argtypes.count, default=0, help="prefill chunk size (0: one chunk)")
 
     s = sub.add_parser("compile", help="compile a checkpoint or preset into an artifact")
     s.add_argument("checkpoint", nargs="?", metavar="CKPT_DIR", help="the checkpoint to compile")
@@ -88,18 +98,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kv-quant", type=_onoff, default=True, metavar="on|off",
                    help="FP8/FP4 KV cache (default on; off: numerics debugging)")
     s.add_argument("--dump-dir", metavar="D", help="write the IR before and after each pass (with diffs) into D")
-    s.add_argument("--dump-filter", metavar="RE", help="dump only the passes whose name matches RE")
+    s.add_argument("--dump-filter", type=argtypes.regex, metavar="RE", help="dump only the passes whose name matches RE")
     s.add_argument("--timings", action="store_true", help="print each pass's wall time")
     s.add_argument("--verify-each", action="store_true", help="verify the IR after every pass")
-    s.add_argument("--seed", type=int, default=0, help="weights' seed for --preset (default 0)")
-    s.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    s.add_argument("--seed", type=argtypes.seed, default=0, help="weights' seed for --preset (default 0)")
+    s.add_argument("--force", action="store_true", help="replace OUT if it is an artifact (nothing else is replaced)")
 
     s = sub.add_parser("opt", help="run passes over an IR text file")
     s.add_argument("input", metavar="IN.ir", help="an IR text file")
     s.add_argument("-p", "--passes", required=True, metavar="PASS[,PASS...]", help="the pipeline, comma-separated")
     s.add_argument("-o", "--output", metavar="OUT.ir", help="write the result here (default: stdout)")
     s.add_argument("--dump-dir", metavar="D", help="write the IR before and after each pass (with diffs) into D")
-    s.add_argument("--dump-filter", metavar="RE")
+    s.add_argument("--dump-filter", type=argtypes.regex, metavar="RE")
     s.add_argument("--timings", action="store_true")
     s.add_argument("--verify-each", action="store_true")
 
@@ -107,9 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("artifact", metavar="ARTIFACT", help="an artifact written by `dsv41c compile`")
     s.add_argument("--checkpoint", metavar="DIR", help="the checkpoint to bind (default: the one the artifact names; checked against its inventory)")
     s.add_argument("--ids", type=_ids, required=True, help="comma-separated prompt token ids")
-    s.add_argument("--max-new-tokens", type=int, default=16, help="tokens to generate (default 16)")
+    s.add_argument("--max-new-tokens", type=argtypes.count, default=16,
+                   help="tokens to generate (default 16; the prompt plus these must fit the model's context)")
     s.add_argument("--logits-out", metavar="FILE.npy", help="write the prefill's logits (the prompt's) here")
-    s.add_argument("--device", help="torch device to run on (default cpu, the only runtime target yet)")
+    s.add_argument("--device", type=argtypes.device_name,
+                   help="device to run on (default: the artifact target's own, cpu for a cpu artifact)")
 
     s = sub.add_parser("inspect", help="describe an artifact")
     s.add_argument("artifact", metavar="ARTIFACT", help="an artifact written by `dsv41c compile`")
@@ -141,35 +153,101 @@ def _versions() -> str:
     return ", ".join(parts)
 
 
+def _one_line(msg) -> str:
+    lines = [ln.strip() for ln in str(msg).splitlines() if ln.strip()]
+    return "; ".join(lines) if lines else ""
+
+
+def _value_options(parser, argv) -> set:
+    """Option strings of the chosen subcommand that take one value (where '-2,3' is a value)."""
+    subs = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    cmd = next((t for t in argv if not t.startswith("-")), None)
+    sp = subs.choices.get(cmd) if subs is not None and cmd else None
+    out = set()
+    for a in (sp or parser)._actions:
+        if a.option_strings and a.nargs is None and not isinstance(a, (argparse._StoreConstAction,
+                                                                       argparse._HelpAction)):
+            out.update(a.option_strings)
+    return out
+
+
+def _join_negative_values(parser, argv: list) -> list:
+    """`--ids -2,3` -> `--ids=-2,3`: argparse reads a value starting with '-' as an unknown option."""
+    opts = _value_options(parser, argv)
+    out, i = [], 0
+    while i < len(argv):
+        t = argv[i]
+        if t in opts and i + 1 < len(argv) and re.match(r"-[\d.,\s]", argv[i + 1]):
+            out.append(f"{t}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(t)
+        i += 1
+    return out
+
+
+def _os_error(e: OSError) -> str:
+    where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+    what = e.strerror or _one_line(e) or type(e).__name__
+    return f"{where}: {what}" if where else what
+
+
+def _interrupted() -> str:
+    from dsv41c.outputs import kept
+
+    done = kept()
+    return "interrupted; " + (f"kept {', '.join(done)} (complete)" if done else "nothing written")
+
+
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.version:
-        print(_versions())
-        return 0
-    if not args.command:
-        parser.print_help()
-        return 2
-    mod_name, fn_name = HANDLERS[args.command].split(":")
-    fn = getattr(importlib.import_module(mod_name), fn_name)
+    cmd = "dsv41c"
     try:
+        parser = build_parser()
+        argv = list(sys.argv[1:] if argv is None else argv)
+        args = parser.parse_args(_join_negative_values(parser, argv))
+        if args.version:
+            print(_versions())
+            return 0
+        if not args.command:
+            parser.print_help()
+            return 2
+        cmd = f"dsv41c {args.command}"
+        mod_name, fn_name = HANDLERS[args.command].split(":")
+        fn = getattr(importlib.import_module(mod_name), fn_name)
         return int(fn(args) or 0)
     except BrokenPipeError:  # output piped into `head` and the like: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt:
+        print(f"{cmd}: {_interrupted()}", file=sys.stderr)
+        return 130
     except UserError as e:
-        print(f"dsv41c {args.command}: error: {e}", file=sys.stderr)
+        print(f"{cmd}: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a missing file, permission denied, disk full, read-only, ...
+        if type(e).__name__ in _USER_ERROR_NAMES and e.strerror is None:
+            print(f"{cmd}: error: {_one_line(e)}", file=sys.stderr)
+        else:
+            print(f"{cmd}: error: {_os_error(e)}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(f"{cmd}: error: out of memory", file=sys.stderr)
         return 2
     except Exception as e:  # errors of bad input carry the class name of a known user error
         if type(e).__name__ in _USER_ERROR_NAMES:
-            print(f"dsv41c {args.command}: error: {e}", file=sys.stderr)
+            print(f"{cmd}: error: {_one_line(e)}", file=sys.stderr)
             return 2
-        raise
+        if os.environ.get("DSV41C_TRACEBACK"):
+            raise
+        print(f"{cmd}: internal error (a bug in dsv41c): {type(e).__name__}: {_one_line(e)} "
+              f"(DSV41C_TRACEBACK=1 shows where)", file=sys.stderr)
+        return 1
 
 
 # Exceptions raised by the components for bad input (they do not import this module).
 _USER_ERROR_NAMES = {"ConfigError", "CheckpointError", "ArtifactError", "InputError", "PlanError", "IRParseError",
-                     "VerifyError", "PassError", "KernelBuildError", "FileExistsError", "FileNotFoundError"}
+                     "VerifyError", "PassError", "KernelBuildError", "OutputError", "FileExistsError",
+                     "FileNotFoundError"}
 
 
 if __name__ == "__main__":

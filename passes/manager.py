@@ -15,6 +15,8 @@ recorded in a `PassRecord`. Instruments (xDSL's callback between passes) see eac
   matches `dump_filter`
   (re.search; all when None), and `index.json` listing every pass with its changed flag,
   stats, seconds, and the files written (also when a pass fails: `"failed"` names it).
+  Each file is written whole through a temporary name and renamed (`outputs.write_file_atomic`):
+  a full disk leaves no truncated dump, and the error (`OutputError`) names the dump file.
 - `NumericOracle(inputs, atol, rtol)`: interprets every function on fixed inputs before
   the pipeline and after each pass that changed the IR; a pass whose outputs differ is
   named in a PassError (pass it in `instruments=`).
@@ -32,6 +34,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+from dsv41c.outputs import OutputError, reason, write_file_atomic
 from dsv41c.passes.base import PassError, PassResult, is_disabled
 
 
@@ -92,7 +95,10 @@ class Dump(Instrument):
 
     def __init__(self, dump_dir: str, dump_filter: str | None = None):
         self.dir = dump_dir
-        self.filter = re.compile(dump_filter) if dump_filter else None
+        try:
+            self.filter = re.compile(dump_filter) if dump_filter else None
+        except re.error as e:
+            raise PassError(f"dump filter {dump_filter!r} is not a regular expression ({e})") from None
         self.prev_text = ""
         self.prev_file = "00_input.ir"
         self.width = 2
@@ -100,10 +106,13 @@ class Dump(Instrument):
     def before_pipeline(self, module, passes):
         from dsv41c.ir.printer import print_module
 
-        os.makedirs(self.dir, exist_ok=True)
-        for name in os.listdir(self.dir):  # stale dumps of an earlier run would read as this run's
-            if self._OURS.match(name) or name == "index.json":
-                os.remove(os.path.join(self.dir, name))
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+            for name in os.listdir(self.dir):  # stale dumps of an earlier run would read as this run's
+                if self._OURS.match(name) or name == "index.json":
+                    os.remove(os.path.join(self.dir, name))
+        except OSError as e:
+            raise OutputError(f"dump directory {self.dir}: {reason(e)}") from None
         self.width = max(2, len(str(len(passes))))
         self.prev_text = print_module(module)
         self.input_file = "0" * self.width + "_input.ir"
@@ -111,8 +120,7 @@ class Dump(Instrument):
         self._write(self.input_file, self.prev_text)
 
     def _write(self, name, text):
-        with open(os.path.join(self.dir, name), "w", encoding="utf-8") as fh:
-            fh.write(text)
+        write_file_atomic(os.path.join(self.dir, name), text)
 
     def after_pass(self, record, module, ran_before):
         from dsv41c.ir.printer import print_module

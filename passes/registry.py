@@ -20,6 +20,7 @@ PASSES = {
     "cse": "dsv41c.passes.cse:CommonSubexpressionElimination",
     "canonicalize": "dsv41c.passes.canonicalize:Canonicalize",
     "fold-shapes": "dsv41c.passes.fold_shapes:FoldShapes",
+    "plan-memory": "dsv41c.passes.plan_memory:PlanMemory",
     # Later passes plug in here: share-csa2-state, fuse-compressor, lower-kv-fp4,
     # lower-indexer-int8, split-ced-prefill, plan-chunks, schedule-streams, plan-memory,
     # specialize-kernels, partition-pd, plan-dspark.
@@ -75,8 +76,9 @@ def _split(text: str):
         elif not quote:
             depth += (ch == "{") - (ch == "}")
         if ch == "," and depth == 0 and not quote:
-            if cur.strip():
-                items.append(cur.strip())
+            if not cur.strip():  # 'dce,' or 'a,,b': a slip that would silently drop a pass
+                raise PassError(f"empty pass name at item {len(items) + 1} of pipeline {text!r}")
+            items.append(cur.strip())
             cur = ""
         else:
             cur += ch
@@ -85,4 +87,6 @@ def _split(text: str):
         raise PassError(f"unbalanced quotes or braces in pipeline {text!r}")
     if cur.strip():
         items.append(cur.strip())
+    elif items:
+        raise PassError(f"empty pass name at item {len(items) + 1} of pipeline {text!r}")
     return items

@@ -24,6 +24,7 @@ checked against the target); one sequence per session.
 from __future__ import annotations
 
 import json
+import operator
 import os
 
 import torch
@@ -35,6 +36,28 @@ from dsv41c.runtime.weights import WeightMap, bind_checkpoint
 
 class InputError(ValueError):
     """Input the model cannot take (bad token ids, decode before prefill, ...)."""
+
+
+def token_tensor(ids) -> torch.Tensor:
+    """`ids` (a sequence of ints or an integer tensor) as a 1-D int64 tensor, or InputError saying why not."""
+    if isinstance(ids, torch.Tensor):
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise InputError(f"token ids must be integers, got a {ids.dtype} tensor")
+        return ids.to(torch.int64).reshape(-1)
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise InputError(f"token ids must be a sequence of integers, got {type(ids).__name__}")
+    out = []
+    for t in ids:
+        try:
+            if isinstance(t, bool):
+                raise TypeError
+            t = operator.index(t)  # ints, numpy ints, one-element integer tensors
+        except (TypeError, ValueError, RuntimeError):
+            raise InputError(f"token id {t!r} is not an integer ({type(t).__name__})") from None
+        if not -2**63 <= t < 2**63:
+            raise InputError(f"token id {t} is out of range (not even a 64-bit integer)")
+        out.append(t)
+    return torch.tensor(out, dtype=torch.int64)
 
 
 class Session:
@@ -71,7 +94,7 @@ class CompiledModel:
         return Session(st)
 
     def _check_ids(self, ids) -> torch.Tensor:
-        t = torch.as_tensor(ids, dtype=torch.int64).reshape(-1)
+        t = token_tensor(ids)
         if t.numel() == 0:
             raise InputError("no token ids given")
         bad = t[(t < 0) | (t >= self.vocab_size)]
@@ -136,7 +159,7 @@ def load(path, device=None, checkpoint=None) -> CompiledModel:
     """Validate and load `path` (a NAME.dsv41c directory); see the module docstring."""
     path = os.fspath(path)
     m = read_manifest(path)
-    check_target(m, device or "cpu")
+    check_target(m, device)  # the device kinds a target runs on are data (artifact_format.TARGET_DEVICES)
     if m["target"] != "cpu":
         raise ArtifactError(f"{path}: target '{m['target']}' needs its device runtime; this loader runs cpu plans")
     ckpt = bind_checkpoint(path, m, os.fspath(checkpoint) if checkpoint is not None else None)

@@ -7,38 +7,30 @@
 - a file listed in the manifest that is missing (truncated) or whose sha256 differs
   (corrupt), or a file in the artifact the manifest does not list;
 - an embedded config whose hash differs from the recorded `config_hash`.
-`check_target(manifest, device)` rejects an artifact built for another target.
+`check_device(device)` rejects a device name this runtime does not know (`banana`);
+`check_target(manifest, device)` rejects a device the artifact's target cannot run on (a
+cpu artifact on `cuda`), naming both; which device kinds run which target is data in
+`dsv41c/artifact_format.py` (`TARGET_DEVICES`), read from the manifest's `target`.
 
-The runtime imports nothing from the compiler: the canonical config hash is recomputed
-here from the embedded config dict with the same rule the compiler uses (sha256 of the
-sorted-key JSON, first 16 hex digits).
+The runtime imports nothing from the compiler: the manifest schema, the hashing rule and
+the config hash (sha256 of the sorted-key JSON, first 16 hex digits) come from the leaf
+module `dsv41c/artifact_format.py`, which the writer imports too.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import re
 
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-REQUIRED = ("format_version", "dsv41c_version", "torch_version", "target", "config", "config_hash",
-            "checkpoint", "pipeline", "options", "files")
+from dsv41c.artifact_format import (FORMAT_VERSION, MANIFEST, REQUIRED, TARGET_DEVICES, config_hash, device_kinds,
+                                    known_device_kinds, sha256_file)
+
+__all__ = ["ArtifactError", "FORMAT_VERSION", "MANIFEST", "REQUIRED", "check_device", "check_target", "config_hash",
+           "default_device", "read_manifest"]
 
 
 class ArtifactError(Exception):
     """An artifact that cannot be loaded; the message is one line naming what and where."""
-
-
-def config_hash(config: dict) -> str:
-    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def read_manifest(path: str, verify_files: bool = True) -> dict:
@@ -75,7 +67,7 @@ def _verify_files(path: str, m: dict) -> None:
         p = os.path.join(path, rel)
         if not os.path.isfile(p):
             raise ArtifactError(f"{path}: truncated artifact: '{rel}' is missing")
-        if _sha256(p) != digest:
+        if sha256_file(p) != digest:
             raise ArtifactError(f"{path}: corrupt artifact: '{rel}' does not match its sha256 in the manifest")
     for root, _dirs, names in os.walk(path):
         for n in names:
@@ -84,14 +76,35 @@ def _verify_files(path: str, m: dict) -> None:
                 raise ArtifactError(f"{path}: unexpected file '{rel}' not listed in the manifest")
 
 
-def check_target(m: dict, device: str) -> None:
-    """The artifact's target must be runnable on `device` ('cpu' or 'cuda[:N]')."""
+_DEVICE_RE = re.compile(r"([a-z]+)(?::(\d+))?\Z")
+
+
+def check_device(device: str) -> str:
+    """`device` if it names a device kind some target runs on ('cpu', 'cuda', 'cuda:1', ...)."""
+    m = _DEVICE_RE.match(str(device))
+    if not m or m.group(1) not in known_device_kinds():
+        kinds = ", ".join(f"{k}[:N]" if k != "cpu" else k for k in known_device_kinds())
+        raise ArtifactError(f"unknown device {str(device)!r} (devices: {kinds})")
+    return str(device)
+
+
+def default_device(m: dict) -> str:
+    """The device an artifact runs on when none is asked for: the first its target runs on."""
+    kinds = device_kinds(m["target"])
+    return kinds[0] if kinds else "cpu"
+
+
+def check_target(m: dict, device: str | None) -> str:
+    """The device to run `m` on: `device` (default: the target's own) if the target runs there."""
     target = m["target"]
-    kind = device.split(":")[0]
-    if target == "cpu":
-        return  # the CPU plan runs anywhere torch runs
-    if target.startswith("cuda:") and kind == "cuda":
-        return
-    if target.startswith("rocm:") and kind == "cuda":  # torch exposes ROCm devices as 'cuda'
-        return
-    raise ArtifactError(f"artifact target '{target}' cannot run on device '{device}'")
+    kinds = device_kinds(target)
+    if not kinds:
+        raise ArtifactError(f"artifact target '{target}' is unknown to this runtime (targets: "
+                            f"{', '.join(sorted(TARGET_DEVICES))})")
+    if device is None:
+        return kinds[0]
+    device = check_device(device)
+    if device.split(":")[0] not in kinds:
+        raise ArtifactError(f"artifact target '{target}' cannot run on device '{device}' "
+                            f"(it runs on: {', '.join(kinds)})")
+    return device
