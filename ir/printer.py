@@ -6,8 +6,16 @@ the same double: `1e-20`, `0.1`, `-0.0`, `inf`, `nan`), strings in double quotes
 `\\" \\\\ \\n \\t \\r` and `\\uXXXX`/`\\UXXXXXXXX` for every other non-printable character.
 
 Value names: each function prints its values as `%<name hint>` when the hint is a valid
-name not used yet in that function, else as the next free number (`%0`, `%1`, ...). The
-parser keeps the printed names as hints, so print(parse(print(m))) == print(m).
+name not used yet in that function; every other value gets a number above the largest
+numeric name the function already holds (`%0`, `%1`, ... in a fresh trace), in definition
+order. The parser keeps the printed names as hints, so print(parse(print(m))) == print(m).
+
+Stable names across passes: `name_values(m)` writes those names back as the values' hints.
+The pass manager calls it before the pipeline and after every pass, so a value keeps its
+name until a pass replaces it, and a value a pass creates takes a number no surviving value
+holds: a pass's `.diff` shows the ops it changed and nothing renumbered. Because a parsed
+dump carries the same names, `dsv41c opt` run on a dump prints what the compile printed.
+Known gap: a value created outside the pass manager keeps no name until the next print.
 """
 from __future__ import annotations
 
@@ -24,13 +32,47 @@ def format_attr_dict(attrs: dict) -> str:
     return "{" + ", ".join(f"{k} = {format_attr(attrs[k])}" for k in sorted(attrs)) + "}"
 
 
+def assign_names(f) -> dict:
+    """id(value) -> name for f's arguments and op results (the algorithm in the docstring)."""
+    order = list(f.args) + [r for op in f.ops for r in op.results]
+    names: dict[int, str] = {}
+    used: set[str] = set()
+    top = -1
+    for v in order:
+        hint = v.name
+        if hint is not None and NAME_RE.match(hint) and hint not in used and id(v) not in names:
+            used.add(hint)
+            names[id(v)] = hint
+            if hint.isdigit():
+                top = max(top, int(hint))
+    # str(n) for n > top cannot equal a kept hint: kept digit strings are <= top (or have leading zeros).
+    n = top + 1
+    for v in order:
+        if id(v) not in names:
+            names[id(v)] = str(n)
+            used.add(str(n))
+            n += 1
+    return names
+
+
+def name_values(module) -> None:
+    """Write each function's printed names back as its values' hints (stable across passes)."""
+    for f in module.functions.values():
+        names = assign_names(f)
+        for v in list(f.args) + [r for op in f.ops for r in op.results]:
+            v.name = names[id(v)]
+
+
 class Namer:
-    def __init__(self):
-        self.names: dict[int, str] = {}
-        self.used: set[str] = set()
+    def __init__(self, names: dict | None = None):
+        self.names: dict[int, str] = dict(names or {})
+        self.used: set[str] = set(self.names.values())
         self.counter = 0
 
     def define(self, v) -> str:
+        name = self.names.get(id(v))
+        if name is not None:
+            return name
         hint = v.name
         if hint is not None and NAME_RE.match(hint) and hint not in self.used:
             name = hint
@@ -51,13 +93,7 @@ class Namer:
 
 def function_namer(f) -> "Namer":
     """The names `print_function` gives f's values (for messages that quote the text)."""
-    namer = Namer()
-    for a in f.args:
-        namer.define(a)
-    for op in f.ops:
-        for r in op.results:
-            namer.define(r)
-    return namer
+    return Namer(assign_names(f))
 
 
 def _value_decl(namer, v) -> str:
@@ -72,17 +108,14 @@ def format_types(types) -> str:
 
 
 def print_function(f) -> str:
-    namer = Namer()
-    # Define every name up front so a use-before-def still prints the definition's name.
+    # Every name is fixed up front so a use-before-def still prints the definition's name.
+    namer = function_namer(f)
     args = []
     for a in f.args:
-        decl = f"%{namer.define(a)}: {a.type}"
+        decl = f"{namer(a)}: {a.type}"
         if a.attrs:
             decl += " " + format_attr_dict(a.attrs)
         args.append(decl)
-    for op in f.ops:
-        for r in op.results:
-            namer.define(r)
     lines = [f"func @{f.name}({', '.join(args)}) -> {format_types(f.result_types)} {{"]
     for op in f.ops:
         lines.append("  " + format_op(op, namer))

@@ -203,7 +203,10 @@ class PassManager:
         self.env = env
 
     def run(self, module) -> PipelineResult:
+        from dsv41c.ir.printer import name_values
+
         records: list[PassRecord] = []
+        name_values(module)  # stable value names: a dump's diff shows only what a pass changed
         for inst in self.instruments:
             inst.before_pipeline(module, self.passes)
         failed = None
@@ -238,6 +241,9 @@ class PassManager:
             if not isinstance(res, PassResult):
                 raise PassError(f"pass '{p.name}' returned {type(res).__name__}, not a PassResult")
             module, rec.changed, rec.stats = res.module, bool(res.changed), dict(res.stats)
+            from dsv41c.ir.printer import name_values
+
+            name_values(module)
         records.append(rec)
         for inst in self.instruments:
             inst.after_pass(rec, module, ran_before)

@@ -118,6 +118,8 @@ def _replace(op: Op, values: list, subst: dict, pattern: str):
     for r, v in zip(op.results, values):
         if v.type != r.type:
             raise PassError(f"rewrite '{pattern}' replaced a {r.type} result of {op.name} with a {v.type} value")
+        if v.name is None:  # a value made for this rewrite takes the name of the one it replaces
+            v.name = r.name
         subst[id(r)] = v
 
 

@@ -134,11 +134,11 @@ def test_string_attributes_and_locations_round_trip(s):
 def test_names_are_kept_and_made_unique():
     f = Function("f", [("x", TensorType(DTYPES["f32"], (3,))), ("x", TensorType(DTYPES["f32"], (3,)))], [])
     op = Op("aten.add", [f.args[0], f.args[1]], [f.args[0].type], result_names=["1"])
-    op2 = Op("aten.neg", [op.results[0]], [f.args[0].type])  # no hint: gets the next free number
+    op2 = Op("aten.neg", [op.results[0]], [f.args[0].type])  # no hint: a number above every numeric name
     f.ops += [op, op2]
     f.returns = [op2.results[0]]
     f.result_types = [op2.results[0].type]
     text = print_module(Module([f]))
-    assert "func @f(%x: f32[3], %0: f32[3])" in text
-    assert "%1 = aten.add(%x, %0)" in text and "%2 = aten.neg(%1)" in text
+    assert "func @f(%x: f32[3], %2: f32[3])" in text
+    assert "%1 = aten.add(%x, %2)" in text and "%3 = aten.neg(%1)" in text
     assert print_module(parse_module(text)) == text
