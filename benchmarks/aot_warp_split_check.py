@@ -5,7 +5,7 @@ records each kernel's build status and the matrix instructions found in its asse
 w1/w3 variant for the ROCm targets (which get no variant: `fp8_warp_split._NO_ROCM`) and counts `v_mfma` / `v_wmma`
 in the AMDGCN, to show why.
 
-    python benchmarks/aot_warp_split_check.py benchmarks/results/aot_warp_split_s17.json
+    python benchmarks/aot_warp_split_check.py benchmarks/results/aot_warp_split.json
 
 Known gaps: compile-only (nothing here runs a kernel); the ROCm check uses the per-element decoder (PAIRS is inline
 PTX, CUDA only) and NATIVE_FP8 off.

@@ -2,12 +2,12 @@
 
 The CPU tier checks the Triton kernel at small widths in the interpreter, whose FP8/FP4 path multiplies in fp32; the
 `gpu` tier checks the model's widths (64 heads x 512). This script covers the gap: FP8/FP4 and bf16 KV at 16 and 64
-heads, 64 to 512 channels, for each tuning knob of `sparse_attention`, compiled for the GPU. Session 27 found with it
+heads, 64 to 512 channels, for each tuning knob of `sparse_attention`, compiled for the GPU. It found
 that FP8/FP4 KV with 16 heads came out wrong on the H200 for every knob (errors of 4-10 on N(0, 1) values), which is
 why `sparse_attention` now pads such heads to a multiple of 64 (MMA_HEADS); run it with `--raw` to call the kernel
 below that padding and see whether the underlying fault is still there.
 
-`python3 benchmarks/attention_small_widths.py --out benchmarks/results/diag_small_widths.json` (a CUDA GPU).
+`python3 benchmarks/attention_small_widths.py --out benchmarks/results/attention_small_widths.json` (a CUDA GPU).
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def run(raw: bool) -> list:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--raw", action="store_true", help="no head padding (the kernel as it was before session 27)")
+    ap.add_argument("--raw", action="store_true", help="no head padding (the kernel below MMA_HEADS' padding)")
     ap.add_argument("--out", help="write the JSON here")
     args = ap.parse_args(argv)
     rows = run(args.raw)

@@ -1,6 +1,6 @@
 """The kernels against torch.compile of their eager PyTorch references, same run, same GPU.
 
-For each case (the decode shapes that carry the issue's 2x goal, and the main prefill ones, at the published
+For each case (the decode shapes that carry the 2x-of-the-bytes-floor goal, and the main prefill ones, at the published
 widths, on the same random inputs as benchmarks/kernels_ffn.py and kernels_attention.py):
 - ours: the Triton kernel's do_bench median and, at decode shapes, its CUDA-graph replay (L2 warm and cold);
 - eager: the reference's do_bench median;

@@ -2,11 +2,12 @@
 
 Why: the CPU tier checks every kernel at small widths in Triton's interpreter, which runs programs one after another
 and multiplies in fp32; the `gpu` tier checks the model's widths. Compiled kernels at small widths fall between the
-two. Session 27 ran them on the H200 for the first time and found two kernels wrong there (FP8/FP4 attention under 64
+two. Their first run on the H200 found two kernels wrong there (FP8/FP4 attention under 64
 heads; the gate-once router with fewer programs than tokens, whose stuck counters then caused an illegal address that
 failed every later test of the same process). So each file runs in its own process (a fresh CUDA context), with
-TRITON_INTERPRET unset, and the summary names each file's failures and its first error line. Session 28 ran all nine
-files and fixed what failed; every test passed (results/cpu_tier_on_gpu_s28.json, _ffn_s28.json). A cold Triton
+TRITON_INTERPRET unset, and the summary names each file's failures and its first error line. The latest run, all nine
+files on the H200, passed every test (results/cpu_tier_on_gpu.json; the FFN file re-run after its fix:
+results/cpu_tier_on_gpu_ffn.json). A cold Triton
 cache makes the FFN file's compiles take over 200 s.
 
 `python3 benchmarks/cpu_tier_on_gpu.py --out benchmarks/results/cpu_tier_on_gpu.json [FILE ...]` (a CUDA GPU;

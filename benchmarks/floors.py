@@ -16,7 +16,7 @@ def int8_rate(ceil: dict) -> float:
     """The int8 ceiling (TOP/s): the larger of torch._int_mm's measured rate and twice the measured bf16 rate.
     Hopper's dense int8 tensor-core rate is twice its bf16 one; torch._int_mm reaches only ~128 TOP/s on the H200
     (about a tenth of 2x bf16), so taken alone it made int8 FLOP floors ~10x too high and verdicts against them
-    too kind (up to session 10's tables: the one-query indexer scoring counted as 1.96x its floor, 7.4x its bytes
+    too kind (the tables before this correction: the one-query indexer scoring counted as 1.96x its floor, 7.4x its bytes
     floor)."""
     return max(ceil.get("int8_TOPs") or 0.0, 2 * ceil["bf16_TFLOPs"])
 

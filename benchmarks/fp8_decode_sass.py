@@ -7,12 +7,12 @@ PRMTs, F2FP / HADD2.F32 packs, HFMA2s and local-memory operations, and the kerne
 
     python benchmarks/fp8_decode_sass.py [OUT.json]    # under each Triton version to compare
 
-Session 17 added the warp-split decode kernel (fp8_warp_split.py) at its default tiles with the per-element and the
-byte-pair decoder (PAIRS): rows named warp_split_*, with the weights a thread decodes per k step; session 18 the
-byte-pair rows with the scale prefetch (SPF) the other way round from its default: warp_split_*_nospf (each row
-says its SPF; session 17's 8-row rows, `_rb8`, are in results/fp8_decode_sass_s17_*.json; that tile was removed);
-session 19 the one-factor variants (`*_decode_one`: no UE8M0 byte above 134) and, for those, the factor made in the
-other place (`_early` / `_late`: the kernel's EARLY), and each loop's opcode histogram (`opcodes`).
+Also the warp-split decode kernel (fp8_warp_split.py) at its default tiles with the per-element and the byte-pair
+decoder (PAIRS): rows named warp_split_*, with the weights a thread decodes per k step; the byte-pair rows with the
+scale prefetch (SPF) the other way round from its default: warp_split_*_nospf (each row says its SPF); the
+one-factor variants (`*_decode_one`: no UE8M0 byte above 134) and, for those, the factor made in the other place
+(`_early` / `_late`: the kernel's EARLY), and each loop's opcode histogram (`opcodes`). Latest run:
+results/fp8_decode_sass_triton36.json.
 
 Known gaps: static counts only (no timing); the loops are found by their backward branches, which assumes Triton's
 usual loop shape.
@@ -70,8 +70,8 @@ def main(argv=None):
                 rows.append(r)
                 print(triton.__version__, r["variant"], "DECODE_W", dw, "GATED", r["GATED"], "registers",
                       r["registers"], "stack", r["stack"], r["k_loops"], flush=True)
-    # session 17: the warp-split decode kernel (fp8_warp_split.py) at its default tiles, both decoders; session 18:
-    # byte pairs with the scale prefetch the other way round from SPF_DEFAULT (suffix _spf / _nospf)
+    # the warp-split decode kernel (fp8_warp_split.py) at its default tiles, both decoders, and byte pairs with the
+    # scale prefetch the other way round from SPF_DEFAULT (suffix _spf / _nospf)
     for gated in (False, True):
         for sp in ws._variants("cuda:sm90", gated):
             flip = not ws.SPF_DEFAULT

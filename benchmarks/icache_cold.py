@@ -1,6 +1,6 @@
 """What straight-line code costs when its instructions are fetched cold (the L2 flushed before the kernel).
 
-Why: session 24's gate-once router ran the top-k of all eight tokens in its last program: 4,800 more SASS
+Why: a first form of the gate-once router ran the top-k of all eight tokens in its last program: 4,800 more SASS
 instructions than one token's (sm90), executed once, straight through. That cost 8 µs more than one token's in
 warm graph replay and 28 µs more with the L2 flushed, though the data it touches is a few KB. The reading tested
 here: a GPU fetches instructions through the L2 like data, so a kernel timed L2-cold (as the tables' decode

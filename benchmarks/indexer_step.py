@@ -6,20 +6,20 @@ from a CUDA graph, warm and L2-cold (`common.ms_graph`), at one query over 131,0
 candidate source (ratio 1, the published widths: 32 index heads x 128, FP4 + UE8M0/32):
 
 - `step_serial_ids`: `indexer.indexer_topk(pdl=False, candidate_ids=True)` (plain stream order, the candidate
-  blocks ranked into ordered ids: the step before session 25),
+  blocks ranked into ordered ids: the step's earlier form),
 - `step_pdl_ids`: the same with its launches PDL-chained (`pdl=True`: prep -> scoring, its query decoded before
   its wait -> the main stream's one-launch top-k),
 - `step_serial`, `step_pdl`: the candidate blocks as flags (`cand_mask`: the selected set, no rank of its sure
-  keys; the default since session 25), without and with PDL; `step_pdl_seq`: the two selections one after the
-  other on one stream (the `*_nowarm` rows of session 25's result files: the prep kernel without its L2 prefetch
-  of the selections' workspace lines, which measured level with it and was removed),
+  keys; the default), without and with PDL; `step_pdl_seq`: the two selections one after the other on one stream
+  (the `*_nowarm` rows of earlier result files: the prep kernel without its L2 prefetch of the selections'
+  workspace lines, which measured level with it and was removed),
 - parts, PDL off: `prep` (the prep kernel), `prep_score` (prep + scoring), `topk_share2` / `cands_share2[_mask]`
   (one selection alone at the grid it has in the step, half the SMs; `_mask`: as flags), `selections_ids` /
   `selections_mask` (both, forked and joined on two streams as in the step), `topk_full` / `cands_full[_mask]`
   (one selection alone on every SM).
 
 `--queries 4,32` times only the whole step at those query counts (PDL off / on x candidates as ids / as flags),
-do_bench and graph replay (`indexer_step_s25_s32.json`, run by the same code before it moved here).
+do_bench and graph replay.
 
 `--kpt 8,4` also times the step and the selections with that many keys a thread in the split programs
 (`indexer_topk.SPLIT_KEYS_PER_THREAD`: more warps, less unrolled code; `_kpt8`, `_kpt4` rows).

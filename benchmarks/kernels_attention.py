@@ -201,7 +201,7 @@ def case_indexer(ceil, quick):
 
         def score_sweep(S=S):
             # block_q 1 = heads kernel (default up to ix.HEADS_KERNEL_MAX_S queries), 16 = queries as MMA rows
-            # maxnreg 0: uncapped, as these launches ran before session 20 (the default caps at 128: heads_launch)
+            # maxnreg 0: uncapped, as these launches ran before the register cap (the default caps at 128: heads_launch)
             cfgs = ([dict(block_q=1, block_t=128, num_warps=8, programs=p, maxnreg=0) for p in (132, 264)]
                     + [dict(block_q=1, block_t=128, num_warps=4, programs=p, maxnreg=0) for p in (264, 396)]
                     + [dict(block_q=1, block_t=256, num_warps=8, maxnreg=0)]
@@ -249,7 +249,7 @@ def case_indexer(ceil, quick):
                       mask_ms=ms(fm))
             if S == 1:
                 decode_goal(e, ceil, ms_graph(f))
-                # the set as flags (as_mask: what the step writes since session 25), same run
+                # the set as flags (as_mask: what the step writes), same run
                 gm = ms_graph(fm)
                 e["mask_graph_ms"] = gm if isinstance(gm, str) else float(gm)
                 e["mask_graph_cold_ms"] = getattr(gm, "cold", None)
@@ -261,7 +261,7 @@ def case_indexer(ceil, quick):
             kw = dict(ratio=1, topk=512, candidate_blocks=2048)
             r1 = ix.indexer_topk(qp, qe, w, kp, ke, qpos, **kw)
             r2 = ix.indexer_topk_ref(qp, qe, w, kp, ke, qpos, with_stats=False, **kw)
-            # the step's candidates are flags (cand_mask) since session 25: compared as flags
+            # the step's candidates are flags (cand_mask): compared as flags
             err = {"topk_identical": bool(torch.equal(r1.topk, r2.topk)),
                    "candidates_identical": bool(torch.equal(r1.cand_mask, r2.cand_mask)), "stats": r1.stats}
             del r1, r2

@@ -7,9 +7,9 @@ Usage: python benchmarks/kernels_table.py [--read-floor benchmarks/results/read_
 Columns: Triton median time (do_bench), its CUDA-graph replay time where measured (decode
 shapes; warm L2, and "cold": L2 flushed before each replay, which the decode verdict uses), eager PyTorch reference time, speedup, the floor (max of bytes / measured copy
 bandwidth and FLOPs / measured matrix rate), the better time over the floor, the correctness
-figure the script recorded, and the issue's goal where one applies (✔/✘; "launch-bound" where
+figure the script recorded, and the kernel's speed goal where one applies (✔/✘; "launch-bound" where
 the floor is below the measured launch floor of an empty kernel). Rows whose floor today's `floors.floor_ms`
-computes differently from the run (the int8 ceiling, corrected in session 11) are recomputed and marked †.
+computes differently from the run (the int8 ceiling, corrected after some runs were kept) are recomputed and marked †.
 With --read-floor (benchmarks/read_floor.py's
 JSON), a "read floor ms" column gives, for the decode cases it measured, the least L2-cold time of a kernel that
 only reads those bytes, and the goal cell says "read-bound" where that alone exceeds 2x the bytes floor.
@@ -79,7 +79,7 @@ def render(path: str, read: dict | None = None) -> str:
              + ("| read floor ms " if read is not None else "")
              + "| × floor | bf16-rate frac | check | goal |", "|---|---|---|---|---|---|---|---|---|---|---|---|"
              + ("---|" if read is not None else "")]
-    # rows re-run in a later session and merged into the file (its "merged" entries) keep their own run's ceilings
+    # rows re-run later and merged into the file (its "merged" entries) keep their own run's ceilings
     own = {n: m["ceilings"] for m in d.get("merged", []) if m.get("ceilings") for n in m.get("rows", [])}
     refloored = False
     for r in d["results"]:
@@ -113,9 +113,9 @@ def render(path: str, read: dict | None = None) -> str:
                      f"{_f(r.get('floor_ms'), '{:.4f}')} | {rcol}"
                      f"{_f(over, '{:.2f}')} | {_f(frac, '{:.0%}')} | {_err(r)} | {goal} |")
     if own:
-        lines += ["", "Rows re-run later and merged into this file (its `merged` entries: "
-                  + "; ".join(f"session {m.get('session')}: {', '.join(m.get('rows', []))}" for m in d.get("merged", []))
-                  + ") are floored with their own run's ceilings."]
+        rerun = sorted({n for m in d.get("merged", []) for n in m.get("rows", [])})
+        lines += ["", f"Rows re-run later and merged into this file ({len(rerun)}, the JSON's `merged` entries: "
+                  + ", ".join(rerun) + ") are floored with their own run's ceilings."]
     if refloored:
         lines += ["", "† floor and verdicts recomputed from the row's own bytes, FLOPs and times and its run's ceilings "
                   "by `floors.floor_ms` as it is now (int8 at twice the bf16 rate, `floors.int8_rate`); the JSON keeps "

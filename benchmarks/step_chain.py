@@ -32,7 +32,7 @@ Cases (published widths, the same random weights as kernels_ffn.py / compressor_
 - `compressor_r1_T1`, `compressor_r2_T2`: RMSNorm(h) -> the one-launch decode compressor (wkv 512 x 5120 bf16,
   + wgate at ratio 2, + the indexer key).
 The bytes floor of each case is K's bytes (as in the kernel tables) over the copy bandwidth measured in the run;
-`budget_ms` = 2x that floor (the issue's decode goal).
+`budget_ms` = 2x that floor (the decode goal).
 
     python benchmarks/step_chain.py --out benchmarks/results/step_chain.json [--only wq_a] [--repeat 2]
 
@@ -83,7 +83,7 @@ class Case:
 def _fp8_variants(M):
     """serial / pdl / the L2 prefetch sizes the kernel's path takes (gemv: a 64 KB budget or the whole K split;
     warp split: 1 KB of each row or the whole row) / at one token the gemv's EARLY_W (the warp split's, measured in
-    results/step_chain_s23_m8_early_w.json, was removed). EARLY_W is the gemv's default, so the other variants pin it
+    tuning/step_chain_m8_early_w.json, was removed). EARLY_W is the gemv's default, so the other variants pin it
     off: each adds one thing to the serialized launch."""
     pf = {"pdl_pf_budget": "budget", "pdl_pf_all": True} if M == 1 else {"pdl_pf_1k": 1024, "pdl_pf_all": True}
     out = {"serial": {"pdl": False}, "pdl": {"pdl": True},

@@ -47,10 +47,10 @@ def inputs(ratio, T, seed=0):
 VARIANTS = [{"BN": 16}, {"IBK": 256}, {"num_warps": 4}, {"IBK": 256, "maxnreg": 128}, {"tail_pf": True}]
 if os.environ.get("TUNE_TAIL_PF") == "1":  # the tail's L2 prefetch only: on, off, on again, interleaved
     VARIANTS = [{"tail_pf": True}, {"tail_pf": False}, {"tail_pf": True}]
-# TUNE_NO_IDX=1 (session 21): the default launch without the fused indexer key (wk None: no wk GEMV, key norm, RoPE
+# TUNE_NO_IDX=1 (tuning/tune_compressor_noidx.json): the default launch without the fused indexer key (wk None: no wk GEMV, key norm, RoPE
 # and pack in the tail), interleaved with it twice: what the indexer key's part of the serial tail costs
 NO_IDX = os.environ.get("TUNE_NO_IDX") == "1"
-# TUNE_IDX_MMA=1 (session 21): the indexer key's product on the tensor cores (`_idx_linear_mma`) at IBK 128 / 64 /
+# TUNE_IDX_MMA=1 (tuning/tune_compressor_idx_mma.json): the indexer key's product on the tensor cores (`_idx_linear_mma`) at IBK 128 / 64 /
 # 256 against the default (FMA), twice, interleaved
 IDX_MMA = os.environ.get("TUNE_IDX_MMA") == "1"
 

@@ -4,7 +4,7 @@ For the dense linears whose decode time matters (wo_b 5120×8192, engram wkv 256
 1280×5120, shared w2 5120×2304, the shared expert's gated w1/w3 2304×5120): the default path (one
 token: `fp8_gemv_kernel`; 8 tokens: the tensor-core kernel, split-K folded), the old MMA + reduce
 launch as the control, at one token the gemv's k-loop pipelines and K splits, at 8 tokens both weight
-decoders forced (`decode_w` 0 / 1; since session 17 the `default` rows at 8 tokens of shared w1/w3, shared w2, wq_a
+decoders forced (`decode_w` 0 / 1; the `default` rows at 8 tokens of shared w1/w3, shared w2, wq_a
 and wo_b time fp8_warp_split.py, the new default there, while every row that passes an mma option still times the
 split-K tile); for each the relative error against x·dequant(W)ᵀ on fresh random
 data, the graph-replay median (warm and L2-cold), and the time
@@ -38,42 +38,41 @@ SHAPES = [("wo_b", 5120, 8192, 1, False), ("wo_b", 5120, 8192, 8, False), ("wq_a
           ("wq_a", 1280, 5120, 8, False), ("shared_w2", 5120, 2304, 1, False), ("shared_w2", 5120, 2304, 8, False),
           ("shared_w13", 2304, 5120, 1, True), ("shared_w13", 2304, 5120, 8, True),
           ("engram_wkv", 25600, 6144, 8, False)]
-# Earlier runs: results/tune_fp8_prefetch.json (the L2 prefetch of the weight rows: slower everywhere, off; the
-# bf16x2 word decoder won at engram wkv only) and results/tune_fp8_decode.json (the one-token gemv's k-loop
+# Earlier runs: tuning/tune_fp8_prefetch.json (the L2 prefetch of the weight rows: slower everywhere, off; the
+# bf16x2 word decoder won at engram wkv only) and tuning/tune_fp8_decode.json (the one-token gemv's k-loop
 # pipeline, 2-4 cp.async stages: slower, PIPE 1 stays).
 # This (fifth) run: the K split, now that a split need not divide K/BK (`split_bounds`). Nsight Compute showed
 # the default grids at 0.48-0.76 waves of the resident program slots (wo_b one token: 320 programs, 2.4 of 16 warps
 # per scheduler, DRAM 45 % busy, L1TEX scoreboard stalls), so each shape is timed with the split that gives
 # c programs per SM for c = 2..8 (the gemv also with BN 32 rows, fewer registers). TUNE_M=1 / 8 limits the run
-# to those shapes. Kept as results/tune_fp8_split.json; the same sweep at TUNE_M=1 over a word-decoding,
-# hand-prefetched gemv (slower, reverted) as results/tune_fp8_gemv_words.json. Sixth run (TUNE_M=8, kept as
-# results/tune_fp8_bn128.json, TUNE_BN128=1): the tensor-core tile at BN 128 rows, 4 and 8 warps, 2-4 programs
-# per SM. Seventh (TUNE_M=8, results/tune_fp8_stages.json): the tensor-core k loop at 2, 3, 5, 6 stages.
-# Eighth (results/tune_fp8_rpf.json; the script as of commit c2ec43b, TUNE_M=1 TUNE_RPF=1): the one-token gemv
+# to those shapes. Kept as tuning/tune_fp8_split.json; the same sweep at TUNE_M=1 over a word-decoding,
+# hand-prefetched gemv (slower, reverted) as tuning/tune_fp8_gemv_words.json. Sixth run (TUNE_M=8,
+# TUNE_BN128=1): the tensor-core tile at BN 128 rows, 4 and 8 warps, 2-4 programs
+# per SM. Seventh (TUNE_M=8): the tensor-core k loop at 2, 3, 5, 6 stages.
+# Eighth (tuning/tune_fp8_rpf.json; the script as of commit c2ec43b, TUNE_M=1 TUNE_RPF=1): the one-token gemv
 # with a register prefetch of the next k tile, BK 64 / 128 and a register cap (slower or equal; reverted).
-# Ninth (TUNE_M=1 TUNE_SEG=1, results/tune_fp8_gemv_seg.json): the gemv with each thread's 16 consecutive products
+# Ninth (TUNE_M=1 TUNE_SEG=1, tuning/tune_fp8_gemv_seg.json): the gemv with each thread's 16 consecutive products
 # summed before its accumulator (SEG 16: 63 instead of 122 registers, static sm90 SASS), so more programs fit an SM.
-# Tenth (TUNE_M=8 TUNE_W2=1, results/tune_fp8_mma_sync.json): the tensor-core decode tile at 1-2 warps, where Triton
+# Tenth (TUNE_M=8 TUNE_W2=1, tuning/tune_fp8_mma_sync.json): the tensor-core decode tile at 1-2 warps, where Triton
 # emits mma.sync instead of wgmma (sm90 SASS of the 4-warp tile: each of its 8 wgmma per k step is followed by a
 # wait for it, and its weight bytes come from shared memory as 16-bit LDS; at 2 warps, BN 32: HMMA.16816, LDS.64).
-# Eleventh (TUNE_M=8 TUNE_CONF=1, results/tune_fp8_mma_conf.json): the new 2-warp default, its split at one program an
+# Eleventh (TUNE_M=8 TUNE_CONF=1, tuning/tune_fp8_mma_conf.json): the new 2-warp default, its split at one program an
 # SM fewer and more, and the old 4-warp tile, each twice, interleaved.
-# Twelfth (TUNE_M=8 TUNE_BK=1, results/tune_fp8_bk.json): the 2-warp tile at k tiles of 64 and 32 (sm90 SASS, Triton
+# Twelfth (TUNE_M=8 TUNE_BK=1): the 2-warp tile at k tiles of 64 and 32 (sm90 SASS, Triton
 # 3.6, shared w1/w3: 96 / 86 registers instead of 128, so 10-11 programs fit an SM instead of 8) at 8-14 programs an
 # SM and 3-6 stages. TUNE_SHAPES=a,b limits any run to those linears.
-# Thirteenth (TUNE_M=8 TUNE_SPF=1, results/tune_fp8_spf.json): the tensor-core k loop's scale bytes loaded one k tile
+# Thirteenth (TUNE_M=8 TUNE_SPF=1, tuning/tune_fp8_spf.json): the tensor-core k loop's scale bytes loaded one k tile
 # ahead (SPF, the new default) against loading them in the step that uses them, each twice, interleaved.
 # Fourteenth (TUNE_M=8 TUNE_STACK=1 TUNE_SHAPES=shared_w13): the gated linear's stacked tile (GATED 2: 16 rows of w1
 # and the same 16 of w3 in one 32-row tile, one dot, planned as a plain linear of 2N rows) against the paired one.
-# Fifteenth (TUNE_PAIRS=1, written in session 14, run in session 15: results/tune_fp8_pairs_s15.json, slower
-# everywhere): the byte-pair decoder (DECODE_W 2, inline PTX; static sm90 SASS, Triton 3.6: 300-303 instructions a k
-# step for the plain 2-warp tile against 369-375, 329 for the stacked gated one against 416,
-# results/fp8_decode_pairs_sass_t36.json) against the per-element one on the same tiles, interleaved; at one token on
+# Fifteenth (TUNE_PAIRS=1, slower everywhere): the byte-pair decoder (DECODE_W 2, inline PTX; static sm90 SASS, Triton 3.6: 300-303 instructions a k
+# step for the plain 2-warp tile against 369-375, 329 for the stacked gated one against 416)
+# against the per-element one on the same tiles, interleaved; at one token on
 # the mma path (the default there is the gemv).
-# Sixteenth (TUNE_REGS=1 as of commit 83c57b6, session 15; the path was then reverted): fp8_mma_gemv.py, mma.sync on E4M3
+# Sixteenth (TUNE_REGS=1 as of commit 83c57b6; the path was then reverted): fp8_mma_gemv.py, mma.sync on E4M3
 # weights decoded in registers (no shared memory; 4.4 static SASS instructions a weight against ~6, 68-72 registers)
-# against the default tile, BN 16 / 32 and splits planned for 8-24 programs an SM: correct (its gpu test passed,
-# results/gpu_tests_fp8_regs.txt) and slower on every linear (results/tune_fp8_regs.json).
+# against the default tile, BN 16 / 32 and splits planned for 8-24 programs an SM: correct (its gpu test passed)
+# and slower on every linear.
 def _sk_for(per_sm, tiles, steps):
     return max(1, min(steps, per_sm * fg.N_SMS_HINT // tiles))
 

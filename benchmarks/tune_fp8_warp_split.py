@@ -4,21 +4,21 @@ For the decode linears at 8 tokens (shared w1/w3 gated 2304×5120, shared w2 512
 5120×8192): fp8_gemm's default (the 2-warp mma.sync tile, split-K folded by the last arriver; the stacked tile for
 the gated one), then the warp-split kernel over S (warps = K slices) 4 / 8 / 16, BK 32 / 64 / 128 and 2-4 stages
 where K tiles, then the default again and the best three warp-split tiles again (interleaved, so drift shows);
-`--grid pairs`: the default path (the warp-split kernel itself since session 17), the warp-split kernel at `tiles_for`'s tile
+`--grid pairs`: the default path (the warp-split kernel itself), the warp-split kernel at `tiles_for`'s tile
 with the per-element decoder and with the byte-pair one (inline PTX), twice, interleaved; `--grid spf`: the
 scale prefetch (the next k step's UE8M0 bytes loaded an iteration ahead) off and on, at 128- and 256-wide k tiles
-where K tiles, against the default, twice, interleaved (results/tune_fp8_warp_split_spf.json was recorded at commit
+where K tiles, against the default, twice, interleaved (tuning/tune_fp8_warp_split_spf.json was recorded at commit
 25d49a8, before SPF was the default: the default, then SPF at `tiles_for`'s tile of then, at 4 stages and at twice
 BK); `--grid two`: the byte-pair decoder's second bf16x2 scale factor (needed only for UE8M0 bytes above 134)
 always, and one factor made in the k loop or where the scale bytes are loaded (`early`), twice, interleaved (its first
-run, results/tune_fp8_warp_split_two.json, had a per-program check of the scale rows instead of `early`: 1.04-1.7x
-slower, removed). Session 18's 8-row grid (`rows8`, results/tune_fp8_warp_split_rows8.json, as of commit da01be4) and x-through-L1
-grid (`xe`, x loaded 4 / 2 elements a thread by cp.async.ca, results/tune_fp8_warp_split_xe.json, as of 8d5f947)
+run, tuning/tune_fp8_warp_split_two.json, had a per-program check of the scale rows instead of `early`: 1.04-1.7x
+slower, removed). The 8-row grid (`rows8`, tuning/tune_fp8_warp_split_rows8.json, as of commit da01be4) and x-through-L1
+grid (`xe`, x loaded 4 / 2 elements a thread by cp.async.ca, tuning/tune_fp8_warp_split_xe.json, as of 8d5f947)
 timed options since removed: both slower on every linear (8 rows 27-65 %; xe from level on shared w2 at 4 elements,
-8.02-8.24 against 7.84-8.02 µs, to 62 %). `--grid ragged` (session 21, results/tune_fp8_warp_split_ragged_s21.json):
+8.02-8.24 against 7.84-8.02 µs, to 62 %). `--grid ragged` (tuning/tune_fp8_warp_split_ragged.json):
 `RAGGED_TILES`, more warps or wider k tiles than divide K evenly and more stages, twice, interleaved with the default;
-session 21's `words` grid (the scale bytes as int32 words staged by the pipeline, results/
-tune_fp8_warp_split_words_s21.json, as of commit 6c89b06) is removed with its kernel option (1.35-2.2x slower). Each
+a `words` grid (the scale bytes as int32 words staged by the pipeline, as of commit 6c89b06) is removed with its
+kernel option (1.35-2.2x slower). Each
 row: the relative error against x·dequant(W)ᵀ (the gated one against fp8_gemm_swiglu_reference), the graph-replay
 median warm and L2-cold (`common.ms_graph`), and the cold time over the bytes floor.
 
@@ -47,7 +47,7 @@ DEV = "cuda"
 SHAPES = {"shared_w13": (2304, 5120, True), "shared_w2": (5120, 2304, False), "wq_a": (1280, 5120, False),
           "wo_b": (5120, 8192, False)}
 M = 8
-# `--grid ragged` (session 21): (S, RB, BK, stages); for shared w2 (K 2304 = 18 tiles of 128) S 4 at BK 128 is 5, 5,
+# `--grid ragged`: (S, RB, BK, stages); for shared w2 (K 2304 = 18 tiles of 128) S 4 at BK 128 is 5, 5,
 # 5, 3 steps a warp, S 2 at BK 256 5, 4, S 4 at BK 256 3, 3, 3, 0, S 8 at BK 64 five steps (the last warp one)
 RAGGED_TILES = [(2, 16, 128, 4), (2, 16, 128, 5), (4, 16, 64, 3), (4, 16, 64, 4), (4, 16, 128, 3), (4, 16, 128, 4),
                 (2, 16, 256, 3), (4, 16, 256, 2), (4, 16, 256, 3), (8, 16, 64, 3), (8, 16, 128, 2), (8, 16, 128, 3)]
@@ -140,7 +140,7 @@ def main(argv=None):
                 for early in (False, True):
                     timed(f"ws_one_early{int(early)}" + rep, split(t, two=False, early=early), t)
             continue
-        if args.grid == "ragged":  # session 21: tiles whose k tiles do not split evenly over the warps (the last
+        if args.grid == "ragged":  # tiles whose k tiles do not split evenly over the warps (the last
             # slices' extra steps masked), and more stages (more weight bytes in flight a program), twice, interleaved
             cands = [t for t in RAGGED_TILES if K % t[2] == 0 and t != ws.tiles_for(N, K, gated)]
             for rep in ("", "_again"):

@@ -8,7 +8,7 @@ variant's scores are compared bit for bit with the float32 reference (and its fa
 CUDA-graph replay medians, warm and L2-cold (`ms_graph`), every variant timed twice, interleaved (all variants,
 then all again), so drift shows as a spread.
 
-Kept runs (session 20, results/): `tune_indexer_score.json` also has `one_loop_p2`, the kernel as of commit
+Kept runs (tuning/): `tune_indexer_score.json` also has `one_loop_p2`, the kernel as of commit
 93eb728 (the block path a branch inside the key loop), and its `two_loops_*` rows predate the scale fold;
 `tune_indexer_score_fold.json` has `*_nofold` rows (the fold off) and `tune_indexer_score_prefetch.json`
 `*_prefetch` rows (a register prefetch of the next key tile): switches that were measured and then removed, so

@@ -10,7 +10,7 @@ gate and the shared expert over the copy bandwidth measured here.
 
     python benchmarks/tune_moe_ffn_overlap.py --out tune_moe_ffn_chain.json
 
-Earlier runs (results/tune_moe_ffn_chain_run1..4.json) also timed the side stream at the highest priority (run 1:
+Earlier runs (tuning/tune_moe_ffn_chain_fused_router.json is the last of four; the others in git history) also timed the side stream at the highest priority (run 1:
 no difference at one token, slower at eight) and, with code since reverted (git history: "router + MoE prep in one launch"), the router and
 the experts' prep kernel in one launch with the fused router's PDL release at its start or exit (runs 2-4):
 no better than the best configuration without it at either token count (run 4, L2-cold: one token 72.5 vs

@@ -37,30 +37,29 @@ VARIANTS = {
         ("bn16_ns3", {"block_n": 16, "num_stages": 3}),
         ("no_fuse", {"fuse_combine": False}),
         ("split4", {"n_split": 4}),
-        # session 14: whole keys per program, output channels split (no partials, no combine; QK repeated)
+        # whole keys per program, output channels split (no partials, no combine; QK repeated)
         ("dv256_split1", {"dv": 256, "n_split": 1}),
         ("dv256_split1_bn32", {"dv": 256, "n_split": 1, "block_n": 32, "num_stages": 3}),
         ("split1", {"n_split": 1}),
-        # session 16: kv_pairs.py's bf16x2 tile decoders, the lazy rescale, both
+        # kv_pairs.py's bf16x2 tile decoders, the lazy rescale, both
         ("pairs", {"kv_pairs": True}),
         ("lazy8", {"lazy_rescale": 8.0}),
         ("pairs_lazy8", {"kv_pairs": True, "lazy_rescale": 8.0}),
         ("pairs_pdl", {"kv_pairs": True, "pdl": True}),
         ("pdl", {"pdl": True}),
-        # session 16: 16 warps (4 warpgroups: 64 accumulator registers a thread instead of 128, 4 warps a scheduler)
+        # 16 warps (4 warpgroups: 64 accumulator registers a thread instead of 128, 4 warps a scheduler)
         ("w16_bn64", {"num_warps": 16}),
         ("w16_bn32_ns3", {"num_warps": 16, "block_n": 32, "num_stages": 3}),
         ("w16_bn32_ns2", {"num_warps": 16, "block_n": 32, "num_stages": 2}),
-        # session 17 (timed in session 18; 8 the default since): the packed FP4 rows loaded 4 / 8 bytes a thread
-        # (`_kv_tile`'s CVEC): a dequantized-tile layout that stores without bank conflicts, for more cp.async and
-        # stage loads; 16: the default before session 18
+        # the packed FP4 rows loaded 4 / 8 / 16 bytes a thread (`_kv_tile`'s CVEC; 8 the default): a dequantized-tile
+        # layout that stores without bank conflicts, for more cp.async and stage loads
         ("cvec4", {"cvec": 4}),
         ("cvec8", {"cvec": 8}),
         ("cvec16", {"cvec": 16}),
-        # session 18: cvec 8 was 50.6 vs 52.4 µs cold in its first run; timed again, interleaved
+        # cvec 8 was 50.6 vs 52.4 µs cold in a first run; timed again, interleaved
         ("default_again", {}),
         ("cvec8_again", {"cvec": 8}),
-        # session 26: the warp-specialized Gluon kernel (sparse_attention_ws.py), 1 / 2 (its default) / 4 splits
+        # the warp-specialized Gluon kernel (sparse_attention_ws.py), 1 / 2 (its default) / 4 splits
         ("ws", {"ws": True}),
         ("ws_split1", {"ws": True, "n_split": 1}),
         ("ws_split4", {"ws": True, "n_split": 4}),
@@ -84,31 +83,32 @@ VARIANTS = {
         ("ws_p128", {"ws": True, "ws_cfg": {"producer_regs": 128}}),
         ("ws_la1_p128", {"ws": True, "ws_cfg": {"lookahead": True, "producer_regs": 128}}),
         ("ws_la1_p136", {"ws": True, "ws_cfg": {"lookahead": True, "producer_regs": 136}}),
-        # session 26, tried and reverted (tune_sparse_attention_ws_s26_idx.json): the query's selected entries staged
+        # tried and reverted (tuning/sparse_attention_ws/idx.json): the query's selected entries staged
         # in shared memory once by the producer, and the position / bases loaded after the fork: 35.0 against 34.3
-        # session 26, tried and removed (results/tune_sparse_attention_ws_s26_fuse.json): the last split to arrive
+        # tried and removed (tuning/sparse_attention_ws/fused_merge.json): the last split to arrive
         # merged the others' partials in the same launch (39.6 µs cold against 36.7, and its bits depend on the
         # arrival order)
-        # session 27, tried and removed (docs/KERNELS_HISTORY.md session 27; tune_sparse_attention_ws_s27_run1-4.json,
-        # ws_timeline_s27_run1-5.json), L2-cold µs, the kernel as shipped 34.1-34.5 in the same runs: the next block's
+        # tried and removed (their runs and code in git history), L2-cold µs, the kernel as shipped 34.1-34.5 in the
+        # same runs: the next block's
         # entries loaded a block ahead 35.4-35.6; the partials through the freed tile ring (512-byte warp stores) 35.1;
         # every row prefetched into the L2 at the program's start 35.1-35.3; the compressed rows by cp.async into a
         # staging buffer one block ahead 37.6; the two splits merged in the launch by the last to arrive (both
         # partials re-read from the L2, no combine kernel) 38.3-38.5 (warm: 30.3-30.5 against 32.2)
-        # session 28, tried and removed (tune_sparse_attention_ws_s28_p16.json, _p16raw.json; the gpu tests of the
-        # form passed, gpu_tests_attention_ws_s28_p16.txt): fp16 partials, each head's row scaled by a power of two
+        # tried and removed (its runs in git history; the gpu tests of the form passed): fp16 partials, each head's
+        # row scaled by a power of two
         # folded into m and l: 35.9-36.0 µs L2-cold against 34.2-34.3; the launch alone 31.5 against 28.1, 30.8 with no
         # row scaling at all (the fp16 stores, 4 bytes a thread instead of 8, are slower than the fp32 ones); the
         # combine 1.7 µs faster (half the bytes read)
-        # session 29: bf16 partials (range of fp32, no row scaling) stored through the freed tile ring, 16 bytes a
-        # thread (PBF16); fp32 and bf16 interleaved, each whole and as the launch alone
-        ("s29_fp32", {"ws": True, "ws_cfg": {"partial_bf16": False}}),
-        ("s29_bf16", {"ws": True, "ws_cfg": {"partial_bf16": True}}),
-        ("s29_fp32_main", {"ws": True, "ws_cfg": {"partial_bf16": False, "combine": False}}),
-        ("s29_bf16_main", {"ws": True, "ws_cfg": {"partial_bf16": True, "combine": False}}),
-        ("s29_fp32_again", {"ws": True, "ws_cfg": {"partial_bf16": False}}),
-        ("s29_bf16_again", {"ws": True, "ws_cfg": {"partial_bf16": True}}),
-        # session 29, tried and removed (tune_sparse_attention_ws_s29_idxpf.json): the program's selected entries
+        # bf16 partials (range of fp32, no row scaling) stored through the freed tile ring, 16 bytes a thread
+        # (PBF16; tuning/sparse_attention_ws/bf16_partials.json); fp32 and bf16 interleaved, each whole and as the
+        # launch alone
+        ("partials_fp32", {"ws": True, "ws_cfg": {"partial_bf16": False}}),
+        ("partials_bf16", {"ws": True, "ws_cfg": {"partial_bf16": True}}),
+        ("partials_fp32_main", {"ws": True, "ws_cfg": {"partial_bf16": False, "combine": False}}),
+        ("partials_bf16_main", {"ws": True, "ws_cfg": {"partial_bf16": True, "combine": False}}),
+        ("partials_fp32_again", {"ws": True, "ws_cfg": {"partial_bf16": False}}),
+        ("partials_bf16_again", {"ws": True, "ws_cfg": {"partial_bf16": True}}),
+        # tried and removed (its run in git history): the program's selected entries
         # prefetched into the L2 at its start (prefetch.global.L2, one producer lane a 128-byte line; ptxas stack 56 ->
         # 96 bytes): 30.9-31.3 µs L2-cold against 29.0-29.1 for the kernel as shipped, interleaved
     ]),
@@ -117,7 +117,7 @@ VARIANTS = {
         ("default", {}),
         ("no_fuse", {"fuse_combine": False}),
         ("dv128_qk_once", {"dv": 128, "qk_once": True}),
-        # session 14: the one-query case against torch.compile (27.6 µs cold, compiled_baseline.json)
+        # the one-query case against torch.compile (which takes 27.6 µs cold, compiled_baseline.json)
         ("dv128_bn32", {"dv": 128, "block_n": 32}),
         ("dv128_w4", {"dv": 128, "num_warps": 4}),
         ("dv128_split5", {"dv": 128, "n_split": 5}),
@@ -127,7 +127,7 @@ VARIANTS = {
         ("dv64_bn32", {"dv": 64, "block_n": 32}),
         ("dv128_bn16", {"dv": 128, "block_n": 16, "num_stages": 3}),
         ("dv512_bn32", {"dv": 512, "block_n": 32}),
-        ("bn64", {"dv": 128, "block_n": 64}),  # the one-query default before session 14
+        ("bn64", {"dv": 128, "block_n": 64}),  # the one-query default before the chunked combine
         ("pairs", {"kv_pairs": True}),
         ("pairs_lazy8", {"kv_pairs": True, "lazy_rescale": 8.0}),
         ("pairs_pdl", {"kv_pairs": True, "pdl": True}),
@@ -135,12 +135,12 @@ VARIANTS = {
         ("dv128_bn32_ns3", {"dv": 128, "block_n": 32, "num_stages": 3}),
         ("dv256_bn32", {"dv": 256, "block_n": 32}),
         ("dv128_bn32_w4", {"dv": 128, "block_n": 32, "num_warps": 4}),
-        ("cvec4", {"cvec": 4}),  # session 17: see decode_batch_S64 (13.7 vs 12.9 µs cold in session 18's run)
+        ("cvec4", {"cvec": 4}),  # see decode_batch_S64 (13.7 vs 12.9 µs cold)
         ("cvec8", {"cvec": 8}),
         ("cvec16", {"cvec": 16}),
         ("default_again", {}),
         ("cvec8_again", {"cvec": 8}),
-        ("ws", {"ws": True}),  # session 26: 10 splits of one 64-key block
+        ("ws", {"ws": True}),  # 10 splits of one 64-key block
     ]),
 }
 
@@ -245,13 +245,13 @@ SASS_CFGS = [  # (label, split, BN, DV, warps, stages, qk_once, fuse)
     ("batch_dv256_nosplit_bn64_qk_once", False, 64, 256, 8, 2, True, False),
     ("batch_dv256_nosplit_bn32_ns3", False, 32, 256, 8, 3, False, False),
     ("batch_dv256_nosplit_bn64_w4", False, 64, 256, 4, 2, False, False),
-    # session 16: kv_pairs.py's bf16x2 decoders (the 9th field), the batch and one-query defaults and 16 warps
+    # kv_pairs.py's bf16x2 decoders (the 9th field), the batch and one-query defaults and 16 warps
     ("pairs_qk_once_bn64", True, 64, 512, 8, 2, True, False, True),
     ("pairs_one_query_dv128_bn32", True, 32, 128, 8, 2, False, False, True),
     ("pairs_bn32_ns2", True, 32, 512, 8, 2, True, False, True),
     ("pairs_w16_bn64", True, 64, 512, 16, 2, True, False, True),
     ("pairs_w16_bn32_ns3", True, 32, 512, 16, 3, True, False, True),
-    # session 17: the packed FP4 rows loaded 4 / 8 bytes a thread (the 10th field: `_kv_tile`'s CVEC)
+    # the packed FP4 rows loaded 4 / 8 bytes a thread (the 10th field: `_kv_tile`'s CVEC)
     ("pairs_qk_once_bn64_cvec4", True, 64, 512, 8, 2, True, False, True, 4),
     ("pairs_qk_once_bn64_cvec8", True, 64, 512, 8, 2, True, False, True, 8),
     ("pairs_one_query_dv128_bn32_cvec4", True, 32, 128, 8, 2, False, False, True, 4),
@@ -292,7 +292,7 @@ def sass(args):
                        for lo in rec.get("loops", [])[:2])
         print(f"{label:26s} regs {rec.get('registers')} stack {rec.get('stack_bytes')}: {lp} {rec.get('error', '')}",
               flush=True)
-    # the combine (session 14: splits merged NS at a time): are a chunk's loads issued before its first exp?
+    # the combine (splits merged NS at a time): are a chunk's loads issued before its first exp?
     for ns, hb in ((16, 4), (8, 8), (2, 16)):
         rec = {"label": f"combine_ns{ns}_hb{hb}", "NS": ns, "HB": hb, "CP": 64, "warps": 4}
         try:

@@ -15,8 +15,8 @@ the pace) and `mma_off` (DIAG 2: no MMA, so the producer sets it); their outputs
 
 The stamps cost the producer a few registers (triton 3.6 ptxas: 32 bytes of spills), so the stamped launch runs a
 little slower than the plain one (~1-2 µs); the script times both. Run on a CUDA sm90 GPU:
-`python benchmarks/ws_timeline.py --out benchmarks/results/ws_timeline.json`. Session 27's findings from it are in
-docs/KERNELS_HISTORY.md.
+`python benchmarks/ws_timeline.py --out benchmarks/results/ws_timeline.json`. What it found is in the docstring of
+codegen/triton/sparse_attention_ws.py.
 """
 from __future__ import annotations
 
