@@ -230,3 +230,47 @@ def quant_fp4_weight(w: torch.Tensor, block: int = 32):
     """float weight [out, in] -> (int8 packed [out, in/2], E8M0 uint8 [out, in/32])."""
     p, e = quant_fp4_ue8m0(w, block)
     return p.view(torch.int8), e
+
+
+# ----------------------------------------------------------------------------- stored weights: one rule set
+# How each checkpoint tensor is stored and what dequantizing it means. The checkpoint reader, the runtime's
+# weight map and the IR's `dsv41.dequant_weight` op all go through these two functions, so the three cannot
+# disagree about a format.
+STORED_FORMATS = ("fp8_block", "fp4_row", "fp8_row", "cast")
+
+
+def stored_format(name: str, dtype: str, has_scale: bool) -> str:
+    """The dequantization rule of checkpoint tensor `name` (safetensors dtype string, scale present?)."""
+    if not has_scale:
+        if dtype in ("F8_E4M3", "I8"):
+            raise ValueError(f"tensor '{name}' is {dtype} but its '.scale' is missing")
+        return "cast"
+    if dtype == "I8":
+        return "fp4_row"  # routed experts: MXFP4, E8M0 per 32 along `in`
+    if name.endswith("engram.embed.weight"):
+        return "fp8_row"  # Engram tables: per row, per 32 columns (spec §6.7)
+    return "fp8_block"  # dense linears: E8M0 per 32x32 block
+
+
+def rounds_through_bf16(name: str) -> bool:
+    """The reference keeps `attn.wo_a` in BF16 after dequantization (spec §3.13)."""
+    return name.endswith("attn.wo_a.weight")
+
+
+def dequant_stored(w: torch.Tensor, scale, fmt: str, dtype=torch.float32, bf16_round: bool = False,
+                   block: int = 32) -> torch.Tensor:
+    """A stored tensor (and its scale) -> `dtype`, by rule `fmt` (see `stored_format`); `block`: the dense
+    linears' square scale block (the config's `weight_block_size`)."""
+    if fmt == "fp4_row":
+        out = dequant_fp4_weight(w.view(torch.int8) if w.dtype == torch.uint8 else w, scale)
+    elif fmt == "fp8_row":
+        out = dequant_fp8_ue8m0(w, scale.view(torch.uint8) if scale.dtype != torch.uint8 else scale, 32)
+    elif fmt == "fp8_block":
+        out = dequant_fp8_weight(w, scale, block)
+    elif fmt == "cast":
+        out = w
+    else:
+        raise ValueError(f"unknown stored weight format {fmt!r} (known: {', '.join(STORED_FORMATS)})")
+    if bf16_round:
+        out = out.to(torch.bfloat16)
+    return out.to(dtype)

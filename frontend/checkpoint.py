@@ -159,21 +159,15 @@ class Checkpoint:
         """Dequantized tensor of a module prefix (`layers.3.attn.wq_a`) or a plain tensor name."""
         base = prefix[: -len(".weight")] if prefix.endswith(".weight") else prefix
         w_name, s_name = base + ".weight", base + ".scale"
-        if w_name in self._map and s_name in self._map:
-            w, s = self.raw(w_name), self.raw(s_name)
-            if w.dtype == torch.int8:
-                return nx.dequant_fp4_weight(w, s, 32, torch.float32).to(dtype)
-            if base.endswith("engram.embed"):  # per row, per 32 columns (spec §6.7)
-                return nx.dequant_fp8_ue8m0(w, s, 32).to(dtype)
-            out = nx.dequant_fp8_weight(w, s, self._block, torch.float32)
-            if base.endswith("attn.wo_a"):  # the reference keeps wo_a in BF16 after dequant
-                out = out.to(torch.bfloat16)
-            return out.to(dtype)
+        has_scale = w_name in self._map and s_name in self._map
         name = w_name if w_name in self._map else prefix
-        if self.spec(name).dtype in ("F8_E4M3", "I8"):  # quantized codes without scales mean nothing
-            raise CheckpointError(f"{self.shard_of(name)}: tensor '{name}' is {self.spec(name).dtype} but "
-                                  f"'{base}.scale' is missing")
-        return self.raw(name).to(dtype)
+        try:
+            fmt = nx.stored_format(name, self.spec(name).dtype, has_scale)
+        except ValueError as e:  # quantized codes without scales mean nothing
+            raise CheckpointError(f"{self.shard_of(name)}: {e}") from None
+        w = self.raw(name)
+        return nx.dequant_stored(w, self.raw(s_name) if has_scale else None, fmt, torch.float32,
+                                 nx.rounds_through_bf16(name), self._block).to(dtype)
 
     def state_dict(self, dtype=torch.float32, include_engram_tables: bool = True) -> dict[str, torch.Tensor]:
         """Every text tensor dequantized; keys per the module docstring's convention."""

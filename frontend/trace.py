@@ -41,13 +41,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dsv41c import formats
 from dsv41c.frontend.export_ir import TraceError, convert
 from dsv41c.frontend.inventory import expected_tensors
 from dsv41c.frontend.segments import Ffn, StepModel
 from dsv41c.frontend.step import new_state, serve_step
 from dsv41c.ir.core import Function, Module, Op
 from dsv41c.ir.symbolic import SymExpr, subs_attr, sym
-from dsv41c.ir.types import TensorType, dtype_from_torch, i64
+from dsv41c.ir.types import TensorType, bf16, dtype_from_torch, e8m0, f32, fp4e2m1x2, fp8e4m3, i64
 
 _EXPORTS: dict = {}  # in-process cache: (config hash, kv_quant, dtype, segment key) -> (ExportedProgram, dims)
 _TRACED_EXPERTS = 2  # the MoE segment is exported with this many experts, stamped with all of them
@@ -83,6 +84,19 @@ def weight_types(cfg, dtype=torch.float32) -> dict:
     return out
 
 
+_STORED_DTYPES = {"F8_E4M3": fp8e4m3, "F8_E8M0": e8m0, "I8": fp4e2m1x2, "BF16": bf16, "F32": f32}
+
+
+def stored_types(cfg) -> dict:
+    """Checkpoint name -> IR type of the tensor as the checkpoint stores it (scales included)."""
+    out = {}
+    for name, spec in inventory(cfg).items():
+        if spec.dtype not in _STORED_DTYPES:
+            raise TraceError(f"checkpoint tensor '{name}' has dtype {spec.dtype}, which the IR cannot bind")
+        out[name] = TensorType(_STORED_DTYPES[spec.dtype], tuple(spec.shape))
+    return out
+
+
 def _unify(tmpl_t, actual_t, env, where):
     if not isinstance(tmpl_t, TensorType):
         return
@@ -104,6 +118,8 @@ class Tracer:
         self.cfg, self.dtype = cfg, dtype
         self.model = StepModel(cfg, kv_quant=kv_quant, dtype=dtype)
         self.wtypes = weight_types(cfg, dtype)
+        self.stypes = stored_types(cfg)
+        self.block = cfg.weight_block_size[0]
         self.templates: dict = {}
         self.info = TraceInfo()
         self.progress = progress
@@ -202,17 +218,42 @@ class Tracer:
         return {n: vals[id(v)] for n, v in zip(seg.out_names, tmpl.returns)}
 
     def weight(self, fn: Function, name: str):
-        v = self._weights[fn.name].get(name)
-        if v is None:
-            if name not in self.wtypes:
-                raise TraceError(f"the step needs weight '{name}', which the inventory of this config lacks")
-            v = self._weights[fn.name][name] = fn.add_arg(name, self.wtypes[name])
+        """The compute-dtype value of checkpoint tensor `name` in `fn`: its stored argument(s), dequantized by a
+        `dsv41.dequant_weight` op placed at the first use (a tensor stored in the compute dtype is used as is)."""
+        v = self._values[fn.name].get(name)
+        if v is not None:
+            return v
+        if name not in self.wtypes:
+            raise TraceError(f"the step needs weight '{name}', which the inventory of this config lacks")
+        w, scale = self.stored_arg(fn, name)
+        want = self.wtypes[name]
+        if scale is None and w.type == want:
+            v = w
+        else:
+            fmt = formats.stored_format(name, inventory(self.cfg)[name].dtype, scale is not None)
+            op = Op("dsv41.dequant_weight", [w] if scale is None else [w, scale], [want],
+                    {"fmt": fmt, "dtype": want.dtype, "bf16_round": formats.rounds_through_bf16(name), "block": self.block},
+                    name[: -len(".weight")] if name.endswith(".weight") else name)
+            fn.ops.append(op)
+            v = op.result
+        self._values[fn.name][name] = v
         return v
+
+    def stored_arg(self, fn: Function, name: str):
+        """(stored tensor, its scale or None) as arguments of `fn`, added on first request."""
+        args = self._weights[fn.name]
+        if name not in args:
+            args[name] = fn.add_arg(name, self.stypes[name])
+            sname = name[: -len(".weight")] + ".scale" if name.endswith(".weight") else None
+            if sname in self.stypes:
+                args[sname] = fn.add_arg(sname, self.stypes[sname])
+        sname = name[: -len(".weight")] + ".scale" if name.endswith(".weight") else None
+        return args[name], args.get(sname)
 
     # ------------------------------------------------------------------ functions
     def function(self, name: str, T, weight_order=()) -> tuple[Function, list]:
         fn = Function(name)
-        self._weights[name] = {}
+        self._weights[name], self._values[name] = {}, {}
         ids = fn.add_arg("ids", TensorType(i64, (T,)))
         values = {"ids": ids}
         for k, t in new_state(self.cfg, self.dtype).items():
@@ -220,7 +261,8 @@ class Tracer:
                           else s for d, s in enumerate(t.shape))
             values[k] = fn.add_arg(k, TensorType(dtype_from_torch(t.dtype), shape), {"placement": "persistent"})
         for w in weight_order:
-            self.weight(fn, w)
+            if w in self.wtypes:  # scales come with their weight
+                self.stored_arg(fn, w)
         logits, new = serve_step(self.model, values, lambda seg, ins, p: self.stamp(fn, seg, ins, p))
         outs = ["logits"] + [k for k in values if k.startswith("state.")]
         fn.returns = [logits] + [new[k] for k in outs[1:]]
@@ -230,7 +272,7 @@ class Tracer:
 
     def run(self) -> Module:
         t0 = time.perf_counter()
-        self._weights = {}
+        self._weights, self._values = {}, {}
         prefill, outs = self.function("prefill", sym("T"))
         order = list(self._weights["prefill"])
         decode, _ = self.function("decode", 1, order)

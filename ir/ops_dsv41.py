@@ -155,3 +155,26 @@ register("dsv41.hc_mixes(Tensor H, Tensor fn, Tensor base, Tensor scale, int ite
          "-> (Tensor, Tensor, Tensor)", shape=_hc_mixes,
          impl=_call("hc_mixes", "H", "fn", "base", "scale", "iters", "hc_eps", "norm_eps"),
          cost=lambda a, r: Cost(2 * a.H.numel * a.fn.shape[0], memory_cost(a, r).bytes))
+
+
+# ---------------------------------------------------------------------------- stored weights
+_STORED = {"fp8_block": ("fp8e4m3",), "fp8_row": ("fp8e4m3",), "fp4_row": ("fp4e2m1x2",), "cast": None}
+
+
+def _dequant_weight(a):
+    w = need_tensor(a.w)
+    if a.fmt not in _STORED:
+        raise ShapeError(f"dequant_weight: unknown format {a.fmt!r} (known: {', '.join(_STORED)})")
+    want = _STORED[a.fmt]
+    if want is not None and w.dtype.name not in want:
+        raise ShapeError(f"dequant_weight {{fmt = {a.fmt}}}: the stored tensor must be {want[0]}, got {w}")
+    if (a.fmt == "cast") != (a.scale is None):
+        raise ShapeError(f"dequant_weight {{fmt = {a.fmt}}}: " + ("a cast takes no scale" if a.fmt == "cast"
+                                                                  else "a quantized tensor needs its scale"))
+    shape = tuple(w.shape[:-1]) + ((w.shape[-1] * 2,) if a.fmt == "fp4_row" else (w.shape[-1],))
+    return TensorType(a.dtype, shape)
+
+
+register("dsv41.dequant_weight(Tensor w, Tensor? scale, str fmt, dtype dtype, bool bf16_round, int block) -> Tensor",
+         shape=_dequant_weight, impl=_call("dequant_weight", "w", "scale", "fmt", "dtype", "bf16_round", "block"),
+         cost=lambda a, r: Cost(r[0].numel, memory_cost(a, r).bytes))

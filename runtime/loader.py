@@ -106,7 +106,8 @@ class CompiledModel:
     def _weights_of(self, fname: str) -> list:
         if fname not in self._bound:
             fn = self.program[fname]
-            self._bound[fname] = {a["name"]: self.weights.get(a["name"]) for a in fn.args if a["role"] == "weight"}
+            self._bound[fname] = {a["name"]: self.weights.get(a["name"], a.get("dtype")) for a in fn.args
+                                  if a["role"] == "weight"}
         return self._bound[fname]
 
     def _run(self, fname: str, session: Session, ids: torch.Tensor) -> torch.Tensor:
@@ -163,7 +164,7 @@ def load(path, device=None, checkpoint=None) -> CompiledModel:
     if m["target"] != "cpu":
         raise ArtifactError(f"{path}: target '{m['target']}' needs its device runtime; this loader runs cpu plans")
     ckpt = bind_checkpoint(path, m, os.fspath(checkpoint) if checkpoint is not None else None)
-    weights = WeightMap(ckpt, dtype=getattr(torch, m["options"].get("dtype", "float32")))
+    weights = WeightMap(ckpt)
     prog_file = m.get("program", "program.json")
     try:
         with open(os.path.join(path, prog_file)) as f:

@@ -4,8 +4,9 @@ The manifest names the checkpoint (location + sha256 of `model.safetensors.index
 or of the sorted header listing for a single-file checkpoint) and its tensor inventory hash
 (sha256 of the sorted `name dtype shape` lines of every shard header). `WeightMap` opens
 the shards with `safetensors.safe_open` and reads a tensor only when the plan first asks for
-it; FP8/FP4 tensors are dequantized with the shared codecs in `dsv41c.formats` and cached
-in the plan's compute dtype.
+it, as the checkpoint stores it (FP8 E4M3 codes, E8M0 scales, packed FP4 bytes, BF16, F32): the
+plan binds stored tensors and dequantizes them itself (`dsv41.dequant_weight`), or hands them to
+kernels that read the packed form, so no dequantized copy of the checkpoint is ever made here.
 
 Binding rules (`bind_checkpoint`): the recorded location must hold a checkpoint whose index
 hash equals the recorded one; a checkpoint given explicitly may differ in index hash (other
@@ -20,7 +21,6 @@ import os
 import torch
 from safetensors import safe_open
 
-from dsv41c import formats
 from dsv41c.runtime.manifest import ArtifactError
 
 INDEX = "model.safetensors.index.json"
@@ -96,11 +96,10 @@ def bind_checkpoint(artifact_dir: str, manifest: dict, checkpoint: str | None) -
 
 
 class WeightMap:
-    """name -> dequantized tensor, read lazily from the shards on first use."""
+    """name -> the tensor as stored, read lazily from the shards on first use and kept on `device`."""
 
-    def __init__(self, ckpt_dir: str, dtype=torch.float32, device="cpu"):
+    def __init__(self, ckpt_dir: str, device="cpu"):
         self.dir = ckpt_dir
-        self.dtype = dtype
         self.device = device
         self._map = _weight_map(ckpt_dir)
         self._files: dict = {}
@@ -116,27 +115,19 @@ class WeightMap:
         return f.get_tensor(name)
 
     def __contains__(self, name: str) -> bool:
-        return name in self._map or (name.endswith(".weight") and name in self._map)
+        return name in self._map
 
-    def get(self, name: str) -> torch.Tensor:
-        """Dequantized value of `name` (for a quantized linear: `X.weight`, scales applied)."""
+    def get(self, name: str, dtype: str | None = None) -> torch.Tensor:
+        """The stored tensor `name`; `dtype` (a torch dtype name from the plan) reinterprets its bytes where the
+        plan's storage type differs only in name (packed FP4 pairs are int8 in the checkpoint, uint8 in the plan)."""
         t = self._cache.get(name)
-        if t is not None:
-            return t
-        raw = self._raw(name)
-        scale_name = name[: -len(".weight")] + ".scale" if name.endswith(".weight") else None
-        if scale_name and scale_name in self._map:
-            s = self._raw(scale_name)
-            if raw.dtype == torch.int8:  # packed FP4 experts
-                t = formats.dequant_fp4_weight(raw, s)
-            elif name.endswith("engram.embed.weight"):  # per-row, per-32-column scales (spec §6.7)
-                t = formats.dequant_fp8_ue8m0(raw, s.view(torch.uint8))
-            else:
-                t = formats.dequant_fp8_weight(raw, s)
-            if name.endswith("attn.wo_a.weight"):  # the reference keeps wo_a in BF16 (spec §3.13)
-                t = t.to(torch.bfloat16)
-        else:
-            t = raw
-        t = t.to(device=self.device, dtype=self.dtype if t.is_floating_point() else t.dtype)
-        self._cache[name] = t
+        if t is None:
+            t = self._raw(name)
+            if dtype is not None and str(t.dtype) != "torch." + dtype:
+                want = getattr(torch, dtype)
+                if t.element_size() != torch.empty((), dtype=want).element_size():
+                    raise ArtifactError(f"{self.dir}: tensor '{name}' is {t.dtype} in the checkpoint; the plan binds "
+                                        f"it as {dtype}")
+                t = t.view(want)
+            t = self._cache[name] = t.to(self.device)
         return t

@@ -80,14 +80,14 @@ def test_traced_module_structure():
 
 def test_traced_module_interprets_equal_to_the_reference_serving_form():
     from dsv41c.frontend.model.model import ReferenceModel
-    from dsv41c.frontend.model.weights import random_state_dict
+    from dsv41c.frontend.model.weights import dequantize_stored, stored_state_dict
     from dsv41c.frontend.step import new_state
     from dsv41c.ir import interpret
 
     m, _ = _traced()
     cfg = preset("mini")
-    sd = random_state_dict(cfg, seed=1)
-    ref = ReferenceModel(cfg, dict(sd), kv_quant=True)
+    sd = stored_state_dict(cfg, seed=1)  # the plan binds the stored formats and dequantizes them itself
+    ref = ReferenceModel(cfg, dequantize_stored(cfg, sd), kv_quant=True)
     ids = torch.randint(0, cfg.vocab_size, (12,), generator=torch.Generator().manual_seed(4))
     st, rst = new_state(cfg), ref.new_state()
     outs = m.attrs["outputs"]
@@ -111,3 +111,19 @@ def test_weights_named_by_checkpoint_in_first_use_order(name):
     wt = weight_types(preset(name))
     assert str(wt["layers.0.ffn.experts.0.w1.weight"]) == "f32[32, 64]"  # packed FP4 [32, 32] -> dequantized
     assert "layers.0.ffn.experts.0.w1.scale" not in wt
+
+
+def test_weights_are_bound_as_stored_and_dequantized_by_an_explicit_op():
+    m, _ = _traced()
+    f = m.functions["prefill"]
+    types = {a.name: str(a.type) for a in f.args}
+    assert types["layers.11.ffn.experts.15.w2.weight"].startswith("fp4e2m1x2[")
+    assert types["layers.11.ffn.experts.15.w2.scale"].startswith("e8m0[")
+    assert types["layers.0.attn.wq_a.weight"].startswith("fp8e4m3[") and types["embed.weight"].startswith("bf16[")
+    deq = {op.loc: op for op in f.ops if op.name == "dsv41.dequant_weight"}
+    assert deq["layers.0.attn.wq_a"].attrs["fmt"] == "fp8_block"
+    assert deq["layers.11.ffn.experts.15.w2"].attrs["fmt"] == "fp4_row"
+    assert deq["layers.0.attn.wo_a"].attrs["bf16_round"] is True
+    # every stored weight is dequantized at most once per function, at its first use
+    seen = [op.operands[0].name for op in f.ops if op.name == "dsv41.dequant_weight"]
+    assert len(seen) == len(set(seen))

@@ -11,13 +11,14 @@ Ops (schemas in kv_path.py / blocks.py):
     compressor_step                                   compressor state update (+ new latents)
     index_scores, candidate_blocks, select_topk       the CSA2 indexer
     moe, engram_hash, engram_apply, hc_mixes          MoE, Engram, mHC
+    dequant_weight                                    a stored checkpoint tensor -> compute dtype
 
 `import dsv41c.ops` registers them all (idempotent: Python imports each module once).
 `OP_NAMES` lists them for inventories and tests.
 """
 from __future__ import annotations
 
-from dsv41c.ops import blocks, kv_path  # noqa: F401  (registration side effect)
+from dsv41c.ops import blocks, kv_path, weights  # noqa: F401  (registration side effect)
 
 OP_NAMES = ("fq_window_kv", "fq_compressed_kv", "fq_indexer", "sparse_attention", "compressor_step",
-            "index_scores", "candidate_blocks", "select_topk", "moe", "engram_hash", "engram_apply", "hc_mixes")
+            "index_scores", "candidate_blocks", "select_topk", "moe", "engram_hash", "engram_apply", "hc_mixes", "dequant_weight")

@@ -103,3 +103,47 @@ def random_state_dict(cfg, seed: int = 0) -> dict:
             shape = (shape[0], shape[1] * 2)
         out[name] = _init(name, shape, g)
     return out
+
+
+def stored_state_dict(cfg, seed: int = 0) -> dict:
+    """`random_state_dict(cfg, seed)` quantized into the checkpoint's stored formats, with the plan's storage
+    dtypes: FP8 E4M3 codes, E8M0 scales (float8_e8m0fnu), packed FP4 pairs (uint8), BF16, F32. What a compiled
+    plan binds; `dequantize_stored` gives the matching float dict for the reference model."""
+    from dsv41c import formats
+
+    specs = expected_tensors(cfg)
+    blk = cfg.weight_block_size[0]
+    out = {}
+    for name, x in random_state_dict(cfg, seed).items():
+        dt = specs[name].dtype
+        if dt == "I8":
+            q, s = formats.quant_fp4_weight(x, 32)
+            q = q.view(torch.uint8)
+        elif dt == "F8_E4M3" and name.endswith("engram.embed.weight"):
+            q, s = formats.quant_fp8_ue8m0(x, 32)
+        elif dt == "F8_E4M3":
+            q, s = formats.quant_fp8_weight(x, blk)
+        else:
+            q, s = x.to(torch.bfloat16 if dt == "BF16" else torch.float32), None
+        out[name] = q
+        if s is not None:
+            out[name[: -len(".weight")] + ".scale"] = s.view(torch.float8_e8m0fnu)
+    return out
+
+
+def dequantize_stored(cfg, stored: dict, dtype=torch.float32) -> dict:
+    """A stored dict (`stored_state_dict`, or a checkpoint's raw tensors) -> the float dict the reader's
+    `state_dict(dtype)` gives: the same rules (`formats.stored_format` / `dequant_stored`)."""
+    from dsv41c import formats
+
+    specs = expected_tensors(cfg)
+    out = {}
+    for name, w in stored.items():
+        if name.endswith(".scale") and name[: -len(".scale")] + ".weight" in stored:
+            continue
+        sname = name[: -len(".weight")] + ".scale"
+        scale = stored.get(sname) if name.endswith(".weight") else None
+        fmt = formats.stored_format(name, specs[name].dtype, scale is not None)
+        out[name] = formats.dequant_stored(w, scale, fmt, torch.float32, formats.rounds_through_bf16(name),
+                                           cfg.weight_block_size[0]).to(dtype)
+    return out
