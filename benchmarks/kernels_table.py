@@ -123,10 +123,78 @@ def render(path: str, read: dict | None = None) -> str:
     return "\n".join(lines)
 
 
+def render_combined(paths: list[str], read: dict | None = None) -> str:
+    """One table over several kernel-benchmark JSONs and compiled_baseline.py's JSON: every kernel row with its
+    eager reference, torch.compile of that reference (compiled_baseline's ratio, both sides from one run, where it
+    has the case; else the kernel JSON's own do_bench of it) and its floor."""
+    docs = [(p, json.load(open(p))) for p in paths]
+    comp = {r["name"]: r for p, d in docs if d.get("kind") == "compiled_baseline" for r in d["results"] if "error" not in r}
+    lines = []
+    for p, d in docs:
+        env = d.get("env", {k: d.get(k) for k in ("gpu", "torch", "triton")})
+        ceil = d.get("ceilings", {})
+        what = (f"measured ceilings: copy {ceil.get('copy_TBps', 0):.2f} TB/s, bf16 matmul {ceil.get('bf16_TFLOPs', 0):.0f} "
+                f"TFLOP/s" + (f", launch floor {ceil['launch_floor_ms'] * 1e3:.1f} µs" if ceil.get("launch_floor_ms") else "")
+                if d.get("kind") != "compiled_baseline" else "the torch.compile column")
+        lines.append(f"- `{p}`: {env.get('gpu')}, torch {env.get('torch')}, triton {env.get('triton')}; {what}")
+    lines += ["", "| kernel | do_bench ms | cold graph ms | eager ms | × eager | torch.compile ms | × torch.compile "
+              "| floor ms | read floor ms | × floor | check | goal |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    refloored = False
+    for p, d in docs:
+        if d.get("kind") == "compiled_baseline":
+            continue
+        ceil = d.get("ceilings", {})
+        own = {n: m["ceilings"] for m in d.get("merged", []) if m.get("ceilings") for n in m.get("rows", [])}
+        for r in d["results"]:
+            if "name" in r and "triton_ms" not in r:
+                lines.append(f"| {r['name']} | FAILED: {str(r.get('error'))[:80] or '–'} |" + " |" * 10)
+                continue
+            if r.get("eager_ms") is None:  # a sweep row (configurations timed, no reference): not a kernel figure
+                continue
+            r = refloor(r, own.get(r["name"], ceil))
+            mark = " †" if "refloored_from" in r else ""
+            refloored = refloored or bool(mark)
+            over = r.get("best_over_floor")
+            if over is None:
+                ts = [t for t in (r.get("triton_ms"), r.get("graph_cold_ms")) if isinstance(t, float)]
+                over = (min(ts) / r["floor_ms"] if ts and r.get("floor_ms")
+                        else r.get("triton_over_floor", r.get("time_over_floor")))
+            # compiled_baseline names the indexer's default configuration without the kernel JSON's `_bt128`
+            c = comp.get(r["name"], comp.get(r["name"].removesuffix("_bt128")))
+            if c is not None and isinstance(c.get("ours_vs_compiled"), (int, float)):
+                cold = c.get("ratio_basis") == "graph_cold"
+                tc = c.get("compiled_graph_cold_ms") if cold else c.get("compiled_ms")
+                tcx = f"{c['ours_vs_compiled']:.2f}×" + ("" if cold else " ᵈ")
+            elif isinstance(r.get("compiled_ms"), float) and r.get("triton_ms"):
+                tc, tcx = r["compiled_ms"], f"{r['compiled_ms'] / r['triton_ms']:.2f}× ᵈ"
+            else:
+                tc, tcx = None, "–"
+            goal = r.get("goal") or ""
+            rf = (read or {}).get(r["name"], {}).get("read_floor_ms")
+            if goal:
+                goal += " ✔" if r.get("goal_met") else " ✘"
+                read_bound = not r.get("goal_met") and rf is not None and rf > 2 * r["floor_ms"]
+                why = [w for w, on in (("launch-bound", r.get("launch_bound")), ("read-bound", read_bound)) if on]
+                if why:
+                    goal += f" ({', '.join(why)})"
+            lines.append(f"| {r['name']}{mark} | {_f(r.get('triton_ms'), '{:.4f}')} | {_f(r.get('graph_cold_ms'), '{:.4f}')} | "
+                         f"{_f(r.get('eager_ms'), '{:.4f}')} | {_f(r.get('speedup_vs_eager'), '{:.1f}×')} | "
+                         f"{_f(tc, '{:.4f}')} | {tcx} | {_f(r.get('floor_ms'), '{:.4f}')} | {_f(rf, '{:.4f}')} | "
+                         f"{_f(over, '{:.2f}')} | {_err(r)} | {goal} |")
+    lines += ["", "× torch.compile: torch.compile's time over ours, both L2-cold CUDA-graph replays from one run of "
+              "`compiled_baseline.py`; ᵈ: do_bench medians instead (no graph on one side, or a prefill shape)."]
+    if refloored:
+        lines += ["", "† floor and verdicts recomputed from the row's own bytes, FLOPs and times and its run's ceilings "
+                  "by `floors.floor_ms` as it is now (`floors.refloor`); the JSON keeps the run's floor."]
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
-    read = None
+    read, combined = None, False
+    if args[:1] == ["--combined"]:
+        combined, args = True, args[1:]
     if args[:1] == ["--read-floor"]:
         read = {c["name"]: c for c in json.load(open(args[1]))["cases"]}
         args = args[2:]
-    print("\n\n".join(render(p, read) for p in args))
+    print(render_combined(args, read) if combined else "\n\n".join(render(p, read) for p in args))

@@ -16,6 +16,15 @@ import os
 import sys
 
 from dsv41c.codegen.matrix import KernelBuildError, parse_targets
+from dsv41c.outputs import OutputError, check_output_dir, note_kept, reason
+
+
+def _is_kernel_build(path: str) -> bool:
+    try:
+        with open(os.path.join(path, "manifest.json")) as f:
+            return json.load(f).get("kind") == "dsv41c-kernels"  # aot.KIND, without importing triton
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def cmd_kernels(args) -> int:
@@ -36,12 +45,19 @@ def _build(args) -> int:
     if not args.output:
         raise KernelBuildError("--build needs -o DIR (the output directory)")
     targets = parse_targets(args.targets)  # before importing triton: bad input fails fast
+    # the path too: an earlier kernel build is replaced, nothing else (aot.py checks the same, after triton loads)
+    check_output_dir(args.output, "-o", force=True, replaceable=_is_kernel_build, kind="dsv41c kernel build",
+                     force_option=None)
     if "triton" not in sys.modules:
         # an AOT build needs the real compiler: kernels must be defined as JITFunctions
         os.environ["TRITON_INTERPRET"] = "0"
     from dsv41c.codegen import aot
 
-    manifest = aot.build(targets, args.output, log=sys.stderr)
+    try:
+        manifest = aot.build(targets, args.output, log=sys.stderr)
+    except OSError as e:  # disk full and the like, met in aot's temporary directory beside -o
+        raise OutputError(f"-o {args.output}: cannot write the kernel build ({reason(e)}); nothing written") from None
+    note_kept(args.output)
     s = manifest["summary"]
     if args.json:
         sys.stdout.write(json.dumps(s, indent=1, sort_keys=True) + "\n")

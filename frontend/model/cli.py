@@ -9,8 +9,10 @@
 
 Errors a user can meet: bad ids -> `InputError` (names the id and the vocabulary size),
 bad checkpoint -> `CheckpointError`, bad config -> `ConfigError`; the CLI prints them as
-one line (exit 2). Ids are checked against the config before any weight is read, and
-the output file is written only once the logits exist (no half-written output).
+one line (exit 2). The output path (`--out`), the ids (against the vocabulary) and the
+length (the prompt plus --max-new-tokens within max_position_embeddings) are checked
+before any weight is read; the output file is written whole through a temporary name
+once the logits exist (no half-written output, `dsv41c/outputs.py`).
 Small models run single-threaded: for them the intra-op thread start-up costs more than it
 saves (about 10× slower on a loaded 2-core machine).
 """
@@ -23,6 +25,7 @@ import torch
 
 from dsv41c.frontend.config import load_config
 from dsv41c.frontend.model.errors import InputError
+from dsv41c.outputs import check_output_file, write_file_atomic
 
 
 def _check_ids(cfg, ids) -> None:
@@ -39,6 +42,10 @@ def _load(args):
 
     cfg = load_config(args.checkpoint)
     _check_ids(cfg, args.ids)
+    n = getattr(args, "max_new_tokens", None)
+    if n is not None and len(args.ids) + int(n) > cfg.max_position_embeddings:
+        raise InputError(f"--max-new-tokens {n}: the prompt ({len(args.ids)} tokens) plus {n} new tokens exceed the "
+                         f"model's max_position_embeddings ({cfg.max_position_embeddings} positions)")
     if cfg.hidden_size <= 1024:
         torch.set_num_threads(1)
     return load_reference(args.checkpoint, getattr(args, "dtype", "float32") or "float32",
@@ -48,13 +55,11 @@ def _load(args):
 def cmd_reference(args) -> int:
     import numpy as np
 
+    check_output_file(args.out, "--out")
     model = _load(args)
     with torch.no_grad():
         logits = model.forward_full(args.ids)
-    out = os.fspath(args.out)
-    tmp = out + ".tmp.npy"
-    np.save(tmp, logits.to(torch.float32).numpy())
-    os.replace(tmp, out)
+    write_file_atomic(os.fspath(args.out), lambda fh: np.save(fh, logits.to(torch.float32).numpy()), "--out")
     return 0
 
 
@@ -66,6 +71,8 @@ def cmd_generate(args) -> int:
     if n < 0:
         raise InputError(f"--max-new-tokens must be ≥ 0, got {n}")
     chunk = int(getattr(args, "chunk", 0) or 0)
+    if chunk < 0:
+        raise InputError(f"--chunk must be >= 0, got {chunk}")
     with torch.no_grad():
         if getattr(args, "dspark", False):
             if not model.has_dspark:
