@@ -20,15 +20,16 @@ the caller exits non-zero at the end. Names and contents are deterministic: no t
 line info off (it would embed absolute source paths; DSV41C_AOT_LINE_INFO=1 keeps it).
 
 The Triton version shim and the JITFunction conversion for interpreter-mode processes live in
-`aot_compat.py`. Each kernel compiles in a forked child (DSV41C_AOT_JOBS at once, default: the
-CPU count up to 8) under a time limit (DSV41C_AOT_TIMEOUT seconds, default 600): a compiler
-that hangs or crashes fails that kernel only.
-Known gaps: no incremental rebuild (Triton's own cache makes a rebuild fast); HIP/AscendC
-builds need toolchains absent here.
+`aot_compat.py`; running the compiles (cache lookups, `jobs` forked workers with a per-kernel
+time limit, the progress bar) in `aot_jobs.py`; the content-addressed cache of built kernels in
+`kernel_cache.py`. `build(..., template_filter=RE)` builds only the templates whose name
+matches RE. `build_variants(requests, out_dir)` builds a given list of (template, variant,
+target) through the same cache: what the compile driver calls for the variants a plan uses.
+Known gaps: HIP/AscendC builds need toolchains absent here; emitted sources are not cached
+(emission is fast).
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -39,6 +40,7 @@ import tempfile
 import time
 
 from dsv41c.codegen.aot_compat import POINTER_ALIGNMENT, compile_spec, matrix_instructions, source_hash
+from dsv41c.codegen.aot_jobs import run_jobs
 from dsv41c.codegen.matrix import TARGETS, KernelBuildError, KernelMatrix, Target, load_templates, parse_targets
 
 FORMAT = 1
@@ -122,102 +124,7 @@ def _build_one(name, t, tg: Target, spec, tmp: str, restore: bool = True) -> dic
     return entry
 
 
-def _jobs_setting() -> tuple[int, float]:
-    jobs = int(os.environ.get("DSV41C_AOT_JOBS", "0") or 0) or min(os.cpu_count() or 1, 8)
-    return max(1, jobs), float(os.environ.get("DSV41C_AOT_TIMEOUT", "600"))
-
-
-def _progress(log, done, total, e, seconds):
-    head = f"[{done}/{total}] {e['target']} {e['template']}/{e['variant']}"
-    if e["status"] == "built":
-        mi = e["matrix_instructions"]
-        what = mi["check"] if mi["check"] != "ok" else f"ok: {mi['expected']} x{sum(mi['found'].values())}"
-        _log(log, f"{head}: built {seconds:.1f}s ({what})")
-    else:
-        _log(log, f"{head}: FAILED {e['error'].splitlines()[0] if e.get('error') else '?'}")
-
-
-def _run_jobs(jobs, tmp: str, log) -> list:
-    """Compile every job, each in a forked child (several at once), with a per-kernel time limit.
-
-    A child that crashes or runs past DSV41C_AOT_TIMEOUT seconds is a failed kernel, not a failed
-    build. DSV41C_AOT_JOBS=1 with DSV41C_AOT_ISOLATE=0 compiles in this process (debugging).
-    """
-    parallel, timeout = _jobs_setting()
-    results = []
-    if os.environ.get("DSV41C_AOT_ISOLATE", "1") == "0" or not hasattr(os, "fork"):
-        for i, (name, t, tg, spec) in enumerate(jobs, 1):
-            t0 = time.time()
-            e = _build_one(name, t, tg, spec, tmp)
-            _progress(log, i, len(jobs), e, time.time() - t0)
-            results.append(e)
-        return results
-    pending = list(enumerate(jobs))
-    running: dict = {}  # pid -> (index, job, start, result path)
-    if log is not None:
-        log.flush()
-    sys.stdout.flush()
-    try:
-        _drive(pending, running, results, len(jobs), parallel, timeout, tmp, log)
-    finally:  # interrupted: no compiler child outlives the build
-        for pid in running:
-            with contextlib.suppress(OSError):
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-    return results
-
-
-def _drive(pending, running, results, total, parallel, timeout, tmp, log):
-    while pending or running:
-        while pending and len(running) < parallel:
-            i, job = pending.pop(0)
-            rpath = os.path.join(tmp, f".result-{i}.json")
-            pid = os.fork()
-            if pid == 0:  # the child: compile, write the entry, leave without running any cleanup
-                code = 3
-                try:
-                    entry = _build_one(*job, tmp, restore=False)
-                    with open(rpath + ".part", "w") as f:
-                        json.dump(entry, f)
-                    os.rename(rpath + ".part", rpath)  # the parent sees a whole entry or none
-                    code = 0
-                finally:
-                    os._exit(code)
-            running[pid] = (i, job, time.time(), rpath)
-        finished = False
-        for pid, (i, job, t0, rpath) in list(running.items()):
-            done, status = os.waitpid(pid, os.WNOHANG)
-            late = not done and time.time() - t0 > timeout
-            if late:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-            if not (done or late):
-                continue
-            finished = True
-            del running[pid]
-            name, t, tg, spec = job
-            if os.path.exists(rpath):
-                with open(rpath) as f:
-                    e = json.load(f)
-                os.remove(rpath)
-            else:
-                why = (f"timed out after {timeout:.0f} s (DSV41C_AOT_TIMEOUT)" if late else
-                       f"the compiler process died ({_exit_text(status)})")
-                e = {"template": name, "module": t.module, "variant": spec.variant, "target": tg.name,
-                     "keys": json.loads(json.dumps(spec.keys or {}, default=str)), "status": "failed", "error": why}
-            results.append(e)
-            _progress(log, len(results), total, e, time.time() - t0)
-        if not finished:
-            time.sleep(0.02)
-
-
-def _exit_text(status: int) -> str:
-    if os.WIFSIGNALED(status):
-        return f"signal {os.WTERMSIG(status)}"
-    return f"exit status {os.WEXITSTATUS(status)}"
-
-
-def _emit_sources(targets, cfg, tmp: str, log) -> list:
+def _emit_sources(targets, cfg, tmp: str, log, template_filter: str | None = None) -> list:
     from dsv41c.codegen import hip
     from dsv41c.codegen.matrix import source_kernels
 
@@ -225,6 +132,8 @@ def _emit_sources(targets, cfg, tmp: str, log) -> list:
     out = []
     for tg in targets:
         for sk in source_kernels():
+            if template_filter and not re.search(template_filter, sk.name):
+                continue
             if sk.variant_for(tg, cfg) is None:
                 continue
             try:
@@ -303,21 +212,55 @@ def _commit(tmp: str, out: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def build(targets, out_dir: str, templates=None, config=None, log=sys.stderr, sources: bool = True) -> dict:
+def _targets(targets) -> list:
+    return parse_targets(targets) if isinstance(targets, str) else [
+        TARGETS[t] if isinstance(t, str) else t for t in targets]
+
+
+def _filter(templates: dict, template_filter: str | None) -> dict:
+    if not template_filter:
+        return templates
+    try:
+        rx = re.compile(template_filter)
+    except re.error as e:
+        raise KernelBuildError(f"--templates {template_filter!r} is not a regular expression: {e}") from None
+    chosen = {n: t for n, t in templates.items() if rx.search(n)}
+    if not chosen:
+        raise KernelBuildError(f"--templates {template_filter!r} matches no template (templates: "
+                               f"{', '.join(sorted(templates))})")
+    return chosen
+
+
+def _cache(cache):
+    """None/False: no cache; True: the default directory; a path; or a KernelCache."""
+    from dsv41c.codegen.kernel_cache import KernelCache
+
+    if cache is None or cache is False:
+        return None
+    if cache is True:
+        return KernelCache()
+    return cache if isinstance(cache, KernelCache) else KernelCache(cache)
+
+
+def build(targets, out_dir: str, templates=None, config=None, log=sys.stderr, sources: bool = True,
+          jobs: int | None = None, cache=None, template_filter: str | None = None) -> dict:
     """Build every specialization for `targets` into `out_dir`; returns the manifest.
 
-    Failures are recorded (manifest["summary"]["failed"] > 0), never raised; bad input
-    (unknown target, unusable output directory) raises KernelBuildError before any work.
+    `jobs`: compiles at once (default: the CPU count); `cache`: see `_cache` (the CLI passes
+    True); `template_filter`: a regular expression on template names. Failures are recorded
+    (manifest["summary"]["failed"] > 0), never raised; bad input (unknown target, a filter
+    matching nothing, unusable output directory) raises KernelBuildError before any work.
     """
     import triton
 
     import dsv41c
-    tlist = parse_targets(targets) if isinstance(targets, str) else [
-        TARGETS[t] if isinstance(t, str) else t for t in targets]
+    tlist = _targets(targets)
     if templates is None:
         templates, _, broken = load_templates()
         for m, err in broken.items():
             _log(log, f"[plan] kernel module {m} does not import: {err}")
+    templates = _filter(templates, template_filter)
+    kc = _cache(cache)
     if config is None:
         from dsv41c.frontend.config import preset
 
@@ -325,11 +268,16 @@ def build(targets, out_dir: str, templates=None, config=None, log=sys.stderr, so
     out, tmp = _prepare_output(out_dir)
     restore = _terminate_as_exit()
     try:
+        jobs_n = jobs
         jobs, results = _plan(templates, tlist)
         for r in results:
             _log(log, f"[plan] {r['target']} {r['template']}/{r['variant']}: FAILED {r['error']}")
-        results += _run_jobs(jobs, tmp, log)
-        emitted = _emit_sources(tlist, config, tmp, log) if sources else []
+        t0 = time.time()
+        results += run_jobs(jobs, _build_one, tmp, log, parallel=jobs_n, cache=kc)
+        if kc is not None:
+            _log(log, f"[cache] {kc.hits} cached, {kc.misses} compiled ({kc.stored} stored) in "
+                      f"{time.time() - t0:.1f} s; {kc.root}")
+        emitted = _emit_sources(tlist, config, tmp, log, template_filter) if sources else []
         results.sort(key=lambda r: (r["target"], r["template"], r["variant"]))
         failed = [r for r in results + emitted if r["status"] == "failed"]
         manifest = {
@@ -352,6 +300,47 @@ def build(targets, out_dir: str, templates=None, config=None, log=sys.stderr, so
     finally:
         restore()
     return manifest
+
+
+def build_variants(requests, out_dir: str, *, jobs: int | None = None, cache=True, log=None,
+                   templates=None, widths=None) -> list:
+    """Build each (template name, variant name, target name) of `requests` into `out_dir` through the cache.
+
+    Files land at `out_dir/<target dir>/<template>.<variant>.<ext>` (target dir: `cuda-sm90`),
+    the paths in each returned entry's "files" are relative to `out_dir`; entries come back
+    sorted by (target, template, variant), one per distinct request, with status "built" or
+    "failed" (+ "error"): a failed compile is reported, not raised. An unknown template,
+    variant or target raises KernelBuildError before any compile. `cache`: True (default:
+    $DSV41C_CACHE_DIR or ~/.cache/dsv41c), a directory, a KernelCache, or None (no cache).
+    `widths`: the model widths the variants are specialized for (a plan's config; default the published one).
+    """
+    from dsv41c.codegen.kernel_select import template_variants
+
+    broken = {}
+    if templates is None:
+        templates, _, broken = load_templates()
+    work = []
+    for name, variant, target in sorted(set(map(tuple, requests)), key=lambda r: (r[2], r[0], r[1])):
+        tg = TARGETS.get(target)
+        if tg is None or not tg.triton:
+            raise KernelBuildError(f"kernel {name}/{variant}: target {target!r} is not a Triton target "
+                                   f"({', '.join(n for n, t in TARGETS.items() if t.triton)})")
+        t = templates.get(name)
+        if t is None:
+            why = "; ".join(f"{m} does not import: {e}" for m, e in broken.items())
+            raise KernelBuildError(f"kernel {name}/{variant} on {target}: no template {name!r}" + (f" ({why})" if why else ""))
+        specs = {s.variant: s for s in template_variants(t, target, widths)}
+        if variant not in specs:
+            raise KernelBuildError(f"kernel {name}/{variant} on {target}: the template has no such variant "
+                                   f"(variants: {', '.join(sorted(specs)) or 'none'})")
+        work.append((name, t, tg, specs[variant]))
+    os.makedirs(out_dir, exist_ok=True)
+    restore = _terminate_as_exit()
+    try:
+        results = run_jobs(work, _build_one, out_dir, log, parallel=jobs, cache=_cache(cache))
+    finally:
+        restore()
+    return sorted(results, key=lambda r: (r["target"], r["template"], r["variant"]))
 
 
 def _terminate_as_exit():

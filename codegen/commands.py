@@ -1,11 +1,13 @@
 """`dsv41c kernels`: print the kernel matrix, or build every kernel ahead of time.
 
     dsv41c kernels --matrix [--json]
-    dsv41c kernels --build --targets cuda:sm80,cuda:sm90,rocm:gfx942,rocm:gfx1100 -o DIR [--json]
+    dsv41c kernels --build --targets cuda:sm80,cuda:sm90,rocm:gfx942,rocm:gfx1100 -o DIR [-j N]
+                   [--templates REGEX] [--no-cache] [--json]
 
 `--matrix` prints `codegen/matrix.py`'s table (every registered template × every target,
 the emitted HIP/AscendC rows, gaps listed at the end) or its JSON. `--build` runs
-`codegen/aot.py` (one progress line per kernel on stderr), prints a summary, and exits 1
+`codegen/aot.py` through the kernel cache (a progress bar on a terminal, else one line per
+kernel, on stderr), prints a summary, and exits 1
 when any kernel failed (the output directory is still written, failures recorded in it).
 Bad input raises KernelBuildError (printed by the CLI as one line, exit status 2).
 """
@@ -54,7 +56,11 @@ def _build(args) -> int:
     from dsv41c.codegen import aot
 
     try:
-        manifest = aot.build(targets, args.output, log=sys.stderr)
+        jobs = getattr(args, "jobs", None)
+    if jobs is not None and jobs < 1:
+        raise KernelBuildError(f"-j {jobs}: the number of jobs must be at least 1")
+    manifest = aot.build(targets, args.output, log=sys.stderr, jobs=jobs, cache=not getattr(args, "no_cache", False),
+                         template_filter=getattr(args, "templates", None))
     except OSError as e:  # disk full and the like, met in aot's temporary directory beside -o
         raise OutputError(f"-o {args.output}: cannot write the kernel build ({reason(e)}); nothing written") from None
     note_kept(args.output)
