@@ -55,12 +55,12 @@ def _build(args) -> int:
         os.environ["TRITON_INTERPRET"] = "0"
     from dsv41c.codegen import aot
 
-    try:
-        jobs = getattr(args, "jobs", None)
+    jobs = getattr(args, "jobs", None)
     if jobs is not None and jobs < 1:
         raise KernelBuildError(f"-j {jobs}: the number of jobs must be at least 1")
-    manifest = aot.build(targets, args.output, log=sys.stderr, jobs=jobs, cache=not getattr(args, "no_cache", False),
-                         template_filter=getattr(args, "templates", None))
+    try:
+        manifest = aot.build(targets, args.output, log=sys.stderr, jobs=jobs,
+                             cache=not getattr(args, "no_cache", False), template_filter=getattr(args, "templates", None))
     except OSError as e:  # disk full and the like, met in aot's temporary directory beside -o
         raise OutputError(f"-o {args.output}: cannot write the kernel build ({reason(e)}); nothing written") from None
     note_kept(args.output)
