@@ -15,7 +15,7 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 # Sparse attention at the CPU tier's small widths. The interpreter runs the kernel's fp32 path: a couple of ulps of
 # each value. Compiled for a GPU (these files run there without TRITON_INTERPRET: benchmarks/cpu_tier_on_gpu.py), P is
 # rounded to bf16 for the P·V MMA, so the error scales with the values (|v| ~ 2), not with the cancelling output: the
-# GPU tier's tolerance. Session 28 on the H200: max error 0.0156, inside 4 ulps of 2.
+# GPU tier's tolerance. Measured on the H200: max error 0.0156, inside 4 ulps of 2.
 ATTN_TOL = dict(ulps=2, floor=1e-3) if interpreting() or DEV == "cpu" else dict(ulps=4, floor=2.0)
 
 

@@ -392,8 +392,8 @@ def test_router_gate_once_matches_reference(T, tiles):
 def test_gpu_router_gate_once_with_fewer_programs_than_tokens(T, E, D):
     """Small presets' gates make a gate-once grid of fewer programs than tokens (24 x 128: 2 programs for 7 tokens).
     Compiled for a GPU, each row program then selects several tokens, every token gets the reference's experts, and
-    both counters are back at zero, so the next launch is right too (before session 27 tokens past the grid were
-    left unwritten and the counters stuck, so the next launch's rows went negative: an illegal address)."""
+    both counters are back at zero, so the next launch is right too (an earlier form left tokens past the grid
+    unwritten and the counters stuck, so the next launch's rows went negative: an illegal address)."""
     from dsv41c.codegen.triton import arrival, moe_router
 
     g = gen(23)

@@ -225,7 +225,7 @@ def test_decode_w_2_choice_order_and_refusals(monkeypatch):
 def test_decode_w_2_launches_the_2_warp_tile_on_natural_x(monkeypatch):
     """What `_gemm` hands the kernel for each decoder (the launch replaced by a recorder, CPU tensors): DECODE_W 2 runs
     DECODE_W 0's 2-warp tile (and the stacked one for the gated linear) on x as given; only DECODE_W 1 gets the word
-    decoder's 4-warp tile and a permuted x (session 11's launcher gave DECODE_W 2 both)."""
+    decoder's 4-warp tile and a permuted x (an earlier launcher gave DECODE_W 2 both)."""
     seen = {}
 
     class Recorder:

@@ -164,7 +164,7 @@ def test_gpu_decode_batch_real_widths(cfg):
 @pytest.mark.parametrize("H,D,S", [(16, 64, 4), (8, 64, 3), (4, 64, 1), (16, 128, 4), (96, 64, 2)])
 def test_gpu_quantized_heads_not_a_multiple_of_64_are_padded(H, D, S):
     """FP8/FP4 KV with fewer than 64 heads (the tiny and mini presets): compiled for CUDA these products came out wrong
-    (session 27: errors of 4-10, every knob), so the launcher pads q and the sink with zero heads to a multiple of 64;
+    (errors of 4-10, every knob), so the launcher pads q and the sink with zero heads to a multiple of 64;
     the result matches the reference and has the caller's head count. Small blocks below 16 are refused clearly."""
     W, KC, N = 16, 21, 24
     cos, sin = rope_table(512, 8)
