@@ -35,25 +35,25 @@ and resets the counter. Results equal the two-launch path up to fp32 summation o
 Decode, two launches (`fused_tail=False`, and every other T <= 32): `_compress_gemv_kernel`
 (8 channel blocks x 8 K-splits, tl.dot with the tokens padded to 16 rows), then the tail kernel
 (FROM_PART) adds the partials in split order. Measured on an H200 under CUDA-graph replay
-(benchmarks/results/tune_compressor_decode.json, kernels_attention.json): ratio 1, 1 token 28.5-29.2 us
+(benchmarks/tuning/tune_compressor_decode.json, kernels_attention.json): ratio 1, 1 token 28.5-29.2 us
 two-launch -> 8.8 us one launch (13.9 us with the L2 flushed); ratio 2, 2 tokens 36.5-36.8 -> 12.3 us
 (17.0 us cold); every FP4 code identical to the reference.
 The tail reads data no other program touches (wk's 128 KB, the norm weights, the RoPE rows at the output
 positions), so with the L2 flushed each of its dependent reads went to HBM. On sm90+ the first programs
 therefore issue L2 bulk prefetches of those bytes at their start (`_prefetch_tail`, DECODE_CFG "tail_pf";
 the GEMV takes long enough for them to land): L2-cold, ratio 1 13.7 -> 11.1 us, ratio 2 16.7 -> 15.1-15.5 us,
-warm unchanged, the same codes (results/tune_compressor_tail_pf.json, on / off / on interleaved).
-What the fused indexer key costs in that serial tail (session 21, results/tune_compressor_noidx_s21.json, the launch
+warm unchanged, the same codes (tuning/tune_compressor_tail_pf.json, on / off / on interleaved).
+What the fused indexer key costs in that serial tail (session 21, tuning/tune_compressor_noidx.json, the launch
 without wk, interleaved twice): ratio 1 8.9 -> 5.2 µs warm (11.2-11.3 -> 7.4 L2-cold), ratio 2 12.1 -> 9.3 (15.3 ->
 12.1): 3.2-3.8 µs of each L2-cold (2.8-3.7 warm). Its wk product on the tensor cores (`_idx_linear_mma`, DECODE_CFG "idx_mma": the tail's sm90
 code 2,400 -> 1,432 instructions at ratio 1) gains only 0.2 µs warm / 0.5 µs cold at ratio 1 and loses 0.8 at ratio 2
-(results/tune_compressor_idx_mma_s21.json), so instruction latency is not what the rest of it waits on; on at ratio
+(tuning/tune_compressor_idx_mma.json), so instruction latency is not what the rest of it waits on; on at ratio
 1 only.
 
 On sm90+ the decode launch is PDL-launched (DECODE_CFG "pdl"): its first weights, the wkv (and wgate) slice, load
 before the grid-dependency wait, x and every store after it, so in a decode step the weight read overlaps the
 kernel before it (what the compressor adds to the step, L2-cold: ratio 1 10.0-10.3 -> 8.7-8.9 µs, ratio 2
-14.8-15.0 -> 13.2-13.3; results/step_chain_s23_run2.json).
+14.8-15.0 -> 13.2-13.3; results/step_chain.json).
 
 Specialization keys: C (512), ROPE (64), RATIO (1|2), BM (rows per program), BK (K step),
 FUSE_IDX (indexer key fused), CI/IROPE (128/64), UPCAST (fp32 dots: interpreter only); the
@@ -571,12 +571,12 @@ def _u8(t):
 # At C=512, D=5120: 64 channel blocks x 5 K-splits = 320 programs (~2.4 per H200 SM), 16 KB of wkv
 # (+16 KB of wgate) each; the tail then adds 5 partials.
 # idx_mma: the indexer key's product on the tensor cores (`_idx_linear_mma`), at ratio 1 only: H200, L2-cold graph
-# replay, twice, interleaved (results/tune_compressor_idx_mma_s21.json): ratio 1 11.41 / 11.51 -> 10.93 / 10.98 µs
+# replay, twice, interleaved (tuning/tune_compressor_idx_mma.json): ratio 1 11.41 / 11.51 -> 10.93 / 10.98 µs
 # (IBK 64: 11.94 / 11.98, 256: 12.04 / 12.22), ratio 2 15.13 / 15.34 -> 15.90 / 16.08 (slower); the same codes
 # pdl: programmatic dependent launch (pdl.py): the first weights load before the grid wait. Alone it changes nothing
 # (L2-cold 10.8-10.9 µs at ratio 1 with or without); behind the decode norm that produces x (PDL too) it takes what
 # the compressor adds to the step from 10.0-10.3 to 8.7-8.9 µs at ratio 1 and 14.8-15.0 to 13.2-13.3 at ratio 2
-# (H200, benchmarks/step_chain.py, results/step_chain_s23_run2.json, twice, interleaved; the same bytes).
+# (H200, benchmarks/step_chain.py, results/step_chain.json, twice, interleaved; the same bytes).
 DECODE_CFG = {  # tail_pf: `_prefetch_tail` where the device has the L2 bulk prefetch
     1: {"BN": 8, "KPS": 1024, "BK": 1024, "IBK": 128, "num_warps": 8, "maxnreg": None, "tail_pf": True,
         "idx_mma": True, "pdl": True},

@@ -54,7 +54,7 @@ Weight decoders of the tensor-core kernel (`DECODE_W`):
      (inline PTX) and used by the dot without a cast. The columns come out in k_order_w(BK), so the
      ACTIVATION columns are permuted to match (`permute_k_w`, once per call on the host), not the weights.
      (Gathering x's columns inside the kernel instead was measured much slower: engram wkv at 8 tokens
-     106 vs 63 µs, tune_fp8_xgather.json.)
+     106 vs 63 µs, tuning/tune_fp8_xgather.json.)
   2: the byte-pair decoder (`e4m3_pairs_to_bf16`, inline PTX, CUDA only): the tile is loaded as bytes in natural k
      order and each thread's 4 consecutive codes go through prmt / shl / and and one fma.rn.bf16x2 a pair, the bit
      algebra of DECODE_W 1 without its column order (so x is not permuted); DECODE_W 0's bits. Explicit only
@@ -99,7 +99,7 @@ GROUP_M, SPLIT_K, FOLD, NATIVE_FP8 (sm90/sm100/gfx950 have an FP8 cvt), GATED, D
 passes x with each BK block of columns in k_order_w(BK)), PTX (inline PTX allowed: CUDA), PDL, PREFETCH
 (bytes per weight row; 0 in every variant), PIPE (gemv: the k loop's pipeline stages).
 
-Measured (H200, triton 3.6, `benchmarks/tune_fp8_decode.py` -> results/tune_fp8_decode_gemv.json,
+Measured (H200, triton 3.6, `benchmarks/tune_fp8_decode.py` -> tuning/tune_fp8_decode_gemv.json,
 CUDA-graph replay with the weights L2-warm): prefill 53–57% of the bf16 matmul rate (the E4M3 decode
 + scale multiply per weight element runs on the same SM as the MMA). One token, gemv path vs the
 earlier MMA + reduce launch: wo_b 13.8 vs 20.2 µs (1.40× its bytes floor), wq_a 4.0 vs 7.3 µs
@@ -109,29 +109,29 @@ earlier MMA + reduce launch: wo_b 13.8 vs 20.2 µs (1.40× its bytes floor), wq_
 wo_b one token 18.7 µs (1.89×), wq_a 6.2 µs, shared w13 15.0 µs; wo_b eight tokens 25.3 µs; engram wkv
 at eight tokens, now with the word decoder, 63.5 µs (1.71×). The one-token gemv's k loop is not
 pipelined (PIPE 1): asking Triton for 2-4 cp.async stages made every linear slower (wo_b 18.5 ->
-28.6 µs cold, shared w13 14.9 -> 21.1 µs: tune_fp8_decode.json): the staging through shared memory
+28.6 µs cold, shared w13 14.9 -> 21.1 µs: tuning/tune_fp8_decode.json): the staging through shared memory
 adds ~1.5 instructions per weight element (228 -> 328 SASS per loop step); on a GPU its accumulator
 also lands in another register layout, so its K sums differ in the last bit (1-2 of 2304 outputs).
-Nsight Compute (results/ncu_decode_before.txt, L2 flushed) then showed the decode grids, at ~2 programs
+Nsight Compute (tuning/ncu_decode_before.txt, L2 flushed) then showed the decode grids, at ~2 programs
 per SM, filling 0.48-0.76 of one wave (wo_b one token: 320 programs, 2.4 of 16 warps per scheduler, DRAM
-45 % busy, stalls on L1TEX scoreboards): sizing the split to fill one wave (tune_fp8_split.json, same
+45 % busy, stalls on L1TEX scoreboards): sizing the split to fill one wave (tuning/tune_fp8_split.json, same
 run, L2-cold) took wo_b one token 18.7 -> 15.7 µs (1.58×), shared w13 one token 15.2 -> 11.4 µs (2.05×),
 wo_b eight tokens 25.3 -> 21.6 µs (2.15×), shared w13 eight tokens 19.8 -> 18.4 µs; a grid past the
 528 resident slots is slower again (wo_b one token, 640 programs: 19.4 µs). A gemv that decodes the E4M3
 bytes from 32-bit words by integer arithmetic (no conversion unit; x as int64 words of four bf16,
 prescaled by 2^64), keeps a [BN/32, 32, BK/4] accumulator and prefetches two k steps ahead by hand
 (sm90 SASS: no shared memory or barrier in the loop, 4.9 instructions per element, 128 registers) was
-no faster (tune_fp8_gemv_words.json: wo_b 16.0, shared w13 11.8, shared w2 8.5, wq_a 6.7 µs cold vs
+no faster (tuning/tune_fp8_gemv_words.json: wo_b 16.0, shared w13 11.8, shared w2 8.5, wq_a 6.7 µs cold vs
 15.6 / 11.4 / 7.1 / 6.1) and was reverted (git history: "fp8 gemv: E4M3 bytes decoded from 32-bit
 words"). Nor did a register prefetch of the next k tile into this kernel (its loads issued before the
 current tile's FMAs; static sm90 SASS under triton 3.6, not kept: 121-124 registers at BK 64, 190 gated,
 176-229 at BK 128), at BK 64 or 128, 3-4 programs per SM, with or without a ptxas register cap (maxnreg 128 /
 168); a cap of 128 at BK 128 (4 programs an SM instead of ~150 registers) was equal for wo_b and 2.5-5 %
-slower for the others (tune_fp8_rpf.json, L2-cold: wo_b 15.9 / 15.9 µs, shared w13 11.1 / 11.5), every
+slower for the others (tuning/tune_fp8_rpf.json, L2-cold: wo_b 15.9 / 15.9 µs, shared w13 11.1 / 11.5), every
 prefetching variant 18-81 % slower; reverted, git history: "fp8 gemv:
 register prefetch of the next k tile"). Summing each thread's 16 consecutive products of a row before
 the accumulator (SEG 16, the default since) halves the registers, 122 -> 63, so 8 programs fit an SM
-instead of 4: L2-cold wo_b 15.9 -> 14.2 µs, shared w13 11.5 -> 10.3 µs (tune_fp8_gemv_seg.json). An
+instead of 4: L2-cold wo_b 15.9 -> 14.2 µs, shared w13 11.5 -> 10.3 µs (tuning/tune_fp8_gemv_seg.json). An
 earlier static check had seen no saving (152 -> 165 registers): its ad-hoc compile gave the pointers no
 16-byte alignment hint, so every weight byte was its own LDG.U8 and the sum crossed lanes; the JIT and
 the ahead-of-time build (aot_compat.make_ast_source) both pass that hint, check SASS the same way.
@@ -143,7 +143,7 @@ E4M3 × E4M3 dot per 32-column block (the UE8M0 blocks are 32 wide, so each bloc
 added in fp32), 2 warps (Triton: mma.sync on f16-converted operands, 1 F2FP a pair) or 4-8 (wgmma
 m64n16k32 e4m3). It matched the act_quant reference (rel err 1.7e-3, bf16 output) but was no faster than
 act_quant's fake quant + this bf16 kernel at any of the five decode linears measured at 8 tokens on the
-H200 (L2-cold graph replay, its best setting each, results/tune_fp8_w8a8.json: shared w13 18.6 vs 16.2 µs,
+H200 (L2-cold graph replay, its best setting each, tuning/tune_fp8_w8a8.json: shared w13 18.6 vs 16.2 µs,
 shared w2 12.5 vs 12.4 (equal within noise), wo_b 26.1 vs 21.3, wq_a 11.3 vs 10.9, engram wkv 84.4 vs 56.6).
 Both paths pay a quantization launch; the likely cause (not profiled) is the GEMM's 4 short, dependent
 MMA-then-FMA chains a k step, which leave the few warps a decode grid has waiting.
@@ -151,12 +151,12 @@ UE8M0 byte 0 (2^-127) decodes to 2^-127 only through the subnormal constant. At 
 tokens the DECODE_W 0 loop spends 6.3 SASS instructions per weight element (sm90, triton 3.6, BN 64,
 BK 128, 4 warps); DECODE_W 1 brings the one-multiply loop to 4.3 (the decode itself ~2.1: prmt, shl,
 and per pair, one HMUL2 per pair), the rest is per-k-step wgmma/descriptor/pipeline overhead that a
-larger BN amortizes (BN 128: 3.6). Yet on the H200 (L2-cold graph replay, tune_fp8_prefetch.json)
+larger BN amortizes (BN 128: 3.6). Yet on the H200 (L2-cold graph replay, tuning/tune_fp8_prefetch.json)
 DECODE_W 1 is slower on every decode linear but the largest: wo_b M=8 31.3 vs 25.2 µs, wq_a 18.3 vs
 9.0 µs, while engram wkv (157 M weights) takes 63.4 vs 73.5 µs — it costs one host-side permutation
 launch over x per call plus a scale scan before the loop, which only a long decode amortizes, so it
 is the default from DECODE_W_MIN_WEIGHTS on. Gathering x's columns in the kernel's own x load instead
-of the permutation launch was slower still (engram 106 µs, wo_b 32.6 µs: tune_fp8_xgather.json);
+of the permutation launch was slower still (engram 106 µs, wo_b 32.6 µs: tuning/tune_fp8_xgather.json);
 fusing the permutation into the producer of x is what would let it pay everywhere.
 Its PTX path is exact (the `gpu` tests: all 256 codes × 24 scales, real widths vs float64). The split-K arrival counters are shared module state (see arrival.py).
 """
@@ -947,14 +947,14 @@ N_SMS_HINT = 132  # SMs of an H100/H200-class GPU: what the ahead-of-time varian
 # its segment sums (GEMV_SEG 16; 122 with one accumulator per element: 4 an SM) -> 8; the tensor-core decode tile
 # of 2 warps (BN 32, mma.sync on sm90, `_decode_tile`) 95 registers (-> 10 an SM; Triton 3.6 SASS) and, at the
 # JIT's 3 stages, 16.5 KB of shared memory (two buffers; Triton 3.9 metadata), gated 24.7 KB (-> 9), where the
-# splits are planned for 10 and 6 (H200, results/tune_fp8_mma_conf.json, each twice, L2-cold: wo_b 19.4-19.8 µs at
+# splits are planned for 10 and 6 (H200, tuning/tune_fp8_mma_conf.json, each twice, L2-cold: wo_b 19.4-19.8 µs at
 # 10 (split 8), 20.3-20.4 at 8 (split 6), 20.9-21.1 at 9 (split 7); shared w2 the other way, 10.3-10.4 / 9.7-9.9 /
 # 11.4-11.5; wq_a capped at 20 splits either way; shared w13 14.1-14.2 at 6 (split 11), 14.5-14.9 at 5, 16.1 at 7):
 # 10, one wave for wo_b. The 4-warp tile (BN 64, wgmma; the word decoder's): 95 registers and 41 KB -> 5, gated
 # 66 KB -> 3 (at 4 cp.async stages; `_tiles` runs 3, smaller, and keeps these splits,
 # the ones its stage sweep was timed at).
 # The stacked gated tile (GATED 2, `_stack`) is the 2-warp tile over 2N rows; its split is planned for 8 an SM, which
-# at the shared w1/w3's width is 7 splits (results/tune_fp8_stack*.json, L2-cold: 13.0-13.2 µs over three runs at 7,
+# at the shared w1/w3's width is 7 splits (tuning/tune_fp8_stack*.json, L2-cold: 13.0-13.2 µs over three runs at 7,
 # 13.5 at 8, 14.0-14.1 at 6, 14.2-14.7 at 9 = the plain tile's 10 an SM).
 DECODE_PROGRAMS_PER_SM = {"gemv": 8, "mma": 10, "mma_gated": 6, "mma_stacked": 8, "mma_4w": 5, "mma_4w_gated": 3}
 MIN_SPLIT_STEPS = 2  # k tiles per split at least: below it the partials' round trip costs more than it spreads
@@ -962,21 +962,21 @@ DECODE_BK = 128  # decode (M <= 16) k tile
 GEMV_MAX_M = 1  # tokens that take the CUDA-core path (fp8_gemv_kernel)
 GEMV_BK = 128  # its k tile
 # its first weight tile loaded before the PDL wait (the kernel's EARLY_W; PDL launches only). H200, L2-cold, behind
-# a norm (benchmarks/step_chain.py, results/step_chain_s23_early_w.json, twice, interleaved, the same bits): what the
+# a norm (benchmarks/step_chain.py, tuning/step_chain_early_w.json, twice, interleaved, the same bits): what the
 # linear adds to the step, PDL -> PDL + EARLY_W: wq_a 3.89 / 4.01 -> 3.65 / 3.78 µs, wo_b 11.98 / 12.19 -> 11.75 /
 # 11.81, shared w1/w3 8.39 / 8.21 -> 7.80 / 8.14; alone (no predecessor) wq_a 5.84 / 6.02 -> 6.32 / 6.40, the
 # others level. A decode step always has the predecessor, so it is on.
 GEMV_EARLY_W = True
-GEMV_PIPE = 1  # its k loop's pipeline stages (the kernel's PIPE); 2-4 were slower on the H200 (tune_fp8_decode.json)
+GEMV_PIPE = 1  # its k loop's pipeline stages (the kernel's PIPE); 2-4 were slower on the H200 (tuning/tune_fp8_decode.json)
 # Its accumulator: 0 = one fp32 per weight element of the [BN, BK] tile (122 registers a thread, sm90 SASS, Triton
 # 3.6); n = each thread's n consecutive products of a row summed first, one fp32 per n elements (63 registers: 8
 # programs an SM instead of 4, so twice the weight bytes in flight). H200, L2-cold graph replay, interleaved with
-# the old default (results/tune_fp8_gemv_seg.json): wo_b 15.9 -> 14.2 µs, shared w13 11.5 -> 10.3, shared w2
+# the old default (tuning/tune_fp8_gemv_seg.json): wo_b 15.9 -> 14.2 µs, shared w13 11.5 -> 10.3, shared w2
 # 7.3 -> 7.1, wq_a 6.1 -> 6.0 (no gain: 20 tiles × 20 splits, capped by MIN_SPLIT_STEPS).
 GEMV_SEG = 16
 FOLD_SPLIT_K = True  # split-K epilogue by the last-arriving program (one launch) rather than a reduce kernel
 # weight decoder of the M <= 16 tensor-core path on CUDA (0: per element via fp32; 1: bf16x2 words). H200,
-# L2-cold graph replay (tune_fp8_prefetch.json): the words decoder wins only where the
+# L2-cold graph replay (tuning/tune_fp8_prefetch.json): the words decoder wins only where the
 # decode's issue time dominates, the largest linear: engram wkv (25600×6144) at 8 tokens 63.4 vs 73.5 µs; it
 # loses on the others (wo_b 31.3 vs 25.2, wq_a 18.3 vs 9.0, shared w2 18.6 vs 10.9, shared w13 29.8 vs 20.0 µs:
 # the host-side permutation of x is one more launch, and the scale scan adds a round trip). So it is the
@@ -990,7 +990,7 @@ DECODE_W_MIN_WEIGHTS = 100_000_000
 # the `gpu` test compares its bits with DECODE_W 0.
 DECODE_PAIRS = False
 # the tensor-core k loop loads the next k tile's scale bytes one iteration ahead (`_mma_k_loop`'s SPF), except in
-# the gated decode tile. H200, 8 tokens, L2-cold graph replay, each twice, interleaved (results/tune_fp8_spf.json):
+# the gated decode tile. H200, 8 tokens, L2-cold graph replay, each twice, interleaved (tuning/tune_fp8_spf.json):
 # wo_b 19.2-19.3 -> 17.4-17.5 µs, shared w2 10.3-10.5 -> 9.4-9.6, wq_a 8.6-8.8 -> 8.8-9.0, engram wkv 55.5-55.6 ->
 # 55.1-55.3 (wq_a within its spread; it keeps the prefetch); but the gated shared w1/w3 14.6 -> 16.6-16.7 (the same
 # 128 registers in its sm90 SASS; why it loses was not profiled), so `_spf` leaves it off there.
@@ -1001,7 +1001,7 @@ SCALE_PREFETCH = True
 # tile, one dot, planned as a linear of 2N rows) rather than paired (GATED 1: 32 rows of each, two dots, 24.7 KB of
 # shared memory and 6 programs an SM). Static sm90 SASS (Triton 3.9): 381 instructions a k step for 32 weight rows
 # (the plain tile: 362) against 664 for 64; 16.9 KB. H200, 8 tokens, L2-cold graph replay, interleaved
-# (results/tune_fp8_stack*.json): paired 14.3-14.8 µs (its split 11; 13.9 at 7), stacked 13.0-13.2 at 7 splits.
+# (tuning/tune_fp8_stack*.json): paired 14.3-14.8 µs (its split 11; 13.9 at 7), stacked 13.0-13.2 at 7 splits.
 STACK_GATED_DECODE = True
 
 
@@ -1099,7 +1099,7 @@ def _decode_w(decode_w, M: int, N: int, K: int, BK: int, device) -> int:
 def _split_k(M: int, N: int, K: int, BN: int, BK: int, per_sm: int, sms: int = N_SMS_HINT) -> int:
     """Decode: the largest K split whose grid still fits the GPU's resident program slots in ONE wave
     (per_sm programs on each of `sms` SMs), with at least MIN_SPLIT_STEPS k tiles per split; splits need not
-    divide K/BK (`split_bounds`). H200, L2-cold graph replay (tune_fp8_split.json): a grid that fills one wave
+    divide K/BK (`split_bounds`). H200, L2-cold graph replay (tuning/tune_fp8_split.json): a grid that fills one wave
     beats both
     the earlier ~2 programs per SM (wo_b one token 18.7 -> 15.7 µs, shared w13 one token 15.2 -> 11.4 µs,
     wo_b 8 tokens 25.3 -> 21.6 µs) and a grid that spills past the 528 slots (wo_b one token: 480 programs
@@ -1124,7 +1124,7 @@ def _decode_tile(gated: bool, words: bool, mma_sync: bool, stacked: bool = False
     so that Triton emits mma.sync instead of wgmma. The 4-warp tile's wgmma (64 rows) waited for each of its 8
     MMAs per k step and read its weight bytes from shared memory 16 bits at a time (sm90 SASS, Triton 3.6: HGMMA
     + WARPGROUP.DEPBAR per MMA, LDS.U16; at 2 warps HMMA.16816 and LDS.64). H200, 8 tokens, L2-cold graph replay
-    (results/tune_fp8_mma_sync.json, interleaved with the 4-warp default): wo_b 20.3 -> 19.4-20.2 µs, shared w2
+    (tuning/tune_fp8_mma_sync.json, interleaved with the 4-warp default): wo_b 20.3 -> 19.4-20.2 µs, shared w2
     11.0 -> 9.6-10.5, wq_a 9.1 -> 8.4-8.7, shared w13 18.0 -> 14.3 (at one wave of its resident programs). The
     word decoder (DECODE_W 1: engram wkv) keeps 4 warps: 55.7-56.1 µs against 58.2-75.4 at 1-2 warps. Elsewhere
     (sm80, sm100, ROCm, the interpreter) the 4-warp tile stays: the 2-warp one was not measured there.
@@ -1144,7 +1144,7 @@ def _tiles(M: int, N: int, K: int, gated: bool = False, sms: int = N_SMS_HINT, w
     if interpreting():
         return 16, 32, 64, 4, (2 if K % 128 == 0 and M <= 16 else 1), 4, 1
     if M <= 16:  # H200 sweep (benchmarks/tune_fp8_decode.py): BK 128 beat 256 on every decode linear;
-        # 3 cp.async stages, not 4 (results/tune_fp8_stages_ns3.json, 8 tokens, L2-cold, each timed twice):
+        # 3 cp.async stages, not 4 (tuning/tune_fp8_stages_ns3.json, 8 tokens, L2-cold, each timed twice):
         # engram wkv 61.7 -> 55.0 µs, wo_b 21.1 -> 20.4, shared w13 18.5 -> 18.1, shared w2 / wq_a equal
         BN, nw, kind = _decode_tile(gated, words, mma_sync, stacked)
         return 16, BN, DECODE_BK, 1, _split_k(M, N, K, BN, DECODE_BK, DECODE_PROGRAMS_PER_SM[kind], sms), nw, 3
@@ -1186,7 +1186,7 @@ def _gemv_tiles(N: int, K: int, gated: bool = False, sms: int = N_SMS_HINT):
     return BN, BK, SK, 4, GEMV_PIPE
 
 
-# L2 prefetch of the weight rows (l2_prefetch.py): OFF by default. On the H200 (tune_fp8_prefetch.json) it made
+# L2 prefetch of the weight rows (l2_prefetch.py): OFF by default. On the H200 (tuning/tune_fp8_prefetch.json) it made
 # every decode linear slower under the L2-cold replay (wo_b 1 token 18.6 -> 20.2 µs at 64 KB a program,
 # 22.2 µs for the whole split; shared w13 15.0 -> 18.4 µs; engram wkv 73.5 -> 75.9 / 99.3 µs): the
 # loads the programs already keep in flight saturate HBM, and the bulk requests only compete with them.
@@ -1221,7 +1221,7 @@ def _gemm(x, w, s, w3, s3, limit, act_quant, out_dtype, name, tiles=None, path=N
     the tiles and splits of a plain linear of 2N rows) instead of the paired one (BN rows of each, two dots);
     None: `_stack`'s default. early_w: the gemv path's EARLY_W (its first weight tile loaded before the PDL wait);
     None: GEMV_EARLY_W where the launch is PDL. (The same for the warp split, each warp's first step peeled off its
-    pipelined loop, was slower in every chain: results/step_chain_s23_m8_early_w.json, code in commit 2d70a75.)"""
+    pipelined loop, was slower in every chain: tuning/step_chain_m8_early_w.json, code in commit 2d70a75.)"""
     K = x.shape[-1]
     _check_w(w, s, K, name)
     if w3 is not None:

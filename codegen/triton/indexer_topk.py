@@ -48,12 +48,12 @@ program, 16 warps), USE_PIN, FINAL; split CHUNK (128..4096 by N and S; warps `sp
 K, CAP, R, TB, USE_PIN, MASK (the set as flags); the fused form on CUDA targets, also with PDL. The AOT variants
 build the candidate selection (pinned) as flags and the top-512 as ordered indices, PDL off.
 
-Measured (H200, torch 2.11 / triton 3.6, graph replay): before, `benchmarks/results/tune_indexer_topk.json`:
+Measured (H200, torch 2.11 / triton 3.6, graph replay): before, `benchmarks/tuning/tune_indexer_topk.json`:
 top-512 of 131,072 at one row 48.6 -> 24.2 µs (chunked -> five launches of 11-bit digits), candidate-2048
 of 16,384 blocks 63.4 -> 29.0 µs; four rows 48.9 -> 36.1 and 63.6 -> 38.6 µs; at eight rows the split
 path is slower (61.8 vs 52.4 µs), hence SPLIT_MAX_S = 4. The one-launch form with those 11-bit digits
-saved only ~2 µs (`results/topk_phase_times_11bit.json`: 22.3 / 28.1 µs against 24.0 / 29.3 for the five
-launches, 20 calls a replay; `results/kernels_attention_fused11bit.json`: 24.1 / 33.8 µs), and clock64
+saved only ~2 µs (`tuning/topk_phase_times_11bit.json`: 22.3 / 28.1 µs against 24.0 / 29.3 for the five
+launches, 20 calls a replay; `tuning/kernels_attention_fused11bit.json`: 24.1 / 33.8 µs), and clock64
 reads between its phases showed why: Triton's 2048-bin tl.histogram took 17-22 k cycles a program (its
 warps' bins are combined through shared-memory atomics, 2048 per warp). With 256-bin levels a level costs
 ~5.5 k cycles, barrier included, and the rows refine one level more. Now (`results/kernels_attention.json`):
@@ -61,7 +61,7 @@ top-512 14.0 µs (cold 20.3), candidate-2048 16.3 µs (cold 18.5); the six-launc
 17.5 / 20.1 µs warm (`results/topk_phase_times.json`). What is left of the one-row time, in program
 cycles: two levels ~12 k, gather + barrier ~5 k, rank ~0.4 k for top-512 but ~10.6 k for the 2,030 sure
 keys of the candidates (pairwise).
-Session 25 (benchmarks/indexer_step.py, results/indexer_step_s25_*.json): the set as flags (`as_mask`: no rank of
+Session 25 (benchmarks/indexer_step.py, results/indexer_step.json): the set as flags (`as_mask`: no rank of
 the sure keys) takes the candidate selection at half the SMs 22.9 -> 9.1 µs warm; 4 keys a thread instead of 16
 (SPLIT_KEYS_PER_THREAD: the one launch unrolls its levels over a thread's keys, and 5,240 sm90 instructions at chunk
 2048 run once a program, fetched cold) takes the top-512 at half the SMs 27.0 -> 18.0 µs cold (15.8 -> 16.3 warm).
@@ -517,7 +517,7 @@ SPLIT_CAP = 512  # largest threshold bucket ranked pairwise (h^2 work); a fuller
 # keys a thread holds in a split-path program (`split_warps`): the one-launch kernel unrolls its four levels and
 # gather over them, so its straight-line code grows with it (static sm90 SASS, Triton 3.9, top-512 at chunk 2048:
 # 5,240 instructions at 16 keys a thread, 3,448 at 8, 2,736 at 4), and it runs once per program, fetched from DRAM
-# when the L2 is cold. H200, L2-cold graph replay, twice, interleaved (results/indexer_step_s25_kpt.json): the
+# when the L2 is cold. H200, L2-cold graph replay, twice, interleaved (tuning/indexer_step_keys_per_thread.json): the
 # top-512 at half the SMs 26.9-27.0 µs at 16 keys a thread, 19.5-19.6 at 8, 18.0 at 4 (warm 15.8 / 14.7-14.8 /
 # 16.3-16.4); the whole one-query step (PDL, candidates as flags) 43.9-44.1 / 35.6-35.8 / 32.3-32.4 (warm 28.0-28.2
 # / 24.5 / 25.6)

@@ -17,12 +17,12 @@ the matrix are clamped to its last row by the caller (a duplicate prefetch is ha
 Where: CUDA sm90+ (`l2_prefetch_for`), not under TRITON_INTERPRET, not on ROCm (the FP8 GEMM kernels
 take a PREFETCH constexpr, bytes per row; 0 emits nothing).
 
-Measured, and therefore OFF by default (H200, benchmarks/results/tune_fp8_prefetch.json, L2-cold
+Measured, and therefore OFF by default (H200, benchmarks/tuning/tune_fp8_prefetch.json, L2-cold
 graph replay): every decode linear got slower with it — wo_b at one token 18.6 -> 20.2 µs (64 KB a
 program) / 22.2 µs (the whole split), shared w13 15.0 -> 18.4 µs, engram wkv at 8 tokens 73.5 ->
 75.9 / 99.3 µs — and the MoE decode GEMVs, which had it on their 32 KB slabs for one run, went from
-54.5 to 75.9 µs at one token, PDL on in both (tune_moe_decode_prefetch.json against
-tune_moe_decode_pdl.json; removed there). The programs' own loads
+54.5 to 75.9 µs at one token, PDL on in both (tuning/tune_moe_decode_prefetch.json against
+tuning/tune_moe_decode_pdl.json; removed there). The programs' own loads
 already keep HBM busy; the bulk requests compete with them and, in the waterfall loop ptxas emits
 (the instruction takes uniform operands), are issued once per row by every warp that holds it.
 """

@@ -38,7 +38,7 @@ mode (decode: BM=16 with tl.dot_scaled on sm90; prefill: BM=128 with the bit dec
 DOT_SCALED, DECODE, H_BK/H_DECODE (h's k order), PTX (inline PTX allowed: CUDA), H_QUANT. K and
 N are constexpr so that the ahead-of-time build knows every stride.
 
-Measured (H200, torch 2.11 / triton 3.6; benchmarks/results/tune_moe_prefill.json and
+Measured (H200, torch 2.11 / triton 3.6; benchmarks/tuning/tune_moe_prefill.json and
 kernels_ffn.json, 2026-11-29), 8192 tokens top-6 over 384 experts: decoder 2 runs gate/up in
 7.0 ms and down (128×256 tiles) in 3.3 ms with router-like routing (decoder 0: 17.4 / 7.8 ms),
 5.0 / 2.6 ms with 128 balanced rows per expert. The whole routed step (dispatch, x permutation,
@@ -494,9 +494,9 @@ def moe_experts(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float, act_q
 # Decode: run the shared expert on a second CUDA stream, concurrently with the router and the routed
 # experts' prep and gate/up kernels; the down kernel (which adds it) waits for it. On by default up to
 # OVERLAP_SHARED_MAX_T tokens, from the H200 (benchmarks/tune_moe_ffn_overlap.py, CUDA-graph replay, same
-# bits both ways). Two-launch router (results/tune_moe_ffn_overlap.json): one token 80.4 -> 76.3 µs L2-cold;
-# eight tokens 406 -> 387 µs warm but 404 -> 417 µs cold. With the one-launch router (results/
-# tune_moe_ffn_chain_run4.json, two repeats each): one token 78.3 -> 72.9 µs cold, eight tokens 399.8 ->
+# bits both ways). Two-launch router (tuning/tune_moe_ffn_overlap.json): one token 80.4 -> 76.3 µs L2-cold;
+# eight tokens 406 -> 387 µs warm but 404 -> 417 µs cold. With the one-launch router (tuning/
+# tune_moe_ffn_chain_fused_router.json, two repeats each): one token 78.3 -> 72.9 µs cold, eight tokens 399.8 ->
 # 419.2 µs cold (407 -> 386 warm): so on at one token, off at eight.
 OVERLAP_SHARED_MAX_T = 1
 

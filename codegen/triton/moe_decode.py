@@ -29,7 +29,7 @@ Algorithm (three launches; no sort, no host sync, CUDA-graph capturable):
 3. `moe_decode_down_kernel`, grid (token, D/BN, SPLIT): w2[e_j] against h'_j for the program's slots
    (with the handoff: each slot's h' read only once done[slot] holds all of its gate/up tiles, so the down
    GEMVs of the first slots overlap the gate/up's last programs instead of waiting for the whole grid;
-   H200, T = 1 rotating graph: 55.0 -> 53.3-53.9 µs, results/tune_moe_decode_fine.json);
+   H200, T = 1 rotating graph: 55.0 -> 53.3-53.9 µs, tuning/tune_moe_decode_fine.json);
    each slot's row sums are rounded to partial_dtype. SPLIT = 1: the program adds its k slots in
    order, adds the shared expert, stores. SPLIT > 1 (the default, SPLIT = k: 6× the programs at
    T = 1): the rounded partials go to a [T·k, D] workspace, and the last of the SPLIT programs of a
@@ -38,7 +38,7 @@ Two GEMV cores (tiles["core"]): 1, the default on CUDA sm80+ where the inputs al
 (mma.sync on weights decoded in registers, 11 integer instructions per 8 codes, x' / h' in f16: 2.7 static sm90
 SASS instructions per weight element against 4.6, results/moe_decode_sass*.json; H200, real routing, L2-cold,
 session 15: T = 1 53.15 -> 47.6 µs (2.00x -> 1.79x the bytes floor), T = 8 344 -> 279 µs (1.73x -> 1.40x):
-results/kernels_ffn_s14.json -> kernels_ffn.json; its tiles in `decode_tiles`); 0 is `fp4_gemv` below (CUDA-core
+tuning/kernels_ffn_moe_decode_core0.json -> kernels_ffn.json; its tiles in `decode_tiles`); 0 is `fp4_gemv` below (CUDA-core
 FMAs, exact fp32 sums), the interpreter's default and the fallback elsewhere (ROCm, fp32 activations, scale
 tensors not 4-byte aligned). Core 1's sums are the tensor cores' (not bit-identical to core 0 or the reference:
 in that table rel err 1.2e-4 at both T, against 1.5e-5 (T = 1) and 1.1e-4 (T = 8) for core 0).
@@ -101,12 +101,12 @@ divide evenly over 132 SMs (4 on some, 3.27 on average: ~24 us issue-bound on th
 cannot go below 32, a program owns whole h blocks). `ksplit` cuts that granularity (ksplit 2: 864
 programs, at most 7 half-size ones per SM = 3.5 full programs instead of 4; 4: 1728, 14 quarters = 3.5;
 5: 2160, 17 fifths = 3.4) for a workspace round trip and one more partial prologue per program. The
-H200 sweep (benchmarks/tune_moe_decode.py, results/tune_moe_decode.json) timed T = 1 at 62.3 µs without
+H200 sweep (benchmarks/tune_moe_decode.py, tuning/tune_moe_decode.json) timed T = 1 at 62.3 µs without
 it, 58.5 / 58.8 / 57.1 µs with 2 / 4 / 5 (T = 8 within 1.5%), so 5 is the default. Nsight Compute
-(results/ncu_decode_*.txt, L2 flushed, T = 1): gate/up 37-38 µs at 56 % issue-busy with 3.7 of 4 resident warps
+(tuning/ncu_decode_*.txt, L2 flushed, T = 1): gate/up 37-38 µs at 56 % issue-busy with 3.7 of 4 resident warps
 per scheduler (registers: 126, 4 programs per SM), its 2160 programs 4 full waves plus 48; down 23 µs at 35 %
 DRAM, 0.91 waves of 8 programs per SM; prep 3 µs. Finer splits that end the partial wave were not faster
-(results/tune_moe_decode_ksplit.json, rotating graph: 5: 54.4 µs, 10: 54.9, 20: 59.1, 4: 56.5).
+(tuning/tune_moe_decode_ksplit.json, rotating graph: 5: 54.4 µs, 10: 54.9, 20: 59.1, 4: 56.5).
 The per-element cost is near its floor for this scheme: the SASS per 256 weight elements of a thread
 (gate/up loop) is 256 SHF + 233 IMAD(.SHL) + 259 LOP3 + 32 SGXT (the decode: 3 integer ops per
 element; the shift pair cannot merge because the E2M1 sign-to-m3 distance, 3 bits, differs from
@@ -121,7 +121,7 @@ shared-memory conversion of the decoded tile into the wgmma operand layout (24 S
 elements); with a k order matched to that layout, or int8 IMMA (a `prmt` lookup of 4 magnitudes per
 instruction, positive and negative codes as two operands, x as fixed-point int8 pieces in B's spare
 columns) the estimate is 1.3-2.2 per element. Built and measured, then reverted (commit c549507, results
-tune_moe_decode_mma*.json, ncu_decode_mma.txt): fp16 operands decoded in the k order of
+tuning/tune_moe_decode_mma*.json, tuning/ncu_decode_mma.txt): fp16 operands decoded in the k order of
 fp4_unpack's DECODE 2 (2 shifts + 2 LOP3 per two values, no scale), x as a block-diagonal fp16 B
 [256, 8] written by its own prep (column n = the step's 32-block n, so each column's sum is one
 (row, block) partial, scaled after the MMA), Triton's cp.async pipeline for both operands. Its sm90
@@ -134,7 +134,7 @@ against 336.
 
 Measured (all before the gate/up `ksplit` option; H200, torch 2.11 / Triton 3.6, one graph of 8 steps
 over disjoint expert sets, so nothing is reused from L2; floor = unique experts' w1 + w3 + w2 bytes / 4.22 TB/s;
-benchmarks/results/tune_moe_decode.json, 2026-11-29): after the layout rework T = 1 takes 63 us
+benchmarks/tuning/tune_moe_decode.json, 2026-11-29): after the layout rework T = 1 takes 63 us
 (2.36x the 26.7 us floor; the static estimate was 40-50 us) and T = 8 takes 0.337 ms (2.39x);
 the tile variants swept stay within 6% of the defaults, split 1 for the down GEMV is 1.5x slower
 at T = 1. Before the rework (22 / 20 shared-memory conversions per loop under Triton 3.6): 0.127 ms
@@ -146,10 +146,10 @@ waits for its predecessor and releases the gate/up kernel at once; the gate/up a
 their expert ids and first two weight chunks before their grid waits (the ids come from before the
 prep: two and three launches back), x' / h' after. Same bits as serialized launches (the `gpu` test
 replays a graph whose ids and x are rewritten by the kernels just before the chain). H200, rotating
-graph (results/tune_moe_decode_pdl.json): T = 1 58.6 -> 54.5 µs (2.21x -> 2.05x), T = 8 348 ->
+graph (tuning/tune_moe_decode_pdl.json): T = 1 58.6 -> 54.5 µs (2.21x -> 2.05x), T = 8 348 ->
 338 µs; with the real router's routing, L2-cold (kernels_ffn.json) T = 1 57.6 -> 53.9 µs (2.17x -> 2.03x).
 An L2 bulk prefetch of each program's weight slab, tried with it, took T = 1 from 54.5 to 75.9 µs
-(results/tune_moe_decode_prefetch.json) and was removed.
+(tuning/tune_moe_decode_prefetch.json) and was removed.
 """
 from __future__ import annotations
 
@@ -573,7 +573,7 @@ def decode_tiles(D: int = HIDDEN, I: int = MOE_INTER, top_k: int = 6, interp=Non
     split[, sub]}.
 
     core (default: 1 on a CUDA sm80+ device where hidden and inter are multiples of 128, else 0): 1 is
-    fp4_mma_gemv (tensor cores). Its tiles (H200, results/tune_moe_decode_core*.json, rotating graph): gate/up
+    fp4_mma_gemv (tensor cores). Its tiles (H200, tuning/tune_moe_decode_core*.json, rotating graph): gate/up
     BN 32 (4 warps), steps of one group of 4 blocks (sub 1: 48.6-49.0 µs at T = 1 in the final run; sub 2 / 4 at
     K split 5 55 / 51, sub 2 at K split 2 50.9), the K split the smallest divisor of hidden's steps that gives
     about 16 programs per SM for `tokens`·top_k slots while keeping at least MMA_MIN_STEPS steps a program (T = 1:
@@ -607,7 +607,7 @@ def decode_tiles(D: int = HIDDEN, I: int = MOE_INTER, top_k: int = 6, interp=Non
         return {"prep": 32, "core": 1, "gate_up": {"BN": 32, "BKB": bkb, "num_warps": 4, "ksplit": ks, "sub": 1},
                 "down": {"BN": 32, "BKB": _fit(I // 32, 8), "num_warps": 2, "split": top_k,
                          "sub": 2 if I % 256 == 0 else 1}}
-    # K split in 5 (H200 sweep, tune_moe_decode.json: T = 1 62.3 -> 57.1 µs; T = 8 neutral) where it divides
+    # K split in 5 (H200 sweep, tuning/tune_moe_decode.json: T = 1 62.3 -> 57.1 µs; T = 8 neutral) where it divides
     ks = 5 if (D // 32 // bkb) % 5 == 0 else 1
     return {"prep": 32, "gate_up": {"BN": 32, "BKB": bkb, "num_warps": 4, "ksplit": ks},
             "down": {"BN": 32, "BKB": _fit(I // 32, 8), "num_warps": 2, "split": top_k}}

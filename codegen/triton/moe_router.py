@@ -19,8 +19,8 @@ lowest index) — exactly a stable descending sort's first k. Logits come from o
   programs, then the last of a token's programs to arrive (arrival.py) runs the top-k for it, in the same launch;
   the partials are the GEMV's and are added in the same order, so the bits are the two-launch path's.
   Programmatic dependent launch on sm90+ (pdl.py: it waits before reading x, releases at once).
-  H200, CUDA-graph replay, L2-cold (results/tune_moe_ffn_chain_run4.json): alone 9.1 -> 8.7 µs at one
-  token, 28.9 -> 27.6 µs at eight (15.8 µs with the 8-per-SM split, tune_moe_ffn_chain.json); inside the
+  H200, CUDA-graph replay, L2-cold (tuning/tune_moe_ffn_chain_fused_router.json): alone 9.1 -> 8.7 µs at one
+  token, 28.9 -> 27.6 µs at eight (15.8 µs with the 8-per-SM split, tuning/tune_moe_ffn_chain.json); inside the
   whole MoE FFN at one token (shared expert overlapped) 76.2 -> 72.9 µs, where the launch it saves sits
   on the critical path.
 
@@ -34,20 +34,20 @@ lowest index) — exactly a stable descending sort's first k. Logits come from o
   there the last arriver selects every token, one after another.
   Why a token a program: the first form ran all T rows of the top-k in the last program, [8, 512] tiles whose
   unrolled code is 4,800 SASS instructions more than one row's (sm90), run once straight through: 36 µs L2-cold at
-  8 tokens (13.9 warm) against 9.7 (6.8 warm) with a row a program (`results/step_chain_s24_router_run1/2.json`).
-  `benchmarks/icache_cold.py` (`results/icache_cold_s24.json`) shows the likely cause: one warp running 8,192
+  8 tokens (13.9 warm) against 9.7 (6.8 warm) with a row a program (`tuning/step_chain_router_tokens_in_program.json`).
+  `benchmarks/icache_cold.py` (`results/icache_cold.json`) shows the likely cause: one warp running 8,192
   unrolled FMAs (~128 KB of code) once took 11.3 µs warm and 38.3 µs with the L2 flushed (a loop of the same FMAs:
   13.9 / 14.9), while 4,096 (~64 KB) cost only 0.5 µs more cold than the loop: past ~64 KB, code run once is
   fetched from DRAM line after line. Session 21's tensor-core tokens-in-program kernel (29.5-34.5 µs,
   docs/KERNELS_HISTORY.md), whose last program also ran all eight rows, was probably slow for the same reason;
   session 9's (below) gave each finisher one row and was slow in its logits phase (neither re-measured).
-  H200, L2-cold graph replay (`results/step_chain_s24_router_run3.json`, twice, interleaved): 8 tokens 8.8-9.0 µs
+  H200, L2-cold graph replay (`tuning/step_chain_router_gate_once.json`, twice, interleaved): 8 tokens 8.8-9.0 µs
   alone against the per-token GEMV's 15.6-15.9 in the same run (13.5 in the table before); behind the decode norm
   with PDL it adds 6.8 µs to the step (GEMV: 13.6-13.8). Tiles 16 x 1024 / 32 x 256: 9.6 / 9.7 alone. One token:
   9.5-9.7 against the GEMV's 8.6-8.8 (run 2), so one token keeps the GEMV, which since then loads its first gate
   tile and the biases before the PDL wait (`router_decode_kernel`'s EARLY): 8.5 -> 8.0 µs alone, 6.4-6.5 -> 5.5 in
-  the step (`results/step_chain_s24_router_early.json`; at 8 tokens the GEMV with EARLY, 13.1 / 10.5-10.7, stays
-  behind the gate-once kernel). At 2 and 4 tokens (`results/step_chain_s24_router_t24.json`, alone / in the step with
+  the step (`tuning/step_chain_router_early.json`; at 8 tokens the GEMV with EARLY, 13.1 / 10.5-10.7, stays
+  behind the gate-once kernel). At 2 and 4 tokens (`tuning/step_chain_router_2_4_tokens.json`, alone / in the step with
   PDL, µs): 2 tokens gate once 8.7-9.1 / 6.6-8.1, GEMV with EARLY 8.7-8.8 / 6.1-6.3; 4 tokens gate once 9.1-9.3 /
   6.8-6.9, GEMV with EARLY 10.6 / 8.4-8.5. So GATE_ONCE_MIN_T = 3 (3 tokens not timed).
 
@@ -58,7 +58,7 @@ first gate tile and biases before the PDL wait; off ahead of time); gate-once: K
 least M), ROW_PROGRAMS (a token a program; off in the interpreter), UPCAST (fp32 operands: the interpreter),
 MULTI_ROW (fewer programs than tokens: a row program loops over tokens row, row + n, ...).
 
-Tried and reverted (results/tune_router_tokens.json; code in git history, commit 7aa945a): at 2-8 tokens,
+Tried and reverted (tuning/tune_router_tokens.json; code in git history, commit 7aa945a): at 2-8 tokens,
 programs over (8 experts, K split) that take every token, so the gate is read once per k step rather than
 once per token ([T, 8, 128] products, then a two-level arrival whose last finishers run one top-k row
 each): slower, 25.9 vs 11.7 µs at eight tokens in graph replay (27.7 vs 13.6 L2-cold; the two-launch form
@@ -93,7 +93,7 @@ GEMV_MAX_T = 8  # decode: tokens up to which the logits use the GEMV kernel
 GEMV_BE, GEMV_BK = 8, 512  # 384 experts -> 48 programs per token and K split, 8 KB of gate per k step
 # decode logits: split K until about this many programs per SM (the fused kernel: 38 / 47 registers a thread
 # under Triton 3.9 / 3.6 on sm90, no local memory, so 10-13 programs of 4 warps fit an SM). H200, fused
-# router, L2-cold (results/tune_moe_ffn_chain.json): 8 tokens 27.4 / 15.8 / 15.6 µs at 4 / 8 / 16 (splits 1 / 2
+# router, L2-cold (tuning/tune_moe_ffn_chain.json): 8 tokens 27.4 / 15.8 / 15.6 µs at 4 / 8 / 16 (splits 1 / 2
 # / 5), 4 tokens 15.7 / 11.2 / 12.1, one token 8.8 / 8.6 / 8.9 (split 10 = one k step a program, all three).
 GEMV_PROGRAMS_PER_SM = 8
 GEMV_EARLY = True  # router_decode_kernel's EARLY (first gate tile and biases before the PDL wait)

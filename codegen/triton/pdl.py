@@ -29,7 +29,7 @@ Where: sm90 and newer CUDA devices (`pdl_for`), not under TRITON_INTERPRET and n
 kernels take a PDL constexpr; with it False no griddepcontrol instruction is emitted, so sm80 and
 the AMD targets compile unchanged). `PDL_CUDA = False` turns it off everywhere.
 
-Measured (H200, benchmarks/step_chain.py, results/step_chain_s23_run2.json): what a decode kernel adds to the
+Measured (H200, benchmarks/step_chain.py, results/step_chain.json): what a decode kernel adds to the
 step behind the kernel that produces its input, L2-cold, serialized -> PDL: wq_a at one token 5.3-5.5 -> 3.9-4.0
 µs, shared w2 at 8 tokens 6.5-6.8 -> 5.2, the router at 8 tokens 12.7-12.8 -> 11.4-11.6, the decode compressor
 10.0-10.3 -> 8.7-8.9 (ratio 1). The decode norm (rmsnorm.py) and the decode compressor joined the PDL kernels for it.

@@ -111,7 +111,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 # Rows up to which the norm is PDL-launched (the module docstring). H200, L2-cold, behind this norm
-# (benchmarks/step_chain.py, results/step_chain_s23_run2.json), serialized -> PDL: what wq_a adds to the step
+# (benchmarks/step_chain.py, results/step_chain.json), serialized -> PDL: what wq_a adds to the step
 # 5.3-5.5 -> 3.9-4.0 µs at one token, the decode compressor 10.0-10.3 -> 8.7-8.9 µs at ratio 1.
 PDL_MAX_ROWS = 16
 

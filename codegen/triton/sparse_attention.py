@@ -50,7 +50,7 @@ key block, `benchmarks/tune_sparse_attention.py --sass`): BN 64 before 64 HGMMA.
 HGMMA.64x256x16 (QK twice the minimum), stack 792 B, 45 / 164 local-memory ops in the window /
 compressed loop; after 32 + 4 (the minimum), stack 328 B. The [64, 512] fp32 accumulator alone is half
 the register file (128 regs/thread at 8 warps); 32-key blocks with 3 stages cut the stack to 56 B
-(BN 16: no spills, but 64x8x16 wgmmas), yet the H200 sweep (`tune_sparse_attention.json`) timed them
+(BN 16: no spills, but 64x8x16 wgmmas), yet the H200 sweep (`tuning/tune_sparse_attention.json`) timed them
 slower than 64-key blocks with 2 stages, which stay the batch default (BATCH_BN, BATCH_STAGES).
 For DV < D the per-slice products in branches spill more (440
 local-memory ops in the window loop at DV 128), so qk_once defaults off there.
@@ -71,13 +71,13 @@ Measured before the qk_once / fused-combine / batch-tile change (H200, torch 2.1
 benchmarks/results/kernels_attention.json, 2026-11-29; graph replay): 64 decode queries FP8/FP4 70 µs
 (was 247 µs; 9× a 7.7 µs floor), one query 25.8 µs at DV 512 (was 48 µs) and 20.6 µs at DV 128 (the
 one-query default), bf16 one query 19 µs; prefill 1024 queries 0.81 ms (6.6× its floor; eager
-4.8 ms). After it (same GPU, `benchmarks/results/tune_sparse_attention.json`, graph replay): 64 decode
+4.8 ms). After it (same GPU, `benchmarks/tuning/tune_sparse_attention.json`, graph replay): 64 decode
 queries 70.8 -> 57.9 µs with qk_once at BN 64 / 2 stages (the default); the fused combine 66 µs, BN 32 /
 3 stages 70 µs (75 µs with the fused combine), BN 16 89 µs; one query unchanged at 21 µs (fused combine
 25.7 µs).
 
 Profile of the 64-query batch (H200, Nsight Compute with the L2 flushed, session 13;
-results/ncu_attn_batch_S64.txt and, per SASS instruction, ncu_attn_batch_S64_source.txt): the main kernel 52.8 µs
+tuning/ncu_attn_batch_S64.txt and, per SASS instruction, tuning/ncu_attn_batch_S64_source.txt): the main kernel 52.8 µs
 and the combine 9.1 µs; one 8-warp program an SM (255 registers, 214 KB of shared memory), 24 % of issue slots,
 0.35 eligible warps a scheduler; samples 26 % long scoreboard (the hottest instruction, 7 %, is a spill reload at
 the top of the compressed loop: the local memory misses the L1, which the shared memory leaves small), 12 % wait,
@@ -85,20 +85,20 @@ the top of the compressed loop: the local memory misses the L1, which the shared
 window loop, 24 % outside (the 128 KB partial store of each program among them); the shared-memory stores of the
 dequantized tile and the loads of the raw stages run 16-32-way bank conflicts (5.4 M wavefronts against 2.6 M
 ideal). A merge of the two splits by the second to arrive, from its own registers plus the other's partial
-(fuse_combine "reg", commit b4f2afa, reverted): 98 µs against 58 (results/tune_sparse_attention_reg.json; the
+(fuse_combine "reg", commit b4f2afa, reverted): 98 µs against 58 (tuning/tune_sparse_attention_reg.json; the
 epilogue took the kernel from 6.4 k to 9.1 k SASS instructions), and not bit-identical to the combine kernel on
 the GPU.
 
-Session 14 (H200, L2-cold graph replay; results/tune_sparse_attention_s14*.json, kernels_attention.json): the
+Session 14 (H200, L2-cold graph replay; tuning/tune_sparse_attention_chunked_combine*.json, kernels_attention.json): the
 chunked combine and 32-key blocks for one quantized query: 25.6 µs (BN 64 with the chunked combine; 28.7 with the
 old combine) -> 15.1-15.7 µs, against torch.compile of the reference 27.4 µs (compiled_baseline.json); bf16 one
 query 22.0 -> 15.1 µs; 64 queries unchanged at 60 µs (their combine merges 2 splits; Nsight Compute, L2 flushed
 before each kernel: 9.2 µs, still mostly reading 16 MB of partials). Programs with whole keys and half the output
-channels (DV 256, no split, no combine: q·K repeated) took 112 µs for 64 queries (results/
-tune_sparse_attention_s14_before.json; their static SASS spills more: stack 848 B at BN 64 under triton 3.6, 744 under 3.9).
+channels (DV 256, no split, no combine: q·K repeated) took 112 µs for 64 queries (tuning/
+tune_sparse_attention_chunked_combine_before.json; their static SASS spills more: stack 848 B at BN 64 under triton 3.6, 744 under 3.9).
 
-Session 16 (H200, L2-cold graph replay; results/tune_sparse_attention_s16_*.json, kernels_attention.json,
-ncu_attn_batch_S64_s16*.txt, tune_sparse_attention_sass_s16_t36.json): on CUDA the quantized tiles are decoded
+Session 16 (H200, L2-cold graph replay; tuning/sparse_attention_kv_pairs/*.json, kernels_attention.json,
+tuning/sparse_attention_kv_pairs/ncu_attn_batch_S64*.txt, tuning/sparse_attention_kv_pairs/sass_triton36.json): on CUDA the quantized tiles are decoded
 two values a register (kv_pairs.py: the E4M3 window by fp8_gemm's byte-pair decoder at exponent e - 8, the E2M1
 rows a byte a bf16x2 fma; the same bits; static sm90 SASS of the 64-query compressed loop 2,130 -> 1,554
 instructions), the compressed rows load as [rows, bytes] (the [rows, groups, 8] load gave a warp's lanes
@@ -122,7 +122,7 @@ rounded to bf16 for the P·V MMA on GPUs (fp32 in the interpreter). No paging (b
 UE8M0 byte 0 / 255 and E4M3 NaN are not decoded specially (the quantizers never produce them).
 The fused combine's counters (arrival.counters) are per device: two fused launches must not run
 concurrently on different streams. BN 64 decode batches spill (320 B stack with the pair decoders; BN 32 144 B,
-22 local-memory operations per compressed block under triton 3.6: tune_sparse_attention_sass_s16_t36.json). The pair decoders are CUDA-only (ROCm and the interpreter
+22 local-memory operations per compressed block under triton 3.6: tuning/sparse_attention_kv_pairs/sass_triton36.json). The pair decoders are CUDA-only (ROCm and the interpreter
 keep the per-element decoder; the interpreter tests run the E2M1 pair decoder's emulation). The AOT variants are
 built with PDL off.
 """
@@ -486,7 +486,7 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     dev = q.device
     if wq and H % MMA_HEADS and dev.type == "cuda" and not interpreting() and torch.version.hip is None:
         # FP8/FP4 tiles with fewer than 64 heads came out wrong on the H200 (session 27, results/
-        # diag_small_widths_s27.json: errors of 4-10 on N(0, 1) values at 16 heads for every knob, D 64 to 512, while
+        # attention_small_widths.json: errors of 4-10 on N(0, 1) values at 16 heads for every knob, D 64 to 512, while
         # bf16 tiles at 16 heads and FP8/FP4 at 64 were right; cause not found: those products are mma.sync, M < 64).
         # The model has 64 heads; smaller presets get q and the sink padded with zero heads to a multiple of 64.
         Hp = -(-H // MMA_HEADS) * MMA_HEADS
@@ -641,7 +641,7 @@ FUSE_COMBINE = False
 # combine) — the same as the single-query CUDA defaults today
 BATCH_BN, BATCH_STAGES = 64, 2
 ONE_QUERY_DV = 128  # output channels per program for a single quantized decode query
-# Session 16, H200, L2-cold graph replay, two interleaved runs (results/tune_sparse_attention_s16*.json):
+# Session 16, H200, L2-cold graph replay, two interleaved runs (tuning/sparse_attention_kv_pairs/*.json):
 # quantized KV tiles decoded two values a register (kv_pairs.py; CUDA): 64 queries 60.5-60.7 -> 58.2-58.3 µs, one
 # query 15.3-15.5 -> 14.6-14.9; with PDL on both launches as well: 57.3-57.4 and 13.9-14.2. The online softmax's
 # lazy rescale (`_attend_block`; the running max's slack in natural-log units) measured level (61.8 µs at slack 8):
@@ -654,15 +654,15 @@ PDL_ATTENTION = True
 # a register layout of 32 channels a thread, 8 lanes on 2 chunks of a 128-byte swizzle block (16-way store conflicts);
 # 4 gives 8 channels a thread, 32 lanes along a row (conflict-free, Triton 3.6 TTGIR) for 4x the cp.async and stage
 # loads (static sm90 SASS, Triton 3.6, 64-query compressed loop: 1,554 -> 1,865 instructions); 8 sits between (1,596;
-# 2-way). H200, L2-cold graph replay, session 18 (results/tune_sparse_attention_s18_run1/2.json, interleaved): 64
+# 2-way). H200, L2-cold graph replay, session 18 (tuning/tune_sparse_attention_cvec.json, interleaved): 64
 # queries 16: 52.4 / 52.3 / 52.0 µs, 8: 50.6 / 50.7 / 50.5, 4: 52.3; one query 16: 12.9 / 13.8 / 13.7, 8: 13.2 /
 # 13.6 (level), 4: 13.7
 CVEC_DEFAULT = 8
-# and its key block (CUDA): H200, session 14 (results/tune_sparse_attention_s14.json, after the chunked combine), L2-cold
+# and its key block (CUDA): H200, session 14 (tuning/tune_sparse_attention_chunked_combine.json, after the chunked combine), L2-cold
 # graph replay: BN 32 15.1 µs, BN 64 25.6 (the DV 512 tiles: BN 16 16.8, BN 32 17.8; DV 64 22.3)
 ONE_QUERY_BN = 32
 # the warp-specialized Gluon kernel (sparse_attention_ws.py) for quantized decode batches (2 <= S <= SMs / 2) on CUDA
-# sm90+. H200, L2-cold graph replay, 64 queries (session 26, results/tune_sparse_attention_ws_s26*.json and the
+# sm90+. H200, L2-cold graph replay, 64 queries (session 26, tuning/sparse_attention_ws/*.json and the
 # table run): 33.9-34.3 µs against this file's kernel's 50.4-51.1; one query stays here (level: 13.7 against 13.5 µs)
 WS_ATTENTION = True
 MMA_HEADS = 64  # FP8/FP4 KV on CUDA: heads padded to a multiple of this (sparse_attention; session 27)

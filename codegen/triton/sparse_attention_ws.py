@@ -45,11 +45,11 @@ clock at each pipeline event of each program into a buffer, for benchmarks/ws_ti
 variant), PBF16 (bf16 partials through shared memory; off: fp32 stored from the accumulator); the launch's
 maxnreg (168: 12 warps share the 64 K registers, redistributed by setmaxnreg).
 
-Where its time goes (session 27, ws_timeline_s27_final.json, 64 queries L2-cold): first tile ready 4.9 µs into a
+Where its time goes (session 27, tuning/ws_timeline_fp32_partials.json, 64 queries L2-cold): first tile ready 4.9 µs into a
 program, then a 64-key block every 3.3-3.5 µs (the producer's chain: 2.2 µs to hold the next block's rows, 1.3 to
 decode; alone it takes 2.3 a block, the consumers alone 2.5), the partial store 4.5 µs, the combine ~6 after the
 grid. Five changes measured slower and removed are listed in docs/KERNELS_HISTORY.md session 27. With bf16 partials
-(session 29, ws_timeline_s29_pbf16.json) the store takes 1.3 µs after the loop; the loop is unchanged.
+(session 29, ws_timeline.json) the store takes 1.3 µs after the loop; the loop is unchanged.
 
 Known gaps: CUDA sm90 only (wgmma, mbarrier partitions, setmaxnreg; sm100 would need tcgen05) — the matrix lists the
 Triton kernel everywhere else; quantized KV, H = 64, D = 512 only; always writes partials (8.4 MB of bf16 at 64
@@ -91,7 +91,7 @@ WS_MAXNREG = 168
 WS_LOOKAHEAD = False  # the producer gathers block i+1 before decoding block i (registers: two blocks' raw bytes)
 WS_PDL = True  # launched with PDL where the device has it (pdl.py): the combine's launch overlaps this grid
 # bf16 partials stored through the freed tile ring (PBF16): 64 queries 34.1-34.3 -> 29.5 µs L2-cold on the H200, the
-# launch alone 28.3 -> 25.2 (session 29, results/tune_sparse_attention_ws_s29_pbf16.json)
+# launch alone 28.3 -> 25.2 (session 29, tuning/sparse_attention_ws/bf16_partials.json)
 WS_PARTIAL_BF16 = True
 WS_CHUNKS = 4  # channel chunks a tile is decoded in (the producer's live outputs: 32 registers a chunk)  # the launch's per-thread budget for 12 warps (<= 65536 / 384), redistributed by setmaxnreg
 
