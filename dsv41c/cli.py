@@ -94,7 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("checkpoint", nargs="?", metavar="CKPT_DIR", help="the checkpoint to compile")
     s.add_argument("--preset", help="tiny | mini | bench | full: an embedded config and seeded random weights")
     s.add_argument("-o", "--output", required=True, metavar="OUT", help="the artifact to write")
-    s.add_argument("--target", default="cpu", help="code generation target (default cpu; the only one built yet)")
+    s.add_argument("--target", default="cpu", metavar="T",
+                   help="cpu (reference ops), cuda:sm80|sm90|sm100, rocm:gfx942|gfx950|gfx1100 (kernel calls, their "
+                        "binaries built in), ascend:a2|a3|a5 (the plan; its kernels are not built here) (default cpu)")
+    s.add_argument("--activation-dtype", choices=("float32", "bfloat16"),
+                   help="activations' dtype (default: float32 for cpu, bfloat16 for a GPU target; float32 on a GPU "
+                        "target is the verification build)")
+    s.add_argument("--no-kernels", action="store_true",
+                   help="write the plan without building its kernel binaries")
     s.add_argument("--kv-quant", type=_onoff, default=True, metavar="on|off",
                    help="FP8/FP4 KV cache (default on; off: numerics debugging)")
     s.add_argument("--dump-dir", metavar="D", help="write the IR before and after each pass (with diffs) into D")
@@ -122,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--logits-out", metavar="FILE.npy", help="write the prefill's logits (the prompt's) here")
     s.add_argument("--device", type=argtypes.device_name,
                    help="device to run on (default: the artifact target's own, cpu for a cpu artifact)")
+    s.add_argument("--interpret", action="store_true",
+                   help="run a GPU artifact's kernel calls in Triton's interpreter on the CPU")
 
     s = sub.add_parser("inspect", help="describe an artifact")
     s.add_argument("artifact", metavar="ARTIFACT", help="an artifact written by `dsv41c compile`")
@@ -196,11 +205,12 @@ def _os_error(e: OSError) -> str:
     return f"{where}: {what}" if where else what
 
 
-def _interrupted() -> str:
+def _interrupted(e: KeyboardInterrupt) -> str:
     from dsv41c.outputs import kept
 
     done = kept()
-    return "interrupted; " + (f"kept {', '.join(done)} (complete)" if done else "nothing written")
+    when = f" {_one_line(e)}" if str(e) else ""
+    return f"interrupted{when}; " + (f"kept {', '.join(done)} (complete)" if done else "nothing written")
 
 
 def main(argv=None) -> int:
@@ -222,8 +232,8 @@ def main(argv=None) -> int:
     except BrokenPipeError:  # output piped into `head` and the like: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except KeyboardInterrupt:
-        print(f"{cmd}: {_interrupted()}", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        print(f"{cmd}: {_interrupted(e)}", file=sys.stderr)
         return 130
     except UserError as e:
         print(f"{cmd}: error: {_one_line(e)}", file=sys.stderr)

@@ -81,11 +81,13 @@ def _check_parent(path: str, label: str, create_parents: bool) -> None:
 
 
 def check_output_dir(path, what: str | None = "-o", force: bool = False, replaceable=None,
-                     kind: str = "dsv41c artifact") -> str:
+                     kind: str = "dsv41c artifact", force_option: str | None = "--force") -> str:
     """Check that directory output `path` can be written; return its absolute path.
 
     `replaceable(path) -> bool` says whether an existing non-empty directory is one of ours
-    (`--force` replaces only those); None: no existing non-empty directory is replaced."""
+    (`force` replaces only those); None: no existing non-empty directory is replaced.
+    `force_option` is the flag the messages name (None: a command that always replaces its
+    own outputs, called with force=True)."""
     if not path:
         raise OutputError(f"{what or 'output'}: empty path")
     out = os.path.abspath(os.fspath(path))
@@ -102,9 +104,9 @@ def check_output_dir(path, what: str | None = "-o", force: bool = False, replace
         if not empty:
             if replaceable is None or not replaceable(out):
                 raise OutputError(f"{label}: exists and is not a {kind}; refusing to replace it"
-                                  + (" even with --force" if force else ""))
+                                  + (f" even with {force_option}" if force and force_option else ""))
             if not force:
-                raise OutputError(f"{label}: already exists (pass --force to replace it)")
+                raise OutputError(f"{label}: already exists (pass {force_option} to replace it)")
     _check_parent(out, label, create_parents=True)
     return out
 

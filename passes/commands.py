@@ -21,6 +21,7 @@ after the trace. A write that fails on the way (disk full, ...) is reported agai
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from dsv41c.outputs import OutputError, check_dir_to_fill, check_output_dir, check_output_file, kept, reason
@@ -80,6 +81,11 @@ def cmd_opt(args) -> int:
     return 0
 
 
+def _scrub(text: str, parent: str, out: str) -> str:
+    """`text` with the hidden temporaries beside OUT (`.ckpt-…`, `.tmp-…`) named as OUT."""
+    return re.sub(re.escape(parent.rstrip(os.sep) + os.sep) + r"\.[^\s:'\"]*", lambda m: out, text)
+
+
 def _ours(filename, parent: str) -> bool:
     """Whether an OSError's file is one of the hidden temporaries the compile writes beside OUT."""
     if not filename:
@@ -100,10 +106,17 @@ def cmd_compile(args) -> int:
         build_artifact(args.output, checkpoint=args.checkpoint, preset=args.preset, target=args.target,
                        kv_quant=args.kv_quant, seed=getattr(args, "seed", 0), dump_dir=getattr(args, "dump_dir", None),
                        dump_filter=getattr(args, "dump_filter", None), timings=getattr(args, "timings", False),
-                       verify_each=getattr(args, "verify_each", False), force=getattr(args, "force", False))
+                       verify_each=getattr(args, "verify_each", False), force=getattr(args, "force", False),
+                       activation_dtype=getattr(args, "activation_dtype", None),
+                       kernels=not getattr(args, "no_kernels", False))
     except OSError as e:
         if _ours(e.filename, parent) or _ours(e.filename2, parent):
             raise OutputError(f"-o {args.output}: cannot write the artifact ({reason(e)}); nothing written") from None
+        raise
+    except Exception as e:  # a user error about the checkpoint written beside OUT names OUT, not the temporary
+        msg = str(e)
+        if type(e).__name__ in ("CheckpointError", "OutputError") and _scrub(msg, parent, args.output) != msg:
+            raise OutputError(_scrub(msg, parent, args.output)) from None
         raise
     except KeyboardInterrupt:
         if out in kept():  # the artifact was complete and in place: not a failure

@@ -1,23 +1,50 @@
 """CLI handlers on a compiled artifact: `dsv41c run` and `dsv41c inspect`.
 
     dsv41c run ARTIFACT [--checkpoint DIR] --ids 1,2,3 [--max-new-tokens N] [--logits-out FILE.npy]
+               [--device D]
         greedy generation through the compiled plan; prints the generated ids
         (comma-separated) on stdout, like `dsv41c generate`; `--logits-out` writes the
         prompt positions' logits [T, vocab] as float32 .npy, like `dsv41c reference`.
     dsv41c inspect ARTIFACT [--json]
         manifest summary, pipeline, op counts per kind per function, reports.
 
-Bad artifacts raise `ArtifactError`, bad ids `InputError` (one line, exit 2). The logits
-file is written whole through a temporary name once the logits exist.
+Order of checks, all before the first token is computed: `--logits-out` (a writable file
+path, `dsv41c/outputs.py`), the artifact (manifest, hashes), the device against the
+artifact's target, the ids against the vocabulary, and the length: the prompt plus
+`--max-new-tokens` must fit `context_limit` (the model's `max_position_embeddings`, or the
+artifact's `max_context` option where it has one). Bad artifacts raise `ArtifactError`,
+bad ids and lengths `InputError` (one line, exit 2). The logits file is written whole
+through a temporary name right after the prefill; should that write still fail, the tokens
+are generated and printed all the same and the error follows (exit 2). A generation that
+runs longer than `PROGRESS_AFTER_S` prints its progress on stderr; Ctrl-C prints the
+tokens generated so far before the CLI reports the interrupt.
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+import time
 from collections import Counter
 
 import torch
+
+from dsv41c.outputs import OutputError, check_output_file, note_kept, write_file_atomic
+
+PROGRESS_AFTER_S = 5.0  # a decode loop running longer than this shows its progress on stderr
+PROGRESS_EVERY_S = 10.0  # one line this often into a log; a terminal's line is rewritten every 2 s
+
+
+def context_limit(manifest: dict) -> tuple:
+    """(positions, what limits them) of a compiled model: the smaller of the model's
+    max_position_embeddings and the artifact's max_context option (when it has one)."""
+    text = manifest["config"].get("text_config", manifest["config"])
+    limits = [(int(text["max_position_embeddings"]), "the model's max_position_embeddings")] \
+        if "max_position_embeddings" in text else []
+    mc = (manifest.get("options") or {}).get("max_context")
+    if mc:
+        limits.append((int(mc), "the artifact's --max-context"))
+    return min(limits) if limits else (None, None)
 
 
 def cmd_run(args) -> int:
@@ -25,27 +52,53 @@ def cmd_run(args) -> int:
 
     from dsv41c.runtime.loader import InputError, load
 
-    model = load(args.artifact, device=getattr(args, "device", None), checkpoint=getattr(args, "checkpoint", None))
-    text = model.manifest["config"].get("text_config", {})
-    if text.get("hidden_size", 0) <= 1024:
-        torch.set_num_threads(1)  # small models: thread start-up costs more than it saves
+    logits_out = getattr(args, "logits_out", None)
+    if logits_out:
+        check_output_file(logits_out, "--logits-out")
     n = int(args.max_new_tokens)
     if n < 0:
         raise InputError(f"--max-new-tokens must be >= 0, got {n}")
+    model = load(args.artifact, device=getattr(args, "device", None), checkpoint=getattr(args, "checkpoint", None),
+                 interpret=getattr(args, "interpret", False))
+    prompt = model._check_ids(args.ids)
+    limit, why = context_limit(model.manifest)
+    if limit is not None and prompt.numel() + n > limit:
+        raise InputError(f"--max-new-tokens {n}: the prompt ({prompt.numel()} tokens) plus {n} new tokens exceed "
+                         f"{why} ({limit} positions); at most {max(limit - prompt.numel(), 0)} new tokens fit")
+    text = model.manifest["config"].get("text_config", {})
+    if text.get("hidden_size", 0) <= 1024:
+        torch.set_num_threads(1)  # small models: thread start-up costs more than it saves
     s = model.new_session()
-    logits = model.prefill(s, args.ids)
-    if getattr(args, "logits_out", None):
-        out = os.fspath(args.logits_out)
-        tmp = out + ".tmp.npy"
-        np.save(tmp, logits.to(torch.float32).numpy())
-        os.replace(tmp, out)
-    ids = []
-    for i in range(n):
-        tok = int(torch.argmax(s.last_logits))
-        ids.append(tok)
-        if i + 1 < n:
-            model.decode(s, tok)
-    print(",".join(str(t) for t in ids))
+    ids, side_error = [], None
+    try:
+        logits = model.prefill(s, prompt)
+        if logits_out:
+            try:
+                write_file_atomic(logits_out, lambda fh: np.save(fh, logits.to(torch.float32).numpy()), "--logits-out")
+                note_kept(logits_out)
+            except OutputError as e:
+                side_error = e  # the tokens are still wanted: report once they are printed
+        t0 = last = time.monotonic()
+        tty = sys.stderr.isatty()
+        every = 2.0 if tty else PROGRESS_EVERY_S
+        for i in range(n):
+            tok = int(torch.argmax(s.last_logits))
+            ids.append(tok)
+            if i + 1 < n:
+                model.decode(s, tok)
+            now = time.monotonic()
+            if now - t0 > PROGRESS_AFTER_S and now - last > every:
+                last = now
+                print(f"run: {i + 1}/{n} tokens ({(i + 1) / (now - t0):.1f} tokens/s)", file=sys.stderr, flush=True,
+                      end="\r" if tty else "\n")
+        if tty and last > t0:
+            print(file=sys.stderr)
+    except KeyboardInterrupt:
+        print(",".join(str(t) for t in ids), flush=True)  # what was generated is the user's
+        raise KeyboardInterrupt(f"after {len(ids)} of {n} tokens (those are on stdout)") from None
+    print(",".join(str(t) for t in ids), flush=True)
+    if side_error is not None:
+        raise side_error
     return 0
 
 
