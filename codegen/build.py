@@ -36,7 +36,58 @@ from dsv41c.codegen.artifact import dumps_json, write_artifact
 from dsv41c.outputs import check_output_dir
 from dsv41c.codegen.cpu import PlanError, emit_program
 
-TARGETS = ("cpu",)
+ACTIVATION_DTYPES = ("float32", "bfloat16")
+
+
+def all_targets() -> tuple:
+    """`cpu` and every target of the kernel matrix."""
+    from dsv41c.codegen.matrix import TARGETS as MATRIX_TARGETS
+
+    return ("cpu",) + tuple(MATRIX_TARGETS)
+
+
+def tmp_ckpt_parent(out: str) -> str:
+    return os.path.dirname(os.path.abspath(out))
+
+
+def kernel_requests(module, target: str) -> list:
+    """(template, variant, target) of every kernel.call of the plan, each once however many layers call it."""
+    seen = set()
+    for op in module.ops():
+        if op.name == "kernel.call" and not op.attrs.get("op"):
+            seen.add((op.attrs["template"], op.attrs["variant"], target))
+    return sorted(seen)
+
+
+def _build_kernels(module, target: str, cfg, wanted: bool, parent: str):
+    """Build the variants the plan calls into a temporary `kernels/` (-> its path, manifest entries).
+
+    Triton targets: binaries through the shared kernel cache (codegen/aot.py). Ascend: the plan calls no
+    kernel binary; its sources are emitted by `dsv41c kernels --build` and building them needs the CANN
+    toolchain, which this machine lacks, so the manifest says so. `wanted` False (--no-kernels): the plan only."""
+    from dsv41c.codegen.matrix import TARGETS as MATRIX_TARGETS
+
+    requests = kernel_requests(module, target)
+    if target == "cpu":
+        return None, []
+    tg = MATRIX_TARGETS[target]
+    if not wanted or not tg.triton:
+        why = "not built (--no-kernels)" if not wanted else f"not built: {target} kernels need their own toolchain"
+        return None, [{"template": t, "variant": v, "target": g, "status": why} for t, v, g in requests]
+    from dsv41c.codegen.aot import build_variants
+    from dsv41c.codegen.triton.widths import ModelWidths
+
+    tmp = tempfile.mkdtemp(prefix=".kernels-", dir=parent)
+    out_dir = os.path.join(tmp, "kernels")
+    _log(f"building {len(requests)} kernel variant(s) for {target}")
+    entries = build_variants(requests, out_dir, widths=ModelWidths.of(cfg), log=sys.stderr)
+    failed = [e for e in entries if e.get("status") != "built"]
+    if failed:
+        shutil.rmtree(tmp, ignore_errors=True)
+        e = failed[0]
+        raise PlanError(f"kernel {e['template']}/{e['variant']} for {target} failed to build: "
+                        f"{e.get('error', 'unknown error')}")
+    return out_dir, entries
 
 
 def _log(msg):
@@ -71,7 +122,8 @@ def _op_counts(module) -> dict:
 
 def build_artifact(out: str, checkpoint: str | None = None, preset: str | None = None, target: str = "cpu",
                    kv_quant: bool = True, seed: int = 0, dump_dir=None, dump_filter=None, timings: bool = False,
-                   verify_each: bool = False, force: bool = False) -> dict:
+                   verify_each: bool = False, force: bool = False, activation_dtype: str | None = None,
+                   kernels: bool = True) -> dict:
     from dsv41c.frontend.config import ConfigError, load_config
     from dsv41c.frontend.config import preset as preset_config
     from dsv41c.frontend.layer_plan import plan_as_json, plan_as_table
@@ -81,15 +133,20 @@ def build_artifact(out: str, checkpoint: str | None = None, preset: str | None =
     from dsv41c.passes.base import PassError
     from dsv41c.passes.manager import PassManager
     from dsv41c.passes.pipeline import build_pipeline
+    from dsv41c.passes.plan_memory import memory_report_files
     from dsv41c.runtime.weights import index_hash, inventory_hash
 
     t_start = time.perf_counter()
     if (checkpoint is None) == (preset is None):
         raise ConfigError("compile: give either a checkpoint directory or --preset NAME (not both)")
-    if target not in TARGETS:
-        raise PlanError(f"target '{target}' is not built by this compiler yet (built targets: {', '.join(TARGETS)})")
+    target_names = all_targets()
+    if target not in target_names:
+        raise PlanError(f"unknown target '{target}' (targets: {', '.join(target_names)})")
+    act = activation_dtype or ("float32" if target == "cpu" else "bfloat16")
+    if act not in ACTIVATION_DTYPES:
+        raise PlanError(f"unknown activation dtype '{act}' (choose {' or '.join(ACTIVATION_DTYPES)})")
     check_output_dir(out, "-o", force=force, replaceable=is_artifact)  # before any work; --force replaces artifacts only
-    tmp_ckpt = None
+    tmp_ckpt = kernel_dir = None
     try:
         if checkpoint is not None:
             from dsv41c.frontend.checkpoint import open_checkpoint
@@ -115,9 +172,11 @@ def build_artifact(out: str, checkpoint: str | None = None, preset: str | None =
             else:
                 ck = {"location": None, "index_hash": None, "inventory_hash": expected_inventory_hash(cfg)}
         _log(f"tracing prefill + decode ({cfg.num_hidden_layers} layers, kv_quant={'on' if kv_quant else 'off'})")
-        module, tinfo = trace(cfg, kv_quant=kv_quant, progress=sys.stderr)
+        import torch
+
+        module, tinfo = trace(cfg, kv_quant=kv_quant, dtype=getattr(torch, act), progress=sys.stderr)
         _log(f"traced in {tinfo.seconds:.1f} s: {tinfo.ops} ops, {tinfo.stamps} segment stamps")
-        passes = build_pipeline()
+        passes = build_pipeline(target=target)
         pm = PassManager(passes, verify_each=verify_each, timings=timings, dump_dir=dump_dir, dump_filter=dump_filter)
         t0 = time.perf_counter()
         result = pm.run(module)
@@ -128,6 +187,7 @@ def build_artifact(out: str, checkpoint: str | None = None, preset: str | None =
             raise PassError(f"IR invalid after the pipeline; rerun with --verify-each to find the pass: {e}") from e
         _log(f"pipeline ({len(passes)} passes) in {time.perf_counter() - t0:.1f} s")
         program = emit_program(module, {"state.tokens_tail": cfg.engram_pad_token_id})
+        kernel_dir, kernel_entries = _build_kernels(module, target, cfg, kernels, tmp_ckpt_parent(out))
         plan_text = print_module(module)
         records = []
         for r in result.records:
@@ -145,17 +205,23 @@ def build_artifact(out: str, checkpoint: str | None = None, preset: str | None =
             "reports/ops.json": dumps_json(_op_counts(module)),
             "reports/layer_plan.json": dumps_json(plan_as_json(cfg)),
             "reports/layer_plan.txt": plan_as_table(cfg) + "\n",
+            **memory_report_files(module),
         }
         config = cfg.to_json_dict()
         manifest = {**_versions(), "target": target, "config": config, "config_hash": cfg.hash(), "checkpoint": ck,
                     "pipeline": [p.spec() for p in passes], "program": "program.json", "plan": "plan.ir",
-                    "options": {"kv_quant": bool(kv_quant), "dtype": "float32", "seed": seed if tmp_ckpt else None},
+                    "options": {"kv_quant": bool(kv_quant), "dtype": act, "seed": seed if tmp_ckpt else None},
+                    "kernels": kernel_entries,
                     "functions": {n: {"ops": len(f.ops), "args": len(f.args)} for n, f in module.functions.items()}}
-        copy = {"checkpoint": os.path.join(tmp_ckpt, "checkpoint")} if tmp_ckpt else None
+        copy = {"checkpoint": os.path.join(tmp_ckpt, "checkpoint")} if tmp_ckpt else {}
+        if kernel_dir:
+            copy["kernels"] = kernel_dir
         path = write_artifact(out, manifest, files, copy, force=force)
     finally:
         if tmp_ckpt:
             shutil.rmtree(tmp_ckpt, ignore_errors=True)
+        if kernel_dir:
+            shutil.rmtree(os.path.dirname(kernel_dir), ignore_errors=True)
     total = time.perf_counter() - t_start
     size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
     _log(f"wrote {path} ({size / 1e6:.1f} MB) in {total:.1f} s")

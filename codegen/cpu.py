@@ -21,8 +21,10 @@ the same way (first argument positional, the rest by schema name); the others fo
 custom op with every argument in schema order. An op with no rule raises `PlanError`
 (never a silent fallback). JSON is written with sorted keys and fixed separators, so the
 same IR gives the same bytes.
-Known gaps: no kernels (the cpu plan runs reference ops); `kernel.call` and stream ops
-are rejected here.
+A `kernel.call` (GPU targets) becomes `{"target": "kernel.<template>", "args": operands in the
+contract's order, "kernel": {template, variant, target, keys}}`: the runtime launches that variant
+(or, interpreted, its launcher in Triton's interpreter).
+Known gaps: stream ops are rejected here; the program is one format for every target.
 """
 from __future__ import annotations
 
@@ -134,6 +136,12 @@ def lower_op(op, slot: dict) -> dict:
             if k in args:
                 args[k] = filled[k]
     name = op.name
+    if name == "kernel.call" and not op.attrs.get("op"):
+        from dsv41c.ir.kernel_contracts import keys_of
+
+        return {"target": "kernel." + op.attrs["template"], "args": [_enc(v, slot) for v in op.operands],
+                "kwargs": {}, "kernel": {"template": op.attrs["template"], "variant": op.attrs["variant"],
+                                         "target": op.attrs["target"], "keys": dict(keys_of(op.attrs))}}
     if name.startswith("dsv41."):
         names = [a.name for a in opdef.schema.args]
         return {"target": name + ".default", "args": [_enc(args[n], slot) for n in names], "kwargs": {}}

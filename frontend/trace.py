@@ -97,6 +97,15 @@ def stored_types(cfg) -> dict:
     return out
 
 
+def model_widths(cfg) -> str:
+    """The config's integer widths as `name=value ...` (module attribute `widths`): what kernel selection
+    needs of the config, carried by the module so that a pass run on a dumped module sees it too."""
+    import dataclasses
+
+    items = [(f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg)]
+    return " ".join(f"{k}={v}" for k, v in items if type(v) is int)
+
+
 def _unify(tmpl_t, actual_t, env, where):
     if not isinstance(tmpl_t, TensorType):
         return
@@ -277,7 +286,7 @@ class Tracer:
         order = list(self._weights["prefill"])
         decode, _ = self.function("decode", 1, order)
         m = Module([prefill, decode], {"config_hash": self.cfg.hash(), "kv_quant": self.model.kv_quant,
-                                       "outputs": tuple(outs)})
+                                       "outputs": tuple(outs), "widths": model_widths(self.cfg)})
         self.info.seconds = time.perf_counter() - t0
         return m
 

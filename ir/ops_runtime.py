@@ -4,18 +4,19 @@
   SymInt nodes); `sym.const {value = T*64}` and `sym.add/sub/mul/floordiv` do size
   arithmetic (each operand an `index` value or a `Dim` attribute). `fold-shapes` turns
   them into dims of the ops that use them.
-- `kernel.call(%a, %b) {template, variant, target[, op], ...}` is what specialize-kernels
-  leaves: a launch of a codegen template variant for one target. With `op = "dsv41.x"`
-  the call stands for that registered op (the other attributes are that op's), so its
-  result types and reference come from it. Without `op` its results are whatever the IR
-  declares and its reference is looked up in `KERNEL_REFERENCES` (codegen fills it via
-  `register_kernel_reference`; the IR never imports codegen).
+- `kernel.call(%a, %b) {template, variant, target[, op], key.K = ...}` is what specialize-kernels
+  leaves: a launch of a codegen template variant for one target, its specialization keys as
+  `key.*` attributes. With `op = "dsv41.x"` the call stands for that registered op (the other
+  attributes are that op's), so its result types and reference come from it. Without `op` the
+  template's kernel contract (`ir/kernel_contracts.py`) checks the operands, gives the result
+  types (the verifier compares them with the declared ones) and the reference the interpreter
+  runs; a template with no contract is an error, unless a test registered a reference for it
+  in `KERNEL_REFERENCES` (`register_kernel_reference`; the IR never imports codegen).
 - `stream.record() {stream = 1} -> event` and `stream.wait(%e) {stream = 0}` order work
   across streams; both are `sync` (side effects: never removed, never merged). Any op may
   carry `stream = N` (a global attribute) to say which stream runs it.
 
-Known gaps: kernel.call results without `op` are unchecked by the verifier; the
-interpreter runs every stream in program order (which is a valid schedule).
+Known gaps: the interpreter runs every stream in program order (which is a valid schedule).
 """
 from __future__ import annotations
 
@@ -82,8 +83,14 @@ def effective(name: str, attrs: dict):
 
 
 def _kernel_shape(a):
-    if a.op is None:
-        return None  # declared result types are trusted
+    if a.op is None:  # a template's call: its kernel contract gives (and checks) the types
+        from dsv41c.ir.kernel_contracts import ContractError, check_call
+
+        attrs = {k: v for k, v in dict.items(a) if k not in ("inputs", "template", "variant", "target", "op")}
+        try:
+            return check_call(a.template, list(a.inputs), attrs)
+        except ContractError as e:
+            raise ShapeError(str(e)) from None
     from dsv41c.ir.core import Value
 
     inner = get(a.op)
@@ -92,11 +99,15 @@ def _kernel_shape(a):
 
 
 def _kernel_impl(a):
+    from dsv41c.ir.kernel_contracts import KEY_PREFIX, contract_of, reference_call
+
+    if contract_of(a.template) is not None:
+        return reference_call(a.template, list(a.inputs), dict(a))
     fn = KERNEL_REFERENCES.get(a.template)
     if fn is None:
         raise NotImplementedError(f"kernel.call: no reference for template '{a.template}' (give the call an `op` "
                                   "attribute, or register_kernel_reference it)")
-    extra = {k: v for k, v in dict.items(a) if k not in KERNEL_ATTRS and k != "inputs"}
+    extra = {k: v for k, v in dict.items(a) if k not in KERNEL_ATTRS and k != "inputs" and not k.startswith(KEY_PREFIX)}
     return fn(*a.inputs, **extra)
 
 

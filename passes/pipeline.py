@@ -26,12 +26,17 @@ PIPELINE = [
     # "split-ced-prefill",    optional: encoder-only prompt, bounded decoder replay
     # "plan-chunks",          prefill chunk size from the memory budget
     # "canonicalize", "cse", "dce",   clean-up after the domain rewrites
-    # "specialize-kernels",   kernel.call per target from the kernel matrix
+    "specialize-kernels{target=TARGET}",  # kernel.call per target from the kernel matrix
     # "schedule-streams",     two streams + events, Engram on an aux stream
-    # "plan-memory",          arena offsets for transient values
+    "plan-memory",          # arena offsets for transient values
 ]
 
 
-def build_pipeline(specs=None) -> list:
-    """Pass objects for `specs` (default: PIPELINE), e.g. ["fold-shapes{bind=\\"T=1\\"}", "dce"]."""
-    return parse_pipeline(",".join(specs if specs is not None else PIPELINE))
+def pipeline_specs(target: str = "cpu") -> list:
+    """PIPELINE with its target-dependent passes given `target` (`TARGET` in the list)."""
+    return [s.replace("TARGET", f'"{target}"') for s in PIPELINE]
+
+
+def build_pipeline(specs=None, target: str = "cpu") -> list:
+    """Pass objects for `specs` (default: PIPELINE for `target`), e.g. ["fold-shapes{bind=\\"T=1\\"}", "dce"]."""
+    return parse_pipeline(",".join(specs if specs is not None else pipeline_specs(target)))

@@ -11,7 +11,8 @@ Symbolic sizes (`{"dim": "N20+n20"}`) are evaluated from the bindings; the expre
 text is checked to hold only names, integers, `+ - * //` and parentheses before it is
 compiled, so a crafted program cannot run code. Errors name the op, its location and
 target (`ExecutionError`). Imports nothing from the compiler.
-Known gaps: CPU only; no arena (torch's allocator), no streams.
+`kernel.<template>` targets (GPU plans) call that template's launcher (`runtime/kernels.py`).
+Known gaps: no arena (torch's allocator), no streams.
 """
 from __future__ import annotations
 
@@ -57,6 +58,10 @@ _BUILTINS = {
 def resolve_target(name: str):
     if name in _BUILTINS:
         return _BUILTINS[name]
+    if name.startswith("kernel."):  # a kernel.call of a GPU plan: its template's launcher
+        from dsv41c.runtime.kernels import launcher
+
+        return launcher(name[len("kernel."):])
     ns, _, rest = name.partition(".")
     try:
         obj = getattr(torch.ops, ns)
@@ -106,7 +111,8 @@ class _Op:
         self.out = rec["out"]
         self.bind = rec.get("bind", ())
         self.free = rec.get("free", ())
-        self.where = f"{rec['target']} at loc({rec.get('loc', '?')})"
+        k = rec.get("kernel")
+        self.where = f"{rec['target']}" + (f" ({k['variant']})" if k else "") + f" at loc({rec.get('loc', '?')})"
 
 
 class Function:

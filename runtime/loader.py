@@ -156,13 +156,28 @@ class CompiledModel:
         return out
 
 
-def load(path, device=None, checkpoint=None) -> CompiledModel:
-    """Validate and load `path` (a NAME.dsv41c directory); see the module docstring."""
+def load(path, device=None, checkpoint=None, interpret: bool = False) -> CompiledModel:
+    """Validate and load `path` (a NAME.dsv41c directory); see the module docstring. `interpret`: run a GPU
+    plan's kernel calls in Triton's interpreter on the CPU (the check of a GPU plan without a GPU)."""
     path = os.fspath(path)
     m = read_manifest(path)
-    check_target(m, device)  # the device kinds a target runs on are data (artifact_format.TARGET_DEVICES)
-    if m["target"] != "cpu":
-        raise ArtifactError(f"{path}: target '{m['target']}' needs its device runtime; this loader runs cpu plans")
+    if interpret:
+        if m["target"] == "cpu":
+            raise ArtifactError(f"{path}: --interpret runs a GPU plan's kernels; this artifact's target is cpu")
+        if device not in (None, "cpu"):
+            raise ArtifactError(f"{path}: --interpret runs on the CPU, not on device '{device}'")
+        from dsv41c.runtime.kernels import use_interpreter
+
+        use_interpreter()
+        device = "cpu"
+    else:
+        device = check_target(m, device)  # the device kinds a target runs on are data (artifact_format)
+    if m["target"] != "cpu" and not interpret:
+        if not torch.cuda.is_available():
+            raise ArtifactError(f"{path}: target '{m['target']}' needs a GPU and this machine has none "
+                                f"(--interpret runs its kernels in Triton's interpreter on the CPU)")
+        raise ArtifactError(f"{path}: target '{m['target']}': the device runtime is not built yet "
+                            f"(--interpret runs the plan's kernels in Triton's interpreter)")
     ckpt = bind_checkpoint(path, m, os.fspath(checkpoint) if checkpoint is not None else None)
     weights = WeightMap(ckpt)
     prog_file = m.get("program", "program.json")

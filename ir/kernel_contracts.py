@@ -1,0 +1,175 @@
+"""Kernel contracts: the IR's view of each kernel template that a plan may call.
+
+A `kernel.call` names a template (`codegen/templates.py`), a variant and a target, and fixes the
+template's specialization keys as attributes `key.<name>` (`key.N = 2048`, `key.act = "bf16"`).
+Its contract, declared here beside the template's name, says what the call must look like:
+
+- `implements`: the IR op or fused pattern the template stands for (what `specialize-kernels`
+  replaced), e.g. `linear(dequant_weight{fp8_block})`;
+- `inputs` / `results`: one `KArg` per launcher argument, in the launcher's order, with its
+  accepted dtypes (`"act"` = the call's activation dtype key) and its shape written in key names
+  and small expressions of them (`"cdiv(N, 32)"`); `writes` marks arguments a kernel updates in
+  place (its operand is then a state buffer, and the call has effects);
+- `keys`: the specialization keys every call must fix;
+- `reference`: the template's semantics in plain PyTorch (and `dsv41c.formats`), which the
+  interpreter runs for the call: it is what the replaced IR ops computed, so a plan interprets
+  bit for bit the same before and after `specialize-kernels`.
+
+The verifier checks every call against its contract, results included (`check_call`), through
+`kernel.call`'s shape rule. This module is data plus that check: the IR never imports codegen;
+codegen's tests check that each contract's argument names are its launcher's.
+Known gaps: dims are compared after binding (a key named twice must be equal), not proved for
+every value of a symbol; contracts exist only for the templates `specialize-kernels` selects.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+from dsv41c.ir.lazy_torch import torch
+from dsv41c.ir.types import DTYPES, TensorType
+
+
+class ContractError(ValueError):
+    """A kernel.call that its template's contract does not accept (the message says which argument)."""
+
+
+@dataclass(frozen=True)
+class KArg:
+    name: str
+    dtypes: tuple  # IR dtype names, or "act" for the call's activation dtype
+    shape: tuple  # per dim: an int, a key name, or an expression of key names ("cdiv(N, 32)")
+    writes: bool = False
+
+
+@dataclass(frozen=True)
+class KernelContract:
+    template: str
+    implements: str
+    inputs: tuple
+    results: tuple
+    keys: tuple
+    reference: Callable = field(compare=False)
+    doc: str = ""
+
+
+_CONTRACTS: dict[str, KernelContract] = {}
+KEY_PREFIX = "key."
+
+
+def register_contract(c: KernelContract) -> KernelContract:
+    if c.template in _CONTRACTS:
+        raise ValueError(f"kernel contract for '{c.template}' is already registered")
+    _CONTRACTS[c.template] = c
+    return c
+
+
+def contract_of(template: str) -> KernelContract | None:
+    return _CONTRACTS.get(template)
+
+
+def all_contracts() -> dict[str, KernelContract]:
+    return dict(_CONTRACTS)
+
+
+def keys_of(attrs: dict) -> dict:
+    """The `key.*` attributes of a kernel.call, without the prefix."""
+    return {k[len(KEY_PREFIX):]: v for k, v in attrs.items() if k.startswith(KEY_PREFIX)}
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _eval_dim(expr, env: dict):
+    """An int, a bound key name, or an expression of bound names (cdiv, +, -, *, //); None if unbound."""
+    if isinstance(expr, int):
+        return expr
+    names = [n for n in _NAME.findall(expr) if n != "cdiv"]
+    if any(n not in env for n in names):
+        return None
+    if _NAME.fullmatch(expr):
+        return env[expr]
+    vals = {n: env[n] for n in names}
+    if not all(isinstance(v, int) for v in vals.values()):
+        return None  # an expression of a symbolic dim: checked where the dim is concrete
+    return eval(expr, {"__builtins__": {}, "cdiv": lambda a, b: -(-a // b)}, vals)  # noqa: S307 - names checked
+
+
+def _dtype_names(spec: KArg, act: str | None) -> tuple:
+    return tuple(act if d == "act" else d for d in spec.dtypes)
+
+
+def check_call(template: str, input_types: list, attrs: dict) -> list:
+    """-> the result types of a kernel.call of `template` with these operand types and attributes;
+    raises ContractError naming the argument that the contract does not accept."""
+    c = contract_of(template)
+    if c is None:
+        raise ContractError(f"template '{template}' has no kernel contract (ir/kernel_contracts.py)")
+    keys = keys_of(attrs)
+    missing = [k for k in c.keys if k not in keys]
+    if missing:
+        raise ContractError(f"{template}: the call does not fix the key(s) {', '.join(missing)}")
+    act = keys.get("act")
+    if len(input_types) != len(c.inputs):
+        raise ContractError(f"{template}: takes {len(c.inputs)} operand(s) "
+                            f"({', '.join(a.name for a in c.inputs)}), the call gives {len(input_types)}")
+    env = {k: v for k, v in keys.items() if isinstance(v, int)}
+    for spec, t in zip(c.inputs, input_types):
+        if not isinstance(t, TensorType):
+            raise ContractError(f"{template}: operand '{spec.name}' must be a tensor, got {t}")
+        ok = _dtype_names(spec, act)
+        if t.dtype.name not in ok:
+            raise ContractError(f"{template}: operand '{spec.name}' must be {' or '.join(ok)}, got {t}")
+        if t.rank != len(spec.shape):
+            raise ContractError(f"{template}: operand '{spec.name}' must have rank {len(spec.shape)} "
+                                f"({', '.join(map(str, spec.shape))}), got {t}")
+        for d, (want, got) in enumerate(zip(spec.shape, t.shape)):
+            if isinstance(want, str) and _NAME.fullmatch(want) and want not in env:
+                env[want] = got  # the first occurrence binds the name
+                continue
+            w = _eval_dim(want, env)
+            if w is not None and w != got:
+                raise ContractError(f"{template}: operand '{spec.name}' dim {d} must be {want} = {w}, got {t}")
+    out = []
+    for spec in c.results:
+        shape = []
+        for want in spec.shape:
+            w = _eval_dim(want, env)
+            if w is None:
+                raise ContractError(f"{template}: result '{spec.name}' dim {want} is not bound by the operands")
+            shape.append(w)
+        dts = _dtype_names(spec, act)
+        if dts[0] not in DTYPES:
+            raise ContractError(f"{template}: result '{spec.name}' has dtype {dts[0]}, which the IR does not know")
+        out.append(TensorType(DTYPES[dts[0]], tuple(shape)))
+    return out
+
+
+# ---------------------------------------------------------------------------- the contracts
+def _fp8_linear(x, w, w_scale, **_):
+    """y = x · dequant(W)ᵀ in x's dtype: the dequant_weight{fp8_block} -> permute -> matmul it replaced."""
+    from dsv41c import formats
+
+    return torch.matmul(x, formats.dequant_fp8_weight(w, w_scale, 32, x.dtype).t())
+
+
+register_contract(KernelContract(
+    template="fp8_gemm", implements="linear(dequant_weight{fp8_block})",
+    inputs=(KArg("x", ("act",), ("M", "K")), KArg("w", ("fp8e4m3",), ("N", "K")),
+            KArg("w_scale", ("e8m0",), ("cdiv(N, 32)", "cdiv(K, 32)"))),
+    results=(KArg("y", ("act",), ("M", "N")),),
+    keys=("N", "K", "mode", "act"), reference=_fp8_linear,
+    doc="a dense FP8 linear: E4M3 weight with E8M0 32x32 block scales read packed"))
+
+
+def reference_call(template: str, inputs: list, attrs: dict):
+    """Run a kernel.call's contract reference (the interpreter's semantics of the call)."""
+    c = contract_of(template)
+    if c is None:
+        return None
+    return c.reference(*inputs, **keys_of(attrs))
+
+
+__all__ = ["KArg", "KernelContract", "ContractError", "register_contract", "contract_of", "all_contracts",
+           "check_call", "keys_of", "reference_call", "KEY_PREFIX"]
