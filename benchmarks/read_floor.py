@@ -153,7 +153,7 @@ def _configs(n_int32: int, sms: int, sweep: str = "default"):
 
 def measure(nbytes: int, ms_graph, torch, rep: int = 40, confirm: int = 3, sweep: str = "default") -> dict:
     """Cold replay times of the read kernels and torch's sum over nbytes; the best few timed again."""
-    from dsv41c.codegen.triton.kv_quant import sm_count
+    from dsv41c.codegen.triton.targets import sm_count
 
     n = triton.cdiv(nbytes, 64) * 16  # whole 64-byte runs (< 64 bytes more than the case's): see _read_kernel
     buf = torch.randint(-1000, 1000, (n,), dtype=torch.int32, device="cuda")

@@ -14,8 +14,8 @@ This script measures that: for each case, a two-kernel chain (predecessor P, the
 
 for each variant of the launch: `serial` (PDL off everywhere: plain stream order), `pdl` (P releases its dependents
 at its start, K is PDL-launched and issues only address math before its wait: the kernels' defaults), and, where
-the kernel can request its weights before the wait, `pdl_pf*` (the FP8 GEMMs' L2 bulk prefetch of their weight
-rows: l2_prefetch.py), `pdl_early` (the one-token gemv's first weight tile loaded before the wait: EARLY_W), or
+the kernel can request its weights before the wait, `pdl_early` (the one-token gemv's first weight tile loaded before
+the wait: EARLY_W), or
 `pdl` itself (the decode compressor loads its weights before the wait when PDL is on).
 Every variant's output must equal the serial one's bits (checked; recorded as `same_bits`). Variants are timed
 `--repeat` times, interleaved.
@@ -81,13 +81,10 @@ class Case:
 
 
 def _fp8_variants(M):
-    """serial / pdl / the L2 prefetch sizes the kernel's path takes (gemv: a 64 KB budget or the whole K split;
-    warp split: 1 KB of each row or the whole row) / at one token the gemv's EARLY_W (the warp split's, measured in
-    tuning/step_chain_m8_early_w.json, was removed). EARLY_W is the gemv's default, so the other variants pin it
-    off: each adds one thing to the serialized launch."""
-    pf = {"pdl_pf_budget": "budget", "pdl_pf_all": True} if M == 1 else {"pdl_pf_1k": 1024, "pdl_pf_all": True}
-    out = {"serial": {"pdl": False}, "pdl": {"pdl": True},
-           **{k: {"pdl": True, "prefetch": v} for k, v in pf.items()}}
+    """serial / pdl / at one token the gemv's EARLY_W (the warp split's, measured in tuning/step_chain_m8_early_w.json,
+    was removed, as was the L2 bulk prefetch of the weight rows: slower). EARLY_W is the gemv's default, so the other
+    variants pin it off: each adds one thing to the serialized launch."""
+    out = {"serial": {"pdl": False}, "pdl": {"pdl": True}}
     for v in out.values():
         v["early_w"] = False
     if M == 1:
@@ -97,7 +94,7 @@ def _fp8_variants(M):
 
 def _fp8_kw(v):
     """The _gemm options of a variant (None: the launcher's default)."""
-    return {"pdl": v["pdl"], "prefetch": v.get("prefetch"), "early_w": v.get("early_w")}
+    return {"pdl": v["pdl"], "early_w": v.get("early_w")}
 
 
 def case_norm_linear(name, M, N, K, gated=False):

@@ -31,6 +31,7 @@ import triton  # noqa: E402
 from benchmarks.common import env_info, measure_ceilings, ms_graph, rel_err, write_json  # noqa: E402
 from dsv41c.codegen.triton import fp8_gemm as fg  # noqa: E402
 from dsv41c import formats  # noqa: E402
+from dsv41c.codegen.triton import targets as tgt
 
 DEV = "cuda"
 # (name, N, K, M, gated)
@@ -74,7 +75,7 @@ SHAPES = [("wo_b", 5120, 8192, 1, False), ("wo_b", 5120, 8192, 8, False), ("wq_a
 # against the default tile, BN 16 / 32 and splits planned for 8-24 programs an SM: correct (its gpu test passed)
 # and slower on every linear.
 def _sk_for(per_sm, tiles, steps):
-    return max(1, min(steps, per_sm * fg.N_SMS_HINT // tiles))
+    return max(1, min(steps, per_sm * tgt.N_SMS_HINT // tiles))
 
 
 def _variants(N, K, M, gated):

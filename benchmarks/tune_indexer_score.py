@@ -33,7 +33,7 @@ if _ROOT not in sys.path:
 from benchmarks.common import env_info, ms_graph, write_json  # noqa: E402
 from benchmarks.kernels_attention import _indexer_data  # noqa: E402
 from dsv41c.codegen.triton import indexer_score as ix  # noqa: E402
-from dsv41c.codegen.triton.kv_quant import sm_count  # noqa: E402
+from dsv41c.codegen.triton.targets import sm_count
 
 H, T = 32, 131072
 

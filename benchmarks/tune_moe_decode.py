@@ -36,6 +36,7 @@ from benchmarks.common import env_info, measure_ceilings, rel_err, write_json  #
 from dsv41c.codegen.triton import moe  # noqa: E402
 from dsv41c.codegen.triton import moe_decode as md  # noqa: E402
 from dsv41c.codegen.triton.moe_router import ROUTERS  # noqa: E402
+from dsv41c.codegen.triton import widths
 
 LIMIT = 10.0
 ROTATE = 8  # disjoint expert sets in the rotating graph
@@ -241,7 +242,7 @@ def main(argv=None):
         doc = {"smoke": True, "rows": []}
     else:
         E, k = ROUTERS["backbone"]
-        D, I, Ts = md.HIDDEN, md.MOE_INTER, (1, 8)
+        D, I, Ts = widths.PUBLISHED.hidden_size, widths.PUBLISHED.moe_intermediate_size, (1, 8)
         gate_ups, downs = GATE_UP, DOWN
         ceil = measure_ceilings()
         doc = {**env_info(), "ceilings": ceil, "rows": []}

@@ -65,14 +65,6 @@ VARIANTS = {
         ("ws_split4", {"ws": True, "n_split": 4}),
         ("default_again2", {}),
         ("ws_again", {"ws": True}),
-        ("ws_la0", {"ws": True, "ws_cfg": {"lookahead": False}}),
-        ("ws_la1", {"ws": True, "ws_cfg": {"lookahead": True}}),
-        # diagnostics (wrong outputs): the launch alone (no combine); no gathers / decode; no MMA
-        ("ws_la0_main", {"ws": True, "ws_cfg": {"lookahead": False, "combine": False}}),
-        ("ws_la1_main", {"ws": True, "ws_cfg": {"lookahead": True, "combine": False}}),
-        ("ws_diag1_main", {"ws": True, "ws_cfg": {"diag": 1, "combine": False}}),
-        ("ws_diag2_main", {"ws": True, "ws_cfg": {"diag": 2, "combine": False}}),
-        ("ws_la1_p128", {"ws": True, "ws_cfg": {"lookahead": True, "producer_regs": 128}}),
         # PDL on the ws launch (the combine's launch overlaps it): off / on; the producer's register budget
         ("ws_nopdl", {"ws": True, "ws_cfg": {"pdl": False}}),
         ("ws_pdl", {"ws": True, "ws_cfg": {"pdl": True}}),
@@ -81,8 +73,6 @@ VARIANTS = {
         # after the P·V wait moved into its own iteration (no C7515 serialization): the producer's budget again
         ("ws_p112", {"ws": True, "ws_cfg": {"producer_regs": 112}}),
         ("ws_p128", {"ws": True, "ws_cfg": {"producer_regs": 128}}),
-        ("ws_la1_p128", {"ws": True, "ws_cfg": {"lookahead": True, "producer_regs": 128}}),
-        ("ws_la1_p136", {"ws": True, "ws_cfg": {"lookahead": True, "producer_regs": 136}}),
         # tried and reverted (tuning/sparse_attention_ws/idx.json): the query's selected entries staged
         # in shared memory once by the producer, and the position / bases loaded after the fork: 35.0 against 34.3
         # tried and removed (tuning/sparse_attention_ws/fused_merge.json): the last split to arrive

@@ -16,7 +16,7 @@ triton.language's own jitted helpers (tl.sum, tl.cdiv, ...). For the compile, ev
 InterpretedFunction reachable by name (module globals, tensor member functions) is swapped
 for a JITFunction and the interpreter knob is off; in-process this is undone afterwards.
 The builtins an interpreted launch left patched on triton.language are put back for the compile too
-(`interpreter_leaks.py`: triton 3.9's interpreter leaks them from jitted helpers such as tl.sum).
+(`triton/interpreter_leaks.py`: triton 3.9's interpreter leaks them from jitted helpers such as tl.sum).
 Known gap: an InterpretedFunction held only in a container or a closure is not converted.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ import re
 import sys
 import types
 
-from dsv41c.codegen import interpreter_leaks
+from dsv41c.codegen.triton import interpreter_leaks
 from dsv41c.codegen.matrix import KernelBuildError, Target
 
 POINTER_ALIGNMENT = 16

@@ -21,6 +21,7 @@ outside `dsv41c.codegen` (the Triton version covers Triton itself).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import inspect
 import json
 import os
@@ -78,9 +79,11 @@ _DRIVER_HASH = None
 def _driver_hash() -> str:
     global _DRIVER_HASH
     if _DRIVER_HASH is None:
-        from dsv41c.codegen import aot, aot_compat
-
-        _DRIVER_HASH = hashlib.sha256(_module_text(aot) + _module_text(aot_compat)).hexdigest()
+        # the build driver's source, read from its files by module name: importing aot here would close an import
+        # cycle (aot imports this module)
+        text = b"".join(open(importlib.util.find_spec(m).origin, "rb").read()
+                        for m in ("dsv41c.codegen.aot", "dsv41c.codegen.aot_compat"))
+        _DRIVER_HASH = hashlib.sha256(text).hexdigest()
     return _DRIVER_HASH
 
 

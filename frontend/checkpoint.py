@@ -41,7 +41,7 @@ import struct
 
 import torch
 
-from dsv41c import formats as nx
+from dsv41c import formats
 from dsv41c.frontend.config import ModelConfig, load_config
 from dsv41c.frontend.inventory import TensorSpec, expected_tensors, is_ignored
 
@@ -162,12 +162,12 @@ class Checkpoint:
         has_scale = w_name in self._map and s_name in self._map
         name = w_name if w_name in self._map else prefix
         try:
-            fmt = nx.stored_format(name, self.spec(name).dtype, has_scale)
+            fmt = formats.stored_format(name, self.spec(name).dtype, has_scale)
         except ValueError as e:  # quantized codes without scales mean nothing
             raise CheckpointError(f"{self.shard_of(name)}: {e}") from None
         w = self.raw(name)
-        return nx.dequant_stored(w, self.raw(s_name) if has_scale else None, fmt, torch.float32,
-                                 nx.rounds_through_bf16(name), self._block).to(dtype)
+        return formats.dequant_stored(w, self.raw(s_name) if has_scale else None, fmt, torch.float32,
+                                 formats.rounds_through_bf16(name), self._block).to(dtype)
 
     def state_dict(self, dtype=torch.float32, include_engram_tables: bool = True) -> dict[str, torch.Tensor]:
         """Every text tensor dequantized; keys per the module docstring's convention."""

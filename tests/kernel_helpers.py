@@ -8,7 +8,7 @@ import math
 import torch
 
 from dsv41c import formats
-from dsv41c.codegen.triton.kv_quant import interpreting
+from dsv41c.codegen.triton.targets import interpreting
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -1,4 +1,4 @@
-"""A compile after an interpreted launch in the same process (codegen/interpreter_leaks.py).
+"""A compile after an interpreted launch in the same process (codegen/triton/interpreter_leaks.py).
 
 Triton 3.9's interpreter leaves triton.language.core's builtins patched after a kernel that calls a jitted helper
 such as tl.sum; a real compile in that process then failed inside `tensor.__mul__` wherever Triton's cache did not
@@ -10,10 +10,11 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41c.codegen import aot_compat, interpreter_leaks
+from dsv41c.codegen import aot_compat
+from dsv41c.codegen.triton import interpreter_leaks
 from dsv41c.codegen.matrix import TARGETS
 from dsv41c.codegen.templates import AotSpec
-from dsv41c.codegen.triton.kv_quant import interpreting
+from dsv41c.codegen.triton.targets import interpreting
 
 
 @triton.jit

@@ -557,9 +557,6 @@ def test_gpu_sparse_attention_real_widths(S, quant, cfg):
 @pytest.mark.gpu
 @pytest.mark.parametrize("S,cfg,KC", [(48, {}, 512), (64, {}, 512), (64, {"n_split": 1}, 512), (64, {"n_split": 3}, 512),
                                       (2, {}, 512), (5, {}, 200), (1, {}, 512),
-                                      (64, {"ws_cfg": {"lookahead": True}}, 512),
-                                      (5, {"ws_cfg": {"lookahead": False}}, 200),
-                                      (5, {"ws_cfg": {"lookahead": True}}, 200),
                                       (64, {"ws_cfg": {"partial_bf16": True}}, 512),
                                       (64, {"ws_cfg": {"partial_bf16": False}}, 512),
                                       (5, {"ws_cfg": {"partial_bf16": True}}, 200),
@@ -567,7 +564,7 @@ def test_gpu_sparse_attention_real_widths(S, quant, cfg):
 def test_gpu_sparse_attention_ws_real_widths(S, cfg, KC):
     """The warp-specialized Gluon kernel (sparse_attention_ws.py) against the reference and against the Triton
     kernel: empty window slots (qpos 2), padded and out-of-range index columns (KC not a multiple of the key block),
-    1 / 2 / 3 key splits, a block range ending inside the window, the producer's lookahead, fp32 and bf16 partials;
+    1 / 2 / 3 key splits, a block range ending inside the window, fp32 and bf16 partials;
     a second call gives the same bits."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the ws kernel needs sm90+")

@@ -179,7 +179,7 @@ def test_fp8_decode_paths_agree(gated):
     assert torch.equal(folded, separate)
     assert torch.equal(run(path="gemv"), gemv)  # a second launch reuses the (reset) counters
     # the gemv k loop with or without Triton's load pipeline (PIPE 1..3) adds the same products in the
-    # same order here (the interpreter has one layout; on a GPU see test_gpu_fp8_prefetch_and_pdl_chain_keep_the_bits):
+    # same order here (the interpreter has one layout; on a GPU see test_gpu_fp8_pdl_chain_keeps_the_bits):
     # the same bits, whatever the steps per split (4, 2, 1, and 3 uneven splits of 1/1/2 k tiles)
     for sk in (1, 2, 3, 4):
         y1 = run(path="gemv", tiles=(32, 64, sk, 4, 1))
@@ -272,7 +272,7 @@ def test_decode_split_fills_one_wave():
     """The decode K splits (fp8_gemm._split_k, the router's _gemv_split): the largest grid that fits ONE
     wave of resident programs on an H200-class GPU, at least MIN_SPLIT_STEPS k tiles a split (a split need
     not divide the tile count)."""
-    per, sms = fg.DECODE_PROGRAMS_PER_SM, fg.N_SMS_HINT
+    per, sms = fg.DECODE_PROGRAMS_PER_SM, tgt.N_SMS_HINT
     cases = [  # (M, N, K, BN, kind, expected split)
         (1, 5120, 8192, 64, "gemv", 13),  # wo_b: 80 tiles x 13 = 1040 <= 1056 programs (8 an SM)
         (8, 5120, 8192, 32, "mma", 8),  # 2-warp tiles: 160 x 8 = 1280 <= 1320 (planned for 10 an SM)
@@ -291,7 +291,7 @@ def test_decode_split_fills_one_wave():
     for M, N, K, BN, kind, want in cases:
         sk = fg._split_k(M, N, K, BN, 128, per[kind])
         assert sk == want, (N, K, kind, sk)
-        assert sk == 1 or (triton.cdiv(N, BN) * sk <= per[kind] * sms and K // 128 // sk >= fg.MIN_SPLIT_STEPS)
+        assert sk == 1 or (triton.cdiv(N, BN) * sk <= per[kind] * sms and K // 128 // sk >= ft.MIN_SPLIT_STEPS)
     assert fg._split_k(32, 5120, 8192, 64, 128, 5) == 1  # prefill shapes never split
     assert fg._split_k(1, 64, 200, 64, 128, 4) == 1  # K does not tile
     from dsv41c.codegen.triton import moe_router as mr
@@ -756,7 +756,7 @@ def test_templates_registered_with_variants_for_every_target():
     for name in MY_TEMPLATES:
         t = reg[name]
         assert callable(t.reference) and callable(t.launch) and t.keys
-        for target in fg.TARGETS:
+        for target in tgt.TARGETS:
             specs = t.specializations(target)
             assert specs, f"{name}: no variant for {target}"
             for s in specs:
@@ -790,6 +790,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 import importlib
 from dsv41c.codegen import templates
+from dsv41c.codegen.triton import targets as tgt
+from dsv41c.codegen.triton import fp8_tiles as ft
+from dsv41c.codegen.triton import widths
 for m in ("fp8_gemm", "rmsnorm", "moe", "mhc", "engram"):
     importlib.import_module("dsv41c.codegen.triton." + m)
 out = {}
@@ -877,11 +880,10 @@ def test_gpu_fp8_decode_paths_under_graph_replay(M):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 8])
-def test_gpu_fp8_prefetch_and_pdl_chain_keep_the_bits(M):
-    """The L2 prefetch of the weight rows (the per-program budget, the whole split, 256 bytes a row) and
-    programmatic dependent launch change no bit: the shared expert's w1/w3 -> w2 chain in one CUDA graph,
+def test_gpu_fp8_pdl_chain_keeps_the_bits(M):
+    """Programmatic dependent launch changes no bit: the shared expert's w1/w3 -> w2 chain in one CUDA graph,
     each GEMM reading its predecessor's output (an early read before the grid wait would show), equals the
-    serialized, prefetch-free chain. The gemv's Triton load pipeline (PIPE 3) stages the tile through shared
+    serialized chain. The gemv's Triton load pipeline (PIPE 3) stages the tile through shared
     memory and loads it back in another register layout, so its per-row sum over K runs in another order:
     last-bit differences (seen on the H200: 1-2 of 2304 bf16 outputs, at dividing and uneven K splits alike),
     so it is held to the rounding of its bf16 output instead."""
@@ -895,9 +897,6 @@ def test_gpu_fp8_prefetch_and_pdl_chain_keep_the_bits(M):
     def chain(xx, **kw):
         h = fg._gemm(xx, w1, s1, w3, s3, 10.0, False, None, "shared_w13", **kw)
         return fg._gemm(h, w2, s2, None, None, 0.0, False, None, "shared_w2", **kw)
-    ref = chain(x, pdl=False, prefetch=0)
-    for pf in ("budget", True, 256):
-        assert torch.equal(chain(x, prefetch=pf), ref)
     if M == 1:
         h = fg._gemm(x, w1, s1, w3, s3, 10.0, False, None, "shared_w13", pdl=False)
         t = fg._gemv_tiles(2304, 5120, True)
@@ -905,7 +904,7 @@ def test_gpu_fp8_prefetch_and_pdl_chain_keep_the_bits(M):
         torch.testing.assert_close(piped.float(), h.float(), rtol=2.0 ** -7, atol=1e-6)
     if not pdl_for(x.device):
         return
-    # the default path (at 8 tokens on sm90 the warp-split kernel; `prefetch` above took it too) and, with fold=True
+    # the default path (at 8 tokens on sm90 the warp-split kernel) and, with fold=True
     # (an mma option), the split-K tile; each compared with itself without PDL (the two sum in different orders)
     for kw in ({}, {"fold": True}):
         xs = x.clone()
@@ -924,9 +923,8 @@ def test_gpu_fp8_prefetch_and_pdl_chain_keep_the_bits(M):
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 8])
 def test_gpu_norm_then_linear_pdl_chain_keeps_the_bits(M):
-    """The decode norm launched with PDL (it releases its successor at its start) in front of wq_a (PDL, with and
-    without the L2 prefetch of its weight rows before its wait; at one token also with the gemv's first weight tile
-    loaded before it, EARLY_W) and the router, all in one CUDA graph whose first kernel rewrites the norm's input:
+    """The decode norm launched with PDL (it releases its successor at its start) in front of wq_a (PDL; at one token
+    also with the gemv's first weight tile loaded before its wait, EARLY_W) and the router, all in one CUDA graph whose first kernel rewrites the norm's input:
     each replay equals the serialized chain on the new input (a read of the norm's output before the grid wait
     would show)."""
     from dsv41c.codegen.triton import moe_router
@@ -944,7 +942,7 @@ def test_gpu_norm_then_linear_pdl_chain_keeps_the_bits(M):
         return (q, *moe_router.router(y, gw, bias, 6, pdl=pdl))
     if not pdl_for(h.device):
         pytest.skip("needs programmatic dependent launch (sm90+)")
-    opts = [{}, {"prefetch": "budget"}, {"prefetch": True}] + ([{"early_w": True}] if M == 1 else [])
+    opts = [{}] + ([{"early_w": True}] if M == 1 else [])
     for kw in opts:
         xs = h.clone()
         chain(xs, True, **kw)
@@ -1073,9 +1071,9 @@ def test_gpu_fp8_scale_prefetch_keeps_the_bits():
     bytes loaded a k tile ahead (SPF) gives the same bits as loading them in the step that uses them (decode
     tiles at 2-16 tokens, the prefill tile at 64; the word decoder at engram wkv's width)."""
     g = gen(12)
-    for name, (N, K) in list(fg.DENSE_LINEARS.items()) + list(fg.GATED_LINEARS.items()):
+    for name, (N, K) in list(widths.dense_linears().items()) + list(widths.gated_linears().items()):
         w, s = fp8_weight(g, N, K)
-        w3, s3 = fp8_weight(g, N, K) if name in fg.GATED_LINEARS else (None, None)
+        w3, s3 = fp8_weight(g, N, K) if name in widths.gated_linears() else (None, None)
         for M in (2, 8, 16, 64):
             x = randn(g, M, K, dtype=torch.bfloat16)
             run = lambda spf: fg._gemm(x, w, s, w3, s3, 10.0, False, None, name, path="mma", spf=spf)  # noqa: E731
@@ -1088,7 +1086,7 @@ def test_gpu_fp8_stacked_gated_tile():
     2-8 take fp8_warp_split.py, checked here against the reference too) and the paired one both match the float32 reference to the bf16 output's rounding, and the stacked tile's folded
     and separate split-K epilogues give the same bits."""
     g = gen(14)
-    N, K = fg.GATED_LINEARS["shared_w13"]
+    N, K = widths.gated_linears()["shared_w13"]
     w1, s1 = fp8_weight(g, N, K)
     w3, s3 = fp8_weight(g, N, K)
     for M in (2, 8, 16):

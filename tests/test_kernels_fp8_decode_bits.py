@@ -1,4 +1,4 @@
-"""FP8 GEMM weight decoder DECODE_W 1 (E4M3 words -> bf16x2 by bit assembly, fp8_gemm.e4m3_words_to_bf16).
+"""FP8 GEMM weight decoder DECODE_W 1 (E4M3 words -> bf16x2 by bit assembly, bf16x2.e4m3_words_to_bf16).
 
 Interpreter: the decoded tile equals value(code)·2^(e-127) rounded to bf16 (exact for e >= 7, where every
 product is a bf16 value) for all 256 codes, negative zero, subnormals and scales from 0 to 255 (e > 134
@@ -15,6 +15,9 @@ import triton.language as tl
 
 from dsv41c.codegen.triton import fp8_gemm as fg
 from dsv41c import formats
+from dsv41c.codegen.triton import fp8_tiles as ft
+from dsv41c.codegen.triton import bf16x2 as bx2
+from dsv41c.codegen.triton import widths
 from kernel_helpers import fp32_dot_bound  # noqa: E402
 from ptx_model import bf16_bits, bf16_value, prmt, run_ptx
 
@@ -32,7 +35,7 @@ def _decode_tile_kernel(w_ptr, s_ptr, out_ptr, R: tl.constexpr, BK: tl.constexpr
     rr = tl.arange(0, R)
     ww = tl.load(w_ptr.to(tl.pointer_type(tl.uint32)) + rr[:, None] * (BK // 4) + tl.arange(0, BK // 4)[None, :])
     sc = tl.load(s_ptr + rr[:, None] * (BK // 32) + tl.arange(0, BK // 32)[None, :])
-    t = fg.e4m3_words_to_bf16(ww, sc, R, BK, PTX, F32, True)
+    t = bx2.e4m3_words_to_bf16(ww, sc, R, BK, PTX, F32, True)
     tl.store(out_ptr + rr[:, None] * BK + tl.arange(0, BK)[None, :], t)
 
 
@@ -52,16 +55,16 @@ def test_value_table_matches_torch_e4m3():
 
 def test_k_order_w_is_a_permutation_with_register_pairs():
     for BK in (32, 64, 128, 256):
-        p = fg.k_order_w(BK)
+        p = ft.k_order_w(BK)
         assert sorted(p.tolist()) == list(range(BK))
         # logical pairs (2c, 2c+1) are the two halves of one word, byte P: original k = 4m + P and 4m + 2 + P
         assert torch.equal(p[1::2] - p[0::2], torch.full((BK // 2,), 2))
         assert (p[: BK // 2] % 2 == 0).all() and (p[BK // 2:] % 2 == 1).all()
     x = torch.arange(2 * 256.0).view(2, 256)
-    xp = fg.permute_k_w(x, 128)
-    assert torch.equal(xp[:, :128], x[:, fg.k_order_w(128)]) and torch.equal(xp[:, 128:], x[:, 128 + fg.k_order_w(128)])
+    xp = ft.permute_k_w(x, 128)
+    assert torch.equal(xp[:, :128], x[:, ft.k_order_w(128)]) and torch.equal(xp[:, 128:], x[:, 128 + ft.k_order_w(128)])
     with pytest.raises(ValueError):
-        fg.k_order_w(48)
+        ft.k_order_w(48)
 
 
 def _decode(w: torch.Tensor, s: torch.Tensor, BK: int, f32: bool) -> torch.Tensor:
@@ -85,7 +88,7 @@ def test_decode_words_all_codes_all_scales_exact(BK):
     # expected in natural column order: value·2^(e-127) is exact in float32 (>= 2^-136, <= 448·2^127 or inf)
     vals = e4m3_values()[codes.long()].float() * torch.exp2((e_row - 127).float())[:, None]
     vals = torch.where((e_row == 255)[:, None], float("nan"), vals)
-    want = vals.to(torch.bfloat16)[:, fg.k_order_w(BK)]
+    want = vals.to(torch.bfloat16)[:, ft.k_order_w(BK)]
     got = out.to(torch.bfloat16) if out.dtype == torch.float32 else out
     if out.dtype == torch.float32:  # the float32 carries a bf16 value exactly (low 16 bits zero)
         assert ((out.view(torch.int32) & 0xFFFF) == 0).all()
@@ -98,8 +101,8 @@ def test_decode_words_all_codes_all_scales_exact(BK):
     deq = formats.dequant_fp8_weight(codes.view(torch.float8_e4m3fn), torch.full((triton.cdiv(R, 32), BK // 32), 127,
                                                                              dtype=torch.uint8))
     deq = deq * torch.exp2((e_row - 127).float())[:, None]
-    ref = deq[:, fg.k_order_w(BK)][ok]
-    sel = finite[:, fg.k_order_w(BK)][ok]
+    ref = deq[:, ft.k_order_w(BK)][ok]
+    sel = finite[:, ft.k_order_w(BK)][ok]
     assert torch.equal(got.float()[ok][sel], ref[sel])
 
 
@@ -162,7 +165,7 @@ def test_ptx_prmt_form_matches_the_shift_mask_form():
             assert ((_prmt(w, sel) << 4) & 0x87F087F0) == shift_mask(w, P), (hex(w), P)
 
 
-# ============================================================================ DECODE_W 2 (byte pairs, inline PTX)
+# ============================================================================ the byte-pair decoder (inline PTX: fp8_warp_split)
 
 
 def _pairs_factor_bits(e: int) -> tuple:
@@ -172,10 +175,10 @@ def _pairs_factor_bits(e: int) -> tuple:
 
 @pytest.mark.parametrize("two", [False, True])
 def test_pairs_asm_all_codes_all_byte_positions(two):
-    """The inline PTX of DECODE_W 2, run instruction by instruction on its own text: every code in every byte of the
-    4-code register gives DECODE_W 0's bits, value·2^(e-127) rounded once to bf16 (the NaN codes 0x7F / 0xFF
+    """The inline PTX of the byte-pair decoder (bf16x2.e4m3_pairs_to_bf16), run instruction by instruction on its own
+    text: every code in every byte of the 4-code register gives DECODE_W 0's bits, value·2^(e-127) rounded once to bf16 (the NaN codes 0x7F / 0xFF
     excepted: the quantizers never write them); one factor is exact up to e = 134, two for every e."""
-    asm = (fg._E4M3_PAIRS_TWO if two else fg._E4M3_PAIRS_ONE).value
+    asm = (bx2.E4M3_PAIRS_TWO if two else bx2.E4M3_PAIRS_ONE).value
     vals = e4m3_values()
     exps = [x for x in EXPONENTS if two or x <= 134]
     for i, e in enumerate(exps):
@@ -199,33 +202,28 @@ def test_pairs_asm_all_codes_all_byte_positions(two):
                     assert g == bf16_bits(want), (ek, k, hex(g), want)
 
 
-def test_decode_w_2_choice_order_and_refusals(monkeypatch):
-    """DECODE_W 2 is asked for explicitly (or by DECODE_PAIRS, off) and refused where there is no inline PTX; x keeps
-    its natural column order for it (only the word decoder's tile is permuted): the launcher bug that gave session
-    11's wrong products."""
+def test_decode_w_choice_and_refusals(monkeypatch):
+    """The mma path's weight decoder: the word decoder (1) by default only from DECODE_W_MIN_WEIGHTS weights on CUDA
+    decode shapes, else the per-element one (0); anything but 0 / 1 is refused, and only the word decoder's x is
+    permuted."""
     x = torch.randn(3, 256)
-    assert fg._decoder_x(x, 2, 128) is x and fg._decoder_x(x, 0, 128) is x
-    assert torch.equal(fg._decoder_x(x, 1, 128), fg.permute_k_w(x, 128))
-    with pytest.raises(ValueError, match="decode_w=2"):
-        fg._decode_w(2, 8, 2304, 5120, 128, torch.device("cpu"))
-    with pytest.raises(ValueError, match="0, 1 or 2"):
-        fg._decode_w(3, 8, 2304, 5120, 128, torch.device("cpu"))
-    monkeypatch.setattr(fg, "ptx_for", lambda device: True)
+    assert ft._decoder_x(x, 0, 128) is x
+    assert torch.equal(ft._decoder_x(x, 1, 128), ft.permute_k_w(x, 128))
+    with pytest.raises(ValueError, match="0 or 1"):
+        ft._decode_w(2, 8, 2304, 5120, 128, torch.device("cpu"))
+    monkeypatch.setattr(ft, "ptx_for", lambda device: True)
     cuda = torch.device("cuda")
-    assert fg._decode_w(2, 8, 2304, 5120, 128, cuda) == 2
-    assert fg._decode_w(None, 8, 2304, 5120, 128, cuda) == 0  # DECODE_PAIRS off
-    monkeypatch.setattr(fg, "DECODE_PAIRS", True)
-    assert fg._decode_w(None, 8, 2304, 5120, 128, cuda) == 2
-    assert fg._decode_w(None, 8, 25600, 6144, 128, cuda) == fg.DECODE_W_CUDA  # the largest linear keeps the words
-    assert fg._decode_w(None, 64, 2304, 5120, 128, cuda) == 0  # prefill
-    with pytest.raises(ValueError, match="K % 32"):
-        fg._decode_w(2, 8, 2304, 5100, 128, cuda)
+    assert ft._decode_w(None, 8, 2304, 5120, 128, cuda) == 0
+    assert ft._decode_w(None, 8, 25600, 6144, 128, cuda) == ft.DECODE_W_CUDA  # the largest linear takes the words
+    assert ft._decode_w(None, 64, 2304, 5120, 128, cuda) == 0  # prefill
+    with pytest.raises(ValueError, match="K % BK == 0"):
+        ft._decode_w(1, 8, 2304, 5100, 128, cuda)
 
 
-def test_decode_w_2_launches_the_2_warp_tile_on_natural_x(monkeypatch):
-    """What `_gemm` hands the kernel for each decoder (the launch replaced by a recorder, CPU tensors): DECODE_W 2 runs
-    DECODE_W 0's 2-warp tile (and the stacked one for the gated linear) on x as given; only DECODE_W 1 gets the word
-    decoder's 4-warp tile and a permuted x (an earlier launcher gave DECODE_W 2 both)."""
+def test_decode_w_launches_its_tile_and_x_order(monkeypatch):
+    """What `_gemm` hands the kernel for each decoder (the launch replaced by a recorder, CPU tensors): DECODE_W 0 runs
+    the 2-warp tile (the stacked one for the gated linear) on x as given; DECODE_W 1 the word decoder's 4-warp tile on
+    a permuted x."""
     seen = {}
 
     class Recorder:
@@ -236,21 +234,21 @@ def test_decode_w_2_launches_the_2_warp_tile_on_natural_x(monkeypatch):
 
     monkeypatch.setattr(fg, "fp8_gemm_kernel", Recorder())
     monkeypatch.setattr(fg, "ptx_for", lambda device: True)
+    monkeypatch.setattr(ft, "ptx_for", lambda device: True)
     monkeypatch.setattr(fg, "mma_sync_decode_for", lambda device: True)
-    monkeypatch.setattr(fg, "interpreting", lambda: False)  # the GPU's tile plan, not the interpreter's small tiles
+    monkeypatch.setattr(ft, "interpreting", lambda: False)  # the GPU's tile plan, not the interpreter's small tiles
     g = torch.Generator().manual_seed(8)
     w, s = formats.quant_fp8_weight(torch.randn(2304, 5120, generator=g) * 0.05)
     w3, s3 = formats.quant_fp8_weight(torch.randn(2304, 5120, generator=g) * 0.05)
     x = torch.randn(8, 5120, generator=g).to(torch.bfloat16)
     tiles = {}
-    for dw in (0, 1, 2):
+    for dw in (0, 1):
         fg._gemm(x, w, s, None, None, 0.0, False, None, "t", path="mma", decode_w=dw)
         tiles[dw] = (seen["BN"], seen["num_warps"], seen["SPLIT_K"])
         assert seen["DECODE_W"] == dw and torch.equal(seen["x"], x) == (dw != 1)
-    assert tiles[2] == tiles[0] != tiles[1]
-    for dw in (0, 2):
-        fg._gemm(x, w, s, w3, s3, 10.0, False, None, "t", path="mma", decode_w=dw)
-        assert seen["GATED"] == 2 and seen["DECODE_W"] == dw and seen["num_warps"] == 2
+    assert tiles[0] != tiles[1] and tiles[0][1] == 2 and tiles[1][1] == 4
+    fg._gemm(x, w, s, w3, s3, 10.0, False, None, "t", path="mma", decode_w=0)
+    assert seen["GATED"] == 2 and seen["DECODE_W"] == 0 and seen["num_warps"] == 2
 
 
 def test_fp8_gemm_decode_w_rejects_ragged_k():
@@ -266,36 +264,6 @@ def test_fp8_gemm_decode_w_rejects_ragged_k():
 
 
 # ============================================================================ GPU tier: published widths
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("e_hi", [False, True])
-def test_gpu_pairs_decoder_same_bits_as_per_element(e_hi):
-    """DECODE_W 2 against DECODE_W 0 on the decode tiles at 8 tokens: identical outputs (the decoded bf16 operands
-    are the same bits) for every dense linear below DECODE_W_MIN_WEIGHTS and the gated one, paired and stacked;
-    e_hi puts scale bytes 135..140 in (the two-factor loop)."""
-    if not fg.ptx_for(torch.device(DEV)):
-        pytest.skip("DECODE_W 2 is inline PTX")
-    g = torch.Generator().manual_seed(7)
-    for name, (N, K) in {**fg.DENSE_LINEARS, **fg.GATED_LINEARS}.items():
-        if N * K >= fg.DECODE_W_MIN_WEIGHTS:
-            continue
-        gated = name in fg.GATED_LINEARS
-        x = torch.randn(8, K, generator=g).to(torch.bfloat16).to(DEV)
-        ws = []
-        for _ in range(2 if gated else 1):
-            codes = torch.randint(0, 256, (N, K), generator=g, dtype=torch.int32)
-            codes = torch.where((codes & 0x7F) == 0x7F, codes ^ 1, codes).to(torch.uint8)
-            sc = torch.randint(108, 126, (triton.cdiv(N, 32), triton.cdiv(K, 32)), generator=g).to(torch.uint8)
-            if e_hi:
-                sc[::3, ::5] = torch.randint(135, 141, sc[::3, ::5].shape, generator=g).to(torch.uint8)
-            ws += [codes.view(torch.float8_e4m3fn).to(DEV), sc.to(DEV)]
-        w, s = ws[0], ws[1]
-        w3, s3 = (ws[2], ws[3]) if gated else (None, None)
-        for stack in ((False, True) if gated else (None,)):
-            y0 = fg._gemm(x, w, s, w3, s3, 1e4, False, None, name, path="mma", decode_w=0, stack=stack)
-            y2 = fg._gemm(x, w, s, w3, s3, 1e4, False, None, name, path="mma", decode_w=2, stack=stack)
-            assert torch.equal(y0.view(torch.int16), y2.view(torch.int16)), (name, stack)
 
 
 @pytest.mark.gpu

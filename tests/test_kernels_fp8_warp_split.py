@@ -159,7 +159,7 @@ def test_gpu_pairs_decoder_bits(N, K, M, tiles):
             a = ws.fp8_gemm_warp_split(*args, tiles=tiles, pairs=True, two=two)
             torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
         assert torch.isfinite(b).any()
-        if not gated:  # the 255 byte's NaN reaches the output (gated: SwiGLU's min / max may drop it, see _swiglu)
+        if not gated:  # the 255 byte's NaN reaches the output (gated: SwiGLU's min / max may drop it, see swiglu)
             assert torch.isnan(b).any()
     # bytes up to 134 only: the one-factor loop, however chosen, gives the same bits
     s1, s3 = s1.clamp(max=134), s3.clamp(max=134)

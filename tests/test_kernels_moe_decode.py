@@ -27,7 +27,7 @@ from dsv41c.codegen.triton import fp4_mma_gemv as mg
 from dsv41c.codegen.triton import fp8_gemm as fg
 from dsv41c.codegen.triton import moe
 from dsv41c.codegen.triton import moe_decode as md
-from dsv41c.codegen.triton.kv_quant import sm_count
+from dsv41c.codegen.triton.targets import sm_count
 from dsv41c.codegen.triton.moe_router import ROUTERS
 from dsv41c.codegen.triton.moe_decode import fp4_gemv
 
@@ -338,7 +338,7 @@ def test_templates_registered_with_variants_for_every_target():
     for name in MY_TEMPLATES:
         t = reg[name]
         assert t.reference is md.moe_experts_decode_reference and t.launch is md.moe_experts_decode
-        for target in fg.TARGETS:
+        for target in tgt.TARGETS:
             specs = t.specializations(target)
             assert specs, f"{name}: no variant for {target}"
             for s in specs:
@@ -376,6 +376,8 @@ from dsv41c.codegen.aot_compat import compile_spec
 from dsv41c.codegen.matrix import TARGETS
 from dsv41c.codegen import templates
 from dsv41c.codegen.triton import moe_decode
+from dsv41c.codegen.triton import targets as tgt
+from dsv41c.codegen.triton import widths
 out = {}
 cuobjdump = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "cuobjdump")
 for name in ("moe_decode_gate_up_fp4", "moe_decode_down_fp4"):
@@ -485,7 +487,7 @@ def test_mma_core_plan():
         assert (t["core"], t["gate_up"]["ksplit"], t["gate_up"]["sub"], t["down"]["sub"]) == (1, ks, 1, 2), (T, k)
     assert md.decode_tiles(interp=False, core=0).get("core", 0) == 0
     t = md.decode_tiles(interp=False, core=1)
-    why = md._core_problems(torch.device(DEV), torch.float32, torch.float32, md.HIDDEN, md.MOE_INTER, t["gate_up"],
+    why = md._core_problems(torch.device(DEV), torch.float32, torch.float32, widths.PUBLISHED.hidden_size, widths.PUBLISHED.moe_intermediate_size, t["gate_up"],
                             t["down"], 3)
     assert any("bf16/f16 activations" in w for w in why) and any("ksplit (3)" in w for w in why)
 
@@ -511,9 +513,9 @@ def real_width_case(router, T, seed, sparse_fp4_experts):
     E, k = ROUTERS[router]
     g = gen(seed)
     gk = torch.Generator(device=DEV).manual_seed(seed + 1)
-    x = torch.randn(T, md.HIDDEN, generator=g).bfloat16().to(DEV)
+    x = torch.randn(T, widths.PUBLISHED.hidden_size, generator=g).bfloat16().to(DEV)
     idx, w = routing(g, T, k=k, E=E)
-    return g, x, idx, w, sparse_fp4_experts(E, md.HIDDEN, md.MOE_INTER, torch.unique(idx).long(), gk, DEV)
+    return g, x, idx, w, sparse_fp4_experts(E, widths.PUBLISHED.hidden_size, widths.PUBLISHED.moe_intermediate_size, torch.unique(idx).long(), gk, DEV)
 
 
 @pytest.mark.gpu
@@ -528,7 +530,7 @@ def test_gpu_decode_real_widths(T, router, sparse_fp4_experts):
         assert rel_err(y, ref) < 2 * BF16_ULP
         grouped = moe.moe_experts(x, idx, w, *ex, 10.0, act_quant=aq)
         assert rel_err(y, grouped) < 4 * BF16_ULP
-    shared = torch.randn(T, md.HIDDEN, generator=g).bfloat16().to(DEV)
+    shared = torch.randn(T, widths.PUBLISHED.hidden_size, generator=g).bfloat16().to(DEV)
     y = md.moe_experts_decode(x, idx, w, *ex, 10.0, shared=shared, out_dtype=torch.bfloat16)
     ref = md.moe_experts_decode_reference(x, idx, w, *ex, 10.0, shared=shared, out_dtype=torch.bfloat16)
     assert y.dtype == torch.bfloat16 and rel_err(y, ref) < 2 * BF16_ULP
@@ -546,9 +548,9 @@ def test_gpu_decode_cuda_graph_replay(sparse_fp4_experts):
     E, k = ROUTERS["backbone"]
     g = gen(42)
     gk = torch.Generator(device=DEV).manual_seed(43)
-    x = torch.randn(1, md.HIDDEN, generator=g).bfloat16().to(DEV)
+    x = torch.randn(1, widths.PUBLISHED.hidden_size, generator=g).bfloat16().to(DEV)
     idx, w = routing(g, 1, k=k, E=E)
-    ex = sparse_fp4_experts(E, md.HIDDEN, md.MOE_INTER, torch.arange(E, device=DEV), gk, DEV)
+    ex = sparse_fp4_experts(E, widths.PUBLISHED.hidden_size, widths.PUBLISHED.moe_intermediate_size, torch.arange(E, device=DEV), gk, DEV)
     eager = md.moe_experts_decode(x, idx, w, *ex, 10.0)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -580,9 +582,9 @@ def test_gpu_pdl_chain_matches_serialized_launches(sparse_fp4_experts):
     E, k = ROUTERS["backbone"]
     g = gen(44)
     gk = torch.Generator(device=DEV).manual_seed(45)
-    ex = sparse_fp4_experts(E, md.HIDDEN, md.MOE_INTER, torch.arange(E, device=DEV), gk, DEV)
+    ex = sparse_fp4_experts(E, widths.PUBLISHED.hidden_size, widths.PUBLISHED.moe_intermediate_size, torch.arange(E, device=DEV), gk, DEV)
     for T in (1, 8):
-        x_src = torch.randn(T, md.HIDDEN, generator=g).bfloat16().to(DEV)
+        x_src = torch.randn(T, widths.PUBLISHED.hidden_size, generator=g).bfloat16().to(DEV)
         idx_src, w = routing(g, T, k=k, E=E)
         idx_src = idx_src.to(torch.int32)
         on, off, grid = md.decode_tiles(top_k=k), md.decode_tiles(top_k=k), md.decode_tiles(top_k=k)
@@ -604,7 +606,7 @@ def test_gpu_pdl_chain_matches_serialized_launches(sparse_fp4_experts):
             out = md.moe_experts_decode(x, idx, w, *ex, 10.0, tiles=on)
         for _ in range(3):
             idx_src.copy_(routing(g, T, k=k, E=E)[0])
-            x_src.copy_(torch.randn(T, md.HIDDEN, generator=g).bfloat16())
+            x_src.copy_(torch.randn(T, widths.PUBLISHED.hidden_size, generator=g).bfloat16())
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(out, md.moe_experts_decode(x_src, idx_src, w, *ex, 10.0, tiles=off))
@@ -622,14 +624,14 @@ def test_gpu_moe_forward_shared_expert_overlap_keeps_the_bits(sparse_fp4_experts
     E, k = ROUTERS["backbone"]
     g = gen(46)
     gk = torch.Generator(device=DEV).manual_seed(47)
-    ex = sparse_fp4_experts(E, md.HIDDEN, md.MOE_INTER, torch.arange(E, device=DEV), gk, DEV)
-    gw = (torch.randn(E, md.HIDDEN, generator=g) * 0.02).bfloat16().to(DEV)
+    ex = sparse_fp4_experts(E, widths.PUBLISHED.hidden_size, widths.PUBLISHED.moe_intermediate_size, torch.arange(E, device=DEV), gk, DEV)
+    gw = (torch.randn(E, widths.PUBLISHED.hidden_size, generator=g) * 0.02).bfloat16().to(DEV)
     bias = (torch.randn(E, generator=g) * 0.01).to(DEV)
-    shared = tuple(t.to(DEV) for t in (*fp8_weight(g, md.MOE_INTER, md.HIDDEN), *fp8_weight(g, md.MOE_INTER, md.HIDDEN),
-                                       *fp8_weight(g, md.HIDDEN, md.MOE_INTER)))
+    shared = tuple(t.to(DEV) for t in (*fp8_weight(g, widths.PUBLISHED.moe_intermediate_size, widths.PUBLISHED.hidden_size), *fp8_weight(g, widths.PUBLISHED.moe_intermediate_size, widths.PUBLISHED.hidden_size),
+                                       *fp8_weight(g, widths.PUBLISHED.hidden_size, widths.PUBLISHED.moe_intermediate_size)))
     kw = dict(top_k=k, route_scale=1.5, limit=10.0)
     for T in (1, 8):
-        x_src = torch.randn(T, md.HIDDEN, generator=g).bfloat16().to(DEV)
+        x_src = torch.randn(T, widths.PUBLISHED.hidden_size, generator=g).bfloat16().to(DEV)
         x = x_src.clone()
         ref = moe.moe_forward(x, gw, bias, *ex, shared, overlap_shared=False, **kw)
         assert torch.equal(moe.moe_forward(x, gw, bias, *ex, shared, overlap_shared=True, **kw), ref)
@@ -643,7 +645,7 @@ def test_gpu_moe_forward_shared_expert_overlap_keeps_the_bits(sparse_fp4_experts
             x.copy_(x_src)
             out = moe.moe_forward(x, gw, bias, *ex, shared, overlap_shared=True, **kw)
         for _ in range(3):
-            x_src.copy_(torch.randn(T, md.HIDDEN, generator=g).bfloat16())
+            x_src.copy_(torch.randn(T, widths.PUBLISHED.hidden_size, generator=g).bfloat16())
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(out, moe.moe_forward(x_src, gw, bias, *ex, shared, overlap_shared=False, **kw))

@@ -12,7 +12,7 @@ import torch
 
 from dsv41c.codegen.triton import arrival
 from dsv41c.codegen.triton import sparse_attention as sa
-from dsv41c.codegen.triton.kv_quant import interpreting
+from dsv41c.codegen.triton.targets import interpreting
 from dsv41c import formats
 
 # the interpreter's tolerance or the compiled kernel's; the shared input builders and comparison

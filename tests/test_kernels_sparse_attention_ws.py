@@ -22,7 +22,7 @@ def sm90_sass():
     from dsv41c.codegen.aot_compat import compile_spec
     from dsv41c.codegen.matrix import TARGETS
 
-    (spec,) = ws._specs("cuda:sm90")
+    (spec,) = ws.ws_specs("cuda:sm90")
     compiled = compile_spec(spec, TARGETS["cuda:sm90"])
     text, usage = sass_of(compiled)
     return compiled, [t for _, t in instructions(text)], usage
@@ -47,82 +47,6 @@ def test_compiles_for_sm90_with_partitions_and_pipelined_wgmma(sm90_sass):
     if ws.WS_PARTIAL_BF16:
         assert sum(t.startswith("STG.E.128") for t in ops) == 16, [t for t in ops if t.startswith("STG")]
         assert not any(t.startswith("STG.E.64") for t in ops)
-
-
-def test_stamped_build_reads_the_clocks_and_keeps_the_wgmma_chain():
-    """The STAMPS diagnostic (benchmarks/ws_timeline.py) compiles for sm90, reads the SM clock and the global timer,
-    and leaves the kernel's MMA code as it is (36 HGMMA, none waited for inside the q·K^T chain)."""
-    import dataclasses
-
-    from benchmarks.sass import instructions, sass_of
-    from dsv41c.codegen.aot_compat import compile_spec
-    from dsv41c.codegen.matrix import TARGETS
-
-    (spec,) = ws._specs("cuda:sm90")
-    assert spec.constexprs["STAMPS"] is False  # the shipped variant carries no stamps
-    stamped = dataclasses.replace(spec, constexprs={**spec.constexprs, "STAMPS": True})
-    compiled = compile_spec(stamped, TARGETS["cuda:sm90"])
-    ptx = compiled["asm"]["ptx"]
-    assert "%clock64" in ptx and "%globaltimer" in ptx
-    ops = [t for _, t in instructions(sass_of(compiled)[0])]
-    hgmma = [i for i, t in enumerate(ops) if t.startswith("HGMMA")]
-    assert len(hgmma) == 36
-    qk = [i for i in hgmma if ".64x32x16" in ops[i]]
-    assert not any("WARPGROUP.DEPBAR" in t for a, b in zip(qk, qk[1:]) for t in ops[a + 1:b])
-
-
-def test_timeline_summary_of_synthetic_stamps():
-    """benchmarks/ws_timeline.summarize: medians since the consumers' start in µs, the clock rate from the two timers,
-    the grid's start spread; events a program never reached are left out."""
-    from benchmarks.ws_timeline import summarize
-
-    S, n_split = 2, 2
-    runs = []
-    for r in range(3):
-        x = torch.zeros((S * n_split, 64), dtype=torch.int64)
-        for prog in range(S * n_split):
-            t0 = 1_000_000 + 1000 * prog  # clock ticks, 2 a ns
-            x[prog, 0] = t0
-            x[prog, 1] = t0 + 2000 * (1 + r)  # q staged 1, 2, 3 µs after the start: median 2
-            x[prog, 2] = t0 + 4000  # block 0 ready at 2 µs
-            x[prog, 41] = t0 + 20000  # partials stored at 10 µs
-            x[prog, 62] = 5_000 + 100 * prog  # global ns: starts 0.1 µs apart
-            x[prog, 63] = x[prog, 62] + 10_000
-        runs.append(x)
-    out = summarize(runs, S, n_split)
-    assert out["clock_GHz"] == pytest.approx(2.0)
-    ev = out["splits"][1]["events_us"]
-    assert ev["q staged"] == pytest.approx(2.0) and ev["blk0 ready"] == pytest.approx(2.0)
-    assert ev["partials stored"] == pytest.approx(10.0) and "blk1 ready" not in ev
-    assert out["splits"][0]["start_us"]["max"] == pytest.approx(0.2)  # programs 0, 2 (row s * n_split + sp)
-    assert out["splits"][1]["start_us"]["min"] == pytest.approx(0.1)
-
-
-@pytest.mark.gpu
-def test_gpu_stamps_follow_the_pipeline_order():
-    """On the GPU the stamped launch gives the reference's output and stamps in the pipeline's order: q staged before
-    the first ready tile, each block's q·K^T before its P·V before the next block's ready, the producer's signal
-    before the consumers' ready of the same block, the partials after the loop."""
-    args = _inputs(H=64, D=512, W=128, dev="cuda")
-    if not ws.ws_supported(args[0], args[2], args[3]):
-        pytest.skip("needs sm90+")
-    stamps = torch.zeros((64, 64), dtype=torch.int64, device="cuda")
-    o = sa.sparse_attention(*args, window=128, ws=True, ws_cfg={"stamps": stamps})
-    r = sa.sparse_attention(*args, window=128, ws=True)
-    assert torch.equal(o, r)  # the stamps change no bit
-    x = stamps.cpu()
-    progs = [i for i in range(64) if x[i, 63] > 0]
-    assert progs
-    for i in progs:
-        t = x[i]
-        nblk = sum(1 for b in range(12) if t[2 + 3 * b] > 0)
-        assert nblk >= 1 and t[1] >= t[0] and t[2] >= t[1]
-        for b in range(nblk):
-            assert t[2 + 3 * b] <= t[3 + 3 * b] <= t[4 + 3 * b]
-            assert t[45 + 2 * b] <= t[2 + 3 * b]  # signalled before the consumers saw it ready
-            if b + 1 < nblk:
-                assert t[4 + 3 * b] <= t[2 + 3 * (b + 1)]
-        assert t[40] >= t[4 + 3 * (nblk - 1)] and t[41] >= t[40] and t[63] >= t[62]
 
 
 def test_aot_build_records_wgmma_for_the_gluon_kernel(tmp_path):

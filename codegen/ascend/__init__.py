@@ -25,7 +25,8 @@ from __future__ import annotations
 import os
 import shutil
 
-from dsv41c.codegen.matrix import EmittedSource, SourceKernel, SourceVariant, Target, fill_template
+from dsv41c.codegen.emitted import EmittedSource, SourceKernel, SourceVariant, fill_template
+from dsv41c.codegen.targets import Target
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 UB_BYTES = 192 * 1024  # unified buffer per AI core (A2/A3; assumed for A5 as well)

@@ -27,7 +27,8 @@ import shutil
 import subprocess
 import tempfile
 
-from dsv41c.codegen.matrix import EmittedSource, SourceKernel, SourceVariant, Target, fill_template
+from dsv41c.codegen.emitted import EmittedSource, SourceKernel, SourceVariant, fill_template
+from dsv41c.codegen.targets import Target
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HEADER = os.path.join(HERE, "hip_minimal.h")

@@ -86,8 +86,10 @@ from dsv41c.codegen.templates import KernelTemplate, register
 from dsv41c.codegen.triton.arrival import arrive_last, counters, reset_counter
 from dsv41c.codegen.triton.l2_prefetch import l2_prefetch_for, prefetch_rows_l2
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
-from dsv41c.codegen.triton.kv_quant import (
-    aot_spec, interpreting, quant_fp4_e4m3_pairs, quant_fp4_ue8m0_pairs, round_bf16)
+from dsv41c.codegen.templates import aot_spec
+from dsv41c.codegen.triton.codecs import quant_fp4_e4m3_pairs, quant_fp4_ue8m0_pairs, round_bf16
+from dsv41c.codegen.triton.targets import interpreting
+from dsv41c.codegen.triton.widths import PUBLISHED
 from dsv41c import formats
 
 
@@ -791,10 +793,8 @@ def compress_ref(x, wkv, norm_w, cos, sin, pos, rows, kv_cache, kv_scale, *, rat
 # ----------------------------------------------------------------------------- registration
 
 
-def _specs(target):
-    from dsv41c.frontend.config import preset
-
-    c = preset("full")
+def _specs(target, widths=PUBLISHED):
+    c = widths
     out = []
     gemv_types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "wg_ptr": "*bf16", "part_ptr": "*fp32", "gpart_ptr": "*fp32",
                   "T": "i32", "K": "i32", "stride_x": "i32", "k_per_split": "i32"}

@@ -18,7 +18,8 @@ table (rows × 256 exceeds 2^31 bytes in the real tables). Gate: one program per
 two passes over 1024-wide chunks of D (sums and dot, then the update; the second re-reads only H_k and the
 shared value). Writing into H itself (out=H) is safe: a program reads its own row before writing.
 
-Specialization keys: D (5120), HEAD_DIM (256), N_COLS (24), BR, BD, dtypes.
+Specialization keys: D (hidden_size, 5120), HEAD_DIM (engram_head_dim, 256), N_COLS ((max_ngram - 1) · n_heads, 24), BR,
+BD, dtypes.
 
 Against torch.compile of the reference (H200, L2-cold graph replay, results/compiled_baseline.json run 3): 4.82 vs
 4.89 µs at one token (a tie), 5.02 vs 5.45 at eight. Inductor generates one looped-reduction kernel per (token,
@@ -38,13 +39,12 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, register
-from dsv41c.codegen.triton.fp8_gemm import (
-    aot_spec, as_u8, e4m3_to_f32, e8m0_to_f32, expand_cols, interpreting, native_fp8_for, target_traits)
+from dsv41c.codegen.templates import aot_spec
+from dsv41c.codegen.triton.widths import PUBLISHED
+from dsv41c.codegen.triton.codecs import e4m3_to_f32, e8m0_to_f32, expand_cols
+from dsv41c.codegen.triton.targets import as_u8, interpreting, native_fp8_for, target_traits
 from dsv41c import formats
 
-HIDDEN = 5120
-HEAD_DIM = 256
-N_COLS = 24  # (max_ngram - 1) · n_heads
 HC = 4
 
 
@@ -222,26 +222,26 @@ def engram_gate(H, kv, q_weight, k_weight, eps: float, token_mask=None, out=None
 # ============================================================================ ahead-of-time variants
 
 
-def _gather_variants(target: str) -> list:
+def _gather_variants(target: str, widths=PUBLISHED) -> list:
     tr = target_traits(target)
     if tr is None:
         return []
     types = {"ids_ptr": "*i64", "table_ptr": "*u8", "scale_ptr": "*u8", "out_ptr": "*bf16", "n": "i32"}
-    ce = {"DH": HEAD_DIM, "BR": 16, "NATIVE_FP8": tr["native_fp8"]}
-    return [aot_spec(engram_gather_kernel, "dh256_br16", types, ce, 4, 1, {"HEAD_DIM": HEAD_DIM, "N_COLS": N_COLS,
+    ce = {"DH": widths.engram_head_dim, "BR": 16, "NATIVE_FP8": tr["native_fp8"]}
+    return [aot_spec(engram_gather_kernel, "dh256_br16", types, ce, 4, 1, {"HEAD_DIM": widths.engram_head_dim, "N_COLS": widths.engram_cols,
                                                                            "out": "bf16", **ce})]
 
 
-def _gate_variants(target: str) -> list:
+def _gate_variants(target: str, widths=PUBLISHED) -> list:
     if target_traits(target) is None:
         return []
     out = []
     for sdt in ("*fp32", "*bf16"):
         types = {"h_ptr": sdt, "kv_ptr": "*bf16", "qw_ptr": "*bf16", "kw_ptr": "*bf16", "mask_ptr": "*u8",
                  "out_ptr": sdt, "eps": "fp32"}
-        for phase, bd, nw in (("prefill", 1024, 4), ("decode", triton.next_power_of_2(HIDDEN), 16)):
-            ce = {"D": HIDDEN, "BD": bd, "HAS_MASK": True}
-            out.append(aot_spec(engram_gate_kernel, f"d{HIDDEN}_{sdt[1:]}_{phase}", types, ce, nw, 2,
+        for phase, bd, nw in (("prefill", 1024, 4), ("decode", triton.next_power_of_2(widths.hidden_size), 16)):
+            ce = {"D": widths.hidden_size, "BD": bd, "HAS_MASK": True}
+            out.append(aot_spec(engram_gate_kernel, f"d{widths.hidden_size}_{sdt[1:]}_{phase}", types, ce, nw, 2,
                                 {"streams": sdt[1:], **ce}))
     return out
 

@@ -58,8 +58,9 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41c.codegen.triton.fp8_gemm import (
-    bf16x2_halves, bits_f32, expand_cols, fp4_tile_to_f32, pair_order, permute_blocks, ue8m0_pow2_factors)
+from dsv41c.codegen.triton.bf16x2 import bf16x2_halves, bits_f32, ue8m0_pow2_factors
+from dsv41c.codegen.triton.codecs import expand_cols, fp4_tile_to_f32
+from dsv41c.codegen.triton.fp8_tiles import pair_order, permute_blocks
 
 DECODERS = {0: "join", 1: "nibbles", 2: "words"}
 

@@ -78,13 +78,15 @@ import triton.language as tl
 from torch.utils.weak import WeakIdKeyDictionary
 
 from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
-from dsv41c.codegen.triton.fp8_gemm import (_E4M3_PAIRS_ONE, _E4M3_PAIRS_TWO, DENSE_LINEARS, GATED_LINEARS,
-                                           _byte_distance, _prefetch_row_bytes, _check_w, _swiglu, as_u8, dot_f32_for, e4m3_one_factor,
-                                           e4m3_pair_factors, e4m3_to_f32, e8m0_to_f32, fp8_gemm_reference,
-                                           fp8_gemm_swiglu_reference, mma_sync_decode_for, native_fp8_for, ptx_for,
-                                           target_traits)
-from dsv41c.codegen.triton.l2_prefetch import prefetch_rows_l2
+from dsv41c.codegen.triton.bf16x2 import E4M3_PAIRS_ONE, E4M3_PAIRS_TWO, e4m3_one_factor, e4m3_pair_factors
+from dsv41c.codegen.triton.codecs import e4m3_to_f32, e8m0_to_f32
+from dsv41c.codegen.triton.fp8_reference import fp8_gemm_reference, fp8_gemm_swiglu_reference
+from dsv41c.codegen.triton.fp8_splitk import swiglu
+from dsv41c.codegen.triton.fp8_tiles import _byte_distance, _check_w
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
+from dsv41c.codegen.triton.targets import (as_u8, dot_f32_for, mma_sync_decode_for, native_fp8_for, ptx_for,
+                                           target_traits)
+from dsv41c.codegen.triton.widths import PUBLISHED, dense_linears, gated_linears
 
 WARP_SPLIT_DECODE = True  # fp8_gemm's default decode path for 2..WARP_SPLIT_MAX_M tokens where `default_for` agrees
 # the byte-pair decoder (inline PTX) where the device takes it: the per-element decoder's bits, and level or faster on
@@ -175,12 +177,12 @@ def _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, K: tl.constex
             # (TWO: every byte): 4 (5) instructions a pair
             if TWO:
                 b1, b2 = e4m3_pair_factors(sb)
-                wt = tl.inline_asm_elementwise(_E4M3_PAIRS_TWO, "=r,=r,r,r,r,r,r",
+                wt = tl.inline_asm_elementwise(E4M3_PAIRS_TWO, "=r,=r,r,r,r,r,r",
                                                [wb, _per_k(b1, S, RB, BK), _per_k(b2, S, RB, BK)],
                                                dtype=tl.bfloat16, is_pure=True, pack=4)
             else:
                 b1 = sb if EARLY_ONE else e4m3_one_factor(sb)
-                wt = tl.inline_asm_elementwise(_E4M3_PAIRS_ONE, "=r,=r,r,r,r", [wb, _per_k(b1, S, RB, BK)],
+                wt = tl.inline_asm_elementwise(E4M3_PAIRS_ONE, "=r,=r,r,r,r", [wb, _per_k(b1, S, RB, BK)],
                                                dtype=tl.bfloat16, is_pure=True, pack=4)
             wt = wt.to(DT)  # fp32 x (DOT_F32): an exact fp32 dot
         else:  # exact: an E4M3 value times a power of two
@@ -194,15 +196,11 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
                           N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, RB: tl.constexpr, S: tl.constexpr,
                           BK: tl.constexpr, STAGES: tl.constexpr, GATED: tl.constexpr, NATIVE_FP8: tl.constexpr,
                           DOT_F32: tl.constexpr, PDL: tl.constexpr, PAIRS: tl.constexpr = False,
-                          SPF: tl.constexpr = False, TWO: tl.constexpr = True, EARLY: tl.constexpr = False,
-                          PREFETCH: tl.constexpr = 0):
+                          SPF: tl.constexpr = False, TWO: tl.constexpr = True, EARLY: tl.constexpr = False):
     """One program: RB weight rows (GATED: RB/2 of W1 then the same of W3) × all M tokens, K split over S warps.
     PAIRS only: TWO applies the second bf16x2 scale factor (exact for every UE8M0 byte; without it the caller vouches
     that no byte exceeds 134); EARLY (without TWO) turns the bytes into the factor where they are loaded, before they
-    move into the decode's layout (faster on shared w2, slower on the others: EARLY_LINEARS).
-    PREFETCH (sm90+, bytes a weight row, 0 = off): the first PREFETCH bytes of each of the program's rows are
-    requested into the L2 before the grid-dependency wait (l2_prefetch.py), so under PDL the weight stream starts
-    while the predecessor still runs (benchmarks/step_chain.py)."""
+    move into the decode's layout (faster on shared w2, slower on the others: EARLY_LINEARS)."""
     tl.static_assert(K % BK == 0 and BK % 32 == 0, "K must be whole BK tiles, BK % 32 == 0")
     RBO: tl.constexpr = RB // (1 + GATED)  # output columns of a program
     KS: tl.constexpr = (K + 31) // 32  # scale bytes a scale row
@@ -215,9 +213,6 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
     s_rows = (rw // 32).to(tl.int64) * KS + up.to(tl.int64) * s3_off
     rm = tl.arange(0, BM)
     m_ok = rm < M
-    # rows past N prefetch the last row again (harmless; a size of 0 is not allowed)
-    pf_rows = tl.minimum(rw, N - 1).to(tl.int64) * K + up.to(tl.int64) * w3_off
-    prefetch_rows_l2(w_ptr + pf_rows, PREFETCH, PREFETCH > 0)
     grid_wait(PDL)
     grid_release(PDL)
     acc = _k_loop(x_ptr, w_ptr, ws_ptr, w_rows, s_rows, rw_ok, rm, m_ok, K, BM, RB, S, BK, STAGES, NATIVE_FP8,
@@ -227,7 +222,7 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
     out = tl.sum(acc, axis=0)  # the cross-warp sum: [RB, BM]
     if GATED:
         g, u = tl.split(tl.permute(tl.reshape(out, (2, RBO, BM)), (1, 2, 0)))
-        out = _swiglu(g, u, limit)
+        out = swiglu(g, u, limit)
     tl.store(y_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], tl.trans(out).to(y_ptr.dtype.element_ty), mask=omask)
 
 
@@ -260,7 +255,7 @@ def early_for(N: int, K: int, gated: bool = False) -> bool:
 
 def _measured(N: int, K: int, gated: bool) -> str | None:
     """The name of the MEASURED_LINEARS linear of this shape, or None."""
-    table = GATED_LINEARS if gated else DENSE_LINEARS
+    table = gated_linears() if gated else dense_linears()
     return next((n for n in MEASURED_LINEARS if table.get(n) == (N, K)), None)
 
 
@@ -323,7 +318,7 @@ def _two_key(two, s, s3) -> bool:
 
 def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype=None, tiles=None, pdl=None,
                         name: str = "fp8_gemm_warp_split", pairs: bool | None = None, spf: bool | None = None,
-                        two: bool | None = None, early: bool | None = None, prefetch=None):
+                        two: bool | None = None, early: bool | None = None):
     """x [..., K] (M <= 16 tokens) · dequant(W)ᵀ -> [..., N]; with w3/s3: silu(min(x·W1ᵀ, L))·clamp(x·W3ᵀ, ±L).
     tiles = (S warps / K slices, RB weight rows a program, BK, stages); None: `tiles_for`. pdl: None = on where the
     device has programmatic dependent launch. pairs: the byte-pair decoder (inline PTX, CUDA only; the per-element
@@ -331,11 +326,7 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
     spf: the scale bytes loaded a k step ahead (None: SPF_DEFAULT; the same bits either way). two: the byte-pair
     decoder's second scale factor, needed only for UE8M0 bytes above 134 (the same bits either way); None = where
     `scales_above_134` finds one (on the host, once per scale tensor); True / False force it (False with a byte above
-    134 gives wrong products: for tuning). early: the kernel's EARLY (None: `early_for`). prefetch: bytes of each
-    weight row requested into the L2 before the PDL wait (None / 0: off; True: the whole row; "budget":
-    fp8_gemm.PREFETCH_PROGRAM_BYTES over the program's RB rows; an int: that many bytes; rounded down to 128-byte
-    lines; only where `l2_prefetch_for` allows it: `fp8_gemm._prefetch_row_bytes`). Measured behind w1/w3
-    (results/step_chain.json): slower than PDL alone, so off.
+    134 gives wrong products: for tuning). early: the kernel's EARLY (None: `early_for`).
     fp8_gemm / fp8_gemm_swiglu call it for decode shapes (`default_for`)."""
     K = x.shape[-1]
     _check_w(w, s, K, name)
@@ -372,11 +363,10 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
     early = (early_for(N, K, gated) if early is None else bool(early)) and pairs and not two
     RBO = RB // (2 if gated else 1)
     pdl = pdl_for(x.device) and (pdl is None or bool(pdl))
-    pf = _prefetch_row_bytes(prefetch, x.device, wu, as_u8(w3) if gated else None, K, RB)
     fp8_warp_split_kernel[(triton.cdiv(N, RBO),)](
         x2, wu, su, y, M, float(limit), w3_off, s3_off, N=N, K=K, BM=BM, RB=RB, S=S, BK=BK, STAGES=ns,
         GATED=int(gated), NATIVE_FP8=native_fp8_for(x.device), DOT_F32=dot_f32_for(x2), PDL=pdl,
-        PAIRS=bool(pairs), SPF=SPF_DEFAULT if spf is None else bool(spf), TWO=two, EARLY=early, PREFETCH=pf,
+        PAIRS=bool(pairs), SPF=SPF_DEFAULT if spf is None else bool(spf), TWO=two, EARLY=early,
         num_warps=S, num_stages=ns, **launch_kw(pdl))
     return y.reshape(*x.shape[:-1], N)
 
@@ -384,14 +374,14 @@ def fp8_gemm_warp_split(x, w, s, w3=None, s3=None, limit: float = 0.0, out_dtype
 # ============================================================================ ahead-of-time variants
 
 
-def _variants(target: str, gated: bool) -> list:
+def _variants(target: str, gated: bool, widths=PUBLISHED) -> list:
     """One decode variant per MEASURED_LINEARS linear (the ones `default_for` sends here), on CUDA targets (mma.sync:
     a rank-3 dot is never wgmma). None on ROCm (`_NO_ROCM`: the matrix shows the gap and why)."""
     tr = target_traits(target)
     if tr is None or tr["kind"] != "cuda":
         return []
     out = []
-    for name, (N, K) in (GATED_LINEARS if gated else DENSE_LINEARS).items():
+    for name, (N, K) in (gated_linears(widths) if gated else dense_linears(widths)).items():
         t = tiles_for(N, K, gated)
         if t is None or name not in MEASURED_LINEARS:
             continue
@@ -404,7 +394,7 @@ def _variants(target: str, gated: bool) -> list:
         for two, suffix in ((True, ""), (False, "_one")):
             ce = {"N": N, "K": K, "BM": 8, "RB": RB, "S": S, "BK": BK, "STAGES": ns, "GATED": int(gated),
                   "NATIVE_FP8": tr["native_fp8"], "DOT_F32": False, "PDL": False, "PAIRS": PAIRS_DEFAULT,
-                  "SPF": SPF_DEFAULT, "TWO": two, "EARLY": name in EARLY_LINEARS and not two, "PREFETCH": 0}
+                  "SPF": SPF_DEFAULT, "TWO": two, "EARLY": name in EARLY_LINEARS and not two}
             out.append(aot_spec(fp8_warp_split_kernel, f"{name}_decode{suffix}", types, ce, S, ns,
                                 {"linear": name, "mode": "decode", "act": "bf16", **ce}, matrix="mma.sync",
                                 divisible={"w3_off": 16} if gated else None))
@@ -416,14 +406,14 @@ def _variants(target: str, gated: bool) -> list:
 _NO_ROCM = {t: "the batched dot lowers to FMA, not MFMA (gfx942/gfx950, Triton 3.9); WMMA on gfx1100 not run; "
                "fp8_gemm's decode tile serves ROCm" for t in ("rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")}
 _KEYS = ("linear", "N", "K", "mode", "act", "BM", "RB", "S", "BK", "STAGES", "GATED", "NATIVE_FP8", "DOT_F32", "PDL",
-         "PAIRS", "SPF", "TWO", "EARLY", "PREFETCH")
+         "PAIRS", "SPF", "TWO", "EARLY")
 register(KernelTemplate(
     name="fp8_gemm_warp_split", module=__name__,
     summary="decode x · dequant(E4M3 W)ᵀ, K split over the warps of a program (no split-K round trip)",
     keys=_KEYS, reference=fp8_gemm_reference, launch=fp8_gemm_warp_split,
-    specializations=lambda t: _variants(t, False), missing_on=_NO_ROCM))
+    specializations=lambda t, widths=PUBLISHED: _variants(t, False, widths), missing_on=_NO_ROCM))
 register(KernelTemplate(
     name="fp8_gemm_swiglu_warp_split", module=__name__,
     summary="decode shared-expert gate/up (stacked tile), K split over the warps of a program",
     keys=_KEYS, reference=fp8_gemm_swiglu_reference, launch=fp8_gemm_warp_split,
-    specializations=lambda t: _variants(t, True), missing_on=_NO_ROCM))
+    specializations=lambda t, widths=PUBLISHED: _variants(t, True, widths), missing_on=_NO_ROCM))

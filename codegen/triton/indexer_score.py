@@ -97,8 +97,10 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import aot_spec
-from dsv41c.codegen.triton.kv_quant import _bcast_groups, pow2_float, sm_count
+from dsv41c.codegen.triton.codecs import bcast_groups, pow2_float
+from dsv41c.codegen.triton.targets import sm_count
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw
+from dsv41c.codegen.triton.widths import PUBLISHED
 from dsv41c import formats
 
 
@@ -162,7 +164,7 @@ def _decode_rows(w, ex, R: tl.constexpr, NW: tl.constexpr, NB: tl.constexpr):
     emin = tl.where(emin == 255, 127, emin)
     sh = tl.minimum(tl.where(nz, ex - emin[:, None], 0), 8)
     ok = tl.max(bor << sh, axis=1) <= 127
-    shw = _bcast_groups(sh, R, NB, NW // NB)
+    shw = bcast_groups(sh, R, NB, NW // NB)
     E = _neg_lanes((V & 0x0F0F0F0F) << shw, (w >> 3) & 0x01010101)
     O = _neg_lanes(((V >> 4) & 0x0F0F0F0F) << shw, (w >> 7) & 0x01010101)
     return _bytes_of(E, R, NW), _bytes_of(O, R, NW), pow2_float(emin - 127), ok
@@ -563,10 +565,8 @@ def block_max_ref(scores: torch.Tensor, cand_block: int = 8) -> torch.Tensor:
 # ----------------------------------------------------------------------------- AOT variants
 
 
-def score_specs(target):
-    from dsv41c.frontend.config import preset
-
-    c = preset("full")
+def score_specs(target, widths=PUBLISHED):
+    c = widths
     types = {"q_ptr": "*u8", "qe_ptr": "*u8", "wq_ptr": "*fp32", "k_ptr": "*u8", "ke_ptr": "*u8", "nvis_ptr": "*i32",
              "cand_ptr": "*u8", "s_ptr": "*fp32", "bmax_ptr": "*fp32", "cnt_ptr": "*i32", "S": "i32", "T": "i32",
              "NBLK": "i32"}

@@ -86,9 +86,10 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import aot_spec
-from dsv41c.codegen.triton.kv_quant import interpreting, sm_count
+from dsv41c.codegen.triton.targets import interpreting, sm_count
 from dsv41c.codegen.triton.arrival import arrive_last, counters, reset_counter, signal_done, wait_count
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw
+from dsv41c.codegen.triton.widths import PUBLISHED
 
 
 @triton.jit
@@ -741,10 +742,8 @@ def topk_select_ref(scores: torch.Tensor, k: int, pin: torch.Tensor | None = Non
 # ----------------------------------------------------------------------------- AOT variants
 
 
-def topk_specs(target):
-    from dsv41c.frontend.config import preset
-
-    c = preset("full")
+def topk_specs(target, widths=PUBLISHED):
+    c = widths
     out = []
     for k in (c.index_topk, c.candidate_topk_blocks):
         K = triton.next_power_of_2(k)

@@ -45,8 +45,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from dsv41c.codegen.triton.fp8_gemm import bits_f32, e4m3_pairs_to_bf16
-from dsv41c.codegen.triton.kv_quant import e4m3_decode
+from dsv41c.codegen.triton.bf16x2 import bits_f32, e4m3_pairs_to_bf16
+from dsv41c.codegen.triton.codecs import e4m3_decode
 
 # 2^118: moves an E4M3 scale so that (value·2^-126) x factor = value·scale·2^-8 (module docstring)
 _E2M1_FACTOR = tl.constexpr(2.0 ** 118)

@@ -32,171 +32,16 @@ two rows of one call never race for a slot).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from dsv41c.codegen.templates import KernelTemplate, aot_spec, register  # noqa: F401 (aot_spec re-exported)
+from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
+from dsv41c.codegen.triton.codecs import (e2m1_decode, e2m1_decode_x2, e2m1_encode, e4m3_decode, e4m3_encode,  # noqa: F401
+                                          quant_fp4_e4m3_pairs, quant_fp4_ue8m0_pairs, quant_fp8_ue8m0_rows,
+                                          ue8m0_to_float)
+from dsv41c.codegen.triton.widths import PUBLISHED
 from dsv41c import formats
-
-TARGETS = ("cuda:sm80", "cuda:sm90", "cuda:sm100", "rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")
-
-
-def interpreting() -> bool:
-    """True when kernels run in Triton's CPU interpreter (no bf16 tl.dot there)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-_SM_COUNT: dict = {}
-
-
-def sm_count(dev) -> int:
-    """Streaming multiprocessors of the device (132 on an H200; the interpreter plans as for one): the
-    decode grids of sparse_attention.py and indexer_score.py size their key splits by it."""
-    if dev.type != "cuda":
-        return 132
-    i = dev.index if dev.index is not None else torch.cuda.current_device()
-    if i not in _SM_COUNT:
-        _SM_COUNT[i] = torch.cuda.get_device_properties(i).multi_processor_count
-    return _SM_COUNT[i]
-
-
-def is_rocm(target: str) -> bool:
-    return target.startswith("rocm:")
-
-
-# ============================================================================ jit codecs
-
-
-@triton.jit
-def e4m3_encode(x):
-    """float32 -> E4M3 (fn) code in int32 0..255: saturate at 448, round to nearest even."""
-    u = x.to(tl.int32, bitcast=True)
-    sign = (u >> 31) & 1
-    a = tl.minimum(tl.abs(x), 448.0)
-    au = a.to(tl.int32, bitcast=True)
-    r = au - (120 << 23)  # rebias 127 -> 7; valid for a >= 2^-6
-    code_n = (r + 0x7FFFF + ((r >> 20) & 1)) >> 20
-    t = a * 512.0  # subnormal grid 2^-9, exact
-    code_s = ((t + 8388608.0) - 8388608.0).to(tl.int32)  # RNE to integer (t < 8)
-    code = tl.where(a < 0.015625, code_s, code_n)
-    return code | (sign << 7)
-
-
-@triton.jit
-def e4m3_decode(code):
-    """E4M3 (fn) code (any int type) -> float32 (exact)."""
-    c = code.to(tl.int32) & 0xFF
-    s = (c >> 7) & 1
-    e = (c >> 3) & 15
-    m = c & 7
-    normal = ((s << 31) | ((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
-    sub = m.to(tl.float32) * 0.001953125
-    sub = tl.where(s == 1, -sub, sub)
-    return tl.where(e == 0, sub, normal)
-
-
-@triton.jit
-def round_bf16(x):
-    """float32 -> nearest-even bfloat16 value, kept in float32 (the interpreter's bf16 cast truncates;
-    this is exact everywhere). Finite inputs only."""
-    u = x.to(tl.int32, bitcast=True)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) & -65536
-    return u.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def pow2_ceil_exp(y):
-    """ceil(log2 y) for normal float32 y > 0, exact (int32)."""
-    u = y.to(tl.int32, bitcast=True)
-    e = ((u >> 23) & 0xFF) - 127
-    return e + ((u & 0x7FFFFF) != 0).to(tl.int32)
-
-
-@triton.jit
-def pow2_float(e):
-    """2^e as float32 for int32 e in [-126, 127] (exact)."""
-    return ((e + 127) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def ue8m0_to_float(b):
-    """UE8M0 byte (1..254) -> 2^(b-127) float32."""
-    return (b.to(tl.int32) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def e2m1_encode(v):
-    """Scaled float32 (|v| <= 6 after clamp) -> E2M1 code int32 0..15, ties to even code."""
-    a = tl.minimum(tl.abs(v), 6.0)
-    c = (a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32) \
-        + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32) + (a > 5.0).to(tl.int32)
-    return c | ((v < 0).to(tl.int32) << 3)
-
-
-@triton.jit
-def e2m1_decode_x2(code):
-    """E2M1 code -> 2*value as int32 in [-12, 12] (E2M1 values times two are integers)."""
-    c = code.to(tl.int32)
-    m = c & 7
-    e = m >> 1
-    f = m & 1
-    big = (2 + f) << tl.maximum(e - 1, 0)
-    v = tl.where(m < 2, m, big)
-    return tl.where((c & 8) != 0, -v, v)
-
-
-@triton.jit
-def e2m1_decode(code):
-    """E2M1 code -> float32 value (exact)."""
-    return e2m1_decode_x2(code).to(tl.float32) * 0.5
-
-
-@triton.jit
-def _bcast_groups(s, R: tl.constexpr, G: tl.constexpr, GS: tl.constexpr):
-    """[R, G] -> [R, G*GS], each value repeated GS times (channel order preserved)."""
-    return tl.reshape(tl.broadcast_to(s[:, :, None], (R, G, GS)), (R, G * GS))
-
-
-@triton.jit
-def quant_fp4_e4m3_pairs(E, O, R: tl.constexpr, HALF: tl.constexpr):
-    """Even/odd channel halves [R, HALF] fp32 -> (packed bytes [R, HALF] int32, E4M3 scale codes
-    [R, HALF//8] int32): one scale per 16 channels = 8 pairs (numerics.quant_fp4_e4m3)."""
-    a = tl.maximum(tl.abs(E), tl.abs(O))
-    amax = tl.max(tl.reshape(a, (R, HALF // 8, 8)), axis=2)
-    amax = tl.maximum(amax, 0.01171875)  # 6 * 2^-9
-    s_code = e4m3_encode(tl.math.div_rn(amax, tl.full(amax.shape, 6.0, tl.float32)))
-    s = _bcast_groups(e4m3_decode(s_code), R, HALF // 8, 8)
-    ce = e2m1_encode(tl.math.div_rn(E, s))
-    co = e2m1_encode(tl.math.div_rn(O, s))
-    return ce | (co << 4), s_code
-
-
-@triton.jit
-def quant_fp4_ue8m0_pairs(E, O, R: tl.constexpr, HALF: tl.constexpr):
-    """Even/odd channel halves [R, HALF] fp32 -> (packed bytes [R, HALF] int32, UE8M0 bytes
-    [R, HALF//16] int32): one power-of-two scale per 32 channels (numerics.quant_fp4_ue8m0)."""
-    a = tl.maximum(tl.abs(E), tl.abs(O))
-    amax = tl.max(tl.reshape(a, (R, HALF // 16, 16)), axis=2)
-    amax = tl.maximum(amax, 1.1754943508222875e-38 * 6.0)  # 6 * 2^-126
-    e = pow2_ceil_exp(tl.math.div_rn(amax, tl.full(amax.shape, 6.0, tl.float32)))
-    s = _bcast_groups(pow2_float(e), R, HALF // 16, 16)
-    ce = e2m1_encode(tl.math.div_rn(E, s))
-    co = e2m1_encode(tl.math.div_rn(O, s))
-    return ce | (co << 4), e + 127
-
-
-@triton.jit
-def quant_fp8_ue8m0_rows(x, R: tl.constexpr, C: tl.constexpr):
-    """[R, C] fp32 -> (E4M3 codes [R, C] int32, UE8M0 bytes [R, C//32] int32)
-    (numerics.quant_fp8_ue8m0, amax floor 1e-4)."""
-    amax = tl.max(tl.reshape(tl.abs(x), (R, C // 32, 32)), axis=2)
-    amax = tl.maximum(amax, 1e-4)
-    e = pow2_ceil_exp(tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)))
-    s = _bcast_groups(pow2_float(e), R, C // 32, 32)
-    return e4m3_encode(tl.math.div_rn(x, s)), e + 127
 
 
 # ============================================================================ kernels
@@ -380,14 +225,8 @@ def _fmt(scale_fmt: str) -> bool:
 # ============================================================================ registration
 
 
-def _cfg():
-    from dsv41c.frontend.config import preset
-
-    return preset("full")
-
-
-def _ring_specs(target):
-    c = _cfg()
+def _ring_specs(target, widths=PUBLISHED):
+    c = widths
     out = []
     for br, nm in ((4, "decode"), (16, "prefill")):
         out.append(aot_spec(_fp8_ring_append_kernel, f"c{c.head_dim}_{nm}",
@@ -397,16 +236,16 @@ def _ring_specs(target):
     return out
 
 
-def _fp8_deq_specs(target):
-    c = _cfg()
+def _fp8_deq_specs(target, widths=PUBLISHED):
+    c = widths
     return [aot_spec(_fp8_dequant_kernel, f"c{c.head_dim}_bf16",
                      {"q_ptr": "*u8", "e_ptr": "*u8", "o_ptr": "*bf16", "n_rows": "i32"},
                      {"C": c.head_dim, "BR": 16})]
 
 
 def _fp4_specs(kernel, quant: bool):
-    def specs(target):
-        c = _cfg()
+    def specs(target, widths=PUBLISHED):
+        c = widths
         out = []
         # compressed KV (512 ch, E4M3/16) and indexer keys (128 ch, UE8M0/32)
         for C, e8 in ((c.head_dim, False), (c.index_head_dim, True)):

@@ -40,11 +40,11 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, register
-from dsv41c.codegen.triton.fp8_gemm import aot_spec, fp32_dot_precision, interpreting, target_traits
+from dsv41c.codegen.templates import aot_spec
+from dsv41c.codegen.triton.widths import PUBLISHED
+from dsv41c.codegen.triton.targets import fp32_dot_precision, interpreting, target_traits
 
 HC = 4
-HIDDEN = 5120
-SINKHORN_ITERS = 20
 
 
 # ============================================================================ kernels
@@ -216,7 +216,7 @@ def mhc_post_kernel(h_ptr, y_ptr, post_ptr, comb_ptr, out_ptr, T, D: tl.constexp
 # ============================================================================ references
 
 
-def mhc_pre_reference(H, pre_prev, fn, base, scale, norm_eps: float, hc_eps: float, iters: int = SINKHORN_ITERS):
+def mhc_pre_reference(H, pre_prev, fn, base, scale, norm_eps: float, hc_eps: float, iters: int = PUBLISHED.hc_sinkhorn_iters):
     """H [T, 4, D] -> (x_in [T, D] (H's dtype), pre [T, 4], post [T, 4], comb [T, 4, 4]) fp32.
 
     pre_prev [T, 4] (None: one-hot stream 0, layer 0's attention site)."""
@@ -255,7 +255,7 @@ def _one_hot(T, hc, device):
 # ============================================================================ launchers
 
 
-def mhc_pre(H, pre_prev, fn, base, scale, norm_eps: float, hc_eps: float, iters: int = SINKHORN_ITERS, split=None):
+def mhc_pre(H, pre_prev, fn, base, scale, norm_eps: float, hc_eps: float, iters: int = PUBLISHED.hc_sinkhorn_iters, split=None):
     """Triton: -> (x_in [T, D], pre [T, 4], post [T, 4], comb [T, 4, 4])."""
     T, hc, D = H.shape
     if hc != HC or tuple(fn.shape) != ((2 + HC) * HC, HC * D) or base.numel() != 24 or scale.numel() != 3:
@@ -342,7 +342,7 @@ def mhc_post(H, y, post, comb):
 # ============================================================================ ahead-of-time variants
 
 
-def _pre_variants(target: str) -> list:
+def _pre_variants(target: str, widths=PUBLISHED) -> list:
     tr = target_traits(target)
     if tr is None:
         return []
@@ -352,31 +352,31 @@ def _pre_variants(target: str) -> list:
                  "sq_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32", "pre_ptr": "*fp32",
                  "post_ptr": "*fp32", "comb_ptr": "*fp32", "T": "i32", "norm_eps": "fp32", "hc_eps": "fp32"}
         for mode, (BT, BD, fin) in {"decode": (16, 64, False), "prefill": (32, 64, True)}.items():
-            dper = 256 if mode == "decode" else HIDDEN
-            ce = {"D": HIDDEN, "D_PER_SPLIT": dper, "BT": BT, "BD": BD, "ITERS": SINKHORN_ITERS, "PREC": tr["fp32_prec"],
+            dper = 256 if mode == "decode" else widths.hidden_size
+            ce = {"D": widths.hidden_size, "D_PER_SPLIT": dper, "BT": BT, "BD": BD, "ITERS": widths.hc_sinkhorn_iters, "PREC": tr["fp32_prec"],
                   "FINALIZE": fin}
             out.append(aot_spec(mhc_pre_kernel, f"{mode}_{sdt[1:]}", types, ce, 4, 2,
                                 {"HC": HC, "mode": mode, "streams": sdt[1:], **ce}))
         gt = {"h_ptr": sdt, "pre_prev_ptr": "*fp32", "fn_ptr": "*fp32", "x_ptr": sdt, "part_ptr": "*fp32",
               "sq_ptr": "*fp32", "T": "i32"}
-        ce = {"D": HIDDEN, "D_PER_SPLIT": GEMV_BD, "BD": GEMV_BD}
+        ce = {"D": widths.hidden_size, "D_PER_SPLIT": GEMV_BD, "BD": GEMV_BD}
         out.append(aot_spec(mhc_pre_gemv_kernel, f"decode_gemv_{sdt[1:]}", gt, ce, 4, 1,
                             {"HC": HC, "mode": "decode_gemv", "streams": sdt[1:], **ce}))
     ct = {"part_ptr": "*fp32", "sq_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32", "pre_ptr": "*fp32",
           "post_ptr": "*fp32", "comb_ptr": "*fp32", "T": "i32", "n_split": "i32", "norm_eps": "fp32", "hc_eps": "fp32"}
     for bt, nw in ((1, 1), (8, 2), (16, 4)):
-        out.append(aot_spec(mhc_coeff_kernel, f"coeff_bt{bt}", ct, {"D": HIDDEN, "BT": bt, "ITERS": SINKHORN_ITERS},
-                            nw, 1, {"HC": HC, "mode": "decode", "D": HIDDEN, "BT": bt, "ITERS": SINKHORN_ITERS}))
+        out.append(aot_spec(mhc_coeff_kernel, f"coeff_bt{bt}", ct, {"D": widths.hidden_size, "BT": bt, "ITERS": widths.hc_sinkhorn_iters},
+                            nw, 1, {"HC": HC, "mode": "decode", "D": widths.hidden_size, "BT": bt, "ITERS": widths.hc_sinkhorn_iters}))
     return out
 
 
-def _post_variants(target: str) -> list:
+def _post_variants(target: str, widths=PUBLISHED) -> list:
     if target_traits(target) is None:
         return []
     out = []
     for sdt in ("*bf16", "*fp32"):
         types = {"h_ptr": sdt, "y_ptr": "*bf16", "post_ptr": "*fp32", "comb_ptr": "*fp32", "out_ptr": sdt, "T": "i32"}
-        ce = {"D": HIDDEN, "BT": 4, "BD": 512}
+        ce = {"D": widths.hidden_size, "BT": 4, "BD": 512}
         out.append(aot_spec(mhc_post_kernel, f"bt4_bd512_{sdt[1:]}", types, ce, 4, 1,
                             {"HC": HC, "streams": sdt[1:], **ce}))
     return out

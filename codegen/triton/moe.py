@@ -67,17 +67,20 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, register
-from dsv41c.codegen.triton.fp8_gemm import (
-    act_quant_fp8, act_quant_fp8_reference, aot_spec, as_u8, dot_f32_for, fake_quant_e4m3_pow2, fp8_gemm,
-    fp8_gemm_reference, fp8_gemm_swiglu, fp8_gemm_swiglu_reference, interpreting, target_traits)
+from dsv41c.codegen.triton.widths import PUBLISHED
+from dsv41c.codegen.triton.fp8_gemm import act_quant_fp8, fp8_gemm, fp8_gemm_swiglu
+from dsv41c.codegen.templates import aot_spec
+from dsv41c.codegen.triton.codecs import fake_quant_e4m3_pow2
+from dsv41c.codegen.triton.fp8_reference import act_quant_fp8_reference, fp8_gemm_reference, fp8_gemm_swiglu_reference
+from dsv41c.codegen.triton.targets import as_u8, dot_f32_for, interpreting, target_traits
 from dsv41c.codegen.triton.fp4_unpack import DECODERS, fp4_tile, permute_cols_tile, permute_k, unpermute_k
 from dsv41c.codegen.triton import moe_decode as md
+from dsv41c.codegen.triton.moe_reference import (moe_combine_reference, moe_experts_reference,  # noqa: F401
+                                                moe_forward_reference, shared_expert_reference)
 from dsv41c.codegen.triton.moe_router import ROUTERS, router, router_reference  # noqa: F401 (re-exported)
 from dsv41c.codegen.triton.streams import side_stream
 from dsv41c import formats
 
-HIDDEN = 5120
-MOE_INTER = 2304
 
 
 # ============================================================================ expert kernels
@@ -219,49 +222,6 @@ def moe_combine_kernel(part_ptr, shared_ptr, y_ptr, N: tl.constexpr,
     if HAS_SHARED:
         acc += tl.load(shared_ptr + t * N + cols, mask=ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + t * N + cols, acc.to(y_ptr.dtype.element_ty), mask=ok)
-
-
-# ============================================================================ references
-
-
-def moe_experts_reference(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, limit: float, act_quant: bool = False,
-                          inter_dtype=None, partial_dtype=None, compute_dtype=torch.float32):
-    """Σ_j expert_{idx[t,j]}(x[t]) · w[t,j] over routed slots -> [T, D] in compute_dtype.
-
-    Stacked MXFP4 weights: w1/w3 int8 [E, I, D/2] + E8M0 [E, I, D/32]; w2 [E, D, I/2] + [E, D, I/32].
-    """
-    inter_dtype = inter_dtype or x.dtype
-    partial_dtype = partial_dtype or x.dtype
-    cd = compute_dtype
-    xa = act_quant_fp8_reference(x) if act_quant else x
-    y = torch.zeros(x.shape[0], w2.shape[1], dtype=cd, device=x.device)
-    for e in torch.unique(topk_idx).tolist():
-        tok, j = torch.where(topk_idx == e)
-        xe = xa[tok].to(cd)
-        g = (xe @ formats.dequant_fp4_weight(w1[e], s1[e]).to(cd).T).clamp(max=limit)
-        u = (xe @ formats.dequant_fp4_weight(w3[e], s3[e]).to(cd).T).clamp(-limit, limit)
-        h = (torch.nn.functional.silu(g) * u * topk_w[tok, j, None].to(cd)).to(inter_dtype)
-        if act_quant:
-            h = act_quant_fp8_reference(h)
-        out = (h.to(cd) @ formats.dequant_fp4_weight(w2[e], s2[e]).to(cd).T).to(partial_dtype)
-        y.index_add_(0, tok, out.to(cd))
-    return y
-
-
-def shared_expert_reference(x, sw1, ss1, sw3, ss3, sw2, ss2, limit: float, act_quant: bool = False):
-    h = fp8_gemm_swiglu_reference(x, sw1, ss1, sw3, ss3, limit, act_quant)
-    return fp8_gemm_reference(h, sw2, ss2, act_quant)
-
-
-def moe_forward_reference(x, gate_w, bias, w1, s1, w3, s3, w2, s2, shared, *, top_k: int, route_scale: float,
-                          limit: float, gate_temp: float = 1.0, bias_vl=None, image_mask=None,
-                          act_quant: bool = False):
-    """The whole FFN: route, routed experts, shared expert (`shared` = (w1, s1, w3, s3, w2, s2) FP8)."""
-    tw, ti = router_reference(x, gate_w, bias, top_k, route_scale, gate_temp, bias_vl, image_mask)
-    y = moe_experts_reference(x, ti, tw, w1, s1, w3, s3, w2, s2, limit, act_quant)
-    if shared is not None:
-        y = y + shared_expert_reference(x, *shared, limit, act_quant).float()
-    return y.to(x.dtype)
 
 
 # ============================================================================ launchers
@@ -454,13 +414,6 @@ def moe_combine(partials, top_k: int, shared=None, out_dtype=torch.float32):
     return y
 
 
-def moe_combine_reference(partials, top_k: int, shared=None, out_dtype=torch.float32):
-    y = partials.float().unflatten(0, (-1, top_k)).sum(1)
-    if shared is not None:
-        y = y + shared.float()
-    return y.to(out_dtype)
-
-
 def _shared_expert(x, shared, limit, act_quant):
     sw1, ss1, sw3, ss3, sw2, ss2 = shared
     return fp8_gemm(fp8_gemm_swiglu(x, sw1, ss1, sw3, ss3, limit, act_quant), sw2, ss2, act_quant)
@@ -563,7 +516,7 @@ def _decoding_on(tr, mode, t) -> dict:
             "H_BK": t["BK"], "H_DECODE": dec if t["BN"] % t["BK"] == 0 else 0}
 
 
-def _gate_up_variants(target: str) -> list:
+def _gate_up_variants(target: str, widths=PUBLISHED) -> list:
     tr = target_traits(target)
     if tr is None:
         return []
@@ -574,15 +527,15 @@ def _gate_up_variants(target: str) -> list:
     for name, (E, k) in ROUTERS.items():
         for mode, (t, nw, ns) in _expert_modes(tr).items():
             for hq in (False, True):
-                ce = {"K": HIDDEN, "N": MOE_INTER, "TOPK": k, **t, "DOT_F32": False, "H_QUANT": hq,
+                ce = {"K": widths.hidden_size, "N": widths.moe_intermediate_size, "TOPK": k, **t, "DOT_F32": False, "H_QUANT": hq,
                       **_decoding_on(tr, mode, t)}
                 v = f"{name}_{mode}" + ("_aq" if hq else "")
                 out.append(aot_spec(moe_gate_up_kernel, v, types, ce, nw, ns,
-                                    {"router": name, "E": E, "D": HIDDEN, "I": MOE_INTER, "mode": mode, **ce}))
+                                    {"router": name, "E": E, "D": widths.hidden_size, "I": widths.moe_intermediate_size, "mode": mode, **ce}))
     return out
 
 
-def _down_variants(target: str) -> list:
+def _down_variants(target: str, widths=PUBLISHED) -> list:
     tr = target_traits(target)
     if tr is None:
         return []
@@ -593,19 +546,19 @@ def _down_variants(target: str) -> list:
         dc = _decoding_on(tr, mode, t)
         if tr["big_tiles"] and mode == "prefill":
             t = {**t, "BN": 256}  # as _expert_tiles for the down GEMM
-        ce = {"K": MOE_INTER, "N": HIDDEN, **t, "DOT_F32": False, "DOT_SCALED": dc["DOT_SCALED"],
+        ce = {"K": widths.moe_intermediate_size, "N": widths.hidden_size, **t, "DOT_F32": False, "DOT_SCALED": dc["DOT_SCALED"],
               "DECODE": dc["DECODE"], "PTX": dc["PTX"]}
-        out.append(aot_spec(moe_down_kernel, mode, types, ce, nw, ns, {"D": HIDDEN, "I": MOE_INTER, "mode": mode, **ce}))
+        out.append(aot_spec(moe_down_kernel, mode, types, ce, nw, ns, {"D": widths.hidden_size, "I": widths.moe_intermediate_size, "mode": mode, **ce}))
     return out
 
 
-def _combine_variants(target: str) -> list:
+def _combine_variants(target: str, widths=PUBLISHED) -> list:
     if target_traits(target) is None:
         return []
     types = {"part_ptr": "*bf16", "shared_ptr": "*bf16", "y_ptr": "*bf16"}
     out = []
     for name, (E, k) in ROUTERS.items():
-        ce = {"N": HIDDEN, "TOPK": k, "BN": 1024, "HAS_SHARED": True}
+        ce = {"N": widths.hidden_size, "TOPK": k, "BN": 1024, "HAS_SHARED": True}
         out.append(aot_spec(moe_combine_kernel, f"{name}_k{k}", types, ce, 4, 1, {"router": name, **ce}))
     return out
 

@@ -160,10 +160,13 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
+from dsv41c.codegen.triton.widths import PUBLISHED
 from dsv41c.codegen.triton.arrival import arrive_last, signal_done, wait_inputs
 from dsv41c.codegen.triton.fp4_mma_gemv import fp4_mma_gemv, store_prescaled_f16
-from dsv41c.codegen.triton.fp8_gemm import HIDDEN, MOE_INTER, fake_quant_e4m3_pow2, interpreting, target_traits
-from dsv41c.codegen.triton.kv_quant import sm_count
+from dsv41c.codegen.triton.codecs import fake_quant_e4m3_pow2
+from dsv41c.codegen.triton.targets import interpreting, target_traits
+from dsv41c.codegen.triton.targets import sm_count
+from dsv41c.codegen.triton.moe_reference import moe_combine_reference, moe_experts_reference
 from dsv41c.codegen.triton.moe_router import ROUTERS
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 
@@ -544,8 +547,6 @@ def moe_experts_decode_reference(x, topk_idx, topk_w, w1, s1, w3, s3, w2, s2, li
     """moe_experts_reference per slot (its partial, rounded to partial_dtype), then moe_combine_reference.
 
     The slot partials are summed in slot order like `moe.moe_combine`; `tiles` is ignored."""
-    # imported here so that moe.py can import this module (its dispatch) without a cycle
-    from dsv41c.codegen.triton.moe import moe_combine_reference, moe_experts_reference
     k = topk_idx.shape[1]
     parts = [moe_experts_reference(x, topk_idx[:, j:j + 1], topk_w[:, j:j + 1], w1, s1, w3, s3, w2, s2, limit,
                                    act_quant, inter_dtype, partial_dtype, compute_dtype) for j in range(k)]
@@ -567,7 +568,7 @@ def _fit(KB: int, BKB: int) -> int:
 MMA_MIN_STEPS = 8  # core 1's gate/up K split keeps at least this many 128-wide steps a program (prologue, epilogue)
 
 
-def decode_tiles(D: int = HIDDEN, I: int = MOE_INTER, top_k: int = 6, interp=None, core=None, tokens: int = 1,
+def decode_tiles(D: int = PUBLISHED.hidden_size, I: int = PUBLISHED.moe_intermediate_size, top_k: int = 6, interp=None, core=None, tokens: int = 1,
                  n_sm: int = 132, device=None) -> dict:
     """Launch parameters: prep BKB; core; gate_up {BN, BKB, num_warps, ksplit[, sub]}; down {BN, BKB, num_warps,
     split[, sub]}.
@@ -810,16 +811,16 @@ def _aot_tiles(tr, core=0) -> dict:
     return decode_tiles(interp=False, core=core)
 
 
-def _prep_variants(target: str) -> list:
+def _prep_variants(target: str, widths=PUBLISHED) -> list:
     tr = target_traits(target)
     if tr is None:
         return []
     t = _aot_tiles(tr)
-    ncnt = triton.cdiv(HIDDEN, t["down"]["BN"])
+    ncnt = triton.cdiv(widths.hidden_size, t["down"]["BN"])
     out = []
     for core in _cores(tr):
         for aq in (False, True):
-            ce = {"K": HIDDEN, "BKB": t["prep"], "ACT_QUANT": aq, "NCNT": ncnt,
+            ce = {"K": widths.hidden_size, "BKB": t["prep"], "ACT_QUANT": aq, "NCNT": ncnt,
                   "NCNT_P": triton.next_power_of_2(ncnt), "NGCNT": 0, "NGCNT_P": 1, "PDL": False, "NDCNT": 0,
                   "NDCNT_P": 1, "FMT": core}
             out.append(aot_spec(moe_decode_prep_kernel, ("aq" if aq else "plain") + ("_f16" if core else ""),
@@ -838,7 +839,7 @@ def _cores(tr) -> tuple:
     return (0, 1) if tr["kind"] == "cuda" and tr["arch"] >= 80 else (0,)
 
 
-def _gate_up_variants(target: str) -> list:
+def _gate_up_variants(target: str, widths=PUBLISHED) -> list:
     tr = target_traits(target)
     if tr is None:
         return []
@@ -851,7 +852,7 @@ def _gate_up_variants(target: str) -> list:
                  "limit": "fp32", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "done_ptr": "*i32", "z_ptr": "*i32"}
         for name, (E, k) in ROUTERS.items():
             for hq in (False, True):
-                ce = {"K": HIDDEN, "N": MOE_INTER, "TOPK": k, "BN": g["BN"], "BKB": g["BKB"],
+                ce = {"K": widths.hidden_size, "N": widths.moe_intermediate_size, "TOPK": k, "BN": g["BN"], "BKB": g["BKB"],
                       # KSPLIT 1 ahead of time: a K split needs a prep variant that also zeroes this router's
                       # k·I/BN gate/up counters per token (NGCNT), and the prep variants are not keyed by router yet.
                       "INTER": ROUND[torch.bfloat16], "H_QUANT": hq, "KSPLIT": 1, "PDL": False, "DONE": False,
@@ -862,7 +863,7 @@ def _gate_up_variants(target: str) -> list:
     return out
 
 
-def _down_variants(target: str) -> list:
+def _down_variants(target: str, widths=PUBLISHED) -> list:
     tr = target_traits(target)
     if tr is None:
         return []
@@ -875,7 +876,7 @@ def _down_variants(target: str) -> list:
                 types = {"hp_ptr": "*fp16" if core else "*fp32", "hf_ptr": "*fp32", "idx_ptr": "*i32",
                          "w2_ptr": "*i32", "s2_ptr": "*u8", "shared_ptr": "*bf16", "y_ptr": out_t, "ws_ptr": "*fp32",
                          "cnt_ptr": "*i32", "done_ptr": "*i32", "z_ptr": "*i32"}
-                ce = {"K": MOE_INTER, "N": HIDDEN, "TOPK": k, "BN": d["BN"], "BKB": d["BKB"],
+                ce = {"K": widths.moe_intermediate_size, "N": widths.hidden_size, "TOPK": k, "BN": d["BN"], "BKB": d["BKB"],
                       "SPLIT": k, "PARTIAL": ROUND[torch.bfloat16],
                       "OUT": ROUND[torch.float32 if out_t == "*fp32" else torch.bfloat16], "HAS_SHARED": has_sh,
                       "PDL": False, "FINE": 0, "CORE": core, "EMU": False, "SUB": d.get("sub", 1) if core else 1}

@@ -82,12 +82,13 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, register
+from dsv41c.codegen.triton.widths import PUBLISHED
 from dsv41c.codegen.triton.arrival import arrive_last, counters, reset_counter, wait_count
-from dsv41c.codegen.triton.fp8_gemm import N_SMS_HINT, aot_spec, fp32_dot_precision, interpreting, target_traits
-from dsv41c.codegen.triton.kv_quant import sm_count
+from dsv41c.codegen.templates import aot_spec
+from dsv41c.codegen.triton.targets import N_SMS_HINT, fp32_dot_precision, interpreting, target_traits
+from dsv41c.codegen.triton.targets import sm_count
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 
-HIDDEN = 5120
 ROUTERS = {"backbone": (384, 6), "dspark": (128, 3)}  # (experts, top-k)
 GEMV_MAX_T = 8  # decode: tokens up to which the logits use the GEMV kernel
 GEMV_BE, GEMV_BK = 8, 512  # 384 experts -> 48 programs per token and K split, 8 KB of gate per k step
@@ -534,7 +535,7 @@ def _router_split(T_small: bool, D: int, BK: int):
     return triton.cdiv(D, k_per), k_per
 
 
-def _router_variants(target: str) -> list:
+def _router_variants(target: str, widths=PUBLISHED) -> list:
     tr = target_traits(target)
     if tr is None:
         return []
@@ -544,12 +545,12 @@ def _router_variants(target: str) -> list:
           "i_out_ptr": "*i32", "T": "i32", "n_split": "i32", "inv_temp": "fp32", "route_scale": "fp32"}
     for name, (E, k) in ROUTERS.items():
         for mode, (BT, BE, BK) in {"decode": (16, 64, 128), "prefill": (64, 128, 64)}.items():
-            _, k_per = _router_split(mode == "decode", HIDDEN, BK)
-            ce = {"E": E, "K": HIDDEN, "K_PER_SPLIT": k_per, "BT": BT, "BE": BE, "BK": BK, "PREC": tr["fp32_prec"]}
+            _, k_per = _router_split(mode == "decode", widths.hidden_size, BK)
+            ce = {"E": E, "K": widths.hidden_size, "K_PER_SPLIT": k_per, "BT": BT, "BE": BE, "BK": BK, "PREC": tr["fp32_prec"]}
             out.append(aot_spec(router_logits_kernel, f"logits_{name}_{mode}", lt, ce, 4, 3,
                                 {"router": name, "mode": mode, "TOPK": k, **ce}))
-        _, k_per = _gemv_split(1, E, HIDDEN, GEMV_BK, interp=False)  # the one-token split on an H200
-        ce = {"E": E, "K": HIDDEN, "BE": GEMV_BE, "BK": GEMV_BK, "K_PER_SPLIT": k_per}
+        _, k_per = _gemv_split(1, E, widths.hidden_size, GEMV_BK, interp=False)  # the one-token split on an H200
+        ce = {"E": E, "K": widths.hidden_size, "BE": GEMV_BE, "BK": GEMV_BK, "K_PER_SPLIT": k_per}
         out.append(aot_spec(router_logits_gemv_kernel, f"logits_{name}_decode_gemv",
                             {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32", "T": "i32"}, ce, 4, 1,
                             {"router": name, "mode": "decode_gemv", "TOPK": k, **ce}))
@@ -557,15 +558,15 @@ def _router_variants(target: str) -> list:
               "HAS_VL": True, "NORM": True}
         out.append(aot_spec(router_topk_kernel, f"topk_{name}_e{E}_k{k}", tt, ce, 4, 1,
                             {"router": name, "TOPK": k, **ce}))
-        fce = {"E": E, "K": HIDDEN, "BE": GEMV_BE, "BK": GEMV_BK, "K_PER_SPLIT": k_per,
+        fce = {"E": E, "K": widths.hidden_size, "BE": GEMV_BE, "BK": GEMV_BK, "K_PER_SPLIT": k_per,
                **{c: ce[c] for c in ("E_PAD", "TOPK", "K_PAD", "HAS_VL", "NORM")}, "PDL": False, "EARLY": False}
         ft = {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32", "cnt_ptr": "*i32",
               **{a: tt[a] for a in ("bias_ptr", "bias_vl_ptr", "img_ptr", "w_out_ptr", "i_out_ptr", "T", "inv_temp",
                                     "route_scale")}}
         out.append(aot_spec(router_decode_kernel, f"decode_fused_{name}", ft, fce, 4, 1,
                             {"router": name, "mode": "decode_fused", **fce}))
-        be, ks = _gate_once_tiles(E, HIDDEN)
-        gce = {"E": E, "K": HIDDEN, "BE": be, "KS": ks, "T_PAD": 16, "ROW_PROGRAMS": True, "UPCAST": False,
+        be, ks = _gate_once_tiles(E, widths.hidden_size)
+        gce = {"E": E, "K": widths.hidden_size, "BE": be, "KS": ks, "T_PAD": 16, "ROW_PROGRAMS": True, "UPCAST": False,
                **{c: ce[c] for c in ("E_PAD", "TOPK", "K_PAD", "HAS_VL", "NORM")}, "PDL": False,
                "MULTI_ROW": False}  # the model's gates: 120 / 80 programs, at least T_PAD
         out.append(aot_spec(router_gate_once_kernel, f"decode_gate_once_{name}", ft, gce, 4, 1,

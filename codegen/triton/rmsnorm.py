@@ -28,7 +28,8 @@ import triton
 import triton.language as tl
 
 from dsv41c.codegen.templates import KernelTemplate, register
-from dsv41c.codegen.triton.fp8_gemm import aot_spec, interpreting, target_traits
+from dsv41c.codegen.templates import aot_spec
+from dsv41c.codegen.triton.targets import interpreting, target_traits
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 
 NORM_WIDTHS = {"hidden": 5120, "q_norm": 1280, "kv_norm": 512, "k_norm": 128}

@@ -132,14 +132,15 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv41c.codegen.templates import KernelTemplate, register
+from dsv41c import formats
+from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
+from dsv41c.codegen.triton import sparse_attention_ws as wsk
 from dsv41c.codegen.triton.arrival import arrive_last, counters, reset_counter
-from dsv41c.codegen.triton.kv_quant import (
-    aot_spec, e4m3_decode, interpreting, is_rocm, pow2_float, round_bf16, sm_count)
-from dsv41c.codegen.triton.fp8_gemm import ptx_for
+from dsv41c.codegen.triton.codecs import e4m3_decode, pow2_float, round_bf16
 from dsv41c.codegen.triton.kv_pairs import e2m1_tile_pairs, e4m3_tile_pairs
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
-from dsv41c import formats
+from dsv41c.codegen.triton.targets import interpreting, is_rocm, ptx_for, sm_count
+from dsv41c.codegen.triton.widths import PUBLISHED
 
 
 @triton.jit
@@ -512,9 +513,8 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
         raise ValueError(f"sparse_attention: ws=True takes none of the Triton kernel's knobs, got {knobs}")
     decode_batch = wq and 1 < S and 2 * S <= sm_count(dev)
     if ws or (ws is None and WS_ATTENTION and not knobs and decode_batch):
-        from dsv41c.codegen.triton.sparse_attention_ws import WS_BN, ws_supported
         # by default only where its 64-key blocks tile the window (ws=True with another window: its error)
-        if ws_supported(q, win_kv, cmp_kv) and (ws or window % WS_BN == 0):
+        if wsk.ws_supported(q, win_kv, cmp_kv) and (ws or window % wsk.WS_BN == 0):
             return _sparse_attention_ws(q, qpos, wkv, wsc, ckv, csc, idx, sink, cos, sin, window, R, win_base,
                                         cmp_base, scale, n_split, pdl, out, ws_cfg)
         if ws:
@@ -604,8 +604,6 @@ def _index_args(qpos, idx, win_base, cmp_base):
 def _sparse_attention_ws(q, qpos, wkv, wsc, ckv, csc, idx, sink, cos, sin, window, R, win_base, cmp_base, scale,
                          n_split, pdl, out, ws_cfg=None):
     """The key blocks by the warp-specialized kernel (partials always), merged by `_combine_kernel`."""
-    from dsv41c.codegen.triton import sparse_attention_ws as wsk
-
     S, H, D = q.shape
     BN = wsk.WS_BN
     if window % BN:
@@ -758,10 +756,8 @@ def _attn_spec(c, quant: bool, split: bool, bn: int, dv: int, num_warps: int, nu
                     num_warps=num_warps, num_stages=num_stages)
 
 
-def _specs(target):
-    from dsv41c.frontend.config import preset
-
-    c = preset("full")
+def _specs(target, widths=PUBLISHED):
+    c = widths
     # gfx942/gfx1100 have 64 KB of LDS, which the hoisted q [64, 512] bf16 alone fills: there QK runs
     # per 128-channel slice (DV 128) on 32-key blocks; ROCm pipelines in registers (one stage)
     lds64 = target in ("rocm:gfx942", "rocm:gfx1100")
@@ -796,3 +792,26 @@ register(KernelTemplate(
     keys=("H", "D", "ROPE", "W", "BN", "DV", "QUANT", "SPLIT", "QK_ONCE", "FUSE", "CP", "HB", "NS", "FHB", "UPCAST", "PAIRS",
           "PTX", "LAZY", "PDL", "CVEC"),
     reference=sparse_attention_ref, launch=sparse_attention, specializations=_specs))
+
+
+# The warp-specialized kernel's template is registered here, beside the pipeline its launch and reference go through
+# (sparse_attention(..., ws=True): the same preparation and `_combine_kernel`), so that the kernel module
+# (sparse_attention_ws.py) imports nothing of this one.
+_WS_OTHERS = "; the sparse_attention template serves this target"
+
+
+def _ws_launch(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, **kw):
+    return sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, ws=True, **kw)
+
+
+register(KernelTemplate(
+    name="sparse_attention_ws", module=wsk.__name__,
+    summary="decode-batch sparse attention, FP8/FP4 KV: a producer warpgroup dequantizes key blocks while two "
+            "consumer warpgroups run wgmma (Gluon, warp-specialized)",
+    keys=("H", "D", "W", "BN", "NBUF", "PRODUCER_REGS", "NCH", "PDL", "PBF16", "maxnreg"),
+    reference=sparse_attention_ref, launch=_ws_launch, specializations=wsk.ws_specs,
+    missing_on={"cuda:sm80": "wgmma, mbarrier partitions and setmaxnreg are sm90+" + _WS_OTHERS,
+                "cuda:sm100": "written for Hopper's warpgroup MMA; Blackwell needs tcgen05 and tensor memory (not "
+                              "written)" + _WS_OTHERS,
+                **{t: "a CUDA Gluon kernel (NVIDIA partitions, wgmma)" + _WS_OTHERS
+                   for t in ("rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")}}))

@@ -67,10 +67,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from triton.experimental.gluon.language._core import builtin
 
-from dsv41c.codegen.templates import KernelTemplate, aot_spec, register
+from dsv41c.codegen.templates import aot_spec
 from dsv41c.codegen.triton.kv_pairs import _E2M1_PAIRS
-from dsv41c.codegen.triton.kv_quant import interpreting
+from dsv41c.codegen.triton.targets import interpreting
 from dsv41c.codegen.triton.pdl import launch_kw
+from dsv41c.codegen.triton.widths import PUBLISHED
 
 # a CTA-wide (in a partition: the partition's warps) barrier: `gl.barrier` since triton 3.7, `gl.thread_barrier` before
 _sync = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
@@ -88,7 +89,6 @@ WS_BN = 64  # keys a block: two warpgroups x 32 keys of q·K^T
 WS_NBUF = 2  # bf16 tiles in flight: 64 KB each, beside q's 64 KB (sm90: 227 KB a CTA)
 WS_PRODUCER_REGS = 120  # registers a producer thread; the consumers get 192 (sm90, triton 3.6 ptxas: 8 bytes of stack at 120, 176 at 112)
 WS_MAXNREG = 168
-WS_LOOKAHEAD = False  # the producer gathers block i+1 before decoding block i (registers: two blocks' raw bytes)
 WS_PDL = True  # launched with PDL where the device has it (pdl.py): the combine's launch overlaps this grid
 # bf16 partials stored through the freed tile ring (PBF16): 64 queries 34.1-34.3 -> 29.5 µs L2-cold on the H200, the
 # launch alone 28.3 -> 25.2 (session 29, tuning/sparse_attention_ws/bf16_partials.json)
@@ -118,23 +118,9 @@ def _last3(n: gl.constexpr, L3: gl.constexpr):
 
 
 @gluon.jit
-def _stamp(ts_ptr, cta, slot, STAMPS: gl.constexpr, GLOBAL: gl.constexpr = False, ok=True):
-    """Diagnostics (STAMPS): the SM clock (or, GLOBAL, the global nanosecond timer) into ts_ptr[cta, slot] where ok
-    (64 slots a program: 12 consumer blocks, 8 producer blocks; benchmarks/ws_timeline.py reads them and documents
-    the slot map)."""
-    if STAMPS:
-        if GLOBAL:
-            t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
-        else:
-            t = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
-        gl.store(ts_ptr + cta * 64 + slot, t, mask=ok)
-
-
-@gluon.jit
 def _producer(wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, s, p, wbase, cbase, R, KC, b0, b1,
-              k_smem, bias_smem, ready, empty, ts_ptr, cta, D: gl.constexpr, W: gl.constexpr, BN: gl.constexpr,
-              NBUF: gl.constexpr, NCH: gl.constexpr, LOOKAHEAD: gl.constexpr, DIAG: gl.constexpr,
-              STAMPS: gl.constexpr):
+              k_smem, bias_smem, ready, empty, D: gl.constexpr, W: gl.constexpr, BN: gl.constexpr,
+              NBUF: gl.constexpr, NCH: gl.constexpr):
     """Fill the tile ring: per key block, gather its rows (every chunk's loads issued before waiting for a free
     tile), decode NCH channel chunks in turn into the tile (so a chunk's outputs, not the block's, are live), write
     the padding bias, then signal ready."""
@@ -152,7 +138,6 @@ def _producer(wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, s, p, wbase, cbase, R
         j = p - W + 1 + blk * BN + _rows3(BN, LW)
         ok = j >= 0
         rows = (wbase + gl.where(ok, j, 0) % R).to(gl.int64)
-        ok = ok & (DIAG != 1)
         codes = ()
         exps = ()
         for ch in gl.static_range(NCH):
@@ -163,9 +148,8 @@ def _producer(wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, s, p, wbase, cbase, R
         bias = gl.where(jb >= 0, 0.0, float("-inf"))
         buf = i % NBUF
         mbarrier.wait(empty.index(buf), ((i // NBUF) & 1) ^ 1)
-        _stamp(ts_ptr, cta, 44 + 2 * i, STAMPS, ok=i < 8)
         tile = k_smem.index(buf)
-        for ch in gl.static_range(NCH * (DIAG != 1)):
+        for ch in gl.static_range(NCH):
             # value·2^(e-127) in units of 2^-8: the e4m3 value (exact in fp32) x 2^-8, then x 2^(e-127) (bits e << 23)
             e = exps[ch].to(gl.int32)
             v = codes[ch].to(gl.float8e4nv, bitcast=True).to(gl.float32) * 0.00390625
@@ -175,43 +159,35 @@ def _producer(wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, s, p, wbase, cbase, R
         fence_async_shared()
         _sync()
         mbarrier.arrive(ready.index(buf), count=1)
-        _stamp(ts_ptr, cta, 45 + 2 * i, STAMPS, ok=i < 8)
         i += 1
     c0 = gl.maximum(b0, NWB)
-    cur = _cmp_loads(ckv_ptr, csc_ptr, idx_ptr, s64, cbase, KC, c0, b1, D, BN, NWB, NCH, LC, BIAS_L, DIAG)
+    cur = _cmp_loads(ckv_ptr, csc_ptr, idx_ptr, s64, cbase, KC, c0, b1, D, BN, NWB, NCH, LC, BIAS_L)
     for blk in range(c0, b1):
-        if LOOKAHEAD:  # the next block's gathers go out before this one is decoded (its DRAM round trip overlaps)
-            nxt = _cmp_loads(ckv_ptr, csc_ptr, idx_ptr, s64, cbase, KC, blk + 1, b1, D, BN, NWB, NCH, LC, BIAS_L, DIAG)
         words, factors, bias = cur
         buf = i % NBUF
         mbarrier.wait(empty.index(buf), ((i // NBUF) & 1) ^ 1)
-        _stamp(ts_ptr, cta, 44 + 2 * i, STAMPS, ok=i < 8)
-        if DIAG != 1:
-            tile = _reinterpret(k_smem.index(buf), gl.int32, [BN, D // 2], I32_TILE)
-            for ch in gl.static_range(NCH):
-                # each word's 4 bytes -> 4 bf16x2 pairs (kv_pairs.py's PTX, the factor in both halves of $5 and $6)
-                f = gl.broadcast(factors[ch], words[ch])[0]
-                o0, o1, o2, o3 = gl.inline_asm_elementwise(_E2M1_PAIRS, "=r,=r,=r,=r,r,r,r", [words[ch], f, f],
-                                                           dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
-                                                           is_pure=True, pack=1)
-                # [rows, groups, word, i, j] = byte 2i + j of the word: the pairs in channel order
-                w = gl.join(gl.join(o0, o2), gl.join(o1, o3))
-                # int32 word c of a row = channels 2c, 2c+1: the bf16 tile's bytes under the same 128-byte swizzle
-                tile.slice(ch * (D // 2 // NCH), D // 2 // NCH, dim=1).store(gl.reshape(w, [BN, D // 2 // NCH]))
+        tile = _reinterpret(k_smem.index(buf), gl.int32, [BN, D // 2], I32_TILE)
+        for ch in gl.static_range(NCH):
+            # each word's 4 bytes -> 4 bf16x2 pairs (kv_pairs.py's PTX, the factor in both halves of $5 and $6)
+            f = gl.broadcast(factors[ch], words[ch])[0]
+            o0, o1, o2, o3 = gl.inline_asm_elementwise(_E2M1_PAIRS, "=r,=r,=r,=r,r,r,r", [words[ch], f, f],
+                                                       dtype=(gl.int32, gl.int32, gl.int32, gl.int32),
+                                                       is_pure=True, pack=1)
+            # [rows, groups, word, i, j] = byte 2i + j of the word: the pairs in channel order
+            w = gl.join(gl.join(o0, o2), gl.join(o1, o3))
+            # int32 word c of a row = channels 2c, 2c+1: the bf16 tile's bytes under the same 128-byte swizzle
+            tile.slice(ch * (D // 2 // NCH), D // 2 // NCH, dim=1).store(gl.reshape(w, [BN, D // 2 // NCH]))
         bias_smem.index(buf).store(bias)
         fence_async_shared()
         _sync()
         mbarrier.arrive(ready.index(buf), count=1)
-        _stamp(ts_ptr, cta, 45 + 2 * i, STAMPS, ok=i < 8)
         i += 1
-        if not LOOKAHEAD:
-            nxt = _cmp_loads(ckv_ptr, csc_ptr, idx_ptr, s64, cbase, KC, blk + 1, b1, D, BN, NWB, NCH, LC, BIAS_L, DIAG)
-        cur = nxt
+        cur = _cmp_loads(ckv_ptr, csc_ptr, idx_ptr, s64, cbase, KC, blk + 1, b1, D, BN, NWB, NCH, LC, BIAS_L)
 
 
 @gluon.jit
 def _cmp_loads(ckv_ptr, csc_ptr, idx_ptr, s64, cbase, KC, blk, b1, D: gl.constexpr, BN: gl.constexpr,
-               NWB: gl.constexpr, NCH: gl.constexpr, LC: gl.constexpr, BIAS_L: gl.constexpr, DIAG: gl.constexpr):
+               NWB: gl.constexpr, NCH: gl.constexpr, LC: gl.constexpr, BIAS_L: gl.constexpr):
     """The gathers of compressed block blk (nothing is read when blk >= b1): its packed FP4 rows as int32 words
     [BN, groups, 2] a chunk (a word = 4 bytes = 8 channels; 32-bit values, so a block carried across the loop stays
     one register a word, where uint8 elements took one register a byte), each group's factor (its E4M3 scale x
@@ -221,7 +197,7 @@ def _cmp_loads(ckv_ptr, csc_ptr, idx_ptr, s64, cbase, KC, blk, b1, D: gl.constex
     live = blk < b1
     jj = (blk - NWB) * BN + _rows3(BN, LC)
     ent = gl.load(idx_ptr + s64 * KC + jj, mask=(jj < KC) & live, other=-1)
-    ok = (ent >= 0) & (DIAG != 1)
+    ok = ent >= 0
     rows = (cbase + gl.where(ok, ent, 0)).to(gl.int64)
     words = ()
     factors = ()
@@ -239,21 +215,17 @@ def _cmp_loads(ckv_ptr, csc_ptr, idx_ptr, s64, cbase, KC, blk, b1, D: gl.constex
 
 @gluon.jit
 def _consumer(q_ptr, s, sp, nblk, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_smem, k_smem, bias_smem, ready, empty,
-              ts_ptr, cta, H: gl.constexpr, D: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, DIAG: gl.constexpr,
-              STAMPS: gl.constexpr, PBF16: gl.constexpr):
+              H: gl.constexpr, D: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, PBF16: gl.constexpr):
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BN // 2, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16])
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     Q_L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
-    _stamp(ts_ptr, cta, 62, STAMPS, True)
-    _stamp(ts_ptr, cta, 0, STAMPS)
     s64 = s.to(gl.int64)
     hq = gl.arange(0, H, layout=gl.SliceLayout(1, Q_L))
     cq = gl.arange(0, D, layout=gl.SliceLayout(0, Q_L))
     q_smem.store(gl.load(q_ptr + (s64 * H + hq)[:, None] * D + cq[None, :]))
     fence_async_shared()
     _sync()
-    _stamp(ts_ptr, cta, 1, STAMPS)
     m_i = gl.full([H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_L))
     l_i = gl.zeros([H], gl.float32, layout=gl.SliceLayout(1, S_L))
     acc = gl.zeros([H, D], gl.float32, layout=O_L)
@@ -262,14 +234,9 @@ def _consumer(q_ptr, s, sp, nblk, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_sm
     for i in range(nblk):
         buf = i % NBUF
         mbarrier.wait(ready.index(buf), (i // NBUF) & 1)
-        _stamp(ts_ptr, cta, 2 + 3 * i, STAMPS, ok=i < 12)
         kt = k_smem.index(buf)
-        if DIAG == 2:  # diagnostics: no MMA (the producer alone sets the pace)
-            qk = zs
-        else:
-            qk = warpgroup_mma(q_smem, kt.permute((1, 0)), zs, use_acc=False, is_async=True)
-            qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
-        _stamp(ts_ptr, cta, 3 + 3 * i, STAMPS, ok=i < 12)
+        qk = warpgroup_mma(q_smem, kt.permute((1, 0)), zs, use_acc=False, is_async=True)
+        qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
         bias = bias_smem.index(buf).load(gl.SliceLayout(0, S_L))
         logits = qk * scale + bias[None, :]
         m_new = gl.maximum(m_i, gl.max(logits, axis=1))
@@ -279,16 +246,13 @@ def _consumer(q_ptr, s, sp, nblk, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_sm
         l_i = l_i * alpha + gl.sum(pr, axis=1)
         m_i = m_new
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
-        if DIAG != 2:
-            # P·V waited for in this iteration: an accumulator still in flight across the loop's back edge made
-            # ptxas serialize every wgmma of the kernel (C7515: a wait after each of the 36 a block)
-            acc = warpgroup_mma(gl.convert_layout(pr.to(gl.bfloat16), P_L), kt, acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        _stamp(ts_ptr, cta, 4 + 3 * i, STAMPS, ok=i < 12)
+        # P·V waited for in this iteration: an accumulator still in flight across the loop's back edge made ptxas
+        # serialize every wgmma of the kernel (C7515: a wait after each of the 36 a block)
+        acc = warpgroup_mma(gl.convert_layout(pr.to(gl.bfloat16), P_L), kt, acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _sync()  # both warpgroups are done with the tile
         mbarrier.arrive(empty.index(buf), count=1)
     acc = acc * 256.0
-    _stamp(ts_ptr, cta, 40, STAMPS)
     st = (s64 * n_split + sp) * H
     hs = gl.arange(0, H, layout=gl.SliceLayout(1, S_L))
     gl.store(pm_ptr + st + hs, m_i)
@@ -309,16 +273,13 @@ def _consumer(q_ptr, s, sp, nblk, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_sm
         ho = gl.arange(0, H, layout=gl.SliceLayout(1, O_L))
         co = gl.arange(0, D, layout=gl.SliceLayout(0, O_L))
         gl.store(pacc_ptr + (st + ho)[:, None] * D + co[None, :], acc)
-    _stamp(ts_ptr, cta, 41, STAMPS)
-    _stamp(ts_ptr, cta, 63, STAMPS, True)
 
 
 @gluon.jit
 def _sparse_attn_ws_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, wbase_ptr, cbase_ptr,
-                           pm_ptr, pl_ptr, pacc_ptr, ts_ptr, R, KC, has_base, blocks_per_split, n_split, scale,
+                           pm_ptr, pl_ptr, pacc_ptr, R, KC, has_base, blocks_per_split, n_split, scale,
                            H: gl.constexpr, D: gl.constexpr, W: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr,
-                           PRODUCER_REGS: gl.constexpr, NCH: gl.constexpr, LOOKAHEAD: gl.constexpr,
-                           DIAG: gl.constexpr = 0, PDL: gl.constexpr = False, STAMPS: gl.constexpr = False,
+                           PRODUCER_REGS: gl.constexpr, NCH: gl.constexpr, PDL: gl.constexpr = False,
                            PBF16: gl.constexpr = False):
     if PDL:  # pdl.py's protocol: wait for the previous grid's writes, then let the combine launch be scheduled
         gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
@@ -326,7 +287,6 @@ def _sparse_attn_ws_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, 
                                   pack=1)
     s = gl.program_id(0)
     sp = gl.program_id(2)
-    cta = s * n_split + sp  # the stamps row (gl.num_programs did not compile under every triton)
     p = gl.load(qpos_ptr + s)
     wbase = gl.load(wbase_ptr + s) * has_base  # has_base = 0: the base pointers alias qpos
     cbase = gl.load(cbase_ptr + s) * has_base
@@ -343,9 +303,9 @@ def _sparse_attn_ws_kernel(q_ptr, qpos_ptr, wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, 
         mbarrier.init(empty.index(k), count=1)
     gl.warp_specialize([
         (_consumer, (q_ptr, s, sp, b1 - b0, scale, n_split, pm_ptr, pl_ptr, pacc_ptr, q_smem, k_smem, bias_smem,
-                     ready, empty, ts_ptr, cta, H, D, BN, NBUF, DIAG, STAMPS, PBF16)),
+                     ready, empty, H, D, BN, NBUF, PBF16)),
         (_producer, (wkv_ptr, wsc_ptr, ckv_ptr, csc_ptr, idx_ptr, s, p, wbase, cbase, R, KC, b0, b1, k_smem,
-                     bias_smem, ready, empty, ts_ptr, cta, D, W, BN, NBUF, NCH, LOOKAHEAD, DIAG, STAMPS)),
+                     bias_smem, ready, empty, D, W, BN, NBUF, NCH)),
     ], [4], [PRODUCER_REGS])
 
 
@@ -363,9 +323,8 @@ def ws_supported(q, win_kv, cmp_kv) -> bool:
 
 def launch_ws(q, qpos, wkv, wsc, ckv, csc, idx, wb, cb, pm, pl, pacc, R, KC, has_base, bps, n_split, scale, window,
               block_n=WS_BN, nbuf=WS_NBUF, producer_regs=WS_PRODUCER_REGS, maxnreg=WS_MAXNREG, chunks=WS_CHUNKS,
-              lookahead=WS_LOOKAHEAD, diag=0, pdl=False, stamps=None, partial_bf16=None):
+              pdl=False, partial_bf16=None):
     """The partial-writing launch (grid S x 1 x n_split); `sparse_attention` prepares the arguments and merges.
-    stamps: an int64 [S * n_split, 64] buffer for the STAMPS diagnostic timeline (benchmarks/ws_timeline.py).
     partial_bf16: pacc is bf16, stored through shared memory (PBF16; None: pacc's dtype decides)."""
     S, H, D = q.shape
     pbf16 = pacc.dtype == torch.bfloat16
@@ -375,15 +334,11 @@ def launch_ws(q, qpos, wkv, wsc, ckv, csc, idx, wb, cb, pm, pl, pacc, R, KC, has
         raise ValueError(f"sparse_attention_ws: partials must be float32 or bfloat16, got {pacc.dtype}")
     if ckv.shape[-1] % 4 or not ckv.is_contiguous():
         raise ValueError(f"sparse_attention_ws: packed FP4 rows must be contiguous whole int32 words, got {tuple(ckv.shape)}")
-    if stamps is not None and (stamps.dtype != torch.int64 or stamps.device != q.device or not stamps.is_contiguous()
-                               or stamps.numel() < S * n_split * 64):
-        raise ValueError(f"sparse_attention_ws: stamps must be a contiguous int64 tensor of at least {S * n_split} x 64 "
-                         f"on {q.device}, got {stamps.dtype} {tuple(stamps.shape)} on {stamps.device}")
     _sparse_attn_ws_kernel[(S, 1, n_split)](
-        q, qpos, wkv, wsc, ckv.view(torch.int32), csc, idx, wb, cb, pm, pl, pacc, pm if stamps is None else stamps,
+        q, qpos, wkv, wsc, ckv.view(torch.int32), csc, idx, wb, cb, pm, pl, pacc,
         R, KC, int(has_base), bps, n_split, scale,
-        H=H, D=D, W=window, BN=block_n, NBUF=nbuf, PRODUCER_REGS=producer_regs, NCH=chunks, LOOKAHEAD=lookahead,
-        DIAG=diag, PDL=bool(pdl), STAMPS=stamps is not None, PBF16=pbf16, num_warps=8, maxnreg=maxnreg,
+        H=H, D=D, W=window, BN=block_n, NBUF=nbuf, PRODUCER_REGS=producer_regs, NCH=chunks,
+        PDL=bool(pdl), PBF16=pbf16, num_warps=8, maxnreg=maxnreg,
         **launch_kw(bool(pdl)))
 
 
@@ -392,46 +347,17 @@ def launch_ws(q, qpos, wkv, wsc, ckv, csc, idx, wb, cb, pm, pl, pacc, R, KC, has
 
 _WS_TYPES = {"q_ptr": "*bf16", "qpos_ptr": "*i32", "wkv_ptr": "*u8", "wsc_ptr": "*u8", "ckv_ptr": "*i32", "csc_ptr": "*u8",
              "idx_ptr": "*i32", "wbase_ptr": "*i32", "cbase_ptr": "*i32", "pm_ptr": "*fp32", "pl_ptr": "*fp32",
-             "pacc_ptr": "*fp32", "ts_ptr": "*i64", "R": "i32", "KC": "i32", "has_base": "i32", "blocks_per_split": "i32",
+             "pacc_ptr": "*fp32", "R": "i32", "KC": "i32", "has_base": "i32", "blocks_per_split": "i32",
              "n_split": "i32", "scale": "fp32"}
-_OTHERS = "; the sparse_attention template serves this target"
-
-
-def _specs(target):
+def ws_specs(target, widths=PUBLISHED):
     """The launcher's defaults at the model's widths, sm90 only (wgmma, mbarrier partitions, setmaxnreg). Built with
     PDL off, like every AOT variant."""
     if target != "cuda:sm90":
         return []
-    from dsv41c.frontend.config import preset
-
-    c = preset("full")
+    c = widths
     const = {"H": c.num_attention_heads, "D": c.head_dim, "W": c.sliding_window, "BN": WS_BN, "NBUF": WS_NBUF,
-             "PRODUCER_REGS": WS_PRODUCER_REGS, "NCH": WS_CHUNKS, "LOOKAHEAD": WS_LOOKAHEAD, "DIAG": 0, "PDL": False,
-             "STAMPS": False, "PBF16": WS_PARTIAL_BF16}
+             "PRODUCER_REGS": WS_PRODUCER_REGS, "NCH": WS_CHUNKS, "PDL": False, "PBF16": WS_PARTIAL_BF16}
     types = {**_WS_TYPES, "pacc_ptr": "*bf16" if WS_PARTIAL_BF16 else "*fp32"}
     return [aot_spec(_sparse_attn_ws_kernel, f"decode_batch_fp8fp4_bn{WS_BN}_nbuf{WS_NBUF}", types, const,
                      num_warps=8, num_stages=1, keys={**const, "maxnreg": WS_MAXNREG})]
 
-
-def _launch(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, **kw):
-    from dsv41c.codegen.triton.sparse_attention import sparse_attention
-    return sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, ws=True, **kw)
-
-
-def _reference(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, **kw):
-    from dsv41c.codegen.triton.sparse_attention import sparse_attention_ref
-    return sparse_attention_ref(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, **kw)
-
-
-register(KernelTemplate(
-    name="sparse_attention_ws", module=__name__,
-    summary="decode-batch sparse attention, FP8/FP4 KV: a producer warpgroup dequantizes key blocks while two "
-            "consumer warpgroups run wgmma (Gluon, warp-specialized)",
-    keys=("H", "D", "W", "BN", "NBUF", "PRODUCER_REGS", "NCH", "LOOKAHEAD", "DIAG", "PDL", "STAMPS", "PBF16",
-          "maxnreg"),
-    reference=_reference, launch=_launch, specializations=_specs,
-    missing_on={"cuda:sm80": "wgmma, mbarrier partitions and setmaxnreg are sm90+" + _OTHERS,
-                "cuda:sm100": "written for Hopper's warpgroup MMA; Blackwell needs tcgen05 and tensor memory (not "
-                              "written)" + _OTHERS,
-                **{t: "a CUDA Gluon kernel (NVIDIA partitions, wgmma)" + _OTHERS
-                   for t in ("rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")}}))
