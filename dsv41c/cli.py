@@ -205,16 +205,18 @@ def _os_error(e: OSError) -> str:
     return f"{where}: {what}" if where else what
 
 
-def _interrupted(e: KeyboardInterrupt) -> str:
+def _interrupted(e: KeyboardInterrupt, since: int) -> str:
     from dsv41c.outputs import kept
 
-    done = kept()
+    done = kept(since)
     when = f" {_one_line(e)}" if str(e) else ""
     return f"interrupted{when}; " + (f"kept {', '.join(done)} (complete)" if done else "nothing written")
 
 
 def main(argv=None) -> int:
-    cmd = "dsv41c"
+    from dsv41c.outputs import kept
+
+    cmd, since = "dsv41c", len(kept())
     try:
         parser = build_parser()
         argv = list(sys.argv[1:] if argv is None else argv)
@@ -233,7 +235,7 @@ def main(argv=None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except KeyboardInterrupt as e:
-        print(f"{cmd}: {_interrupted(e)}", file=sys.stderr)
+        print(f"{cmd}: {_interrupted(e, since)}", file=sys.stderr)
         return 130
     except UserError as e:
         print(f"{cmd}: error: {_one_line(e)}", file=sys.stderr)
@@ -260,7 +262,7 @@ def main(argv=None) -> int:
 
 # Exceptions raised by the components for bad input (they do not import this module).
 _USER_ERROR_NAMES = {"ConfigError", "CheckpointError", "ArtifactError", "InputError", "PlanError", "IRParseError",
-                     "VerifyError", "PassError", "KernelBuildError", "OutputError", "FileExistsError",
+                     "VerifyError", "PassError", "KernelBuildError", "OutputError", "RequestError", "FileExistsError",
                      "FileNotFoundError"}
 
 

@@ -51,8 +51,9 @@ def note_kept(path: str) -> None:
     _KEPT.append(os.path.abspath(path))
 
 
-def kept() -> list:
-    return list(_KEPT)
+def kept(since: int = 0) -> list:
+    """The outputs finished so far (since the `len(kept())` a caller noted at its start)."""
+    return list(_KEPT[since:])
 
 
 def _probe(dirpath: str) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 
-from dsv41c.frontend.checkpoint_writer import write_random_checkpoint
 from dsv41c.frontend.config import preset
 from dsv41c.outputs import OutputError, check_output_dir, note_kept, reason
 
@@ -22,8 +21,10 @@ def _is_checkpoint(path: str) -> bool:
 
 
 def cmd_init_checkpoint(args) -> int:
-    cfg = preset(args.preset)
     check_output_dir(args.output, "-o", force=args.force, replaceable=_is_checkpoint, kind="checkpoint directory")
+    cfg = preset(args.preset)
+    from dsv41c.frontend.checkpoint_writer import write_random_checkpoint  # torch: after the cheap checks
+
     try:
         res = write_random_checkpoint(cfg, args.output, seed=args.seed, force=args.force)
     except OSError as e:

@@ -101,7 +101,7 @@ def cmd_compile(args) -> int:
     out = check_output_dir(args.output, "-o", force=getattr(args, "force", False), replaceable=is_artifact)
     if getattr(args, "dump_dir", None):
         check_dir_to_fill(args.dump_dir, "--dump-dir")
-    parent = os.path.dirname(out)
+    parent, since = os.path.dirname(out), len(kept())
     try:
         build_artifact(args.output, checkpoint=args.checkpoint, preset=args.preset, target=args.target,
                        kv_quant=args.kv_quant, seed=getattr(args, "seed", 0), dump_dir=getattr(args, "dump_dir", None),
@@ -119,7 +119,7 @@ def cmd_compile(args) -> int:
             raise OutputError(_scrub(msg, parent, args.output)) from None
         raise
     except KeyboardInterrupt:
-        if out in kept():  # the artifact was complete and in place: not a failure
+        if out in kept(since):  # the artifact was complete and in place: not a failure
             print(f"compile: wrote {out} (interrupted after it was complete)", file=sys.stderr)
             return 0
         raise

@@ -13,7 +13,7 @@ path, `dsv41c/outputs.py`), the artifact (manifest, hashes), the device against 
 artifact's target, the ids against the vocabulary, and the length: the prompt plus
 `--max-new-tokens` must fit `context_limit` (the model's `max_position_embeddings`, or the
 artifact's `max_context` option where it has one). Bad artifacts raise `ArtifactError`,
-bad ids and lengths `InputError` (one line, exit 2). The logits file is written whole
+bad ids and lengths `RequestError` (one line, exit 2). The logits file is written whole
 through a temporary name right after the prefill; should that write still fail, the tokens
 are generated and printed all the same and the error follows (exit 2). A generation that
 runs longer than `PROGRESS_AFTER_S` prints its progress on stderr; Ctrl-C prints the
@@ -26,8 +26,6 @@ import os
 import sys
 import time
 from collections import Counter
-
-import torch
 
 from dsv41c.outputs import OutputError, check_output_file, note_kept, write_file_atomic
 
@@ -47,24 +45,46 @@ def context_limit(manifest: dict) -> tuple:
     return min(limits) if limits else (None, None)
 
 
-def cmd_run(args) -> int:
-    import numpy as np
+class RequestError(ValueError):
+    """Ids or a length the artifact cannot take, found from its manifest before torch is imported."""
 
-    from dsv41c.runtime.loader import InputError, load
+
+def _check_request(m: dict, ids: list, n: int) -> None:
+    """The ids against the vocabulary and the length against `context_limit`, from the manifest alone."""
+    if n < 0:
+        raise RequestError(f"--max-new-tokens must be >= 0, got {n}")
+    text = m["config"].get("text_config", m["config"])
+    vocab = int(text["vocab_size"])
+    for t in ids:
+        if not 0 <= t < vocab:
+            raise RequestError(f"token id {t} is out of range: the vocabulary has {vocab} tokens (ids 0..{vocab - 1})")
+    limit, why = context_limit(m)
+    if limit is not None and len(ids) + n > limit:
+        raise RequestError(f"--max-new-tokens {n}: the prompt ({len(ids)} tokens) plus {n} new tokens exceed "
+                         f"{why} ({limit} positions); at most {max(limit - len(ids), 0)} new tokens fit")
+
+
+def cmd_run(args) -> int:
+    from dsv41c.runtime.manifest import check_target, read_manifest
 
     logits_out = getattr(args, "logits_out", None)
     if logits_out:
         check_output_file(logits_out, "--logits-out")
     n = int(args.max_new_tokens)
-    if n < 0:
-        raise InputError(f"--max-new-tokens must be >= 0, got {n}")
+    # what the manifest alone can tell is checked before torch is imported or a weight is read
+    m = read_manifest(args.artifact)
+    if not getattr(args, "interpret", False):  # --interpret runs a GPU plan on the cpu: the loader checks that
+        check_target(m, getattr(args, "device", None))
+    _check_request(m, list(args.ids), n)
+
+    import numpy as np
+    import torch
+
+    from dsv41c.runtime.loader import load
+
     model = load(args.artifact, device=getattr(args, "device", None), checkpoint=getattr(args, "checkpoint", None),
                  interpret=getattr(args, "interpret", False))
     prompt = model._check_ids(args.ids)
-    limit, why = context_limit(model.manifest)
-    if limit is not None and prompt.numel() + n > limit:
-        raise InputError(f"--max-new-tokens {n}: the prompt ({prompt.numel()} tokens) plus {n} new tokens exceed "
-                         f"{why} ({limit} positions); at most {max(limit - prompt.numel(), 0)} new tokens fit")
     text = model.manifest["config"].get("text_config", {})
     if text.get("hidden_size", 0) <= 1024:
         torch.set_num_threads(1)  # small models: thread start-up costs more than it saves

@@ -208,7 +208,7 @@ def test_bad_artifacts_fail_to_load_with_one_line(tiny_off, mini_off, tmp_path, 
 
     a = _copy(tiny_off, tmp_path, "target.dsv41c")
     _edit_manifest(a, target="rocm:gfx942")
-    _one_line_error(a, "cannot run on device 'cpu'")
+    _one_line_error(a, "artifact target 'rocm:gfx942' cannot run on device 'cpu'", device="cpu")
 
     a = _copy(tiny_off, tmp_path, "ckpt.dsv41c")
     _edit_manifest(a, checkpoint={"index_hash": "0" * 64})
