@@ -133,7 +133,7 @@ def build_artifact(out: str, checkpoint: str | None = None, preset: str | None =
     from dsv41c.passes.base import PassError
     from dsv41c.passes.manager import PassManager
     from dsv41c.passes.pipeline import build_pipeline
-    from dsv41c.passes.plan_memory import memory_report_files
+    from dsv41c.passes.plan_memory import binding_attrs, memory_report_files
     from dsv41c.runtime.weights import index_hash, inventory_hash
 
     t_start = time.perf_counter()
@@ -176,6 +176,7 @@ def build_artifact(out: str, checkpoint: str | None = None, preset: str | None =
 
         module, tinfo = trace(cfg, kv_quant=kv_quant, dtype=getattr(torch, act), progress=sys.stderr)
         _log(f"traced in {tinfo.seconds:.1f} s: {tinfo.ops} ops, {tinfo.stamps} segment stamps")
+        module.attrs = {**module.attrs, **binding_attrs(cfg)}  # plan-memory sizes the arena at the config's context
         passes = build_pipeline(target=target)
         pm = PassManager(passes, verify_each=verify_each, timings=timings, dump_dir=dump_dir, dump_filter=dump_filter)
         t0 = time.perf_counter()

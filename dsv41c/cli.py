@@ -110,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--verify-each", action="store_true", help="verify the IR after every pass")
     s.add_argument("--seed", type=argtypes.seed, default=0, help="weights' seed for --preset (default 0)")
     s.add_argument("--force", action="store_true", help="replace OUT if it is an artifact (nothing else is replaced)")
+    s.add_argument("--emit", nargs=2, action="append", metavar=("FORMAT", "PATH"),
+                   help="also write an export: `mlir DIR` (each traced segment, torch-mlir); repeatable")
 
     s = sub.add_parser("opt", help="run passes over an IR text file")
     s.add_argument("input", metavar="IN.ir", help="an IR text file")
@@ -262,7 +264,7 @@ def main(argv=None) -> int:
 
 # Exceptions raised by the components for bad input (they do not import this module).
 _USER_ERROR_NAMES = {"ConfigError", "CheckpointError", "ArtifactError", "InputError", "PlanError", "IRParseError",
-                     "VerifyError", "PassError", "KernelBuildError", "OutputError", "RequestError", "FileExistsError",
+                     "VerifyError", "PassError", "KernelBuildError", "ExportError", "OutputError", "RequestError", "FileExistsError",
                      "FileNotFoundError"}
 
 

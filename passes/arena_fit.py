@@ -14,13 +14,14 @@ occupied run, so freed neighbours merge). The smallest gap that holds the buffer
 (best fit; ties by the lower offset) and the buffer takes its low end (the gap is split,
 the rest stays free for later buffers); with no fitting gap it goes on top. The orders
 tried: by size (largest first), by start (the online allocator's order), by lifetime length
-(longest first), and by size x length; the smallest arena is kept (ties: that order list).
+(longest first), and by size x length; the smallest arena is kept (ties: that order list),
+and the search stops early at an order whose arena equals the lower bound (nothing is smaller).
 Everything is integer arithmetic over a fixed order with index tie-breaks: deterministic.
 
 Known gaps: no buffer may be split or moved during its life (no defragmentation); the
 placement of each gap at its low end is not tuned (placing against the larger neighbour
 can do better on some inputs); quadratic in the worst case (each buffer scans the placed
-buffers, vectorized with numpy).
+buffers that meet its lifetime: those found through a start-sorted index, vectorized with numpy).
 """
 from __future__ import annotations
 
@@ -65,48 +66,66 @@ def _order(buffers, how: str) -> list[int]:
 def place(buffers, how: str = "size") -> tuple[list[int], int]:
     """Offsets (in the input's order) and the arena size for one placement order."""
     n = len(buffers)
-    starts = np.zeros(n, dtype=np.int64)
-    ends = np.zeros(n, dtype=np.int64)
-    offs = np.zeros(n, dtype=np.int64)
-    sizes = np.zeros(n, dtype=np.int64)
     out = [0] * n
+    if not n:
+        return out, 0
+    # Candidates by start time: a buffer of lifetime <= span that meets [s, e] starts in
+    # [s - span, e], one contiguous run of the start-sorted list; the few longer ones are
+    # checked apart. The work per buffer follows the live set, not the function's size.
+    by_start = sorted(range(n), key=lambda i: (buffers[i][0], i))
+    rank = [0] * n
+    for r, i in enumerate(by_start):
+        rank[i] = r
+    S = np.array([buffers[i][0] for i in by_start], dtype=np.int64)
+    E = np.array([buffers[i][1] for i in by_start], dtype=np.int64)
+    lengths = E - S
+    span = int(np.quantile(lengths, 0.99)) if n > 100 else int(lengths.max())
+    short = lengths <= span
+    long_idx = np.flatnonzero(~short)
+    off = np.zeros(n, dtype=np.int64)
+    top = np.zeros(n, dtype=np.int64)
+    placed = np.zeros(n, dtype=bool)
     arena = 0
-    k = 0
     for i in _order(buffers, how):
         s, e, size = buffers[i]
-        best_off = None
-        if k:
-            hit = np.nonzero((starts[:k] <= e) & (ends[:k] >= s))[0]
-            if len(hit):
-                o, z = offs[hit], sizes[hit]
-                order = np.lexsort((z, o))
-                top, best_len = 0, None
-                for oo, zz in zip(o[order].tolist(), z[order].tolist()):
-                    if oo > top:
-                        gap = oo - top
-                        if gap >= size and (best_len is None or gap < best_len):
-                            best_off, best_len = top, gap
-                    top = max(top, oo + zz)
-                if best_off is None:
-                    best_off = top
+        lo, hi = np.searchsorted(S, s - span, "left"), np.searchsorted(S, e, "right")
+        cand = lo + np.flatnonzero(placed[lo:hi] & short[lo:hi] & (E[lo:hi] >= s))
+        if len(long_idx):
+            li = long_idx[placed[long_idx] & (S[long_idx] <= e) & (E[long_idx] >= s)]
+            if len(li):
+                cand = np.concatenate((cand, li))
+        best_off = 0
+        if len(cand):
+            o = off[cand]
+            srt = np.argsort(o, kind="stable")
+            o, t = o[srt], top[cand][srt]
+            run = np.maximum.accumulate(t)          # top of the occupied run below each buffer
+            prev = np.concatenate(([0], run[:-1]))
+            gaps = o - prev                         # free bytes just below each buffer
+            fit = np.flatnonzero(gaps >= size)
+            if len(fit) and size:
+                j = fit[np.argmin(gaps[fit])]       # best fit; argmin takes the lowest offset on ties
+                best_off = int(prev[j])
             else:
-                best_off = 0
-        else:
-            best_off = 0
+                best_off = int(run[-1])
         out[i] = best_off
-        starts[k], ends[k], offs[k], sizes[k] = s, e, best_off, size
-        k += 1
+        r = rank[i]
+        off[r], top[r], placed[r] = best_off, best_off + size, True
         arena = max(arena, best_off + size)
     return out, arena
 
 
 def best_placement(buffers, orders=ORDERS) -> tuple[list[int], int, str]:
-    """The smallest arena over `orders`: (offsets, arena bytes, the order that gave it)."""
+    """The smallest arena over `orders`: (offsets, arena bytes, the order that gave it).
+    Stops at the first order whose arena equals the lower bound: no placement is smaller."""
     best = None
+    floor = lower_bound(buffers)
     for how in orders:
         offs, arena = place(buffers, how)
         if best is None or arena < best[1]:
             best = (offs, arena, how)
+        if arena <= floor:
+            break
     if best is None:
         return [], 0, orders[0] if orders else ""
     return best

@@ -101,6 +101,11 @@ def cmd_compile(args) -> int:
     out = check_output_dir(args.output, "-o", force=getattr(args, "force", False), replaceable=is_artifact)
     if getattr(args, "dump_dir", None):
         check_dir_to_fill(args.dump_dir, "--dump-dir")
+    emits = getattr(args, "emit", None)
+    if emits:
+        from dsv41c.frontend.exports import check_emits
+
+        check_emits(emits)  # an unknown format or unusable path fails before the compile
     parent, since = os.path.dirname(out), len(kept())
     try:
         build_artifact(args.output, checkpoint=args.checkpoint, preset=args.preset, target=args.target,
@@ -123,4 +128,10 @@ def cmd_compile(args) -> int:
             print(f"compile: wrote {out} (interrupted after it was complete)", file=sys.stderr)
             return 0
         raise
+    if emits:
+        from dsv41c.frontend.config import load_config, preset
+        from dsv41c.frontend.exports import run_emits
+
+        cfg = preset(args.preset) if args.preset else load_config(args.checkpoint)
+        run_emits(emits, cfg, kv_quant=args.kv_quant, log=sys.stderr)
     return 0

@@ -11,8 +11,10 @@ The bytes are reproducible: the Agg backend, no dates or software names in the m
 and a fixed SVG id salt. In the SVG the buffer rectangles are one embedded raster (thousands
 of vector paths made it ~1 MB and slow to write); axes, lines and text stay vector.
 
-Known gaps: with thousands of buffers the small ones are thinner than a pixel; no
-per-layer axis labels.
+Buffers under 1/4000 of the arena are left out of the top panel (thinner than a pixel;
+drawing tens of thousands of them cost seconds); the live curve counts every buffer.
+
+Known gaps: no per-layer axis labels.
 """
 from __future__ import annotations
 
@@ -35,7 +37,10 @@ def draw_timeline(plan) -> tuple[bytes, bytes]:
     fig, (ax, live_ax) = plt.subplots(2, 1, figsize=(12, 7), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     polys, colors = [], []
     palette = plt.get_cmap("tab20")
+    thin = plan.arena / 4000  # below a pixel at this height: not drawn (the live curve still counts them)
     for k, (b, off) in enumerate(zip(plan.buffers, plan.offsets)):
+        if b.size < thin:
+            continue
         x0, x1, y0, y1 = b.start, b.end + 1, _mib(off), _mib(off + b.size)
         polys.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
         colors.append(palette(k % 20))

@@ -45,7 +45,7 @@ from typing import ClassVar
 from dsv41c.ir.happens_before import HappensBefore
 from dsv41c.ir.symbolic import SymExpr, free_symbols
 from dsv41c.ir.types import TensorType
-from dsv41c.passes.arena_fit import ALIGN, align, best_placement, lower_bound
+from dsv41c.passes.arena_fit import ALIGN, ORDERS, align, best_placement, lower_bound
 from dsv41c.passes.base import ModulePass, PassError, PassResult
 from dsv41c.passes.caching_allocator import Estimate, simulate
 
@@ -151,6 +151,13 @@ def config_binding(cfg, chunk: int, max_context: int) -> dict:
     return out
 
 
+def binding_attrs(cfg, chunk: int = DEFAULT_CHUNK, max_context: int | None = None) -> dict:
+    """Module attributes `memory.bind.<fn>` for `config_binding` (max_context: the config's
+    max_position_embeddings unless given); the compile driver sets them before the pipeline."""
+    ctx = int(max_context or cfg.max_position_embeddings)
+    return {f"memory.bind.{fn}": text for fn, text in config_binding(cfg, chunk, ctx).items()}
+
+
 def _nbytes(t, env, where) -> int:
     n = t.dtype.itemsize
     for d in t.shape:  # dim by dim: multiplying symbolic polynomials first costs more than the plan
@@ -212,12 +219,35 @@ def allocation_events(buffers) -> list:
     return events
 
 
-def plan_function(f, env) -> MemoryPlan:
+def plan_function(f, env, orders=ORDERS) -> MemoryPlan:
     bufs = collect_buffers(f, env)
     spans = [(b.start, b.end, b.size) for b in bufs]
-    offsets, arena, order = best_placement(spans)
+    offsets, arena, order = best_placement(spans, orders)
+    return _plan(f, env, bufs, offsets, arena, order)
+
+
+def _plan(f, env, bufs, offsets, arena, order) -> MemoryPlan:
+    spans = [(b.start, b.end, b.size) for b in bufs]
     return MemoryPlan(f.name, dict(env), bufs, offsets, arena, lower_bound(spans), sum(b.size for b in bufs),
                       order, simulate(allocation_events(bufs)))
+
+
+def recorded_plan(module, f) -> MemoryPlan | None:
+    """The plan plan-memory wrote into f (offsets from the value attributes), or None if it did not run."""
+    binding, order = module.attrs.get(f"memory.{f.name}.binding"), module.attrs.get(f"memory.{f.name}.order")
+    if not isinstance(binding, str) or not isinstance(order, str):
+        return None
+    env = parse_binding(binding, f"memory.{f.name}.binding")
+    bufs = collect_buffers(f, env)
+    offsets = []
+    for b in bufs:
+        off = (b.value.attrs if b.value is not None else b.op.attrs).get(
+            "arena_offset" if b.value is not None else "workspace_offset")
+        if not isinstance(off, int):
+            return None
+        offsets.append(off)
+    arena = max([o + b.size for o, b in zip(offsets, bufs)] + [0])
+    return _plan(f, env, bufs, offsets, arena, order)
 
 
 def _module_attrs(plan: MemoryPlan) -> dict:
@@ -259,13 +289,12 @@ class PlanMemory(ModulePass):
 
 
 def plan_module(module, bind: str = "") -> dict:
-    """{function: MemoryPlan} at the binding the pass uses (its recorded one, if it ran)."""
+    """{function: MemoryPlan}: the one plan-memory recorded in the module, else planned now
+    (at `bind`, then the module's binding attributes and the defaults)."""
     out = {}
     for f in module.functions.values():
-        recorded = module.attrs.get(f"memory.{f.name}.binding")
-        env = parse_binding(recorded, f"memory.{f.name}.binding") if isinstance(recorded, str) and not bind \
-            else resolve_binding(module, f, bind)
-        out[f.name] = plan_function(f, env)
+        plan = None if bind else recorded_plan(module, f)
+        out[f.name] = plan if plan is not None else plan_function(f, resolve_binding(module, f, bind))
     return out
 
 
