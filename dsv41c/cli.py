@@ -137,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("inspect", help="describe an artifact")
     s.add_argument("artifact", metavar="ARTIFACT", help="an artifact written by `dsv41c compile`")
     s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--memory", action="store_true", help="the memory plan: arena vs lower bound, timeline pictures")
 
     s = sub.add_parser("kernels", help="the kernel matrix and ahead-of-time kernel builds")
     g = s.add_mutually_exclusive_group(required=True)

@@ -5,8 +5,9 @@
         greedy generation through the compiled plan; prints the generated ids
         (comma-separated) on stdout, like `dsv41c generate`; `--logits-out` writes the
         prompt positions' logits [T, vocab] as float32 .npy, like `dsv41c reference`.
-    dsv41c inspect ARTIFACT [--json]
-        manifest summary, pipeline, op counts per kind per function, reports.
+    dsv41c inspect ARTIFACT [--json] [--memory]
+        manifest summary, pipeline, op counts per kind per function, reports; `--json` adds
+        `arena` per function; `--memory` prints the memory plan (runtime/memory_view.py).
 
 Order of checks, all before the first token is computed: `--logits-out` (a writable file
 path, `dsv41c/outputs.py`), the artifact (manifest, hashes), the device against the
@@ -28,6 +29,7 @@ import time
 from collections import Counter
 
 from dsv41c.outputs import OutputError, check_output_file, note_kept, write_file_atomic
+from dsv41c.runtime.memory_view import REPORT as MEMORY_REPORT, arena_summary, format_memory
 
 PROGRESS_AFTER_S = 5.0  # a decode loop running longer than this shows its progress on stderr
 PROGRESS_EVERY_S = 10.0  # one line this often into a log; a terminal's line is rewritten every 2 s
@@ -146,11 +148,15 @@ def describe(path: str) -> dict:
         if rel.startswith("reports/") and rel.endswith(".json"):
             with open(os.path.join(path, rel)) as f:
                 out["reports"][rel] = json.load(f)
+    out["arena"] = arena_summary(out["reports"].get(MEMORY_REPORT))
     return out
 
 
 def cmd_inspect(args) -> int:
     d = describe(args.artifact)
+    if getattr(args, "memory", False) and not getattr(args, "json", False):
+        print(format_memory(args.artifact, d["reports"].get(MEMORY_REPORT)))
+        return 0
     if getattr(args, "json", False):
         print(json.dumps(d, indent=1, sort_keys=True))
         return 0

@@ -150,3 +150,19 @@ def test_config_binding_bounds_caches_and_emitted_rows():
     b = config_binding(preset("tiny"), chunk=64, max_context=4096)
     assert "T=64" in b["prefill"] and "N2=2048" in b["prefill"] and "N20=4096" in b["prefill"]
     assert "n2=32" in b["prefill"] and "n2=1" in b["decode"] and "T=" not in b["decode"]
+
+
+def test_compiled_artifact_carries_the_plan_at_the_goal(tiny_off, capsys):
+    import json
+    import types
+
+    from dsv41c.runtime.commands import cmd_inspect, describe
+
+    rep = json.loads((Path(tiny_off) / "reports" / "memory.json").read_text())["functions"]
+    for fn in ("prefill", "decode"):
+        assert rep[fn]["lower_bound"] <= rep[fn]["bytes"] <= 1.05 * rep[fn]["lower_bound"]
+        assert (Path(tiny_off) / "reports" / f"memory_{fn}.png").stat().st_size > 1000
+    assert describe(str(tiny_off))["arena"]["prefill"]["chunk"] == rep["prefill"]["binding"]["T"]
+    cmd_inspect(types.SimpleNamespace(artifact=str(tiny_off), json=False, memory=True))
+    out = capsys.readouterr().out
+    assert "lower bound" in out and "memory_prefill.svg" in out and "(missing)" not in out
