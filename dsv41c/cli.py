@@ -150,8 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="for --build: cuda:sm80|sm90|sm100, rocm:gfx942|gfx950|gfx1100, ascend:a2|a3|a5 "
                         "(default %(default)s)")
     s.add_argument("-o", "--output", metavar="DIR", help="for --build: the output directory")
-    s.add_argument("-j", "--jobs", type=int, metavar="N", help="for --build: kernels compiled at once (default: the core count)")
-    s.add_argument("--templates", metavar="REGEX", help="for --build: only the templates whose name matches REGEX")
+    s.add_argument("-j", "--jobs", type=argtypes.positive, metavar="N", help="for --build: kernels compiled at once (default: the core count)")
+    s.add_argument("--templates", type=argtypes.regex, metavar="REGEX", help="for --build: only the templates whose name matches REGEX")
     s.add_argument("--no-cache", action="store_true",
                    help="for --build: compile everything, bypassing the kernel cache ($DSV41C_CACHE_DIR or ~/.cache/dsv41c)")
     return p
