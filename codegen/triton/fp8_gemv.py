@@ -13,19 +13,19 @@ partials in split order and runs the epilogue (fp8_splitk.fold_splits), one laun
 the split's first weight tile is loaded before the grid-dependency wait (EARLY_W).
 
 Measured (H200, triton 3.6, CUDA-graph replay, L2-cold): wo_b 14.2 µs (1.43× its bytes floor), shared w1/w3 +
-SwiGLU 10.3 µs, shared w2 7.1 µs, wq_a 6.0 µs (results/tune_fp8_gemv_seg.json).
+SwiGLU 10.3 µs, shared w2 7.1 µs, wq_a 6.0 µs (tuning/tune_fp8_gemv_seg.json).
 
 Tried (measured slower, not kept):
 - a software-pipelined k loop (PIPE 2-4 cp.async stages): wo_b 18.5 -> 28.6 µs, shared w13 14.9 -> 21.1 µs
-  L2-cold (+1.5 SASS instructions a weight element for the staging; tune_fp8_decode.json).
+  L2-cold (+1.5 SASS instructions a weight element for the staging; tuning/tune_fp8_decode.json).
 - E4M3 decoded from 32-bit words by integer arithmetic, x as int64 words of four bf16, two k steps prefetched by
   hand (4.9 instructions an element, no shared memory): wo_b 16.0, shared w13 11.8, shared w2 8.5, wq_a 6.7 µs
-  against 15.6 / 11.4 / 7.1 / 6.1 (tune_fp8_gemv_words.json).
+  against 15.6 / 11.4 / 7.1 / 6.1 (tuning/tune_fp8_gemv_words.json).
 - a register prefetch of the next k tile, BK 64 or 128, 3-4 programs an SM, with or without a register cap: every
   prefetching variant 18-81 % slower; the cap alone (maxnreg 128 at BK 128) equal for wo_b, 2.5-5 % slower for the
-  others (tune_fp8_rpf.json).
+  others (tuning/tune_fp8_rpf.json).
 - an L2 bulk prefetch of each program's weight rows (l2_prefetch.py): wo_b 18.6 -> 20.2 µs (64 KB a program) /
-  22.2 µs (the whole split), shared w13 15.0 -> 18.4 µs (tune_fp8_prefetch.json): the programs' own loads already
+  22.2 µs (the whole split), shared w13 15.0 -> 18.4 µs (tuning/tune_fp8_prefetch.json): the programs' own loads already
   keep HBM busy.
 
 Known gaps: needs K % BK == 0 and BN % 32 == 0 (checked); on a GPU the fp32 sum order of SEG 16 differs from one
@@ -157,19 +157,19 @@ GEMV_BK = 128  # its k tile
 
 
 # its first weight tile loaded before the PDL wait (the kernel's EARLY_W; PDL launches only). H200, L2-cold, behind
-# a norm (benchmarks/step_chain.py, results/step_chain_s23_early_w.json, twice, interleaved, the same bits): what the
+# a norm (benchmarks/step_chain.py, tuning/step_chain_early_w.json, twice, interleaved, the same bits): what the
 # linear adds to the step, PDL -> PDL + EARLY_W: wq_a 3.89 / 4.01 -> 3.65 / 3.78 µs, wo_b 11.98 / 12.19 -> 11.75 /
 # 11.81, shared w1/w3 8.39 / 8.21 -> 7.80 / 8.14; alone (no predecessor) wq_a 5.84 / 6.02 -> 6.32 / 6.40, the
 # others level. A decode step always has the predecessor, so it is on.
 GEMV_EARLY_W = True
 
-GEMV_PIPE = 1  # its k loop's pipeline stages (the kernel's PIPE); 2-4 were slower on the H200 (tune_fp8_decode.json)
+GEMV_PIPE = 1  # its k loop's pipeline stages (the kernel's PIPE); 2-4 were slower on the H200 (tuning/tune_fp8_decode.json)
 
 
 # Its accumulator: 0 = one fp32 per weight element of the [BN, BK] tile (122 registers a thread, sm90 SASS, Triton
 # 3.6); n = each thread's n consecutive products of a row summed first, one fp32 per n elements (63 registers: 8
 # programs an SM instead of 4, so twice the weight bytes in flight). H200, L2-cold graph replay, interleaved with
-# the old default (results/tune_fp8_gemv_seg.json): wo_b 15.9 -> 14.2 µs, shared w13 11.5 -> 10.3, shared w2
+# the old default (tuning/tune_fp8_gemv_seg.json): wo_b 15.9 -> 14.2 µs, shared w13 11.5 -> 10.3, shared w2
 # 7.3 -> 7.1, wq_a 6.1 -> 6.0 (no gain: 20 tiles × 20 splits, capped by MIN_SPLIT_STEPS).
 GEMV_SEG = 16
 

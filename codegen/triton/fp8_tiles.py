@@ -24,14 +24,14 @@ from dsv41c.codegen.triton.targets import N_SMS_HINT, interpreting, ptx_for
 # its segment sums (GEMV_SEG 16; 122 with one accumulator per element: 4 an SM) -> 8; the tensor-core decode tile
 # of 2 warps (BN 32, mma.sync on sm90, `_decode_tile`) 95 registers (-> 10 an SM; Triton 3.6 SASS) and, at the
 # JIT's 3 stages, 16.5 KB of shared memory (two buffers; Triton 3.9 metadata), gated 24.7 KB (-> 9), where the
-# splits are planned for 10 and 6 (H200, results/tune_fp8_mma_conf.json, each twice, L2-cold: wo_b 19.4-19.8 µs at
+# splits are planned for 10 and 6 (H200, tuning/tune_fp8_mma_conf.json, each twice, L2-cold: wo_b 19.4-19.8 µs at
 # 10 (split 8), 20.3-20.4 at 8 (split 6), 20.9-21.1 at 9 (split 7); shared w2 the other way, 10.3-10.4 / 9.7-9.9 /
 # 11.4-11.5; wq_a capped at 20 splits either way; shared w13 14.1-14.2 at 6 (split 11), 14.5-14.9 at 5, 16.1 at 7):
 # 10, one wave for wo_b. The 4-warp tile (BN 64, wgmma; the word decoder's): 95 registers and 41 KB -> 5, gated
 # 66 KB -> 3 (at 4 cp.async stages; `_tiles` runs 3, smaller, and keeps these splits,
 # the ones its stage sweep was timed at).
 # The stacked gated tile (GATED 2, `_stack`) is the 2-warp tile over 2N rows; its split is planned for 8 an SM, which
-# at the shared w1/w3's width is 7 splits (results/tune_fp8_stack*.json, L2-cold: 13.0-13.2 µs over three runs at 7,
+# at the shared w1/w3's width is 7 splits (tuning/tune_fp8_stack*.json, L2-cold: 13.0-13.2 µs over three runs at 7,
 # 13.5 at 8, 14.0-14.1 at 6, 14.2-14.7 at 9 = the plain tile's 10 an SM).
 DECODE_PROGRAMS_PER_SM = {"gemv": 8, "mma": 10, "mma_gated": 6, "mma_stacked": 8, "mma_4w": 5, "mma_4w_gated": 3}
 
@@ -43,7 +43,7 @@ FOLD_SPLIT_K = True  # split-K epilogue by the last-arriving program (one launch
 
 
 # weight decoder of the M <= 16 tensor-core path on CUDA (0: per element via fp32; 1: bf16x2 words). H200,
-# L2-cold graph replay (tune_fp8_prefetch.json): the words decoder wins only where the
+# L2-cold graph replay (tuning/tune_fp8_prefetch.json): the words decoder wins only where the
 # decode's issue time dominates, the largest linear: engram wkv (25600×6144) at 8 tokens 63.4 vs 73.5 µs; it
 # loses on the others (wo_b 31.3 vs 25.2, wq_a 18.3 vs 9.0, shared w2 18.6 vs 10.9, shared w13 29.8 vs 20.0 µs:
 # the host-side permutation of x is one more launch, and the scale scan adds a round trip). So it is the
@@ -54,7 +54,7 @@ DECODE_W_MIN_WEIGHTS = 100_000_000
 
 
 # the tensor-core k loop loads the next k tile's scale bytes one iteration ahead (`_mma_k_loop`'s SPF), except in
-# the gated decode tile. H200, 8 tokens, L2-cold graph replay, each twice, interleaved (results/tune_fp8_spf.json):
+# the gated decode tile. H200, 8 tokens, L2-cold graph replay, each twice, interleaved (tuning/tune_fp8_spf.json):
 # wo_b 19.2-19.3 -> 17.4-17.5 µs, shared w2 10.3-10.5 -> 9.4-9.6, wq_a 8.6-8.8 -> 8.8-9.0, engram wkv 55.5-55.6 ->
 # 55.1-55.3 (wq_a within its spread; it keeps the prefetch); but the gated shared w1/w3 14.6 -> 16.6-16.7 (the same
 # 128 registers in its sm90 SASS; why it loses was not profiled), so `_spf` leaves it off there.
@@ -65,7 +65,7 @@ SCALE_PREFETCH = True
 # tile, one dot, planned as a linear of 2N rows) rather than paired (GATED 1: 32 rows of each, two dots, 24.7 KB of
 # shared memory and 6 programs an SM). Static sm90 SASS (Triton 3.9): 381 instructions a k step for 32 weight rows
 # (the plain tile: 362) against 664 for 64; 16.9 KB. H200, 8 tokens, L2-cold graph replay, interleaved
-# (results/tune_fp8_stack*.json): paired 14.3-14.8 µs (its split 11; 13.9 at 7), stacked 13.0-13.2 at 7 splits.
+# (tuning/tune_fp8_stack*.json): paired 14.3-14.8 µs (its split 11; 13.9 at 7), stacked 13.0-13.2 at 7 splits.
 STACK_GATED_DECODE = True
 
 
@@ -152,7 +152,7 @@ def _decode_w(decode_w, M: int, N: int, K: int, BK: int, device) -> int:
 def _split_k(M: int, N: int, K: int, BN: int, BK: int, per_sm: int, sms: int = N_SMS_HINT) -> int:
     """Decode: the largest K split whose grid still fits the GPU's resident program slots in ONE wave
     (per_sm programs on each of `sms` SMs), with at least MIN_SPLIT_STEPS k tiles per split; splits need not
-    divide K/BK (`split_bounds`). H200, L2-cold graph replay (tune_fp8_split.json): a grid that fills one wave
+    divide K/BK (`split_bounds`). H200, L2-cold graph replay (tuning/tune_fp8_split.json): a grid that fills one wave
     beats both
     the earlier ~2 programs per SM (wo_b one token 18.7 -> 15.7 µs, shared w13 one token 15.2 -> 11.4 µs,
     wo_b 8 tokens 25.3 -> 21.6 µs) and a grid that spills past the 528 slots (wo_b one token: 480 programs
@@ -170,7 +170,7 @@ def _decode_tile(gated: bool, words: bool, mma_sync: bool, stacked: bool = False
     so that Triton emits mma.sync instead of wgmma. The 4-warp tile's wgmma (64 rows) waited for each of its 8
     MMAs per k step and read its weight bytes from shared memory 16 bits at a time (sm90 SASS, Triton 3.6: HGMMA
     + WARPGROUP.DEPBAR per MMA, LDS.U16; at 2 warps HMMA.16816 and LDS.64). H200, 8 tokens, L2-cold graph replay
-    (results/tune_fp8_mma_sync.json, interleaved with the 4-warp default): wo_b 20.3 -> 19.4-20.2 µs, shared w2
+    (tuning/tune_fp8_mma_sync.json, interleaved with the 4-warp default): wo_b 20.3 -> 19.4-20.2 µs, shared w2
     11.0 -> 9.6-10.5, wq_a 9.1 -> 8.4-8.7, shared w13 18.0 -> 14.3 (at one wave of its resident programs). The
     word decoder (DECODE_W 1: engram wkv) keeps 4 warps: 55.7-56.1 µs against 58.2-75.4 at 1-2 warps. Elsewhere
     (sm80, sm100, ROCm, the interpreter) the 4-warp tile stays: the 2-warp one was not measured there.
@@ -190,7 +190,7 @@ def _tiles(M: int, N: int, K: int, gated: bool = False, sms: int = N_SMS_HINT, w
     if interpreting():
         return 16, 32, 64, 4, (2 if K % 128 == 0 and M <= 16 else 1), 4, 1
     if M <= 16:  # H200 sweep (benchmarks/tune_fp8_decode.py): BK 128 beat 256 on every decode linear;
-        # 3 cp.async stages, not 4 (results/tune_fp8_stages_ns3.json, 8 tokens, L2-cold, each timed twice):
+        # 3 cp.async stages, not 4 (tuning/tune_fp8_stages_ns3.json, 8 tokens, L2-cold, each timed twice):
         # engram wkv 61.7 -> 55.0 µs, wo_b 21.1 -> 20.4, shared w13 18.5 -> 18.1, shared w2 / wq_a equal
         BN, nw, kind = _decode_tile(gated, words, mma_sync, stacked)
         return 16, BN, DECODE_BK, 1, _split_k(M, N, K, BN, DECODE_BK, DECODE_PROGRAMS_PER_SM[kind], sms), nw, 3

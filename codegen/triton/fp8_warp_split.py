@@ -95,7 +95,7 @@ WARP_SPLIT_DECODE = True  # fp8_gemm's default decode path for 2..WARP_SPLIT_MAX
 # 7.25-7.29, wo_b 16.47-16.51 against 17.32-17.36)
 PAIRS_DEFAULT = True
 # the k loop's scale prefetch (SPF), with `tiles_for`'s session-18 tiles: level or faster on all four (tuning/
-# tune_fp8_warp_split_spf.json, H200, 8 tokens, L2-cold, twice, interleaved against session 17's default): shared w2
+# tuning/tune_fp8_warp_split_spf.json, H200, 8 tokens, L2-cold, twice, interleaved against session 17's default): shared w2
 # 7.82 / 8.06 µs against 8.41 / 8.34, wo_b (BK 256) 16.03 / 16.07 against 16.37 / 16.40, shared w1/w3 (BK 256)
 # 12.24 / 12.34 against 12.37 / 12.42, wq_a 6.90 / 6.91 against 6.90 / 6.90 (at BK 128, 3 stages: w1/w3 12.56 /
 # 12.51, wo_b 16.52 / 16.41)
