@@ -59,6 +59,17 @@ def kernel_requests(module, target: str) -> list:
     return sorted(seen)
 
 
+def _kernel_build_note(target: str, wanted: bool) -> str:
+    from dsv41c.codegen.matrix import TARGETS as MATRIX_TARGETS
+
+    if target == "cpu":
+        return "none: the cpu plan runs reference ops"
+    if not MATRIX_TARGETS[target].triton:
+        return (f"not built: {target} has no kernel variant the plan can call yet, and building its emitted "
+                f"AscendC sources (dsv41c kernels --build) needs the CANN toolchain, absent here")
+    return "built into kernels/" if wanted else "not built (--no-kernels)"
+
+
 def _build_kernels(module, target: str, cfg, wanted: bool, parent: str):
     """Build the variants the plan calls into a temporary `kernels/` (-> its path, manifest entries).
 
@@ -212,7 +223,7 @@ def build_artifact(out: str, checkpoint: str | None = None, preset: str | None =
         manifest = {**_versions(), "target": target, "config": config, "config_hash": cfg.hash(), "checkpoint": ck,
                     "pipeline": [p.spec() for p in passes], "program": "program.json", "plan": "plan.ir",
                     "options": {"kv_quant": bool(kv_quant), "dtype": act, "seed": seed if tmp_ckpt else None},
-                    "kernels": kernel_entries,
+                    "kernels": kernel_entries, "kernel_build": _kernel_build_note(target, kernels),
                     "functions": {n: {"ops": len(f.ops), "args": len(f.args)} for n, f in module.functions.items()}}
         copy = {"checkpoint": os.path.join(tmp_ckpt, "checkpoint")} if tmp_ckpt else {}
         if kernel_dir:

@@ -102,7 +102,7 @@ def _compile_arg(x):
 
 
 class _Op:
-    __slots__ = ("fn", "args", "kwargs", "out", "bind", "free", "where")
+    __slots__ = ("fn", "args", "kwargs", "out", "bind", "free", "where", "rec")
 
     def __init__(self, rec):
         self.fn = resolve_target(rec["target"])
@@ -111,6 +111,7 @@ class _Op:
         self.out = rec["out"]
         self.bind = rec.get("bind", ())
         self.free = rec.get("free", ())
+        self.rec = rec
         k = rec.get("kernel")
         self.where = f"{rec['target']}" + (f" ({k['variant']})" if k else "") + f" at loc({rec.get('loc', '?')})"
 
@@ -125,15 +126,20 @@ class Function:
         self.output_names = spec["output_names"]
         self.nslots = spec["nslots"]
 
-    def run(self, inputs: list) -> list:
+    def run(self, inputs: list, observe=None) -> list:
+        """observe(record, args, result), if given, sees every op's program.json record, its positional
+        arguments and its result (the per-op kernel check and bisection use it)."""
         vals = [None] * self.nslots
         vals[:len(inputs)] = inputs
         env = {s: int(inputs[i].shape[d]) for s, (i, d) in self.symbols.items()}
         for op in self.ops:
+            args = [g(env, vals) for g in op.args]
             try:
-                res = op.fn(*[g(env, vals) for g in op.args], **{k: g(env, vals) for k, g in op.kwargs})
+                res = op.fn(*args, **{k: g(env, vals) for k, g in op.kwargs})
             except Exception as e:
                 raise ExecutionError(f"@{self.name}: {op.where}: {type(e).__name__}: {e}") from e
+            if observe is not None:
+                observe(op.rec, args, res)
             if len(op.out) == 1:
                 vals[op.out[0]] = res
             else:

@@ -79,6 +79,7 @@ class CompiledModel:
         text = manifest["config"].get("text_config", manifest["config"])
         self.vocab_size = int(text["vocab_size"])
         self._bound: dict = {}
+        self.observe = None  # observe(record, args, result) on every op of every run (checks, bisection)
 
     def __repr__(self):
         return f"<CompiledModel {self.path} target={self.manifest['target']}>"
@@ -118,7 +119,7 @@ class CompiledModel:
             role = a["role"]
             inputs.append(ids if role == "input" else session.state[a["name"]] if role == "state" else w[a["name"]])
         with torch.no_grad():
-            outs = fn.run(inputs)
+            outs = fn.run(inputs, self.observe)
         names = fn.output_names
         session.state = {n: v for n, v in zip(names[1:], outs[1:])}
         session.tokens.extend(int(t) for t in ids)

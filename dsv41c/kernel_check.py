@@ -1,0 +1,67 @@
+"""The per-op check of a GPU plan: every kernel call against its template's reference, on the call's inputs.
+
+    report = check_kernel_calls(model, ids, decode_steps=1)   # model = dsv41c.load(path, interpret=True)
+
+While the plan runs (prefill `ids`, then greedy decode steps), each `kernel.call` record's launcher
+result (what the run continues with) is compared with its kernel contract's reference
+(`ir/kernel_contracts.py`: what the ops the call replaced computed) on the same inputs. The
+tolerance is the template's own test rule (`TOLERANCES`); the report gives per template and variant
+the calls checked, the largest error against the tolerance, and the fraction of outputs that differ
+at all. A call beyond its tolerance is a failure naming its loc, template and variant.
+Known gaps: only templates with a contract are checked (the others are not kernel calls yet).
+"""
+from __future__ import annotations
+
+import torch
+
+from dsv41c.ir.kernel_contracts import reference_call
+
+
+def _bf16_rule(ref: torch.Tensor) -> torch.Tensor:
+    # the launcher accumulates in fp32 and rounds once to the output dtype; the reference rounds its own
+    # fp32 (CPU) sum once too: two roundings and two summation orders apart, 2 ulps of the output dtype
+    ulp = torch.finfo(ref.dtype).eps if ref.dtype.is_floating_point else 0.0
+    return 2 * ulp * ref.abs().float() + 1e-6 * (ref.abs().float().max() + 1e-30)
+
+
+TOLERANCES = {"fp8_gemm": _bf16_rule}
+
+
+def check_kernel_calls(model, ids, decode_steps: int = 1) -> dict:
+    """Run `model` on `ids` (+ decode steps) and check every kernel call; -> report (see the module doc)."""
+    rows: dict = {}
+    failures: list = []
+
+    def observe(rec, args, result):
+        k = rec.get("kernel")
+        if not k:
+            return
+        attrs = {f"key.{n}": v for n, v in k["keys"].items()}
+        want = reference_call(k["template"], list(args), attrs)
+        got = result
+        err = (got.float() - want.float()).abs()
+        tol = TOLERANCES[k["template"]](want)
+        ratio = float((err / tol).max()) if err.numel() else 0.0
+        key = f"{k['template']}/{k['variant']}"
+        row = rows.setdefault(key, {"calls": 0, "max_err_over_tol": 0.0, "max_abs_err": 0.0, "differ": 0,
+                                    "elements": 0})
+        row["calls"] += 1
+        row["max_err_over_tol"] = max(row["max_err_over_tol"], ratio)
+        row["max_abs_err"] = max(row["max_abs_err"], float(err.max()) if err.numel() else 0.0)
+        row["differ"] += int((err > 0).sum())
+        row["elements"] += err.numel()
+        if ratio > 1.0:
+            failures.append(f"{key} at loc({rec.get('loc')}): error {float(err.max()):.3g} is {ratio:.2f}x its "
+                            f"tolerance")
+
+    model.observe = observe
+    try:
+        s = model.new_session()
+        model.prefill(s, ids)
+        for _ in range(decode_steps):
+            model.decode(s)
+    finally:
+        model.observe = None
+    for row in rows.values():
+        row["fraction_differing"] = row["differ"] / max(row["elements"], 1)
+    return {"calls": sum(r["calls"] for r in rows.values()), "by_variant": rows, "failures": failures}
