@@ -31,7 +31,7 @@ import triton  # noqa: E402
 from benchmarks.common import env_info, measure_ceilings, ms_graph, rel_err, write_json  # noqa: E402
 from dsv41c.codegen.triton import fp8_gemm as fg  # noqa: E402
 from dsv41c import formats  # noqa: E402
-from dsv41c.codegen.triton import targets as tgt
+from dsv41c.codegen.triton import targets as tgt  # noqa: E402
 
 DEV = "cuda"
 # (name, N, K, M, gated)

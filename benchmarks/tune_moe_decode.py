@@ -36,7 +36,7 @@ from benchmarks.common import env_info, measure_ceilings, rel_err, write_json  #
 from dsv41c.codegen.triton import moe  # noqa: E402
 from dsv41c.codegen.triton import moe_decode as md  # noqa: E402
 from dsv41c.codegen.triton.moe_router import ROUTERS  # noqa: E402
-from dsv41c.codegen.triton import widths
+from dsv41c.codegen.triton import widths  # noqa: E402
 
 LIMIT = 10.0
 ROTATE = 8  # disjoint expert sets in the rotating graph

@@ -26,6 +26,9 @@ from dsv41c.codegen.triton import fp8_warp_split as ws
 from dsv41c.codegen.triton import mhc
 from dsv41c.codegen.triton import moe
 from dsv41c.codegen.triton import rmsnorm as rn
+from dsv41c.codegen.triton import fp8_tiles as ft
+from dsv41c.codegen.triton import targets as tgt
+from dsv41c.codegen.triton import widths
 from dsv41c import formats
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -790,9 +793,6 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 import importlib
 from dsv41c.codegen import templates
-from dsv41c.codegen.triton import targets as tgt
-from dsv41c.codegen.triton import fp8_tiles as ft
-from dsv41c.codegen.triton import widths
 for m in ("fp8_gemm", "rmsnorm", "moe", "mhc", "engram"):
     importlib.import_module("dsv41c.codegen.triton." + m)
 out = {}

@@ -27,6 +27,8 @@ from dsv41c.codegen.triton import fp4_mma_gemv as mg
 from dsv41c.codegen.triton import fp8_gemm as fg
 from dsv41c.codegen.triton import moe
 from dsv41c.codegen.triton import moe_decode as md
+from dsv41c.codegen.triton import targets as tgt
+from dsv41c.codegen.triton import widths
 from dsv41c.codegen.triton.targets import sm_count
 from dsv41c.codegen.triton.moe_router import ROUTERS
 from dsv41c.codegen.triton.moe_decode import fp4_gemv
@@ -376,8 +378,6 @@ from dsv41c.codegen.aot_compat import compile_spec
 from dsv41c.codegen.matrix import TARGETS
 from dsv41c.codegen import templates
 from dsv41c.codegen.triton import moe_decode
-from dsv41c.codegen.triton import targets as tgt
-from dsv41c.codegen.triton import widths
 out = {}
 cuobjdump = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "cuobjdump")
 for name in ("moe_decode_gate_up_fp4", "moe_decode_down_fp4"):
