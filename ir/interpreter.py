@@ -15,8 +15,13 @@ A `kernel.call` that names an `op` runs that op's reference.
 Storage: `fp4e2m1x2` tensors are uint8 bytes (torch's float4_e2m1fn_x2 inputs are viewed
 as bytes); `index` values are Python ints; events are opaque tokens.
 
+Streams: by default ops run in program order (a valid schedule); `order=` runs them in
+another order, e.g. `random_order(f, seed)`, one of the interleavings streams and events
+allow, and an operand read before its producer ran is an error naming the op.
+
 Known gaps: no stride/aliasing model (views are copies, ops that write mutate their
-operand tensor in place); all streams run in program order.
+operand tensor in place), so a buffer reused too early is not detected here (the
+verifier's stream check is).
 """
 from __future__ import annotations
 
@@ -35,8 +40,52 @@ class InterpreterError(RuntimeError):
     """An op that failed or produced a value its declared type does not allow."""
 
 
-def interpret(module: Module, function: str, inputs, *, check: bool = True, on_op=None) -> list:
-    return Interpreter(module, check=check, on_op=on_op).run(function, inputs)
+def interpret(module: Module, function: str, inputs, *, check: bool = True, on_op=None, order=None) -> list:
+    return Interpreter(module, check=check, on_op=on_op).run(function, inputs, order=order)
+
+
+def random_order(f, seed: int) -> list[int]:
+    """A random execution order of f's ops that a GPU could take: each stream's ops in program
+    order, a `stream.wait` only after the `stream.record` of its event, the streams otherwise
+    interleaved at random (`seed`). Data dependences are NOT consulted: a use on another
+    stream without an event then runs before its definition and the interpreter says so."""
+    import random
+
+    from dsv41c.ir.happens_before import op_stream
+
+    rng = random.Random(seed)
+    queues: dict[int, list] = {}
+    for i, op in enumerate(f.ops):
+        queues.setdefault(op_stream(op), []).append(i)
+    heads = {s: 0 for s in queues}
+    recorded: set = set()
+    order = []
+    while len(order) < len(f.ops):
+        ready = []
+        for s in sorted(queues):
+            if heads[s] < len(queues[s]):
+                op = f.ops[queues[s][heads[s]]]
+                if op.name != "stream.wait" or not op.operands or id(op.operands[0]) in recorded \
+                        or op.operands[0].op is None:
+                    ready.append(s)
+        if not ready:
+            raise InterpreterError(f"@{f.name}: the streams deadlock (a wait whose event is recorded later on its "
+                                   "own stream)")
+        s = rng.choice(ready)
+        # run a random stretch of that stream, as a GPU runs a burst of one queue
+        for _ in range(rng.randint(1, 8)):
+            if heads[s] >= len(queues[s]):
+                break
+            i = queues[s][heads[s]]
+            op = f.ops[i]
+            if op.name == "stream.wait" and op.operands and op.operands[0].op is not None \
+                    and id(op.operands[0]) not in recorded:
+                break
+            heads[s] += 1
+            order.append(i)
+            if op.name == "stream.record":
+                recorded.update(id(r) for r in op.results)
+    return order
 
 
 def _as_storage(x, t):
@@ -50,7 +99,8 @@ class Interpreter:
     def __init__(self, module: Module, *, check: bool = True, on_op=None):
         self.module, self.check, self.on_op = module, check, on_op
 
-    def run(self, function: str, inputs) -> list:
+    def run(self, function: str, inputs, order=None) -> list:
+        """`order`: op positions in the order to run them (e.g. `random_order`); default program order."""
         if function not in self.module.functions:
             raise InterpreterError(f"no function @{function} (have: {', '.join(self.module.functions)})")
         f = self.module.functions[function]
@@ -73,8 +123,8 @@ class Interpreter:
                 pairs += list(zip(a.type.shape, x.shape))
             self.env[id(a)] = x
         self._bind(pairs, f"@{f.name}: inputs")
-        for i, op in enumerate(f.ops):
-            self._run_op(f, i, op)
+        for i in range(len(f.ops)) if order is None else order:
+            self._run_op(f, i, f.ops[i])
         if f.returns is None:
             raise InterpreterError(f"@{f.name} has no return")
         return [self.env[id(v)] for v in f.returns]
@@ -133,6 +183,10 @@ class Interpreter:
         if dyn:
             attrs = opdef.resolve_dyn(attrs, [self.env[id(v)] for v in dyn])
         cargs = Args()
+        missing = [v for v in op.operands if id(v) not in self.env]
+        if missing:
+            raise InterpreterError(f"{self._where(f, i, op)}: operand {self.names(missing[0])} has not been computed "
+                                   "yet (a cross-stream use with no event ordering it after its definition)")
         for a in opdef.schema.args:
             v = args[a.name]
             if isinstance(v, Value):

@@ -50,7 +50,8 @@ def verify_errors(module: Module) -> list[str]:
     out = []
     for f in module.functions.values():
         out.extend(_verify_function(f))
-    return out
+    from dsv41c.ir.verify_streams import verify_stream_errors  # stream order and arena reuse
+    return out or verify_stream_errors(module)
 
 
 def types_match(declared, inferred) -> bool:

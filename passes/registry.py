@@ -21,6 +21,7 @@ PASSES = {
     "canonicalize": "dsv41c.passes.canonicalize:Canonicalize",
     "fold-shapes": "dsv41c.passes.fold_shapes:FoldShapes",
     "plan-memory": "dsv41c.passes.plan_memory:PlanMemory",
+    "schedule-streams": "dsv41c.passes.schedule_streams:ScheduleStreams",
     "specialize-kernels": "dsv41c.passes.specialize_kernels:SpecializeKernels",
     # Later passes plug in here: share-csa2-state, fuse-compressor, lower-kv-fp4,
     # lower-indexer-int8, split-ced-prefill, plan-chunks, schedule-streams, plan-memory,
