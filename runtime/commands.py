@@ -140,8 +140,15 @@ def describe(path: str) -> dict:
     for name, fn in prog["functions"].items():
         kinds = Counter(op["target"] for op in fn["ops"])
         roles = Counter(a["role"] for a in fn["args"])
+        calls: dict = {}
+        for op in fn["ops"]:
+            k = op.get("kernel")
+            if k:
+                per = calls.setdefault(k["template"], {})
+                per[k["variant"]] = per.get(k["variant"], 0) + 1
         out["functions"][name] = {"ops": len(fn["ops"]), "args": dict(sorted(roles.items())),
-                                  "op_counts": dict(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))}
+                                  "op_counts": dict(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))),
+                                  "kernel_calls": calls}
     out["files"] = sorted(m["files"])
     out["reports"] = {}
     for rel in sorted(m["files"]):
@@ -149,6 +156,14 @@ def describe(path: str) -> dict:
             with open(os.path.join(path, rel)) as f:
                 out["reports"][rel] = json.load(f)
     out["arena"] = arena_summary(out["reports"].get(MEMORY_REPORT))
+    for rec in out["reports"].get("reports/passes.json", {}).get("passes", []):
+        for key, n in rec.get("stats", {}).items():  # compute ops left outside kernel calls (specialize-kernels)
+            if key.startswith("aten_left:") and key[len("aten_left:"):] in out["functions"]:
+                out["functions"][key[len("aten_left:"):]]["aten_left"] = n
+    plan = out["reports"].get("reports/layer_plan.json", {})
+    if plan:
+        out["kv_bytes_per_token"] = {"global": plan.get("global_kv_bytes_per_token"),
+                                     "window_per_layer": plan.get("window_kv_bytes_per_token_per_layer")}
     return out
 
 

@@ -86,6 +86,12 @@ def test_other_targets_get_a_plan_with_their_kernel_calls(tmp_path, target):
     with open(os.path.join(path, "plan.ir")) as f:
         text = f.read()
     assert f'target = "{target}"' in text and "template = \"fp8_gemm\"" in text
+    from dsv41c.runtime.commands import describe
+
+    d = describe(path)  # what `dsv41c inspect --json` shows
+    assert d["target"] == target and d["kv_bytes_per_token"]["global"] > 0
+    dec = d["functions"]["decode"]
+    assert sum(dec["kernel_calls"]["fp8_gemm"].values()) == 4 * 40 + 8 and dec["aten_left"] > 0
 
 
 def test_an_ascend_target_gets_a_plan_and_says_its_kernels_are_not_built(tmp_path):
