@@ -7,6 +7,7 @@ the build's JITFunction conversion is exercised too.
 """
 import json
 import os
+import re
 
 import pytest
 import triton
@@ -183,7 +184,8 @@ def test_cli_build_exits_nonzero_with_a_summary_on_failure(tmp_path, monkeypatch
     out, err = capsys.readouterr()
     assert rc == 1
     assert "2 built, 1 failed" in out and "FAILED cuda:sm90 test_broken/b128" in out
-    assert err.count("\n") >= 3 and "cuda:sm80 test_gemm/bm128_bn128: built" in err  # one progress line per kernel
+    # one progress line per kernel ("cached" where an earlier build of the same kernel filled the cache)
+    assert err.count("\n") >= 3 and re.search(r"cuda:sm80 test_gemm/bm128_bn128: (built|cached)", err)
     assert (tmp_path / "k" / "manifest.json").is_file()
     with pytest.raises(KernelBuildError, match="needs -o"):
         cmd_kernels(Namespace(matrix=False, build=True, json=False, targets="cuda:sm80", output=None))

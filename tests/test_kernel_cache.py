@@ -103,7 +103,7 @@ def test_build_variants_puts_the_asked_kernels_under_the_target_dir(cold_and_war
 
 def test_the_cli_refuses_zero_jobs_and_a_filter_matching_nothing(tmp_path):
     env = {**os.environ, "DSV41C_CACHE_DIR": str(tmp_path / "cache")}
-    for extra, msg in ((["-j", "0"], "number of jobs must be at least 1"), (["--templates", "^zzz"], "matches no template")):
+    for extra, msg in ((["-j", "0"], "-j/--jobs: must be >= 1, got 0"), (["--templates", "^zzz"], "matches no template")):
         p = subprocess.run([sys.executable, "-m", "dsv41c", "kernels", "--build", "--targets", "cuda:sm80",
                             "-o", str(tmp_path / "k"), *extra], capture_output=True, text=True, env=env)
         assert p.returncode == 2 and msg in p.stderr, p.stderr

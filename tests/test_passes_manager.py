@@ -137,7 +137,7 @@ def test_pipeline_text_and_options():
     (c,) = parse_pipeline("canonicalize{max_sweeps=3}")
     assert c.max_sweeps == 3 and parse_pipeline(c.spec())[0] == c
     assert [p.name for p in parse_pipeline(" dce , cse ")] == ["dce", "cse"]
-    for bad, msg in [("frob", "unknown pass 'frob' (known: canonicalize, cse, dce, fold-shapes)"),
+    for bad, msg in [("frob", "unknown pass 'frob' (known: canonicalize, cse, dce, fold-shapes, plan-memory, schedule-streams, specialize-kernels)"),
                      ("dce{x=1}", "pass 'dce' has no option 'x' (options: none)"),
                      ("canonicalize{max_sweeps=many}", "option 'max_sweeps' wants a int, got 'many'"),
                      ("fold-shapes{bind=\"T=1}", "unbalanced quotes or braces"), ("", "no passes given")]:
@@ -152,7 +152,7 @@ def test_pipeline_text_and_options():
     ("func @f(%x: f32[3]) -> (f32[3]) {\n  %y = aten.nope(%x) : (f32[3]) -> f32[3]\n  return %y\n}\n", "dce",
      "dsv41c opt: error: {p}: @f: op #0 aten.nope (%y): unknown op 'aten.nope'"),
     ("func @f() -> () {\n  return\n}\n", "dce,frob", "dsv41c opt: error: unknown pass 'frob' (known: canonicalize, "
-                                                   "cse, dce, fold-shapes)"),
+                                                   "cse, dce, fold-shapes, plan-memory, schedule-streams, specialize-kernels)"),
 ])
 def test_cli_errors_are_one_line_and_leave_no_output(tmp_path, capsys, text, spec, message):
     src = tmp_path / "in.ir"
