@@ -251,12 +251,11 @@ class Tracer:
     def stored_arg(self, fn: Function, name: str):
         """(stored tensor, its scale or None) as arguments of `fn`, added on first request."""
         args = self._weights[fn.name]
+        sname = name[: -len(".weight")] + ".scale" if name.endswith(".weight") else None
         if name not in args:
             args[name] = fn.add_arg(name, self.stypes[name])
-            sname = name[: -len(".weight")] + ".scale" if name.endswith(".weight") else None
             if sname in self.stypes:
                 args[sname] = fn.add_arg(sname, self.stypes[sname])
-        sname = name[: -len(".weight")] + ".scale" if name.endswith(".weight") else None
         return args[name], args.get(sname)
 
     # ------------------------------------------------------------------ functions
