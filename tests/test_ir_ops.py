@@ -92,7 +92,7 @@ SAMPLES = {
     "sym.mul": [("", "{a = T, b = 4}")], "sym.floordiv": [("index", "{b = 2}")],
     "kernel.call": [("f32[T, 4], f32[4, 5]", "{op = \"aten.mm\", template = \"gemm\", variant = \"v0\", "
                                              "target = \"cpu\"}")],
-    "stream.record": [("", "{stream = 1}")], "stream.wait": [("event", "{stream = 0}")],
+    "stream.record": [("", "{stream = 0}")], "stream.wait": [("event", "{stream = 0}")],
 }
 for _n in ("zeros", "ones", "empty"):
     SAMPLES[f"aten.{_n}"] = [("", "{size = [T, 3]}")]
