@@ -21,10 +21,15 @@ E4M3 scale per 16 channels and the 128-d indexer key as FP4 with one UE8M0 scale
 288 + 68 = 356 B; a ratio-r group adds 356/r B per token, so the published config has
 3·178 + 356 = 890 B/token of global KV. Window KV (FP8 + UE8M0/32) is per layer and
 bounded by the window.
+
+`plan_attr(cfg)` / `plan_from_attr(text)`: the fields the plan derives from, as the module
+attribute `layer_plan` (`num_hidden_layers=40 compress_ratios=0,0,2,... kv_source_layer_ids=...`),
+so that a pass run on a dumped module (`dsv41c opt`) checks the IR against the same plan.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from types import SimpleNamespace
 
 from dsv41c.frontend.config import ModelConfig
 
@@ -97,6 +102,53 @@ def layer_plan(cfg: ModelConfig) -> list[LayerSpec]:
             cand = "consumes"
         plan.append(LayerSpec(i, part, r, mode, kv, topk, cand, "compress", engram))
     return plan
+
+
+# ----------------------------------------------------------------------------- as a module attribute
+
+_PLAN_FIELDS = ("num_hidden_layers", "compress_ratios", "kv_source_layer_ids", "index_source_layer_ids",
+                "candidate_source_layer_id", "engram_layer_ids")
+
+
+def plan_attr(cfg) -> str:
+    """The config fields `layer_plan` reads, as `name=v` or `name=v1,v2,...` separated by spaces."""
+    out = []
+    for k in _PLAN_FIELDS:
+        v = getattr(cfg, k)
+        out.append(f"{k}=" + (",".join(str(int(x)) for x in v) if isinstance(v, (tuple, list)) else str(int(v))))
+    return " ".join(out)
+
+
+def plan_from_attr(text: str) -> list[LayerSpec]:
+    """The backbone layers' plan from a `plan_attr` string; ValueError naming the field that is wrong."""
+    fields = {}
+    for item in text.split():
+        k, eq, v = item.partition("=")
+        if not eq or k not in _PLAN_FIELDS:
+            raise ValueError(f"layer_plan attribute: cannot read {item!r} (fields: {', '.join(_PLAN_FIELDS)})")
+        try:
+            fields[k] = tuple(int(x) for x in v.split(",") if x) if k.endswith(("ratios", "ids")) else int(v)
+        except ValueError:
+            raise ValueError(f"layer_plan attribute: {k} must be integers, got {v!r}") from None
+    missing = [k for k in _PLAN_FIELDS if k not in fields]
+    if missing:
+        raise ValueError(f"layer_plan attribute: missing {', '.join(missing)}")
+    n = fields["num_hidden_layers"]
+    if len(fields["compress_ratios"]) < n:
+        raise ValueError(f"layer_plan attribute: compress_ratios has {len(fields['compress_ratios'])} entries "
+                         f"for {n} layers")
+    for k in ("kv_source_layer_ids", "index_source_layer_ids"):
+        for i in fields[k]:
+            if not 0 <= i < n or fields["compress_ratios"][i] == 0:
+                raise ValueError(f"layer_plan attribute: {k} names layer {i}, which has no compressed branch")
+    for i in range(n):
+        if fields["compress_ratios"][i] and not any(s <= i for s in fields["kv_source_layer_ids"]):
+            raise ValueError(f"layer_plan attribute: layer {i} has ratio {fields['compress_ratios'][i]} but no "
+                             "KV source at or before it")
+    try:
+        return layer_plan(SimpleNamespace(**fields, n_layers_total=n))
+    except ValueError as e:  # e.g. a KV source that is not an index source: no top-k source for its layers
+        raise ValueError(f"layer_plan attribute: not a valid plan ({e})") from None
 
 
 # ----------------------------------------------------------------------------- bytes

@@ -44,6 +44,7 @@ import torch
 from dsv41c import formats
 from dsv41c.frontend.export_ir import TraceError, convert
 from dsv41c.frontend.inventory import expected_tensors
+from dsv41c.frontend.layer_plan import plan_attr
 from dsv41c.frontend.segments import Ffn, StepModel
 from dsv41c.frontend.step import new_state, serve_step
 from dsv41c.ir.core import Function, Module, Op
@@ -285,7 +286,8 @@ class Tracer:
         order = list(self._weights["prefill"])
         decode, _ = self.function("decode", 1, order)
         m = Module([prefill, decode], {"config_hash": self.cfg.hash(), "kv_quant": self.model.kv_quant,
-                                       "outputs": tuple(outs), "widths": model_widths(self.cfg)})
+                                       "outputs": tuple(outs), "widths": model_widths(self.cfg),
+                                       "layer_plan": plan_attr(self.cfg)})
         self.info.seconds = time.perf_counter() - t0
         return m
 
