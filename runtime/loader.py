@@ -18,8 +18,13 @@ and is updated functionally by each call (the plan returns the new state).
 `decode(session)` without a token decodes the session's pending greedy token: the argmax
 of the logits of the last position processed (so prefill + decode + decode ... is greedy
 generation); `decode(session, token)` feeds an explicit token.
-Known gaps: the cpu plan runs on the CPU whatever `device` says (`device` is only
-checked against the target); one sequence per session.
+A GPU artifact (`cuda:*`, `rocm:*`) runs on the device: its kernel binaries are loaded and
+checked first (`kernel_binaries.py`), weights are kept there as stored (FP8/FP4 codes + scales,
+BF16), the state and every value the plan makes live there (the plan's factory ops run under
+the device as default).
+Known gaps: the cpu plan runs on the CPU whatever `device` says (`device` is only checked
+against the target); one sequence per session; no arena, no CUDA graph, one stream on the
+device (torch's allocator serves every value).
 """
 from __future__ import annotations
 
@@ -74,8 +79,10 @@ class Session:
 
 
 class CompiledModel:
-    def __init__(self, path: str, manifest: dict, program: Program, weights: WeightMap):
+    def __init__(self, path: str, manifest: dict, program: Program, weights: WeightMap, device="cpu"):
         self.path, self.manifest, self.program, self.weights = path, manifest, program, weights
+        self.device = torch.device(device)
+        self.binaries = None  # the loaded kernel binaries of a GPU artifact (runtime/kernel_binaries.py)
         text = manifest["config"].get("text_config", manifest["config"])
         self.vocab_size = int(text["vocab_size"])
         self._bound: dict = {}
@@ -91,7 +98,7 @@ class CompiledModel:
             if a["role"] != "state":
                 continue
             shape = [d if isinstance(d, int) else 0 for d in a["shape"]]  # growing caches start empty
-            st[a["name"]] = torch.full(shape, a.get("fill", 0), dtype=getattr(torch, a["dtype"]))
+            st[a["name"]] = torch.full(shape, a.get("fill", 0), dtype=getattr(torch, a["dtype"]), device=self.device)
         return Session(st)
 
     def _check_ids(self, ids) -> torch.Tensor:
@@ -118,18 +125,18 @@ class CompiledModel:
         for a in fn.args:
             role = a["role"]
             inputs.append(ids if role == "input" else session.state[a["name"]] if role == "state" else w[a["name"]])
-        with torch.no_grad():
+        with torch.no_grad(), torch.device(self.device):  # factory ops of the plan allocate on the device
             outs = fn.run(inputs, self.observe)
         names = fn.output_names
         session.state = {n: v for n, v in zip(names[1:], outs[1:])}
-        session.tokens.extend(int(t) for t in ids)
+        session.tokens.extend(ids.tolist())
         session.last_logits = outs[0][-1]
         return outs[0]
 
     # ------------------------------------------------------------------ serving
     def prefill(self, session: Session, ids) -> torch.Tensor:
         """Logits [T, vocab] of a chunk continuing the session (any T >= 1)."""
-        return self._run("prefill", session, self._check_ids(ids))
+        return self._run("prefill", session, self._check_ids(ids).to(self.device))
 
     def decode(self, session: Session, token: int | None = None) -> torch.Tensor:
         """Logits [vocab] after feeding `token` (default: the greedy token of the last logits)."""
@@ -137,7 +144,7 @@ class CompiledModel:
             if session.last_logits is None:
                 raise InputError("decode needs a token or a prefilled session (nothing to continue from)")
             token = int(torch.argmax(session.last_logits))
-        return self._run("decode", session, self._check_ids([int(token)]))[0]
+        return self._run("decode", session, self._check_ids([int(token)]).to(self.device))[0]
 
     def generate(self, ids, max_new_tokens: int, chunk: int = 0) -> list[int]:
         """Greedy: prefill `ids` (in chunks of `chunk`, 0 = one), then exactly max_new_tokens tokens."""
@@ -173,18 +180,24 @@ def load(path, device=None, checkpoint=None, interpret: bool = False) -> Compile
         device = "cpu"
     else:
         device = check_target(m, device)  # the device kinds a target runs on are data (artifact_format)
+    binaries = None
     if m["target"] != "cpu" and not interpret:
         if not torch.cuda.is_available():
             raise ArtifactError(f"{path}: target '{m['target']}' needs a GPU and this machine has none "
                                 f"(--interpret runs its kernels in Triton's interpreter on the CPU)")
-        raise ArtifactError(f"{path}: target '{m['target']}': the device runtime is not built yet "
-                            f"(--interpret runs the plan's kernels in Triton's interpreter)")
+        device = torch.device(device if ":" in device else f"{device}:{torch.cuda.current_device()}")
+        from dsv41c.runtime.kernel_binaries import load_binaries
+
+        # every binary is loaded (and checked against this device and Triton) before the first step
+        binaries = load_binaries(path, m, device).install()
     ckpt = bind_checkpoint(path, m, os.fspath(checkpoint) if checkpoint is not None else None)
-    weights = WeightMap(ckpt)
+    weights = WeightMap(ckpt, device=device)
     prog_file = m.get("program", "program.json")
     try:
         with open(os.path.join(path, prog_file)) as f:
             spec = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise ArtifactError(f"{path}: cannot read {prog_file} ({type(e).__name__})") from None
-    return CompiledModel(path, m, Program(spec), weights)
+    model = CompiledModel(path, m, Program(spec), weights, device=device)
+    model.binaries = binaries
+    return model

@@ -70,15 +70,18 @@ class _Fwd:
 
 class ReferenceModel:
     def __init__(self, cfg: ModelConfig, state_dict: dict, dtype: torch.dtype = torch.float32,
-                 kv_quant: bool = True):
+                 kv_quant: bool = True, device=None):
         if isinstance(dtype, str):
             dtype = DTYPES[dtype]
         self.cfg, self.dtype, self.acc, self.kv_quant = cfg, dtype, acc_dtype(dtype), bool(kv_quant)
-        self.w = Weights(state_dict, dtype)
+        # every tensor the model makes (positions, masks, state) is made on `device`, where the weights are
+        self.device = torch.device(device or "cpu")
+        self.w = Weights(state_dict, dtype, self.device)
         self.plan = layer_plan(cfg)
         self.n_layers = cfg.num_hidden_layers
         self.groups = {s.index: s.ratio for s in self.plan[: self.n_layers] if s.mode == "full"}
-        self._inv = {"main": inv_freq_main(cfg, self.acc), "compress": inv_freq_compress(cfg, self.acc)}
+        self._inv = {"main": inv_freq_main(cfg, self.acc).to(self.device),
+                     "compress": inv_freq_compress(cfg, self.acc).to(self.device)}
         self._rope_round = torch.bfloat16 if dtype == torch.bfloat16 else None
         self.has_dspark = cfg.num_nextn_predict_layers > 0 and "mtp.0.main_proj.weight" in self.w
         self.trace: dict | None = None  # set to {} to record top-k / candidate statistics
@@ -87,8 +90,9 @@ class ReferenceModel:
     # ------------------------------------------------------------------ public
     def new_state(self) -> State:
         c = self.cfg
-        return new_state(self.n_layers, self.groups, c.head_dim, c.index_head_dim, c.hidden_size, self.dtype,
-                         self.acc)
+        with torch.device(self.device):
+            return new_state(self.n_layers, self.groups, c.head_dim, c.index_head_dim, c.hidden_size, self.dtype,
+                             self.acc)
 
     def forward_full(self, ids) -> torch.Tensor:
         """Logits [T, vocab] of one forward from position 0 (HF-style dense masks)."""
@@ -103,7 +107,7 @@ class ReferenceModel:
         return self._forward(self.check_ids([int(token)]), state)[0]
 
     def check_ids(self, ids) -> torch.Tensor:
-        t = torch.as_tensor(ids, dtype=torch.int64).reshape(-1)
+        t = torch.as_tensor(ids, dtype=torch.int64, device=self.device).reshape(-1)
         if t.numel() == 0:
             raise InputError("no token ids given")
         bad = t[(t < 0) | (t >= self.cfg.vocab_size)]
@@ -117,6 +121,10 @@ class ReferenceModel:
 
     # ------------------------------------------------------------------ forward
     def _forward(self, ids: torch.Tensor, state: State | None) -> torch.Tensor:
+        with torch.device(self.device):  # the factory ops below (positions, masks) allocate beside the weights
+            return self._forward_here(ids, state)
+
+    def _forward_here(self, ids: torch.Tensor, state: State | None) -> torch.Tensor:
         c, w = self.cfg, self.w
         T = ids.shape[0]
         pos0 = state.pos if state is not None else 0
@@ -277,7 +285,7 @@ class ReferenceModel:
             t["candidate_blocks_excluded"] += int((vis_blocks > c.candidate_topk_blocks).sum())
 
 
-def load_reference(checkpoint_dir: str, dtype="float32", kv_quant: bool = True) -> ReferenceModel:
+def load_reference(checkpoint_dir: str, dtype="float32", kv_quant: bool = True, device=None) -> ReferenceModel:
     """A reference model on an official-format checkpoint directory (checkpoint.py reader)."""
     from dsv41c.frontend.checkpoint import open_checkpoint
 
@@ -286,4 +294,4 @@ def load_reference(checkpoint_dir: str, dtype="float32", kv_quant: bool = True) 
     cfg = load_config(checkpoint_dir)
     load_dtype = torch.float64 if dtype == torch.float64 else torch.float32  # lossless: every stored value fits
     sd = open_checkpoint(checkpoint_dir).state_dict(load_dtype)
-    return ReferenceModel(cfg, sd, dtype=dtype, kv_quant=kv_quant)
+    return ReferenceModel(cfg, sd, dtype=dtype, kv_quant=kv_quant, device=device)

@@ -38,14 +38,14 @@ def is_fp32_critical(name: str) -> bool:
 class Weights:
     """Name -> tensor in the model's dtype policy, plus stacked experts per block prefix."""
 
-    def __init__(self, state_dict: dict, dtype: torch.dtype):
+    def __init__(self, state_dict: dict, dtype: torch.dtype, device=None):
         self.dtype = dtype
         self.acc = acc_dtype(dtype)
         self.t = {}
         for name, v in state_dict.items():
             if name.endswith(".scale") and name[: -len(".scale")] + ".weight" in state_dict:
                 continue  # a reader that left scales beside dequantized weights
-            self.t[name] = v.to(self.acc if is_fp32_critical(name) else dtype)
+            self.t[name] = v.to(device=device, dtype=self.acc if is_fp32_critical(name) else dtype)
         self._experts = {}
 
     def __getitem__(self, name: str) -> torch.Tensor:
