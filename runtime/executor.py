@@ -12,7 +12,11 @@ text is checked to hold only names, integers, `+ - * //` and parentheses before 
 compiled, so a crafted program cannot run code. Errors name the op, its location and
 target (`ExecutionError`). Imports nothing from the compiler.
 `kernel.<template>` targets (GPU plans) call that template's launcher (`runtime/kernels.py`).
-Known gaps: no arena (torch's allocator), no streams.
+Streams: a step's `stream` (absent: 0) is its queue on a device; `rt.record` makes an event
+token in its slot and `rt.wait` takes one. Here, on the CPU, the steps run in program order
+(one valid schedule of the streams), so both are no-ops; `_Op.stream` keeps the index for a
+device executor that maps streams to torch.cuda.Stream and events to torch.cuda.Event.
+Known gaps: no arena (torch's allocator); streams run serially.
 """
 from __future__ import annotations
 
@@ -44,6 +48,14 @@ def compile_dim(text: str):
     return lambda env: eval(code, {"__builtins__": {}}, env)  # noqa: S307 - checked above
 
 
+class _Event:
+    """A recorded event on the serial executor: the steps run in order, so it is always complete."""
+
+    __slots__ = ()
+
+
+_RECORDED = _Event()
+
 _BUILTINS = {
     "rt.dim": lambda v: v,
     "rt.size": lambda t, d: int(t.shape[d]),
@@ -52,6 +64,8 @@ _BUILTINS = {
     "rt.sub": lambda a, b: a - b,
     "rt.mul": lambda a, b: a * b,
     "rt.floordiv": lambda a, b: a // b,
+    "rt.record": lambda: _RECORDED,  # serial execution: everything before is done already
+    "rt.wait": lambda event: None,
 }
 
 
@@ -101,17 +115,36 @@ def _compile_arg(x):
     return g
 
 
+def _is_factory(schema) -> bool:
+    args = schema.arguments
+    return any(a.name == "device" for a in args) and not any("Tensor" in str(a.type) for a in args)
+
+
+def _takes_device(fn) -> bool:
+    """Whether an aten op makes a tensor from no tensor, on a device it is told (arange, full, scalar_tensor...);
+    ops with tensor inputs (full_like, _to_copy) keep their input's device."""
+    if isinstance(fn, torch._ops.OpOverload):
+        return _is_factory(fn._schema)
+    if isinstance(fn, torch._ops.OpOverloadPacket):
+        return any(_is_factory(getattr(fn, o)._schema) for o in fn.overloads())
+    return False
+
+
 class _Op:
-    __slots__ = ("fn", "args", "kwargs", "out", "bind", "free", "where", "rec")
+    __slots__ = ("fn", "args", "kwargs", "out", "bind", "free", "where", "rec", "stream", "factory")
 
     def __init__(self, rec):
         self.fn = resolve_target(rec["target"])
+        # a factory op of the plan names no device: the run's device is given to it (torch's default-device
+        # mode reaches torch.* functions only, not aten overloads called directly)
+        self.factory = _takes_device(self.fn) and "device" not in rec.get("kwargs", {})
         self.args = [_compile_arg(a) for a in rec["args"]]
         self.kwargs = [(k, _compile_arg(v)) for k, v in rec.get("kwargs", {}).items()]
         self.out = rec["out"]
         self.bind = rec.get("bind", ())
         self.free = rec.get("free", ())
         self.rec = rec
+        self.stream = rec.get("stream", 0)
         k = rec.get("kernel")
         self.where = f"{rec['target']}" + (f" ({k['variant']})" if k else "") + f" at loc({rec.get('loc', '?')})"
 
@@ -126,16 +159,20 @@ class Function:
         self.output_names = spec["output_names"]
         self.nslots = spec["nslots"]
 
-    def run(self, inputs: list, observe=None) -> list:
+    def run(self, inputs: list, observe=None, device=None) -> list:
         """observe(record, args, result), if given, sees every op's program.json record, its positional
-        arguments and its result (the per-op kernel check and bisection use it)."""
+        arguments and its result (the per-op kernel check and bisection use it). `device`: where the plan's
+        factory ops make their tensors (default: torch's default, the CPU)."""
         vals = [None] * self.nslots
         vals[:len(inputs)] = inputs
         env = {s: int(inputs[i].shape[d]) for s, (i, d) in self.symbols.items()}
         for op in self.ops:
             args = [g(env, vals) for g in op.args]
+            kwargs = {k: g(env, vals) for k, g in op.kwargs}
+            if op.factory and device is not None:
+                kwargs["device"] = device
             try:
-                res = op.fn(*args, **{k: g(env, vals) for k, g in op.kwargs})
+                res = op.fn(*args, **kwargs)
             except Exception as e:
                 raise ExecutionError(f"@{self.name}: {op.where}: {type(e).__name__}: {e}") from e
             if observe is not None:

@@ -240,6 +240,7 @@ def load_binaries(path: str, manifest: dict, device) -> KernelBinaries:
     have_arch = device_arch(device)
     installed = _abi(triton.__version__)
     torch.cuda.set_device(device)
+    torch.empty(1, device=device)  # the primary context exists and is current before the first module load
     by_kernel: dict = {}
     loaded = 0
     # importing the kernel library registers every template; the JIT functions are looked up by name
@@ -275,10 +276,13 @@ def load_binaries(path: str, manifest: dict, device) -> KernelBinaries:
         if "ptx" in files:
             with open(os.path.join(path, "kernels", files["ptx"])) as f:
                 n = _ptx_params(f.read(), e.get("entry") or e["kernel"])
-            if n is not None and n != len(b.runtime) + b.extra:
-                raise ArtifactError(f"kernel {name}: the binary takes {n} parameters, this runtime would pass "
-                                    f"{len(b.runtime) + b.extra} (Triton {e.get('triton')}'s calling convention "
-                                    f"differs from what this runtime knows)")
+            # the PTX entry is the truth about the trailing scratch pointers of this Triton's convention
+            if n is not None and 0 <= n - len(b.runtime) <= 2:
+                b.extra = n - len(b.runtime)
+            elif n is not None:
+                raise ArtifactError(f"kernel {name}: the binary takes {n} parameters, its signature has "
+                                    f"{len(b.runtime)} (Triton {e.get('triton')}'s calling convention differs from "
+                                    f"what this runtime knows)")
         jit_module = getattr(getattr(jit, "fn", jit), "__module__", e["module"])
         by_kernel.setdefault((jit_module, e["kernel"]), []).append(b)
         loaded += 1

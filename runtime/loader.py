@@ -126,7 +126,7 @@ class CompiledModel:
             role = a["role"]
             inputs.append(ids if role == "input" else session.state[a["name"]] if role == "state" else w[a["name"]])
         with torch.no_grad(), torch.device(self.device):  # factory ops of the plan allocate on the device
-            outs = fn.run(inputs, self.observe)
+            outs = fn.run(inputs, self.observe, device=self.device)
         names = fn.output_names
         session.state = {n: v for n, v in zip(names[1:], outs[1:])}
         session.tokens.extend(ids.tolist())

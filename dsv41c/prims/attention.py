@@ -74,7 +74,7 @@ def window_bias(positions: torch.Tensor, window: int, dtype: torch.dtype) -> tor
     query p iff p - window < k <= p (HF `create_sliding_window_causal_mask`)."""
     d = positions[:, None] - positions[None, :]
     ok = (d >= 0) & (d < window)
-    return torch.zeros(ok.shape, dtype=dtype).masked_fill(~ok, float("-inf"))
+    return torch.zeros(ok.shape, dtype=dtype, device=ok.device).masked_fill(~ok, float("-inf"))
 
 
 def window_indices(positions: torch.Tensor, first_pool_pos: int, window: int) -> torch.Tensor:
