@@ -15,7 +15,8 @@ Steps (progress on stderr, one line each):
 6. `write_artifact`: manifest.json (versions, target, config + hash, checkpoint location +
    index hash + inventory hash, pipeline + options), plan.ir, program.json, reports/
    (passes.json: per-pass changed flag + stats, and wall-clock seconds when --timings is
-   asked; trace.json; layer_plan.json/.txt with cache bytes; ops.json).
+   asked; trace.json; layer_plan.json/.txt with cache bytes; ops.json; streams.json: ops per
+   stream, events, and per layer the serial against the scheduled streams' time).
 Determinism: nothing time- or path-dependent is written unless asked (--timings records
 seconds, and then the artifact is reproducible except for reports/passes.json).
 Known gaps: only the `cpu` target is built here (GPU targets: codegen/aot.py's kernels are
@@ -145,6 +146,7 @@ def build_artifact(out: str, checkpoint: str | None = None, preset: str | None =
     from dsv41c.passes.manager import PassManager
     from dsv41c.passes.pipeline import build_pipeline
     from dsv41c.passes.plan_memory import binding_attrs, memory_report_files
+    from dsv41c.passes.stream_cost import stream_report_json
     from dsv41c.runtime.weights import index_hash, inventory_hash
 
     t_start = time.perf_counter()
@@ -217,6 +219,7 @@ def build_artifact(out: str, checkpoint: str | None = None, preset: str | None =
             "reports/ops.json": dumps_json(_op_counts(module)),
             "reports/layer_plan.json": dumps_json(plan_as_json(cfg)),
             "reports/layer_plan.txt": plan_as_table(cfg) + "\n",
+            "reports/streams.json": dumps_json(stream_report_json(module)),
             **memory_report_files(module),
         }
         config = cfg.to_json_dict()

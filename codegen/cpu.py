@@ -24,7 +24,15 @@ same IR gives the same bytes.
 A `kernel.call` (GPU targets) becomes `{"target": "kernel.<template>", "args": operands in the
 contract's order, "kernel": {template, variant, target, keys}}`: the runtime launches that variant
 (or, interpreted, its launcher in Triton's interpreter).
-Known gaps: stream ops are rejected here; the program is one format for every target.
+Streams (GPU plans after schedule-streams): every op record carries `stream` (its stream index,
+0 = main) in a function that uses more than one stream, and the function lists its `streams`;
+`stream.record` becomes `{"target": "rt.record", "out": [event slot]}` and `stream.wait` becomes
+`{"target": "rt.wait", "args": [{"v": event slot}]}`, both on their own stream. A device runtime
+maps each index to a queue (torch.cuda.Stream) and each event slot to a torch.cuda.Event; the
+reference executor runs the steps in program order, which is one valid schedule.
+Known gaps: the program is one format for every target; `free` is by program order, so a
+device runtime that frees slots itself must keep a slot read on a side stream until that
+stream joins (the arena plan already does: plan-memory extends lifetimes to the joins).
 """
 from __future__ import annotations
 
@@ -32,6 +40,7 @@ import json
 import math
 
 from dsv41c.ir.core import Value
+from dsv41c.ir.happens_before import op_stream
 from dsv41c.ir.registry import get
 from dsv41c.ir.symbolic import SymExpr
 from dsv41c.ir.types import DType, TensorType
@@ -136,6 +145,10 @@ def lower_op(op, slot: dict) -> dict:
             if k in args:
                 args[k] = filled[k]
     name = op.name
+    if name == "stream.record":
+        return {"target": "rt.record", "args": [], "kwargs": {}}
+    if name == "stream.wait":
+        return {"target": "rt.wait", "args": [_enc(op.operands[0], slot)], "kwargs": {}}
     if name == "kernel.call" and not op.attrs.get("op"):
         from dsv41c.ir.kernel_contracts import keys_of
 
@@ -207,8 +220,11 @@ def lower_function(f, output_names, state_fill: dict) -> dict:
         args.append(entry)
     nslot = len(f.args)
     ops, bound = [], set(symbols)
+    streams = sorted({op_stream(op) for op in f.ops} | {0})
     for op in f.ops:
         rec = lower_op(op, slot)
+        if len(streams) > 1:
+            rec["stream"] = op_stream(op)
         outs, binds = [], []
         for r in op.results:
             slot[id(r)] = nslot
@@ -228,7 +244,7 @@ def lower_function(f, output_names, state_fill: dict) -> dict:
         ops.append(rec)
     _add_frees(f, ops, slot)
     return {"args": args, "symbols": symbols, "ops": ops, "outputs": [slot[id(v)] for v in f.returns],
-            "output_names": list(output_names), "nslots": nslot}
+            "output_names": list(output_names), "nslots": nslot, "streams": streams}
 
 
 def _add_frees(f, ops, slot):

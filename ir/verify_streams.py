@@ -10,10 +10,18 @@
    where a value is live from its definition to the last op that may run concurrently with
    any of its uses: the later one may be defined only after every stream that reads the
    earlier one has joined the defining stream.
+3. A buffer written in place (an op's `writes` operand, or a kernel contract's `writes`
+   argument: the persistent state) and touched on another stream must be ordered against
+   that write both ways: an earlier read or write on another stream must be ordered before
+   the write (else the write may clobber what it still reads), a later read or write after
+   it (else it may see the old bytes); a buffer written on a side stream must be ordered
+   before stream 0's last op, where the function ends.
 Only functions with stream attributes or arena offsets are checked. Messages name the op
 as the main verifier does (`@f: op #N name (%x) at loc(...)`).
 
-Algorithm: vector clocks for rule 1; for rule 2 a sweep over definitions in program order
+Algorithm: vector clocks for rules 1 and 3 (rule 3 compares each access with the latest write
+before it and each write with the reads since the write before it; the rest follows by
+transitivity); for rule 2 a sweep over definitions in program order
 keeping the live buffers sorted by offset (a valid plan keeps them disjoint, so only the
 two address neighbours of a new buffer need checking).
 
@@ -36,6 +44,32 @@ def _where(names, f, i, op):
     res = ", ".join(names(r) for r in op.results)
     return f"@{f.name}: op #{i} {op.name}" + (f" ({res})" if res else "") + (
         f" at loc({format_string(op.loc)})" if op.loc is not None else "")
+
+
+def written_operands(op) -> list:
+    """The operand values `op` writes in place: its registry `writes`, or its kernel contract's."""
+    from dsv41c.ir.registry import lookup
+
+    if op.name == "kernel.call" and not op.attrs.get("op"):
+        from dsv41c.ir.kernel_contracts import contract_of
+
+        c = contract_of(op.attrs.get("template", ""))
+        if c is None:
+            return []
+        return [v for a, v in zip(c.inputs, op.operands) if a.writes]
+    if op.name == "kernel.call":
+        d = lookup(op.attrs["op"])
+        attrs = {k: v for k, v in op.attrs.items() if k not in ("template", "variant", "target", "op")}
+    else:
+        d, attrs = lookup(op.name), op.attrs
+    if d is None or not d.writes:
+        return []
+    args, _ = d.bind(op.operands, attrs)
+    out = []
+    for w in d.writes:
+        v = args.get(w)
+        out += v if isinstance(v, list) else [v] if v is not None else []
+    return out
 
 
 def verify_stream_errors(module) -> list[str]:
@@ -72,8 +106,49 @@ def _check_function(module, f, uses_streams, placed) -> list[str]:
                 continue
             errors.append(f"@{f.name}: return value {k} ({names(v)}) is defined on stream {op_stream(f.ops[i])} at "
                           f"op #{i} and stream 0 never waits for it")
+        errors += _check_writes(f, hb, names, last_main)
     if placed and not errors:
         errors += _check_reuse(module, f, hb, names)
+    return errors
+
+
+def _check_writes(f, hb, names, last_main) -> list[str]:
+    """Rule 3: in-place writes against every access of the same buffer on another stream."""
+    errors = []
+    last_write: dict = {}   # id(buffer) -> position of the latest write
+    reads: dict = {}        # id(buffer) -> positions of reads since that write
+    label = {}
+
+    def unordered(i, j, v, what):
+        if op_stream(f.ops[i]) != op_stream(f.ops[j]) and not hb.ordered(i, j):
+            errors.append(f"{_where(names, f, j, f.ops[j])}: {what} {names(v)}, which op #{i} on stream "
+                          f"{op_stream(f.ops[i])} {'writes in place' if i in label.get(id(v), ()) else 'reads'} "
+                          f"before it, with no wait on an event recorded after op #{i}")
+
+    for j, op in enumerate(f.ops):
+        written = {id(v): v for v in written_operands(op)}
+        for v in op.operands:
+            w = last_write.get(id(v))
+            if w is not None and id(v) not in written:
+                unordered(w, j, v, "reads")
+        for key, v in written.items():
+            w = last_write.get(key)
+            for i in ([w] if w is not None else []) + reads.get(key, []):
+                if i != j:
+                    unordered(i, j, v, "writes")
+            last_write[key] = j
+            label.setdefault(key, set()).add(j)
+            reads[key] = []
+        for v in op.operands:
+            if id(v) not in written:
+                reads.setdefault(id(v), []).append(j)
+        if len(errors) >= 20:
+            return errors
+    for key, w in last_write.items():
+        if op_stream(f.ops[w]) != 0 and not (last_main > w and hb.ordered(w, last_main)):
+            v = next(x for x in f.ops[w].operands if id(x) == key)
+            errors.append(f"{_where(names, f, w, f.ops[w])}: writes {names(v)} in place on stream "
+                          f"{op_stream(f.ops[w])} and stream 0 never waits for it before the function ends")
     return errors
 
 
@@ -137,4 +212,4 @@ def _check_reuse(module, f, hb, names) -> list[str]:
     return errors
 
 
-__all__ = ["verify_stream_errors"]
+__all__ = ["verify_stream_errors", "written_operands"]

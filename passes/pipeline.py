@@ -9,10 +9,18 @@ Order, and why: shapes first (later rewrites match on static shapes), then local
 simplification, then merging, then sweeping what the others left dead. The domain passes
 come after the clean-up because they match on canonical op chains; scheduling and memory
 planning come last because they fix the order and the addresses of everything before.
+
+Target dependence is explicit: an entry `(spec, prefixes)` runs only for targets whose name
+starts with one of `prefixes`. `schedule-streams` runs for the GPU targets (`cuda:*`,
+`rocm:*`), whose runtime maps streams to device queues; the `cpu` target (and Ascend, whose
+runtime has no stream mapping yet) keeps one serial stream, which is also what the
+reference executor runs.
 """
 from __future__ import annotations
 
 from dsv41c.passes.registry import parse_pipeline
+
+GPU_TARGETS = ("cuda:", "rocm:")
 
 PIPELINE = [
     "fold-shapes",
@@ -27,14 +35,19 @@ PIPELINE = [
     # "plan-chunks",          prefill chunk size from the memory budget
     # "canonicalize", "cse", "dce",   clean-up after the domain rewrites
     "specialize-kernels{target=TARGET}",  # kernel.call per target from the kernel matrix
-    # "schedule-streams",     two streams + events, Engram on an aux stream
+    ("schedule-streams", GPU_TARGETS),   # Q/KV paths on two streams + events, Engram on an aux stream
     "plan-memory",          # arena offsets for transient values
 ]
 
 
 def pipeline_specs(target: str = "cpu") -> list:
-    """PIPELINE with its target-dependent passes given `target` (`TARGET` in the list)."""
-    return [s.replace("TARGET", f'"{target}"') for s in PIPELINE]
+    """PIPELINE for `target`: entries restricted to other targets left out, `TARGET` filled in."""
+    out = []
+    for item in PIPELINE:
+        spec, only = item if isinstance(item, tuple) else (item, None)
+        if only is None or target.startswith(only):
+            out.append(spec.replace("TARGET", f'"{target}"'))
+    return out
 
 
 def build_pipeline(specs=None, target: str = "cpu") -> list:

@@ -5,7 +5,8 @@
 1. Layers. The ops of layer N's attention are those whose `loc` is `layers.N.attn` or under
    it. Within them, dataflow decides: an op that depends on the layer's KV-path weights
    (`layers.N.attn.wkv.*`, `layers.N.attn.compressor.*`: wkv -> kv_norm -> RoPE -> window
-   write, the compressor, the indexer keys) and not on its Q-path weights
+   write, the compressor, the indexer keys; an op's results and the buffers it writes in
+   place depend on what its operands depend on) and not on its Q-path weights
    (`layers.N.attn.wq_a.*`: wq_a -> q_norm -> wq_b -> RoPE, the indexer query) goes on
    stream 1; an op that depends on neither goes with its users when all of them are on
    stream 1 (the KV path's own weight dequantization), else stays on stream 0. What
@@ -21,9 +22,13 @@
    function's results and buffers are ready when stream 0 finishes. An op already carrying
    `stream` keeps it (the pass re-run on its own output adds nothing).
 
-Stats: `ops:stream<k>`, `events`, `layers-split`, `engram-ops-ahead`.
-`stream_report(module)` gives per function the ops per stream, the events and, per layer,
-the cost model's serial time against the simulated two-stream time (`passes/stream_cost.py`).
+Stats: `ops:stream<k>`, `events`, `layers-split`, `engram-ops-ahead`, and the cost model's
+figures (`passes/stream_cost.py`: an explicit H200 roofline plus a launch gap per kernel) in
+nanoseconds: `serial-ns:<fn>` against `streams-ns:<fn>` for each function, and
+`serial-ns:<fn>:layer<N>` against `streams-ns:<fn>:layer<N>` for each layer.
+`stream_cost.stream_report(module)` gives the same per function as a dict (ops per stream,
+events, per layer figures): the artifact's reports/streams.json and `dsv41c inspect --json`'s
+`streams`.
 
 Known gaps: the Engram gather itself is fused into `dsv41.engram_apply`, which reads the
 hidden state, so only the hash and the dequantization go ahead; the split is by weight
@@ -41,6 +46,7 @@ from dsv41c.ir.core import Op
 from dsv41c.ir.happens_before import op_stream
 from dsv41c.ir.registry import lookup
 from dsv41c.ir.types import EVENT
+from dsv41c.ir.verify_streams import written_operands
 from dsv41c.passes.base import ModulePass, PassResult
 
 MAIN, KV, AUX = 0, 1, 2
@@ -69,18 +75,20 @@ def _split_layers(f) -> int:
         if not roots_q or not roots_kv:
             continue
         dq, dkv = set(roots_q), set(roots_kv)
+        side, touched = set(), set()
         for i in idx:
             op = f.ops[i]
             ids = [id(v) for v in op.operands]
-            if any(x in dq for x in ids):
-                dq.update(id(r) for r in op.results)
-            if any(x in dkv for x in ids):
-                dkv.update(id(r) for r in op.results)
-        side = set()
-        for i in idx:
-            op = f.ops[i]
-            rs = [id(r) for r in op.results]
-            if any(r in dkv for r in rs) and not any(r in dq for r in rs):
+            # what an op makes, and a buffer it writes in place, carries the paths it read
+            outs = [id(r) for r in op.results] + [id(v) for v in written_operands(op)]
+            on_q, on_kv = any(x in dq for x in ids), any(x in dkv for x in ids)
+            if on_q:
+                dq.update(outs)
+            if on_kv:
+                dkv.update(outs)
+            if on_q or on_kv:
+                touched.add(i)
+            if on_kv and not on_q:
                 side.add(i)
         # ops depending on neither: with their users, when every user in the layer is on the KV stream
         users: dict[int, list] = {}
@@ -91,7 +99,7 @@ def _split_layers(f) -> int:
         for i in reversed(idx):
             op = f.ops[i]
             rs = [id(r) for r in op.results]
-            if i in side or any(r in dq or r in dkv for r in rs) or any(r in returned for r in rs):
+            if i in side or i in touched or any(r in returned for r in rs):
                 continue
             us = [u for r in rs for u in users.get(r, [])]
             if us and all(u in side for u in us) and _all_uses_inside(f, rs, set(idx)):
@@ -165,18 +173,6 @@ def _engram_ahead(f) -> int:
     return moved
 
 
-def _written(op):
-    d = lookup(op.name)
-    if d is None or not d.writes:
-        return []
-    args, _ = d.bind(op.operands, op.attrs)
-    out = []
-    for w in d.writes:
-        v = args.get(w)
-        out += v if isinstance(v, list) else [v] if v is not None else []
-    return out
-
-
 def insert_events(f) -> int:
     """Step 3: record/wait pairs where a cross-stream dependence is not yet ordered; returns how many."""
     streams = sorted({op_stream(op) for op in f.ops} | {MAIN})
@@ -215,7 +211,7 @@ def insert_events(f) -> int:
     for op in f.ops:
         s = op_stream(op)
         deps = [d for v in op.operands for d in touched.get(id(v), ())]
-        for w in _written(op):
+        for w in written_operands(op):
             deps += readers.get(id(w), [])
         sync(needs_of(deps, s), s, op.loc)
         if op.name == "stream.wait" and op.operands and id(op.operands[0]) in recorded:
@@ -225,7 +221,7 @@ def insert_events(f) -> int:
             recorded[id(op.results[0])] = list(clock[s])
         for v in op.operands:
             readers.setdefault(id(v), []).append((s, seq))
-        for w in _written(op):
+        for w in written_operands(op):
             touched[id(w)] = touched.get(id(w), []) + [(s, seq)]
             readers[id(w)] = []
         for r in op.results:
@@ -244,12 +240,21 @@ class ScheduleStreams(ModulePass):
     name: ClassVar[str] = "schedule-streams"
 
     def run(self, module) -> PassResult:
+        from dsv41c.passes.stream_cost import stream_cost
+
         stats = Counter()
+        timing = {}
         for f in module.functions.values():
             stats["layers-split"] += _split_layers(f)
             stats["engram-ops-ahead"] += _engram_ahead(f)
             stats["events"] += insert_events(f)
             for op in f.ops:
                 stats[f"ops:stream{op_stream(op)}"] += 1
+            cost = stream_cost(module, f)
+            timing[f"serial-ns:{f.name}"] = round(cost["serial_us"] * 1000)
+            timing[f"streams-ns:{f.name}"] = round(cost["streams_us"] * 1000)
+            for n, c in cost["layers"].items():
+                timing[f"serial-ns:{f.name}:layer{n}"] = round(c["serial_us"] * 1000)
+                timing[f"streams-ns:{f.name}:layer{n}"] = round(c["streams_us"] * 1000)
         changed = bool(stats["layers-split"] or stats["engram-ops-ahead"] or stats["events"])
-        return PassResult(module, changed, dict(sorted(stats.items())))
+        return PassResult(module, changed, {**dict(sorted(stats.items())), **timing})

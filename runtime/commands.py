@@ -7,7 +7,9 @@
         prompt positions' logits [T, vocab] as float32 .npy, like `dsv41c reference`.
     dsv41c inspect ARTIFACT [--json] [--memory]
         manifest summary, pipeline, op counts per kind per function, reports; `--json` adds
-        `arena` per function; `--memory` prints the memory plan (runtime/memory_view.py).
+        `arena` per function and `streams` per function (ops per stream, events, per layer the
+        cost model's serial time against the scheduled streams' time, from reports/streams.json);
+        `--memory` prints the memory plan (runtime/memory_view.py).
 
 Order of checks, all before the first token is computed: `--logits-out` (a writable file
 path, `dsv41c/outputs.py`), the artifact (manifest, hashes), the device against the
@@ -156,6 +158,7 @@ def describe(path: str) -> dict:
             with open(os.path.join(path, rel)) as f:
                 out["reports"][rel] = json.load(f)
     out["arena"] = arena_summary(out["reports"].get(MEMORY_REPORT))
+    out["streams"] = (out["reports"].get("reports/streams.json") or {}).get("functions", {})
     for rec in out["reports"].get("reports/passes.json", {}).get("passes", []):
         for key, n in rec.get("stats", {}).items():  # compute ops left outside kernel calls (specialize-kernels)
             if key.startswith("aten_left:") and key[len("aten_left:"):] in out["functions"]:

@@ -25,7 +25,7 @@ def _files(root):
 def test_manifest_layout_and_plan(tiny_off):
     from dsv41c.frontend.config import preset
     from dsv41c.ir import parse_module, verify
-    from dsv41c.passes.pipeline import PIPELINE, build_pipeline
+    from dsv41c.passes.pipeline import build_pipeline, pipeline_specs
     from dsv41c.runtime.manifest import read_manifest
     from dsv41c.runtime.weights import index_hash
 
@@ -51,7 +51,7 @@ def test_manifest_layout_and_plan(tiny_off):
     # kv-quant off: no fake quantizer is left in the plan
     assert not [op for op in dec.ops if op.name.startswith("dsv41.fq_")]
     passes = json.load(open(os.path.join(tiny_off, "reports/passes.json")))
-    assert [p["name"] for p in passes["passes"]] == [p.split("{")[0] for p in PIPELINE]
+    assert [p["name"] for p in passes["passes"]] == [p.split("{")[0] for p in pipeline_specs("cpu")]
 
 
 def test_same_inputs_give_a_byte_identical_artifact(tiny_off, tmp_path):
