@@ -98,7 +98,8 @@ def engram_row_ids(tokens: torch.Tensor, cfg, layer_pos: int, dead: torch.Tensor
         t = token_map.to(torch.int64).cpu()[t]
     pad = int(token_map[cfg.engram_pad_token_id]) if token_map is not None else cfg.engram_pad_token_id
     T = t.shape[0]
-    d = dead.cpu() if dead is not None else torch.zeros(T, dtype=torch.bool)
+    # hashed on the CPU (int64 products as numpy spells them) whatever device the ids live on
+    d = dead.cpu() if dead is not None else torch.zeros(T, dtype=torch.bool, device="cpu")
     # shifted[i][p] = t[p-i], pad where the look-back leaves the sequence or crosses DEAD.
     # As HF (`DeepseekV41NgramHashState`): the blocking is cumulative and starts at shift 0,
     # so a DEAD token itself hashes as all-pad (its gate is forced to 0 anyway).
