@@ -135,7 +135,7 @@ def _op_counts(module) -> dict:
 def build_artifact(out: str, checkpoint: str | None = None, preset: str | None = None, target: str = "cpu",
                    kv_quant: bool = True, seed: int = 0, dump_dir=None, dump_filter=None, timings: bool = False,
                    verify_each: bool = False, force: bool = False, activation_dtype: str | None = None,
-                   kernels: bool = True) -> dict:
+                   kernels: bool = True, max_context: int | None = None) -> dict:
     from dsv41c.frontend.config import ConfigError, load_config
     from dsv41c.frontend.config import preset as preset_config
     from dsv41c.frontend.layer_plan import plan_as_json, plan_as_table
@@ -187,9 +187,14 @@ def build_artifact(out: str, checkpoint: str | None = None, preset: str | None =
         _log(f"tracing prefill + decode ({cfg.num_hidden_layers} layers, kv_quant={'on' if kv_quant else 'off'})")
         import torch
 
-        module, tinfo = trace(cfg, kv_quant=kv_quant, dtype=getattr(torch, act), progress=sys.stderr)
+        ctx = int(max_context or cfg.max_position_embeddings)
+        if ctx > cfg.max_position_embeddings:
+            raise PlanError(f"--max-context {ctx} exceeds the model's max_position_embeddings "
+                            f"({cfg.max_position_embeddings})")
+        module, tinfo = trace(cfg, kv_quant=kv_quant, dtype=getattr(torch, act), progress=sys.stderr,
+                              max_context=ctx)
         _log(f"traced in {tinfo.seconds:.1f} s: {tinfo.ops} ops, {tinfo.stamps} segment stamps")
-        module.attrs = {**module.attrs, **binding_attrs(cfg)}  # plan-memory sizes the arena at the config's context
+        module.attrs = {**module.attrs, **binding_attrs(cfg, max_context=ctx)}  # the arena at the planned context
         passes = build_pipeline(target=target)
         pm = PassManager(passes, verify_each=verify_each, timings=timings, dump_dir=dump_dir, dump_filter=dump_filter)
         t0 = time.perf_counter()
@@ -225,7 +230,8 @@ def build_artifact(out: str, checkpoint: str | None = None, preset: str | None =
         config = cfg.to_json_dict()
         manifest = {**_versions(), "target": target, "config": config, "config_hash": cfg.hash(), "checkpoint": ck,
                     "pipeline": [p.spec() for p in passes], "program": "program.json", "plan": "plan.ir",
-                    "options": {"kv_quant": bool(kv_quant), "dtype": act, "seed": seed if tmp_ckpt else None},
+                    "options": {"kv_quant": bool(kv_quant), "dtype": act, "seed": seed if tmp_ckpt else None,
+                                "max_context": ctx},
                     "kernels": kernel_entries, "kernel_build": _kernel_build_note(target, kernels),
                     "functions": {n: {"ops": len(f.ops), "args": len(f.args)} for n, f in module.functions.items()}}
         copy = {"checkpoint": os.path.join(tmp_ckpt, "checkpoint")} if tmp_ckpt else {}

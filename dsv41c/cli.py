@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the plan without building its kernel binaries")
     s.add_argument("--kv-quant", type=_onoff, default=True, metavar="on|off",
                    help="FP8/FP4 KV cache (default on; off: numerics debugging)")
+    s.add_argument("--max-context", type=argtypes.positive, metavar="N",
+                   help="positions a session holds: the state caches get ceil(N / ratio) rows each "
+                        "(default: the model's max_position_embeddings)")
     s.add_argument("--dump-dir", metavar="D", help="write the IR before and after each pass (with diffs) into D")
     s.add_argument("--dump-filter", type=argtypes.regex, metavar="RE", help="dump only the passes whose name matches RE")
     s.add_argument("--timings", action="store_true", help="print each pass's wall time")

@@ -7,8 +7,10 @@ exists once and is exported once, then stamped per layer with the weights rename
 `layers.L.` + local name:
     AttnIn        mHC attention-site mixes, collapse, attn_norm, q / kv projections  (every layer)
     Compress(r)   compressor + indexer keys, appended to the group caches            (KV sources)
+                  (`dsv41.cache_append` at row pos // r of the fixed-capacity cache)
     Index(r, c)   indexer queries, scores, candidates, top-k                         (index sources)
     Attend(comp)  window (+ selected compressed rows) sparse attention, output proj. (every layer)
+                  (then `dsv41.ring_append` of the chunk's KV rows into the window ring)
     Ffn           expand, FFN-site mixes, collapse, ffn_norm, MoE, expand            (every layer)
 `StepModel` holds one of each; `frontend/step.py` routes values between them. Sub-steps
 run in child modules named like the checkpoint's sub-modules (`attn`, `attn.compressor`,
@@ -19,7 +21,12 @@ The math is the reference's (frontend/model/*, spec §3), in the order `Referenc
 runs it in its serving form; the KV-path fake quantizers, sparse attention, compressor,
 indexer, MoE, Engram and mHC mixes are `torch.ops.dsv41.*` (dsv41c/ops). With
 `kv_quant=False` the quantizer ops are left out, as the reference skips them.
-Known gaps: DSpark stages are not segments yet.
+State writes are explicit ops (`dsv41c/ops/state.py`), each after every read of the buffer's old
+value: the caches are fixed-capacity buffers (rows past pos // ratio unwritten and masked by the
+readers), the window a ring of W - 1 rows (slot p % (W - 1)). A write carries its buffer's short
+name (`comp_kv`); the tracer stamps the full state name (`state.comp_kv.2`).
+Known gaps: DSpark stages are not segments yet; the token tail and the position are replaced whole
+(small values, not appended).
 """
 from __future__ import annotations
 
@@ -28,10 +35,11 @@ from torch import nn
 
 import dsv41c.ops  # noqa: F401  (registers torch.ops.dsv41)
 from dsv41c.frontend.layer_plan import layer_plan
-from dsv41c.prims.attention import attn_out, attn_q, window_indices
+from dsv41c.prims.attention import attn_out, attn_q
 from dsv41c.prims.mhc import hc_collapse, hc_expand
 from dsv41c.prims.norms import acc_dtype, rms_norm
 from dsv41c.prims.rope import apply_rope, inv_freq_compress, inv_freq_main, rope_cos_sin
+from dsv41c.prims.state import ring_window_indices
 
 ops = torch.ops.dsv41
 
@@ -161,7 +169,7 @@ class AttnIn(Segment):
 
 
 class Compress(Segment):
-    """KV source (mode full): new entries -> group caches with them appended, new partial-group buffers."""
+    """KV source (mode full): new entries appended to the group caches at row pos // ratio, new carry."""
 
     def __init__(self, m, ratio: int):
         names = ["attn.compressor.wkv.weight"] + (["attn.compressor.wgate.weight"] if ratio > 1 else [])
@@ -183,12 +191,14 @@ class Compress(Segment):
         bk, bg = (a["buf_kv"], a["buf_gate"]) if r > 1 else (x.new_zeros(0, c.head_dim, dtype=acc),) * 2
         lat, bk, bg = ops.compressor_step(x, a["pos"], a[p + "wkv.weight"], a.get(p + "wgate.weight"),
                                           a[p + "norm.weight"], bk, bg, r, c.rms_norm_eps)
-        first = a["comp_kv"].shape[0]  # entries so far: the new ones sit at positions r·(first + j)
+        # entries so far: only complete groups are emitted, so pos // r; the new ones sit at positions r·(first + j)
+        first = a["pos"] if r == 1 else a["pos"] // r
         cos, sin = rope_cos_sin(a["inv_c"], (first + torch.arange(lat.shape[0])) * r)
         k = rms_norm(lat @ a["attn.indexer.wk.weight"].T, a["attn.indexer.k_norm.weight"], c.rms_norm_eps)
         keys = self.fq("fq_indexer", apply_rope(k, cos, sin))
         comp = self.fq("fq_compressed_kv", apply_rope(lat, cos, sin))
-        out = {"comp_kv": torch.cat([a["comp_kv"], comp]), "index_k": torch.cat([a["index_k"], keys])}
+        out = {"comp_kv": ops.cache_append(a["comp_kv"], comp, first, r, "comp_kv"),
+               "index_k": ops.cache_append(a["index_k"], keys, first, r, "index_k")}
         if r > 1:
             out.update(buf_kv=bk, buf_gate=bg)
         return out
@@ -248,8 +258,8 @@ class Attend(Segment):
         c, W, p = self.cfg, self.cfg.sliding_window, "attn."
         kv, win = a["kv"], a["window"]
         pool = torch.cat([win, kv])
-        # the window buffer always holds W-1 rows, positions pos-W+1..pos-1 (rows before 0 masked)
-        idx = window_indices(a["positions"], a["pos"] - (W - 1), W)
+        # the ring holds W-1 rows: position p < pos at slot p % (W-1), this chunk's rows after it
+        idx = ring_window_indices(a["positions"], a["pos"], win.shape[0], W)
         if self.compressed:
             sel = a["topk"]
             # nothing selected (-1) stays -1: the keys of the reference's "no compressed branch"
@@ -257,7 +267,8 @@ class Attend(Segment):
             pool = torch.cat([pool, a["comp_kv"]])
         o = ops.sparse_attention(a["q"], pool, idx, a[p + "attn_sink"], c.head_dim ** -0.5)
         y = attn_out(o, a["cos"], a["sin"], a[p + "wo_a.weight"], a[p + "wo_b.weight"], c.o_groups)
-        return {"y": y, "window": torch.cat([win, kv])[kv.shape[0]:]}
+        # the write comes after every read of the old ring (pool above)
+        return {"y": y, "window": ops.ring_append(win, kv, a["pos"], "window")}
 
     def body(self, a):
         return self.attn(a)

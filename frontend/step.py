@@ -10,16 +10,19 @@ body on tensors; when tracing (`frontend/trace.py`) it stamps the segment's expo
 into the function being built, with the weights renamed by `prefix`. So the eager check
 and the compiled plan go through the same routing.
 
-State (flat dict, names are the IR's argument names; `new_state`):
+State (flat dict, names are the IR's argument names; `new_state`), every buffer fixed-size:
     state.pos                [] i64        tokens processed so far
     state.tokens_tail        [max_n-1] i64 last ids (the pad id before the sequence start)
-    state.window.L           [W-1, D]      window KV rows of positions pos-W+1..pos-1
+    state.window.L           [W-1, D]      window ring: position p < pos at slot p % (W-1)
                                            (zeros before position 0; masked by index -1)
-    state.comp_kv.g          [N_g, D]      compressed entries of KV group g (grows)
-    state.index_k.g          [N_g, Dk]     indexer keys of the same entries
+    state.comp_kv.g          [C_g, D]      compressed entries of KV group g: rows 0 .. pos//r - 1
+                                           valid, the rest zero (masked by every reader)
+    state.index_k.g          [C_g, Dk]     indexer keys of the same entries
     state.buf_kv.g, state.buf_gate.g  [r-1, D] acc   rows of the incomplete group
                                            (ratio > 1; first pos % r rows valid)
-Fixed-size window / buffer / tail state means the only growing dims are T (chunk) and N_g.
+C_g = ceil(max_context / r) (`cache_capacity`): the capacity `--max-context` fixes; an append past
+it is an error naming the buffer. So the only symbolic dim of the step is T (chunk), plus the
+data-dependent count of entries a ratio-2 compressor emits.
 Known gaps: DSpark taps/context are not part of the compiled step; one sequence.
 """
 from __future__ import annotations
@@ -29,7 +32,13 @@ import torch
 from dsv41c.frontend.layer_plan import layer_plan
 
 
-def new_state(cfg, dtype=torch.float32) -> dict:
+def cache_capacity(cfg, ratio: int, max_context: int | None = None) -> int:
+    """Rows of a ratio-`ratio` KV group's caches at `max_context` positions (default: the model's)."""
+    n = int(max_context or cfg.max_position_embeddings)
+    return -(-n // ratio)
+
+
+def new_state(cfg, dtype=torch.float32, max_context: int | None = None) -> dict:
     """The empty serving state of one sequence (see the module docstring)."""
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     plan = layer_plan(cfg)[: cfg.num_hidden_layers]
@@ -42,8 +51,9 @@ def new_state(cfg, dtype=torch.float32) -> dict:
         if s.mode != "full":
             continue
         g = s.index
-        st[f"state.comp_kv.{g}"] = torch.zeros(0, cfg.head_dim, dtype=dtype)
-        st[f"state.index_k.{g}"] = torch.zeros(0, cfg.index_head_dim, dtype=dtype)
+        cap = cache_capacity(cfg, s.ratio, max_context)
+        st[f"state.comp_kv.{g}"] = torch.zeros(cap, cfg.head_dim, dtype=dtype)
+        st[f"state.index_k.{g}"] = torch.zeros(cap, cfg.index_head_dim, dtype=dtype)
         if s.ratio > 1:
             st[f"state.buf_kv.{g}"] = torch.zeros(s.ratio - 1, cfg.head_dim, dtype=acc)
             st[f"state.buf_gate.{g}"] = torch.zeros(s.ratio - 1, cfg.head_dim, dtype=acc)

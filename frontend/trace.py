@@ -26,8 +26,9 @@ fake-tensor dispatch cache is switched off during export (with symbolic shapes i
 more than it saves here).
 
 Function signature (both functions): `ids`, every `state.*` tensor of `step.new_state`
-(placement = "persistent"; compressed caches have symbolic rows `N<g>`), then the weights in
-first-use order. Results: logits [T, vocab] then the new state in the same order as the
+(placement = "persistent"; fixed-capacity buffers: the caches hold ceil(max_context / ratio)
+rows, module attribute `max_context`), then the weights in first-use order. The state writes'
+`name` attribute is stamped with the buffer's state name (`comp_kv` -> `state.comp_kv.2`). Results: logits [T, vocab] then the new state in the same order as the
 state arguments; module attribute `outputs` names them.
 Known gaps: decode is the prefill graph specialized at T = 1, not a separate static-shape
 export (which would double the export time); DSpark is not traced.
@@ -51,7 +52,8 @@ from dsv41c.ir.core import Function, Module, Op
 from dsv41c.ir.symbolic import SymExpr, subs_attr, sym
 from dsv41c.ir.types import TensorType, bf16, dtype_from_torch, e8m0, f32, fp4e2m1x2, fp8e4m3, i64
 
-_EXPORTS: dict = {}  # in-process cache: (config hash, kv_quant, dtype, segment key) -> (ExportedProgram, dims)
+_EXPORTS: dict = {}  # in-process cache: (config hash, kv_quant, dtype, max_context, segment key) -> (program, dims)
+_STATE_WRITES = ("dsv41.cache_append", "dsv41.ring_append")  # ops whose `name` is stamped per layer
 _TRACED_EXPERTS = 2  # the MoE segment is exported with this many experts, stamped with all of them
 _EXAMPLE = {"T": 5}  # example sizes of the dynamic dims (distinct, never 0 or 1)
 _OTHER_EXAMPLES = (7, 11, 13, 17, 19, 23)
@@ -123,9 +125,16 @@ def _unify(tmpl_t, actual_t, env, where):
             raise TraceError(f"{where}: template dim {d} vs {a} ({tmpl_t} vs {actual_t})")
 
 
+def _cache_rows_dynamic(name: str, t):
+    if name in ("comp_kv", "index_k") and isinstance(t, TensorType) and t.rank == 2:
+        return TensorType(t.dtype, (sym("N"),) + tuple(t.shape[1:]))
+    return t
+
+
 class Tracer:
-    def __init__(self, cfg, kv_quant=True, dtype=torch.float32, progress=None):
+    def __init__(self, cfg, kv_quant=True, dtype=torch.float32, progress=None, max_context=None):
         self.cfg, self.dtype = cfg, dtype
+        self.max_context = int(max_context or cfg.max_position_embeddings)
         self.model = StepModel(cfg, kv_quant=kv_quant, dtype=dtype)
         self.wtypes = weight_types(cfg, dtype)
         self.stypes = stored_types(cfg)
@@ -147,8 +156,10 @@ class Tracer:
         traced = seg
         if isinstance(seg, Ffn) and seg.n_experts > _TRACED_EXPERTS:
             traced = Ffn(self.model, _TRACED_EXPERTS)  # export cost grows with the argument count
-        types = [ins[n].type if n in ins else self.wtypes[prefix + n] for n in traced.input_names]
-        ckey = (self.cfg.hash(), self.model.kv_quant, str(self.dtype), traced.key())
+        # a cache's capacity differs per group (ratio): exported with dynamic rows, fixed again by stamping
+        types = [_cache_rows_dynamic(n, ins[n].type) if n in ins else self.wtypes[prefix + n]
+                 for n in traced.input_names]
+        ckey = (self.cfg.hash(), self.model.kv_quant, str(self.dtype), self.max_context, traced.key())
         hit = ckey in _EXPORTS
         if not hit:
             _EXPORTS[ckey] = self.export(traced, types)
@@ -214,6 +225,8 @@ class Tracer:
                         env[s] = sym(f"n{layer}" if s.startswith("u") and s == "u0" else f"{s}_{layer}")
             types = [r.type.subs(env) for r in op.results]
             attrs = {k: subs_attr(v, env) for k, v in op.attrs.items()} if env else op.attrs
+            if op.name in _STATE_WRITES:  # the buffer's state name: the layer of a window, the group of a cache
+                attrs = {**attrs, "name": f"state.{attrs['name']}.{layer}"}
             loc = op.loc if root is None else (root if op.loc is None else f"{root}.{op.loc}")
             operands = [vals.get(id(v)) for v in op.operands]
             if expand and op.name == "dsv41.moe":  # x, gate_w, gate_bias, experts..., sw1, sw2, sw3
@@ -265,10 +278,8 @@ class Tracer:
         self._weights[name], self._values[name] = {}, {}
         ids = fn.add_arg("ids", TensorType(i64, (T,)))
         values = {"ids": ids}
-        for k, t in new_state(self.cfg, self.dtype).items():
-            shape = tuple(sym("N" + k.rsplit(".", 1)[1]) if k.startswith(("state.comp_kv", "state.index_k")) and d == 0
-                          else s for d, s in enumerate(t.shape))
-            values[k] = fn.add_arg(k, TensorType(dtype_from_torch(t.dtype), shape), {"placement": "persistent"})
+        for k, t in new_state(self.cfg, self.dtype, self.max_context).items():
+            values[k] = fn.add_arg(k, TensorType(dtype_from_torch(t.dtype), tuple(t.shape)), {"placement": "persistent"})
         for w in weight_order:
             if w in self.wtypes:  # scales come with their weight
                 self.stored_arg(fn, w)
@@ -287,12 +298,14 @@ class Tracer:
         decode, _ = self.function("decode", 1, order)
         m = Module([prefill, decode], {"config_hash": self.cfg.hash(), "kv_quant": self.model.kv_quant,
                                        "outputs": tuple(outs), "widths": model_widths(self.cfg),
+                                       "max_context": self.max_context,
                                        "layer_plan": plan_attr(self.cfg)})
         self.info.seconds = time.perf_counter() - t0
         return m
 
 
-def trace(cfg, kv_quant: bool = True, dtype=torch.float32, progress=sys.stderr):
-    """-> (ir.Module with @prefill and @decode, TraceInfo). See the module docstring."""
-    tr = Tracer(cfg, kv_quant, dtype, progress)
+def trace(cfg, kv_quant: bool = True, dtype=torch.float32, progress=sys.stderr, max_context: int | None = None):
+    """-> (ir.Module with @prefill and @decode, TraceInfo). See the module docstring. max_context: the
+    positions the state caches hold (default: the config's max_position_embeddings)."""
+    tr = Tracer(cfg, kv_quant, dtype, progress, max_context)
     return tr.run(), tr.info

@@ -10,8 +10,9 @@ count is data-dependent for ratio > 1 (the declared type names a fresh symbol, a
 `nonzero`; ratio 1 emits one row per token). Costs are first-order: matmul FLOPs of the
 top-k experts for `moe`, 4·T·H·K·D for `sparse_attention`, bytes moved otherwise.
 
-Known gaps: `moe` cost assumes every routed slot is filled; no FP4/FP8 pack ops yet
-(the fake quantizers stay in the value dtype; `lower-kv-fp4` will add packed storage).
+`compressor_step` writes its carry buffers (results 1 and 2 are them after the write).
+The state appends and the packed KV formats are in `ir/ops_state.py`.
+Known gaps: `moe` cost assumes every routed slot is filled.
 """
 from __future__ import annotations
 
@@ -92,6 +93,7 @@ def _compressor(a):
 register("dsv41.compressor_step(Tensor x, Tensor pos, Tensor wkv, Tensor? wgate, Tensor norm_w, Tensor buf_kv, "
          "Tensor buf_gate, int ratio, float eps) -> (Tensor, Tensor, Tensor)", shape=_compressor,
          impl=_call("compressor_step", "x", "pos", "wkv", "wgate", "norm_w", "buf_kv", "buf_gate", "ratio", "eps"),
+         writes=("buf_kv", "buf_gate"), updates=(("buf_kv", 1), ("buf_gate", 2)),  # the ratio-2 carry, in place
          cost=lambda a, r: Cost(2 * a.x.numel * a.wkv.shape[0] * (2 if a.wgate is not None else 1),
                                 memory_cost(a, r).bytes))
 

@@ -16,7 +16,9 @@
 - cost: FLOPs and bytes moved as dims (symbolic where the shapes are);
 - effects: `writes` names operands the op mutates in place (cache appends), `sync` marks
   ordering ops (stream record/wait). Ops with effects are never removed by DCE nor merged
-  by CSE (`OpDef.has_side_effects`).
+  by CSE (`OpDef.has_side_effects`). `updates` pairs a written operand with the result that
+  is its buffer after the write (`(("cache", 0),)`: an op functional in form, in place in
+  effect); `ir/verify_state.py` follows a state buffer through them.
 
 Op families register from tables in `OP_MODULES` (imported on the first lookup, so
 `import dsv41c.ir` stays cheap); the domain file (`ir/ops_dsv41.py`: sparse attention,
@@ -36,7 +38,8 @@ from dsv41c.ir.symbolic import ANY, Dim
 from dsv41c.ir.types import TensorType, Type
 
 OP_MODULES = ["dsv41c.ir.ops_aten", "dsv41c.ir.ops_aten_shape", "dsv41c.ir.ops_aten_index",
-              "dsv41c.ir.ops_runtime", "dsv41c.ir.ops_dsv41"]
+              "dsv41c.ir.ops_runtime", "dsv41c.ir.ops_dsv41", "dsv41c.ir.ops_state",
+              "dsv41c.ir.ops_indexer_int8"]
 
 
 class ShapeError(ValueError):
@@ -81,6 +84,7 @@ class OpDef:
     writes: tuple = ()
     sync: bool = False
     doc: str = field(default="", compare=False)
+    updates: tuple = ()  # (written operand, result index of its buffer after the write)
 
     @property
     def has_side_effects(self) -> bool:
@@ -145,14 +149,17 @@ _loaded = False
 
 
 def register(schema: str, *, shape: Callable, impl: Callable, cost: Callable | None = None, writes=(),
-             sync: bool = False, doc: str = "", replace: bool = False) -> OpDef:
+             sync: bool = False, doc: str = "", replace: bool = False, updates=()) -> OpDef:
     s = parse_schema(schema)
     if s.name in _REGISTRY and not replace:
         raise ValueError(f"op {s.name} is already registered")
     for w in writes:
         if s.arg(w) is None or s.arg(w).operand is None:
             raise ValueError(f"op {s.name}: writes={w!r} is not an operand of {s}")
-    d = OpDef(s.name, s, shape, impl, cost, tuple(writes), sync, doc)
+    for w, r in updates:
+        if w not in writes or not 0 <= r < len(s.results):
+            raise ValueError(f"op {s.name}: updates ({w!r}, {r}) needs a written operand and a result of {s}")
+    d = OpDef(s.name, s, shape, impl, cost, tuple(writes), sync, doc, tuple(updates))
     _REGISTRY[s.name] = d
     return d
 

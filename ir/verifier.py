@@ -12,7 +12,9 @@ Checks, per function, walking ops in order:
 - every symbol in a result type is bound by the arguments or introduced by a
   data-dependent result before (the interpreter must be able to bind it);
 - value attributes: `arena_offset` a non-negative int, `placement` persistent|transient;
-- the function ends in `return` and returns values of its declared result types.
+- the function ends in `return` and returns values of its declared result types;
+- then the stream rules (`ir/verify_streams.py`) and the state rules (`ir/verify_state.py`: no
+  read or second write of a state buffer's old value after an in-place write replaced it).
 
 Each message reads `@func: op #N aten.mm (%3) at loc("layers.0.attn.wq_a"): what`, naming
 values as the printer does. `verify(m)` raises `VerifyError` (all messages in `.errors`;
@@ -50,8 +52,11 @@ def verify_errors(module: Module) -> list[str]:
     out = []
     for f in module.functions.values():
         out.extend(_verify_function(f))
+    if out:
+        return out
+    from dsv41c.ir.verify_state import verify_state_errors  # reads and writes of in-place state buffers
     from dsv41c.ir.verify_streams import verify_stream_errors  # stream order and arena reuse
-    return out or verify_stream_errors(module)
+    return verify_stream_errors(module) + verify_state_errors(module)
 
 
 def types_match(declared, inferred) -> bool:

@@ -100,8 +100,11 @@ def test_traced_module_interprets_equal_to_the_reference_serving_form():
         want = ref.prefill(rst, ids[a:b])
         assert torch.equal(res[0], want), fname
         assert int(st["state.pos"]) == rst.pos
-    for g in cfg.kv_source_layer_ids:
-        assert torch.equal(st[f"state.comp_kv.{g}"], rst.comp_kv[g])
+    for g in cfg.kv_source_layer_ids:  # a fixed-capacity cache: the valid rows, then zeros
+        n = rst.comp_kv[g].shape[0]
+        assert torch.equal(st[f"state.comp_kv.{g}"][:n], rst.comp_kv[g])
+        assert torch.equal(st[f"state.index_k.{g}"][:n], rst.index_k[g])
+        assert not st[f"state.comp_kv.{g}"][n:].any()
 
 
 @pytest.mark.parametrize("name", ["tiny"])

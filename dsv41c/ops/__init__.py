@@ -12,13 +12,16 @@ Ops (schemas in kv_path.py / blocks.py):
     index_scores, candidate_blocks, select_topk       the CSA2 indexer
     moe, engram_hash, engram_apply, hc_mixes          MoE, Engram, mHC
     dequant_weight                                    a stored checkpoint tensor -> compute dtype
+    cache_append, ring_append                         state writes (state.py)
+    kv_pack, kv_unpack                                packed KV formats (state.py)
 
 `import dsv41c.ops` registers them all (idempotent: Python imports each module once).
 `OP_NAMES` lists them for inventories and tests.
 """
 from __future__ import annotations
 
-from dsv41c.ops import blocks, kv_path, weights  # noqa: F401  (registration side effect)
+from dsv41c.ops import blocks, kv_path, state, weights  # noqa: F401  (registration side effect)
 
 OP_NAMES = ("fq_window_kv", "fq_compressed_kv", "fq_indexer", "sparse_attention", "compressor_step",
-            "index_scores", "candidate_blocks", "select_topk", "moe", "engram_hash", "engram_apply", "hc_mixes", "dequant_weight")
+            "index_scores", "candidate_blocks", "select_topk", "moe", "engram_hash", "engram_apply", "hc_mixes", "dequant_weight",
+            "cache_append", "ring_append", "kv_pack", "kv_unpack")

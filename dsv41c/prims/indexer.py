@@ -50,12 +50,19 @@ def index_query(q_res: torch.Tensor, x: torch.Tensor, wq_b: torch.Tensor, weight
 
 def index_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor,
                  ratio: int) -> torch.Tensor:
-    """I [T, N] with invisible entries at -inf. q [T, h, d], w [T, h], keys [N, d], positions [T]."""
+    """I [T, N] with invisible entries at -inf. q [T, h, d], w [T, h], keys [N, d], positions [T].
+
+    keys may be a fixed-capacity cache whose rows past the entry count are not written yet: only the
+    rows some query can see ((max position + 1) // ratio) are scored, the rest are -inf, so the scores
+    of a cache and of its valid prefix are the same numbers (the same products, the same shapes)."""
     acc = w.dtype
-    d = q.shape[-1]
-    s = torch.einsum("thd,nd->thn", q.to(acc), keys.to(acc)).relu() * d**-0.5
+    d, N = q.shape[-1], keys.shape[0]
+    n = min(int((positions.max() + 1) // ratio), N) if positions.numel() else 0
+    s = torch.einsum("thd,nd->thn", q.to(acc), keys[:n].to(acc)).relu() * d**-0.5
     scores = (s * w.unsqueeze(-1)).sum(dim=1)
-    visible = torch.arange(keys.shape[0], device=q.device)[None, :] < ((positions[:, None] + 1) // ratio)
+    if n < N:
+        scores = torch.cat([scores, scores.new_full((scores.shape[0], N - n), float("-inf"))], dim=-1)
+    visible = torch.arange(N, device=q.device)[None, :] < ((positions[:, None] + 1) // ratio)
     return scores.masked_fill(~visible, float("-inf"))
 
 
