@@ -24,6 +24,7 @@ PASSES = {
     "schedule-streams": "dsv41c.passes.schedule_streams:ScheduleStreams",
     "specialize-kernels": "dsv41c.passes.specialize_kernels:SpecializeKernels",
     "share-csa2-state": "dsv41c.passes.share_csa2_state:ShareCsa2State",
+    "lower-indexer-int8": "dsv41c.passes.lower_indexer_int8:LowerIndexerInt8",
     # Later passes plug in here: share-csa2-state, fuse-compressor, lower-kv-fp4,
     # lower-indexer-int8, split-ced-prefill, plan-chunks, schedule-streams, plan-memory,
     # specialize-kernels, partition-pd, plan-dspark.
