@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--verify-each", action="store_true", help="verify the IR after every pass")
     s.add_argument("--seed", type=argtypes.seed, default=0, help="weights' seed for --preset (default 0)")
     s.add_argument("--force", action="store_true", help="replace OUT if it is an artifact (nothing else is replaced)")
+    s.add_argument("--memory-budget", type=argtypes.size, metavar="SIZE",
+                   help="device memory for weights + state + arena (e.g. 80GiB): the prefill chunk is the largest "
+                        "that fits (plan-chunks; reports/chunks.json)")
     s.add_argument("--emit", nargs=2, action="append", metavar=("FORMAT", "PATH"),
                    help="also write an export: `mlir DIR` (each traced segment, torch-mlir); repeatable")
 

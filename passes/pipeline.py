@@ -8,7 +8,8 @@ line here, one in `passes/registry.py`, and its own file.
 Order, and why: shapes first (later rewrites match on static shapes), then local
 simplification, then merging, then sweeping what the others left dead. The domain passes
 come after the clean-up because they match on canonical op chains; scheduling and memory
-planning come last because they fix the order and the addresses of everything before.
+planning come last because they fix the order and the addresses of everything before; the
+chunk is chosen between them, on the scheduled order, by the arena plan-memory would make.
 
 Target dependence is explicit: an entry `(spec, prefixes)` runs only for targets whose name
 starts with one of `prefixes`. `schedule-streams` runs for the GPU targets (`cuda:*`,
@@ -27,26 +28,27 @@ PIPELINE = [
     "canonicalize",
     "cse",
     "dce",
-    # "share-csa2-state",     one producer per Full/Reindex/Reuse group
+    "share-csa2-state",     # one producer per Full/Reindex/Reuse group, checked against the layer plan
     # "fuse-compressor",      wkv -> RMSNorm (-> RoPE -> FP4 pack -> cache append) as one kernel
     # "lower-kv-fp4",         compressed KV / indexer K stored packed FP4
-    # "lower-indexer-int8",   exact INT8 scoring of FP4 indexer data
+    "lower-indexer-int8",   # exact integer scoring of FP4 indexer data (the float path's scores)
     # "split-ced-prefill",    optional: encoder-only prompt, bounded decoder replay
-    # "plan-chunks",          prefill chunk size from the memory budget
     # "canonicalize", "cse", "dce",   clean-up after the domain rewrites
     "specialize-kernels{target=TARGET}",  # kernel.call per target from the kernel matrix
     ("schedule-streams", GPU_TARGETS),   # Q/KV paths on two streams + events, Engram on an aux stream
+    "plan-chunks{budget=BUDGET}",        # prefill chunk size from the memory budget (0: none, the chunk stays)
     "plan-memory",          # arena offsets for transient values
 ]
 
 
-def pipeline_specs(target: str = "cpu") -> list:
-    """PIPELINE for `target`: entries restricted to other targets left out, `TARGET` filled in."""
+def pipeline_specs(target: str = "cpu", memory_budget: int = 0) -> list:
+    """PIPELINE for `target`: entries restricted to other targets left out, `TARGET` and
+    `BUDGET` (bytes, `dsv41c compile --memory-budget`; 0 = none) filled in."""
     out = []
     for item in PIPELINE:
         spec, only = item if isinstance(item, tuple) else (item, None)
         if only is None or target.startswith(only):
-            out.append(spec.replace("TARGET", f'"{target}"'))
+            out.append(spec.replace("TARGET", f'"{target}"').replace("BUDGET", str(int(memory_budget))))
     return out
 
 

@@ -23,6 +23,7 @@ PASSES = {
     "plan-memory": "dsv41c.passes.plan_memory:PlanMemory",
     "schedule-streams": "dsv41c.passes.schedule_streams:ScheduleStreams",
     "specialize-kernels": "dsv41c.passes.specialize_kernels:SpecializeKernels",
+    "plan-chunks": "dsv41c.passes.plan_chunks:PlanChunks",
     "share-csa2-state": "dsv41c.passes.share_csa2_state:ShareCsa2State",
     "lower-indexer-int8": "dsv41c.passes.lower_indexer_int8:LowerIndexerInt8",
     # Later passes plug in here: share-csa2-state, fuse-compressor, lower-kv-fp4,
