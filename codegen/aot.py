@@ -98,7 +98,8 @@ def _build_one(name, t, tg: Target, spec, tmp: str, restore: bool = True) -> dic
              "keys": json.loads(json.dumps(spec.keys or {}, default=str)),
              "signature": dict(spec.signature), "constexprs": json.loads(json.dumps(spec.constexprs, default=str)),
              **({"divisible": dict(spec.divisible)} if spec.divisible else {}),
-             "triton": triton.__version__, "kernel": getattr(spec.kernel, "__name__", "?")}
+             "triton": triton.__version__, "kernel": getattr(spec.kernel, "__name__", "?"),
+             "kernel_module": getattr(getattr(spec.kernel, "fn", spec.kernel), "__module__", t.module)}
     try:
         entry["source_hash"] = source_hash(spec.kernel)
         out = compile_spec(spec, tg, restore)

@@ -229,6 +229,41 @@ class KernelBinaries:
                 "per_kernel": dict(sorted(self.launches.items())), "misses": dict(sorted(self.misses.items()))}
 
 
+def find_jit(entry: dict):
+    """The JIT function a manifest entry was built from: in the template's module, in the module that defines
+    it (`kernel_module`), or in any module of the kernel library the template's module imported."""
+    import importlib
+    import sys
+
+    name = f"{entry.get('template')}/{entry.get('variant')}"
+    mods = [m for m in (entry.get("kernel_module"), entry.get("module")) if m]
+    for m in mods:
+        if not str(m).startswith(_LIBRARY + "."):
+            raise ArtifactError(f"kernel {name}: module {m!r} is not in the kernel library")
+    for m in mods:
+        jit = getattr(importlib.import_module(m), entry["kernel"], None)
+        if hasattr(jit, "arg_names"):
+            return jit
+    for m, mod in list(sys.modules.items()):
+        jit = getattr(mod, entry["kernel"], None) if m.startswith(_LIBRARY + ".") and mod is not None else None
+        if hasattr(jit, "arg_names"):
+            return jit
+    raise ArtifactError(f"kernel {name}: this runtime's kernel library has no Triton kernel '{entry['kernel']}'")
+
+
+def check_entry(entry: dict, target: str, triton_version: str, arch: str) -> str:
+    """The kernel's name if its binary can run here: built by this Triton ABI, for this architecture."""
+    name = f"{entry.get('template')}/{entry.get('variant')}"
+    built = entry.get("triton", "?")
+    if _abi(built) != _abi(triton_version):
+        raise ArtifactError(f"kernel {name}: built by Triton {built}, this runtime has Triton {triton_version} "
+                            f"(another kernel ABI: rebuild the artifact with this Triton)")
+    want = target.split(":", 1)[1] if ":" in target else target
+    if want != arch:
+        raise ArtifactError(f"kernel {name}: built for {want}, the device is {arch}")
+    return name
+
+
 def load_binaries(path: str, manifest: dict, device) -> KernelBinaries:
     """Load every built kernel of `manifest` onto `device` (see the module docstring)."""
     import importlib
@@ -236,9 +271,7 @@ def load_binaries(path: str, manifest: dict, device) -> KernelBinaries:
     import triton
 
     target = manifest["target"]
-    want_arch = target.split(":", 1)[1] if ":" in target else target
     have_arch = device_arch(device)
-    installed = _abi(triton.__version__)
     torch.cuda.set_device(device)
     torch.empty(1, device=device)  # the primary context exists and is current before the first module load
     by_kernel: dict = {}
@@ -247,25 +280,14 @@ def load_binaries(path: str, manifest: dict, device) -> KernelBinaries:
     for e in manifest.get("kernels") or []:
         if e.get("status") != "built" or e.get("target") != target:
             continue
-        name = f"{e['template']}/{e['variant']}"
-        if _abi(e.get("triton", "?")) != installed:
-            raise ArtifactError(f"kernel {name}: built by Triton {e.get('triton')}, this runtime has Triton "
-                                f"{triton.__version__} (another kernel ABI: rebuild the artifact with this Triton)")
-        if want_arch != have_arch:
-            raise ArtifactError(f"kernel {name}: built for {want_arch}, the device is {have_arch}")
+        name = check_entry(e, target, triton.__version__, have_arch)
         files = e.get("files", {})
         bin_ext = "hsaco" if target.startswith("rocm") else "cubin"
         if bin_ext not in files:
             raise ArtifactError(f"kernel {name}: the manifest lists no {bin_ext} file")
         with open(os.path.join(path, "kernels", files[bin_ext]), "rb") as f:
             image = f.read()
-        if not str(e.get("module", "")).startswith(_LIBRARY + "."):
-            raise ArtifactError(f"kernel {name}: module {e.get('module')!r} is not in the kernel library")
-        mod = importlib.import_module(e["module"])
-        jit = getattr(mod, e["kernel"], None)
-        if jit is None or not hasattr(jit, "arg_names"):
-            raise ArtifactError(f"kernel {name}: module {e['module']} of this runtime has no Triton kernel "
-                                f"'{e['kernel']}'")
+        jit = find_jit(e)
         arg_names = list(jit.arg_names)
         if set(arg_names) != set(e["signature"]):
             raise ArtifactError(f"kernel {name}: its signature names {sorted(e['signature'])}, this runtime's "
