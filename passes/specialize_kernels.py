@@ -39,6 +39,8 @@ GENERIC_FALLBACK = {
     "dsv41.compressor_step": "its kernel is the fused compressor chain with an in-place FP4 cache append "
                              "(fuse-compressor, lower-kv-fp4)",
     "dsv41.index_scores": "its kernel scores FP4 indexer keys on the exact integer path (lower-indexer-int8)",
+    "dsv41.index_scores_int8": "its kernel (indexer_score) reads the packed FP4 codes and UE8M0 exponents; the "
+                               "operands are FP4 values until the indexer cache and queries are stored packed",
     "dsv41.select_topk": "its kernel selects from the integer-path scores (lower-indexer-int8)",
     "dsv41.candidate_blocks": "its kernel is fused into the integer-path scoring (lower-indexer-int8)",
     "dsv41.moe": "its kernels take the routed experts stacked per layer in MXFP4; the plan binds them per expert",
