@@ -163,6 +163,29 @@ register_contract(KernelContract(
     doc="a dense FP8 linear: E4M3 weight with E8M0 32x32 block scales read packed"))
 
 
+def _indexer_score(q_codes, q_exps, w, k_codes, k_exps, qpos, *, ratio, BQ, BT, **_):
+    """The dsv41.index_scores_int8 the call stands for, on the packed operands unpacked (E2M1 + UE8M0 per 32):
+    the float path's scores [S, T], with the exact integer dots."""
+    from dsv41c import formats
+    from dsv41c.prims.indexer_int8 import index_scores_int8
+
+    acc = torch.float64 if w.dtype == torch.float64 else torch.float32
+    q = formats.dequant_fp4_ue8m0(q_codes.view(torch.uint8), q_exps.view(torch.uint8), 32).to(acc)
+    k = formats.dequant_fp4_ue8m0(k_codes.view(torch.uint8), k_exps.view(torch.uint8), 32).to(acc)
+    return index_scores_int8(q, w.to(acc), k, qpos, int(ratio), int(BQ), int(BT))
+
+
+register_contract(KernelContract(
+    template="indexer_score", implements="dsv41.index_scores_int8 (queries and keys read packed)",
+    inputs=(KArg("q_codes", ("fp4e2m1x2",), ("S", "H", "CI // 2")), KArg("q_exps", ("e8m0",), ("S", "H", "CI // 32")),
+            KArg("w", ("f32",), ("S", "H")), KArg("k_codes", ("fp4e2m1x2",), ("T", "CI // 2")),
+            KArg("k_exps", ("e8m0",), ("T", "CI // 32")), KArg("qpos", ("i64",), ("S",))),
+    results=(KArg("scores", ("f32",), ("S", "T")),),
+    keys=("H", "CI", "BQ", "BT", "ratio"), reference=_indexer_score,
+    doc="exact index scores of FP4 queries and keys (INT8 products, INT32 sums, the scales after), per-row range "
+        "proof with per-head and whole-tile fallbacks"))
+
+
 def reference_call(template: str, inputs: list, attrs: dict):
     """Run a kernel.call's contract reference (the interpreter's semantics of the call)."""
     c = contract_of(template)

@@ -167,3 +167,27 @@ def test_a_head_dim_off_the_fp4_block_is_refused_by_the_verifier():
             '  return %s\n}\n')
     errors = verify_errors(parse_module(text))
     assert errors and "index_scores_int8: the head dim 16 is not a multiple of the FP4 block 32" in errors[0]
+
+
+def test_the_indexer_score_contract_checks_the_packed_operands_and_gives_the_ops_scores():
+    from dsv41c import formats
+    from dsv41c.codegen.triton.indexer_score import index_scores_ref, visible_counts
+    from dsv41c.ir.kernel_contracts import ContractError, check_call, reference_call
+    from dsv41c.ir.types import DTYPES, TensorType
+
+    keys = {"key.H": 4, "key.CI": 128, "key.BQ": 1, "key.BT": 128, "key.ratio": 2}
+    types = [TensorType(DTYPES[d], s) for d, s in (("fp4e2m1x2", (3, 4, 64)), ("e8m0", (3, 4, 4)), ("f32", (3, 4)),
+                                                   ("fp4e2m1x2", (20, 64)), ("e8m0", (20, 4)), ("i64", (3,)))]
+    assert check_call("indexer_score", types, keys) == [TensorType(DTYPES["f32"], (3, 20))]
+    with pytest.raises(ContractError, match=r"operand 'k_exps' dim 1 must be CI // 32 = 4, got e8m0\[20, 2\]"):
+        check_call("indexer_score", types[:4] + [TensorType(DTYPES["e8m0"], (20, 2))] + types[5:], keys)
+    g = torch.Generator().manual_seed(4)
+    q, k = _fp4((3, 4, 128), 1.0, g), _fp4((20, 128), 1.0, g)
+    w, pos = torch.randn(3, 4, generator=g), torch.tensor([10, 25, 39])
+    (qp, qe), (kp, ke) = formats.quant_fp4_ue8m0(q), formats.quant_fp4_ue8m0(k)
+    got = reference_call("indexer_score", [qp, qe, w, kp, ke, pos], keys)
+    assert torch.equal(got, index_scores(q, w, k, pos, 2))  # the op it stands for, bit for bit
+    # the kernel's own reference sums the heads in its pinned order: the same scores to rounding
+    kernel = index_scores_ref(qp, qe, w * 128 ** -0.5, kp, ke, visible_counts(pos, 2, 20))
+    fin = torch.isfinite(got)
+    assert torch.equal(fin, torch.isfinite(kernel)) and torch.allclose(got[fin], kernel[fin], rtol=1e-6, atol=1e-7)
