@@ -7,8 +7,10 @@
         prompt positions' logits [T, vocab] as float32 .npy, like `dsv41c reference`.
     dsv41c inspect ARTIFACT [--json] [--memory]
         manifest summary, pipeline, op counts per kind per function, reports; `--json` adds
-        `arena` per function and `streams` per function (ops per stream, events, per layer the
-        cost model's serial time against the scheduled streams' time, from reports/streams.json);
+        `arena` per function, `csa2` per function (the CSA2 producers share-csa2-state counted:
+        compressors by ratio, indexer-key producers, scorers, top-k, candidates, duplicates) and
+        `streams` per function (ops per stream, events, per layer the cost model's serial time
+        against the scheduled streams' time, from reports/streams.json);
         `--memory` prints the memory plan (runtime/memory_view.py).
 
 Order of checks, all before the first token is computed: `--logits-out` (a writable file
@@ -163,6 +165,10 @@ def describe(path: str) -> dict:
         for key, n in rec.get("stats", {}).items():  # compute ops left outside kernel calls (specialize-kernels)
             if key.startswith("aten_left:") and key[len("aten_left:"):] in out["functions"]:
                 out["functions"][key[len("aten_left:"):]]["aten_left"] = n
+            if rec.get("name") == "share-csa2-state" and ":" in key:  # the CSA2 producers per function
+                what, _, fn = key.rpartition(":")
+                if fn in out["functions"]:
+                    out["functions"][fn].setdefault("csa2", {})[what] = n
     plan = out["reports"].get("reports/layer_plan.json", {})
     if plan:
         out["kv_bytes_per_token"] = {"global": plan.get("global_kv_bytes_per_token"),

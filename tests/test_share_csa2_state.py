@@ -121,3 +121,12 @@ def test_the_kill_switch_leaves_the_duplicate(tiny, monkeypatch):
     res = PassManager([make_pass("share-csa2-state")]).run(m)
     assert res.records[0].disabled
     assert sum(op.name == "dsv41.index_scores" for op in res.module.functions["decode"].ops) == 9
+
+
+def test_inspect_json_shows_the_producers_per_function(tiny_off):
+    from dsv41c.runtime.commands import describe
+
+    for fn in ("prefill", "decode"):
+        c = describe(tiny_off)["functions"][fn]["csa2"]
+        assert (c["compressors.ratio2"], c["compressors.ratio1"], c["index_key_producers"], c["index_scorers"],
+                c["topk_producers"], c["candidate_producers"], c["duplicates_removed"]) == (3, 1, 4, 8, 8, 1, 0)
