@@ -14,8 +14,8 @@ if _os.path.isfile(_os.path.join(_root, "frontend", "__init__.py")) and _root no
     __path__.append(_root)
 
 
-def load(path, device=None, checkpoint=None):
+def load(path, device=None, checkpoint=None, interpret=False, seeded_weights=None):
     """Load a compiled artifact (see dsv41c.runtime.loader.load)."""
     from dsv41c.runtime.loader import load as _load
 
-    return _load(path, device=device, checkpoint=checkpoint)
+    return _load(path, device=device, checkpoint=checkpoint, interpret=interpret, seeded_weights=seeded_weights)

@@ -164,9 +164,11 @@ class CompiledModel:
         return out
 
 
-def load(path, device=None, checkpoint=None, interpret: bool = False) -> CompiledModel:
+def load(path, device=None, checkpoint=None, interpret: bool = False, seeded_weights: int | None = None) -> CompiledModel:
     """Validate and load `path` (a NAME.dsv41c directory); see the module docstring. `interpret`: run a GPU
-    plan's kernel calls in Triton's interpreter on the CPU (the check of a GPU plan without a GPU)."""
+    plan's kernel calls in Triton's interpreter on the CPU (the check of a GPU plan without a GPU).
+    `seeded_weights=SEED`: no checkpoint; every weight the plan binds is generated on the device from SEED
+    (`runtime/seeded.py`), as benchmarks at the official widths do."""
     path = os.fspath(path)
     m = read_manifest(path)
     if interpret:
@@ -190,14 +192,24 @@ def load(path, device=None, checkpoint=None, interpret: bool = False) -> Compile
 
         # every binary is loaded (and checked against this device and Triton) before the first step
         binaries = load_binaries(path, m, device).install()
-    ckpt = bind_checkpoint(path, m, os.fspath(checkpoint) if checkpoint is not None else None)
-    weights = WeightMap(ckpt, device=device)
+    if seeded_weights is not None and checkpoint is not None:
+        raise ArtifactError(f"{path}: give a checkpoint or seeded weights, not both")
     prog_file = m.get("program", "program.json")
     try:
         with open(os.path.join(path, prog_file)) as f:
             spec = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise ArtifactError(f"{path}: cannot read {prog_file} ({type(e).__name__})") from None
+    if seeded_weights is not None:
+        from dsv41c.runtime.seeded import SeededWeights
+
+        args = {a["name"]: a for f in spec.get("functions", {}).values() for a in f.get("args", [])
+                if a.get("role") == "weight"}
+        qc = m["config"].get("quantization_config") or {}
+        weights = SeededWeights(list(args.values()), seeded_weights, device, (qc.get("weight_block_size") or [32])[0])
+    else:
+        ckpt = bind_checkpoint(path, m, os.fspath(checkpoint) if checkpoint is not None else None)
+        weights = WeightMap(ckpt, device=device)
     model = CompiledModel(path, m, Program(spec), weights, device=device)
     model.binaries = binaries
     return model

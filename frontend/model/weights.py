@@ -19,12 +19,11 @@ to `write_random_checkpoint` (no FP8/FP4 rounding) — the model does not care.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from dsv41c.frontend.inventory import expected_tensors
 from dsv41c.prims.norms import acc_dtype
+from dsv41c.seeded_weights import init_values
 
 _FP32_LEAVES = ("hc_attn_fn", "hc_attn_base", "hc_attn_scale", "hc_ffn_fn", "hc_ffn_base", "hc_ffn_scale",
                 "attn_sink")
@@ -73,21 +72,7 @@ class Weights:
 
 
 def _init(name: str, shape: tuple, g: torch.Generator) -> torch.Tensor:
-    leaf = name.rsplit(".", 1)[-1]
-    if name.endswith("norm.weight") or name.endswith(("engram.q_weight", "engram.k_weight")):
-        return 1.0 + 0.1 * torch.randn(shape, generator=g)
-    if leaf.startswith("hc_") and leaf.endswith("_fn"):
-        return torch.randn(shape, generator=g) / math.sqrt(shape[1])
-    if leaf.startswith("hc_") and leaf.endswith("_base"):
-        return 0.1 * torch.randn(shape, generator=g)
-    if leaf.startswith("hc_") and leaf.endswith("_scale"):
-        return 0.1 + 0.9 * torch.rand(shape, generator=g)
-    if leaf == "attn_sink" or name == "embed.weight" or name.endswith("engram.embed.weight"):
-        return torch.randn(shape, generator=g)
-    if leaf in ("bias", "bias_vl") or name.endswith("markov_head.embed.weight"):
-        return 0.1 * torch.randn(shape, generator=g)
-    small = 0.1 if name.endswith("confidence_head.proj.weight") else 1.0
-    return torch.randn(shape, generator=g) * (small / math.sqrt(shape[-1]))
+    return init_values(name, shape, g)  # one value rule for file-backed and seeded-on-device weights
 
 
 def random_state_dict(cfg, seed: int = 0) -> dict:
@@ -146,4 +131,29 @@ def dequantize_stored(cfg, stored: dict, dtype=torch.float32) -> dict:
         fmt = formats.stored_format(name, specs[name].dtype, scale is not None)
         out[name] = formats.dequant_stored(w, scale, fmt, torch.float32, formats.rounds_through_bf16(name),
                                            cfg.weight_block_size[0]).to(dtype)
+    return out
+
+
+def seeded_stored_dict(cfg, seed: int = 0, device=None, names=None) -> dict:
+    """Every text tensor of `cfg` (or of `names`) in its stored format, generated on `device` tensor by tensor
+    from (seed, name) (`dsv41c/seeded_weights.py`): the same bytes a compiled artifact loaded with
+    `seeded_weights=seed` binds, so the reference built from `dequantize_stored` of this runs the same model."""
+    from dsv41c.seeded_weights import seeded_stored, stored_kind
+
+    specs = expected_tensors(cfg)
+    out = {}
+    for name in (names if names is not None else specs):
+        if name.endswith(".scale"):
+            continue
+        spec = specs[name]
+        sname = name[: -len(".weight")] + ".scale"
+        has_scale = name.endswith(".weight") and sname in specs
+        kind = stored_kind(name, spec.dtype, has_scale)
+        shape = tuple(spec.shape)
+        if kind == "fp4_row":  # the inventory gives the packed shape
+            shape = (shape[0], shape[1] * 2)
+        w, s = seeded_stored(name, kind, shape, seed, device, cfg.weight_block_size[0])
+        out[name] = w
+        if s is not None:
+            out[sname] = s
     return out
