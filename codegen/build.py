@@ -53,11 +53,14 @@ def tmp_ckpt_parent(out: str) -> str:
 
 
 def kernel_requests(module, target: str) -> list:
-    """(template, variant, target) of every kernel.call of the plan, each once however many layers call it."""
+    """(template, variant, target) of every kernel.call of the plan, and of the other binaries a call's launch runs
+    (its `key.components`, "template/variant,..."), each once however many layers call it."""
     seen = set()
     for op in module.ops():
         if op.name == "kernel.call" and not op.attrs.get("op"):
             seen.add((op.attrs["template"], op.attrs["variant"], target))
+            for c in filter(None, str(op.attrs.get("key.components", "")).split(",")):  # binaries its launch runs
+                seen.add((*c.split("/", 1), target))
     return sorted(seen)
 
 

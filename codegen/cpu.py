@@ -22,7 +22,8 @@ custom op with every argument in schema order. An op with no rule raises `PlanEr
 (never a silent fallback). JSON is written with sorted keys and fixed separators, so the
 same IR gives the same bytes.
 A `kernel.call` (GPU targets) becomes `{"target": "kernel.<template>", "args": operands in the
-contract's order, "kernel": {template, variant, target, keys}}`: the runtime launches that variant
+contract's order, "kwargs": its specialization keys, "kernel": {template, variant, target, keys}}`:
+the launcher takes the keys (what specialize-kernels decided) as keyword arguments; the runtime launches that variant
 (or, interpreted, its launcher in Triton's interpreter).
 Streams (GPU plans after schedule-streams): every op record carries `stream` (its stream index,
 0 = main) in a function that uses more than one stream, and the function lists its `streams`;
@@ -153,7 +154,8 @@ def lower_op(op, slot: dict) -> dict:
         from dsv41c.ir.kernel_contracts import keys_of
 
         return {"target": "kernel." + op.attrs["template"], "args": [_enc(v, slot) for v in op.operands],
-                "kwargs": {}, "kernel": {"template": op.attrs["template"], "variant": op.attrs["variant"],
+                "kwargs": {k: _enc(v, slot) for k, v in keys_of(op.attrs).items()},  # the pass's decisions
+                "kernel": {"template": op.attrs["template"], "variant": op.attrs["variant"],
                                          "target": op.attrs["target"], "keys": dict(keys_of(op.attrs))}}
     if name.startswith("dsv41."):
         names = [a.name for a in opdef.schema.args]

@@ -29,6 +29,7 @@ KERNEL_MODULES = (
     "dsv41c.codegen.triton.moe",
     "dsv41c.codegen.triton.moe_router",
     "dsv41c.codegen.triton.moe_decode",
+    "dsv41c.codegen.triton.moe_ffn",
     "dsv41c.codegen.triton.fp8_gemm",
     "dsv41c.codegen.triton.fp8_warp_split",
     "dsv41c.codegen.triton.rmsnorm",

@@ -24,7 +24,15 @@ def _bf16_rule(ref: torch.Tensor) -> torch.Tensor:
     return 2 * ulp * ref.abs().float() + 1e-6 * (ref.abs().float().max() + 1e-30)
 
 
-TOLERANCES = {"fp8_gemm": _bf16_rule}
+def _moe_rule(ref: torch.Tensor) -> torch.Tensor:
+    # the MoE kernels keep the gate/up sums in fp32 where the replaced op rounded each expert's x·w1ᵀ and x·w3ᵀ to
+    # the activation dtype, and sum D-long dot products in their own order; their tests hold the FFN to 4 ulps of
+    # the output dtype relative to the largest output (tests/test_kernels_ffn.py), per token here
+    ulp = torch.finfo(ref.dtype).eps
+    return 8 * ulp * ref.abs().float().amax(-1, keepdim=True) + 1e-6 * (ref.abs().float().max() + 1e-30)
+
+
+TOLERANCES = {"fp8_gemm": _bf16_rule, "moe_ffn": _moe_rule}
 
 
 def check_kernel_calls(model, ids, decode_steps: int = 1) -> dict:

@@ -8,7 +8,8 @@ values, see `ir/attrs.py`) and an optional source location (`"layers.20.attn.ind
 
 A `Value` has a type, a name hint (the text form's `%name`; the printer makes names unique),
 value attributes (buffer placement: `arena_offset` (int bytes), `placement`
-("persistent" | "transient")), and its owner: the defining Op, or the Function for an
+("persistent" | "transient"); a weight argument stacked from per-expert checkpoint tensors:
+`stack_of` (the members' name with `{e}` for the expert index), `stack_count`), and its owner: the defining Op, or the Function for an
 argument.
 
 There are no use lists: passes walk the op list forward with a substitution map
@@ -42,7 +43,7 @@ def _attr_dict(attrs: dict | None) -> dict:
 
 
 # Value attributes the IR knows; the verifier checks them.
-VALUE_ATTRS = {"arena_offset": "int", "placement": "str"}
+VALUE_ATTRS = {"arena_offset": "int", "placement": "str", "stack_of": "str", "stack_count": "int"}
 PLACEMENTS = ("persistent", "transient")
 
 

@@ -163,6 +163,38 @@ register_contract(KernelContract(
     doc="a dense FP8 linear: E4M3 weight with E8M0 32x32 block scales read packed"))
 
 
+def _moe_ffn(x, gate_w, bias, w1, s1, w3, s3, w2, s2, sw1, ss1, sw3, ss3, sw2, ss2, *, TOPK, route_scale, limit,
+             gate_temp, **_):
+    """The dsv41.moe it replaced, on the stacked experts dequantized as its dequant_weight ops did (fp4_row /
+    fp8_block, block 32, to x's dtype): bit for bit the plan before specialize-kernels."""
+    import dsv41c.ops  # noqa: F401  (registers torch.ops.dsv41)
+    from dsv41c import formats
+
+    dt = x.dtype
+    experts = [formats.dequant_stored(w[e], s[e], "fp4_row", dt, False, 32)
+               for e in range(w1.shape[0]) for w, s in ((w1, s1), (w2, s2), (w3, s3))]
+    shared = [formats.dequant_stored(w, s, "fp8_block", dt, False, 32) for w, s in ((sw1, ss1), (sw2, ss2), (sw3, ss3))]
+    return torch.ops.dsv41.moe(x, gate_w, bias, experts, *shared, int(TOPK), float(route_scale), float(limit),
+                               float(gate_temp), True)
+
+
+_FP8_PAIR = lambda n, rows, cols: (KArg(n, ("fp8e4m3",), (rows, cols)),  # noqa: E731
+                                   KArg("ss" + n[2:], ("e8m0",), (f"cdiv({rows}, 32)", f"cdiv({cols}, 32)")))
+register_contract(KernelContract(
+    template="moe_ffn", implements="moe(x, gate, bias, [dequant_weight{fp4_row}(expert)...], "
+                                   "dequant_weight{fp8_block}(shared)...)",
+    inputs=(KArg("x", ("act",), ("T", "D")), KArg("gate_w", ("bf16", "f32"), ("E", "D")),
+            KArg("bias", ("act",), ("E",)),
+            KArg("w1", ("fp4e2m1x2",), ("E", "I", "D // 2")), KArg("s1", ("e8m0",), ("E", "I", "D // 32")),
+            KArg("w3", ("fp4e2m1x2",), ("E", "I", "D // 2")), KArg("s3", ("e8m0",), ("E", "I", "D // 32")),
+            KArg("w2", ("fp4e2m1x2",), ("E", "D", "I // 2")), KArg("s2", ("e8m0",), ("E", "D", "I // 32")),
+            *_FP8_PAIR("sw1", "SI", "D"), *_FP8_PAIR("sw3", "SI", "D"), *_FP8_PAIR("sw2", "D", "SI")),
+    results=(KArg("y", ("act",), ("T", "D")),),
+    keys=("E", "D", "I", "TOPK", "path", "act", "route_scale", "limit", "gate_temp"), reference=_moe_ffn,
+    doc="the MoE FFN: the routed experts stacked per layer as stored (E2M1 + E8M0 per 32), the shared "
+        "expert FP8 with 32x32 block scales, all read packed"))
+
+
 def _indexer_score(q_codes, q_exps, w, k_codes, k_exps, qpos, *, ratio, BQ, BT, **_):
     """The dsv41.index_scores_int8 the call stands for, on the packed operands unpacked (E2M1 + UE8M0 per 32):
     the float path's scores [S, T], with the exact integer dots."""

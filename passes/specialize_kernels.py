@@ -23,10 +23,11 @@ variant's launch parameters (split, workspace) are still chosen by its launcher 
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
-from dsv41c.ir.core import Op
+from dsv41c.ir.core import Function, Op
 from dsv41c.ir.kernel_contracts import KEY_PREFIX, ContractError, check_call
 from dsv41c.ir.types import TensorType
 from dsv41c.passes.base import ModulePass, PassError, PassResult
@@ -43,7 +44,8 @@ GENERIC_FALLBACK = {
                                "operands are FP4 values until the indexer cache and queries are stored packed",
     "dsv41.select_topk": "its kernel selects from the integer-path scores (lower-indexer-int8)",
     "dsv41.candidate_blocks": "its kernel is fused into the integer-path scoring (lower-indexer-int8)",
-    "dsv41.moe": "its kernels take the routed experts stacked per layer in MXFP4; the plan binds them per expert",
+    "dsv41.moe": "not the pattern moe_ffn implements (the stats' moe_not_matched:<why> say which part differs), "
+                 "or no moe_ffn variant on the target",
     "dsv41.hc_mixes": "its kernel (mhc_pre) fuses the collapse with the previous site's mixes",
     "dsv41.engram_hash": "no kernel: host-side hashing of the token tail",
     "dsv41.cache_append": "a state write: its kernel is the compressor's fused FP4 cache append (fuse-compressor)",
@@ -54,7 +56,7 @@ GENERIC_FALLBACK = {
     "dsv41.fq_window_kv": "the window KV is fake-quantized until lower-kv-fp4 stores it packed",
     "dsv41.fq_compressed_kv": "the compressed KV is fake-quantized until lower-kv-fp4 stores it packed",
     "dsv41.fq_indexer": "the indexer keys are fake-quantized until lower-kv-fp4 stores them packed",
-    "dsv41.dequant_weight": "a weight no kernel reads packed yet (norm weights, BF16 linears, the experts)",
+    "dsv41.dequant_weight": "a weight no kernel reads packed yet (norm weights, BF16 linears, casts)",
 }
 
 # ops that only move, view or size data: not counted as compute left outside kernels
@@ -114,8 +116,11 @@ class SpecializeKernels(ModulePass):
         uses = _uses(f)
         by_result = {id(r): op for op in f.ops for r in op.results}
         out, changed = [], False
+        stacks: dict = {}  # stacked weight name -> its function argument (one per layer matrix)
         for op in f.ops:
             new = _fp8_linear(op, by_result, uses, self.target, widths, f.name)
+            if new is None and op.name == "dsv41.moe":
+                new = _moe(op, by_result, uses, self.target, widths, f, stacks, stats)
             if new is not None:
                 stats_key = f"kernel_calls:{new.attrs['template']}/{new.attrs['variant']}"
                 stats[stats_key] = stats.get(stats_key, 0) + 1
@@ -126,6 +131,8 @@ class SpecializeKernels(ModulePass):
         f.ops = out
         if changed:  # the dequantized weights and views the calls absorbed
             erase_dead_ops(f)
+        if stacks:  # the per-expert weights a stacked argument now binds: no op reads them any more
+            _drop_unused_args(f, {m for v in stacks.values() for m in _members(v)})
         for op in f.ops:  # what is left: a fallback the matrix names, or an error
             if op.name.startswith("dsv41."):
                 if op.name not in GENERIC_FALLBACK:
@@ -194,6 +201,136 @@ def _fp8_linear(op, by_result, uses, target, widths, fname):
         raise PassError(f"specialize-kernels: the call made for loc({op.loc}) in @{fname} breaks its contract: {e}")
     new = Op("kernel.call", [x, w, s], types, attrs, deq.loc or op.loc, [r.name for r in op.results])
     # the matmul's result keeps its identity for later users: rebind them to the call's result
+    _replace_uses(op, new)
+    return new
+
+
+def _fed_by(v, by_result, uses, fmt, dtype):
+    """The dequant_weight{fmt} op (block 32, no bf16 rounding, to `dtype`) that makes `v` for one user and reads
+    function arguments (the stored weight and its scale), else None."""
+    d = by_result.get(id(v))
+    if d is None or d.name != "dsv41.dequant_weight" or d.attrs.get("fmt") != fmt or d.attrs.get("block") != 32 \
+            or d.attrs.get("bf16_round") or uses.get(id(v), 0) != 1 or v.type.dtype != dtype:
+        return None
+    if len(d.operands) != 2 or not all(isinstance(a.owner, Function) for a in d.operands):
+        return None
+    return d
+
+
+_EXPERT = re.compile(r"^(?P<head>.+)\.experts\.(?P<e>\d+)\.(?P<tail>.+)$")
+
+
+def _stacked(f, members, stacks):
+    """The argument binding `members` (expert e's tensor at index e, equal types) stacked along a new dim 0:
+    named `<head>.experts.<tail>`, attributes stack_of = `<head>.experts.{e}.<tail>` and stack_count = E, which
+    the runtime resolves at load into one device tensor as stored (nothing dequantized). None if the names do
+    not follow the checkpoint's expert naming or the types differ."""
+    heads = [_EXPERT.match(m.name or "") for m in members]
+    if not all(heads) or any(int(h["e"]) != e for e, h in enumerate(heads)):
+        return None
+    head, tail = heads[0]["head"], heads[0]["tail"]
+    if any((h["head"], h["tail"]) != (head, tail) for h in heads) or any(m.type != members[0].type for m in members):
+        return None
+    name = f"{head}.experts.{tail}"
+    if name in stacks:
+        return stacks[name]
+    if any(a.name == name for a in f.args):
+        raise PassError(f"specialize-kernels: @{f.name} already has an argument %{name}; the stacked experts of "
+                        f"%{members[0].name} cannot take that name")
+    t = members[0].type
+    v = f.add_arg(name, TensorType(t.dtype, (len(members),) + tuple(t.shape)),
+                  {"stack_of": f"{head}.experts.{{e}}.{tail}", "stack_count": len(members)})
+    stacks[name] = v
+    return v
+
+
+def _members(v):
+    fmt, n = v.attrs["stack_of"], v.attrs["stack_count"]
+    return [fmt.replace("{e}", str(e)) for e in range(n)]
+
+
+def _drop_unused_args(f, names):
+    """Remove the arguments named in `names` that no op and no return reads (indices renumbered)."""
+    used = {id(x) for op in f.ops for x in op.operands} | {id(x) for x in f.returns or ()}
+    f.args = [a for a in f.args if a.name not in names or id(a) in used]
+    for i, a in enumerate(f.args):
+        a.index = i
+
+
+def _moe(op, by_result, uses, target, widths, f, stacks, stats):
+    """dsv41.moe(x, gate, bias, [dequant_weight{fp4_row}(W, S) per expert matrix], dequant_weight{fp8_block}
+    shared w1/w2/w3) -> kernel.call @moe_ffn(x, gate, bias, W1, S1, W3, S3, W2, S2, sw1, ss1, sw3, ss3, sw2, ss2)
+    with the experts' stored tensors stacked per layer (`_stacked`); None (the op falls back) where the op is not
+    that shape, with `moe_not_matched:<why>` counted."""
+    from dsv41c.codegen.kernel_select import select_variant, variants
+    from dsv41c.codegen.triton.moe_ffn import components
+
+    def miss(why):
+        stats[f"moe_not_matched:{why}"] = stats.get(f"moe_not_matched:{why}", 0) + 1
+        return None
+
+    a = op.attrs
+    if not a.get("norm_topk_prob", True) or not a.get("swiglu_limit", 0) > 0:
+        return miss("unnormalized_or_unclamped")
+    x, gate_w, bias, *rest = op.operands
+    n = len(rest) - 3
+    if n <= 0 or n % 3 or not isinstance(x.type, TensorType) or x.type.rank != 2:
+        return miss("operands")
+    dt = x.type.dtype
+    experts = [_fed_by(v, by_result, uses, "fp4_row", dt) for v in rest[:n]]
+    shared = [_fed_by(v, by_result, uses, "fp8_block", dt) for v in rest[n:]]
+    if not all(experts) or not all(shared):
+        return miss("weights_not_stored_packed")
+    E = n // 3
+    packed = {}
+    for j, m in enumerate(("w1", "w2", "w3")):
+        for k, part in enumerate(("w", "s")):
+            v = _stacked(f, [experts[3 * e + j].operands[k] for e in range(E)], stacks)
+            if v is None:
+                return miss("expert_names")
+            packed[part + m[1]] = v
+    (sw1, ss1), (sw2, ss2), (sw3, ss3) = (d.operands for d in shared)
+    T, D = x.type.shape
+    I = packed["w1"].type.shape[1]
+    act = dt.name
+    keys = {"E": E, "D": D, "I": I, "TOPK": int(a["top_k"]), "act": act}
+    tokens = T if isinstance(T, int) and T == 1 else "T"
+    grouped = select_variant("moe_ffn", target, {**keys, "path": "grouped"}, widths) if tokens != 1 else None
+    if grouped is not None and (D % grouped.keys["BK"] or I % grouped.keys["BK"]):
+        grouped = None  # the grouped GEMMs' k tiles do not divide these widths: the GEMV path serves any T
+    core = 1 if act == "bf16" and D % 128 == 0 and I % 128 == 0 else 0  # core 1: f16-exact x, 128-wide steps
+    spec = grouped or select_variant("moe_ffn", target, {**keys, "path": "gemv", "core": core}, widths) \
+        or select_variant("moe_ffn", target, {**keys, "path": "gemv", "core": 0}, widths)
+    if spec is None:
+        return miss("no_variant")
+    shared_modes = ("prefill",) if tokens != 1 else ("gemv", "decode")
+    comp = components(target, widths, spec.keys["path"], spec.keys["core"], tokens)
+    I_s = sw1.type.shape[0]
+    for tmpl, (N_, K_), linear in (("fp8_gemm_swiglu", (I_s, D), "shared_w13"), ("fp8_gemm", (D, I_s), "shared_w2")):
+        sel = next((v for m in shared_modes if (v := select_variant(
+            tmpl, target, {"N": N_, "K": K_, "mode": m, "act": act, "linear": linear}, widths))), None)
+        if sel is None:
+            return miss("no_shared_expert_variant")
+        comp = [c for c in comp if not c.startswith(tmpl + "/")] + [f"{tmpl}/{sel.variant}"]
+    have = {}
+    for c in comp:
+        tmpl, var = c.split("/", 1)
+        if tmpl not in have:
+            have[tmpl] = {s.variant for s in variants(tmpl, target, widths)}
+        if var not in have[tmpl]:
+            return miss("no_component_variant")
+    attrs = {"template": "moe_ffn", "variant": spec.variant, "target": target,
+             **{KEY_PREFIX + k: v for k, v in spec.keys.items() if k != "router"},
+             KEY_PREFIX + "act": act, KEY_PREFIX + "route_scale": float(a["route_scale"]),
+             KEY_PREFIX + "limit": float(a["swiglu_limit"]), KEY_PREFIX + "gate_temp": float(a.get("gate_temp", 1.0)),
+             KEY_PREFIX + "components": ",".join(comp)}
+    operands = [x, gate_w, bias, packed["w1"], packed["s1"], packed["w3"], packed["s3"], packed["w2"], packed["s2"],
+                sw1, ss1, sw3, ss3, sw2, ss2]
+    try:
+        types = check_call("moe_ffn", [v.type for v in operands], attrs)
+    except ContractError as e:
+        raise PassError(f"specialize-kernels: the call made for loc({op.loc}) in @{f.name} breaks its contract: {e}")
+    new = Op("kernel.call", operands, types, attrs, op.loc, [r.name for r in op.results])
     _replace_uses(op, new)
     return new
 

@@ -10,8 +10,9 @@ Modes:
   is set before the library is first imported; a process that imported it compiled is refused), which
   is how a GPU plan is checked on a machine without a GPU (`dsv41c run X --interpret`);
 - `device`: the launcher runs on the tensors' GPU, compiling its kernel with Triton's JIT on first use.
-Each call passes the operands in the order of the template's kernel contract; the launcher reads
-the shapes and dtypes it needs from them.
+Each call passes the operands in the order of the template's kernel contract and the call's
+specialization keys (what specialize-kernels decided: variant keys, path, tiles) as keyword
+arguments; the launcher reads the shapes and dtypes it needs from the operands.
 Known gaps: the artifact's ahead-of-time binaries (kernels/<target>/) are listed and checked by the
 manifest but not yet loaded: device mode JIT-compiles the same sources; launchers still choose their
 split and workspace from the shapes rather than from the plan.
@@ -26,7 +27,8 @@ from dsv41c.runtime.manifest import ArtifactError
 
 # template -> (module, launcher): the functions the kernel.call records name
 LAUNCHERS = {
-    "fp8_gemm": ("dsv41c.codegen.triton.fp8_gemm", "fp8_gemm"),
+    "fp8_gemm": ("dsv41c.codegen.triton.fp8_gemm", "fp8_gemm_call"),
+    "moe_ffn": ("dsv41c.codegen.triton.moe_ffn", "moe_ffn"),
 }
 _LIBRARY = "dsv41c.codegen.triton"
 

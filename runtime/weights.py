@@ -8,6 +8,12 @@ it, as the checkpoint stores it (FP8 E4M3 codes, E8M0 scales, packed FP4 bytes, 
 plan binds stored tensors and dequantizes them itself (`dsv41.dequant_weight`), or hands them to
 kernels that read the packed form, so no dequantized copy of the checkpoint is ever made here.
 
+Stacked experts: a GPU plan's MoE kernel reads a layer's routed experts as one tensor per matrix
+(`[E, ...]`); the plan names it `<head>.experts.<tail>` (e.g. `layers.3.ffn.experts.w1.weight`,
+argument attributes `stack_of` / `stack_count`), a name the checkpoint does not hold. `get` binds
+such a name to `<head>.experts.<e>.<tail>` for e = 0, 1, ... (every index the checkpoint has, in
+order) stacked along a new first dim, once, as stored (codes and scales; nothing dequantized).
+
 Binding rules (`bind_checkpoint`): the recorded location must hold a checkpoint whose index
 hash equals the recorded one; a checkpoint given explicitly may differ in index hash (other
 values, other sharding) but must have the same tensor inventory.
@@ -17,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 
 import torch
 from safetensors import safe_open
@@ -24,6 +31,7 @@ from safetensors import safe_open
 from dsv41c.runtime.manifest import ArtifactError
 
 INDEX = "model.safetensors.index.json"
+_STACKED = re.compile(r"^(?P<head>.+)\.experts\.(?P<tail>[^\d].*)$")
 SINGLE = "model.safetensors"
 
 
@@ -107,6 +115,12 @@ class WeightMap:
 
     def _raw(self, name: str) -> torch.Tensor:
         shard = self._map.get(name)
+        if shard is None and (m := _STACKED.match(name)):
+            members = []
+            while (member := f"{m['head']}.experts.{len(members)}.{m['tail']}") in self._map:
+                members.append(member)
+            if members:  # the stacked experts of a MoE kernel: read member by member, kept only stacked
+                return torch.stack([self._raw(n) for n in members])
         if shard is None:
             raise ArtifactError(f"{self.dir}: tensor '{name}' needed by the plan is not in the checkpoint")
         f = self._files.get(shard)

@@ -39,9 +39,11 @@ def test_the_float32_gpu_plan_interpreted_equals_the_cpu_plan_and_each_kernel_ca
     # where the layer owns an indexer query
     cfg = preset("mini")
     queries = sum(1 for s in layer_plan(cfg)[: cfg.num_hidden_layers] if s.ratio and s.owns_indexer_query)
-    assert report["calls"] == 2 * (4 * cfg.num_hidden_layers + queries)
+    # and every layer's MoE FFN (router, stacked FP4 experts read packed, FP8 shared expert) ran as one call
+    assert report["calls"] == 2 * (4 * cfg.num_hidden_layers + queries) + 2 * cfg.num_hidden_layers
     variants = set(report["by_variant"])
     assert "fp8_gemm/wq_a_prefill" in variants and variants & {"fp8_gemm/wq_a_gemv", "fp8_gemm/wq_a_decode"}
+    assert report["by_variant"]["moe_ffn/backbone_gemv"]["calls"] == 2 * cfg.num_hidden_layers
     sg, sc = gpu.new_session(), cpu.new_session()
     lg, lc = gpu.prefill(sg, IDS), cpu.prefill(sc, IDS)
     assert _rel_l2(lg, lc) <= 1e-4
@@ -54,11 +56,16 @@ def test_the_gpu_artifact_carries_each_called_variant_once_with_its_hashes(sm90_
     with open(os.path.join(sm90_f32, "manifest.json")) as f:
         m = json.load(f)
     assert m["target"] == "cuda:sm90" and m["options"]["dtype"] == "float32"
+    called = set()
     with open(os.path.join(sm90_f32, "plan.ir")) as f:
-        called = {tuple(x.split('variant = "')[1].split('"')[:1]) for x in f if "kernel.call" in x}
+        for x in f:
+            if "kernel.call" in x:
+                called.add((x.split('template = "')[1].split('"')[0], x.split('variant = "')[1].split('"')[0]))
+                if "key.components" in x:  # the other binaries that call's launch runs
+                    called |= {tuple(c.split("/")) for c in x.split('key.components = "')[1].split('"')[0].split(",")}
     entries = m["kernels"]
     names = [(e["template"], e["variant"]) for e in entries]
-    assert len(names) == len(set(names)) == len(called)  # once, however many layers call it
+    assert len(names) == len(set(names)) and set(names) == called  # once, however many layers call it
     for e in entries:
         assert e["status"] == "built" and e["target"] == "cuda:sm90" and e["source_hash"] and e["triton"]
         for rel in e["files"].values():
@@ -92,6 +99,7 @@ def test_other_targets_get_a_plan_with_their_kernel_calls(tmp_path, target):
     assert d["target"] == target and d["kv_bytes_per_token"]["global"] > 0
     dec = d["functions"]["decode"]
     assert sum(dec["kernel_calls"]["fp8_gemm"].values()) == 4 * 40 + 8 and dec["aten_left"] > 0
+    assert dec["kernel_calls"]["moe_ffn"] == {"backbone_gemv": 40}
 
 
 def test_an_ascend_target_gets_a_plan_and_says_its_kernels_are_not_built(tmp_path):

@@ -505,6 +505,13 @@ def fp8_gemm(x, w, w_scale, act_quant: bool = False, out_dtype=None):
     return _gemm(x, w, w_scale, None, None, 0.0, act_quant, out_dtype, "fp8_gemm")
 
 
+def fp8_gemm_call(x, w, w_scale, **keys):
+    """A plan's `kernel.call @fp8_gemm`: x · dequant(W)ᵀ in x's dtype. `keys` are the call's specialization keys
+    (N, K, mode, act: what specialize-kernels fixed); the path and tiles are still `_gemm`'s choice from the
+    shapes and the device."""
+    return _gemm(x, w, w_scale, None, None, 0.0, False, None, "fp8_gemm")
+
+
 def fp8_gemm_swiglu(x, w1, s1, w3, s3, limit: float, act_quant: bool = False, out_dtype=None):
     """Shared-expert gate/up: silu(min(x·W1ᵀ, limit)) · clamp(x·W3ᵀ, ±limit) -> [..., N]."""
     return _gemm(x, w1, s1, w3, s3, limit, act_quant, out_dtype, "fp8_gemm_swiglu")

@@ -77,7 +77,7 @@ from dsv41c.codegen.triton.fp4_unpack import DECODERS, fp4_tile, permute_cols_ti
 from dsv41c.codegen.triton import moe_decode as md
 from dsv41c.codegen.triton.moe_reference import (moe_combine_reference, moe_experts_reference,  # noqa: F401
                                                 moe_forward_reference, shared_expert_reference)
-from dsv41c.codegen.triton.moe_router import ROUTERS, router, router_reference  # noqa: F401 (re-exported)
+from dsv41c.codegen.triton.moe_router import ROUTERS, router, router_reference, routers  # noqa: F401 (re-exported)
 from dsv41c.codegen.triton.streams import side_stream
 from dsv41c import formats
 
@@ -524,7 +524,7 @@ def _gate_up_variants(target: str, widths=PUBLISHED) -> list:
              "tile_row_ptr": "*i32", "offsets_ptr": "*i32", "w1_ptr": "*u8", "s1_ptr": "*u8", "w3_ptr": "*u8",
              "s3_ptr": "*u8", "h_ptr": "*bf16", "limit": "fp32"}
     out = []
-    for name, (E, k) in ROUTERS.items():
+    for name, (E, k) in routers(widths).items():
         for mode, (t, nw, ns) in _expert_modes(tr).items():
             for hq in (False, True):
                 ce = {"K": widths.hidden_size, "N": widths.moe_intermediate_size, "TOPK": k, **t, "DOT_F32": False, "H_QUANT": hq,
@@ -557,7 +557,7 @@ def _combine_variants(target: str, widths=PUBLISHED) -> list:
         return []
     types = {"part_ptr": "*bf16", "shared_ptr": "*bf16", "y_ptr": "*bf16"}
     out = []
-    for name, (E, k) in ROUTERS.items():
+    for name, (E, k) in routers(widths).items():
         ce = {"N": widths.hidden_size, "TOPK": k, "BN": 1024, "HAS_SHARED": True}
         out.append(aot_spec(moe_combine_kernel, f"{name}_k{k}", types, ce, 4, 1, {"router": name, **ce}))
     return out

@@ -167,7 +167,7 @@ from dsv41c.codegen.triton.codecs import fake_quant_e4m3_pow2
 from dsv41c.codegen.triton.targets import interpreting, target_traits
 from dsv41c.codegen.triton.targets import sm_count
 from dsv41c.codegen.triton.moe_reference import moe_combine_reference, moe_experts_reference
-from dsv41c.codegen.triton.moe_router import ROUTERS
+from dsv41c.codegen.triton.moe_router import ROUTERS, routers  # noqa: F401 (ROUTERS re-exported)
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 
 MAX_SLOTS = 64  # T·top_k at or below which moe_experts_decode is the path to take
@@ -850,7 +850,7 @@ def _gate_up_variants(target: str, widths=PUBLISHED) -> list:
         types = {"xp_ptr": act, "xf_ptr": "*fp32", "idx_ptr": "*i32", "rw_ptr": "*fp32", "w1_ptr": "*i32",
                  "s1_ptr": "*u8", "w3_ptr": "*i32", "s3_ptr": "*u8", "hp_ptr": act, "hf_ptr": "*fp32",
                  "limit": "fp32", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "done_ptr": "*i32", "z_ptr": "*i32"}
-        for name, (E, k) in ROUTERS.items():
+        for name, (E, k) in routers(widths).items():
             for hq in (False, True):
                 ce = {"K": widths.hidden_size, "N": widths.moe_intermediate_size, "TOPK": k, "BN": g["BN"], "BKB": g["BKB"],
                       # KSPLIT 1 ahead of time: a K split needs a prep variant that also zeroes this router's
@@ -870,7 +870,7 @@ def _down_variants(target: str, widths=PUBLISHED) -> list:
     out = []
     for core in _cores(tr):
         d = _aot_tiles(tr, core)["down"]
-        for name, (E, k) in ROUTERS.items():
+        for name, (E, k) in routers(widths).items():
             # "experts": moe_experts' fp32 sum; "forward": moe_forward's bf16 output with the shared expert
             for mode, out_t, has_sh in (("experts", "*fp32", False), ("forward", "*bf16", True)):
                 types = {"hp_ptr": "*fp16" if core else "*fp32", "hf_ptr": "*fp32", "idx_ptr": "*i32",

@@ -89,7 +89,15 @@ from dsv41c.codegen.triton.targets import N_SMS_HINT, fp32_dot_precision, interp
 from dsv41c.codegen.triton.targets import sm_count
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 
-ROUTERS = {"backbone": (384, 6), "dspark": (128, 3)}  # (experts, top-k)
+
+
+def routers(widths=PUBLISHED) -> dict:
+    """The model's routers: name -> (experts, top-k), from the config's widths (the variants are built per router)."""
+    return {"backbone": (widths.n_routed_experts, widths.num_experts_per_tok),
+            "dspark": (widths.dspark_n_routed_experts, widths.dspark_num_experts_per_tok)}
+
+
+ROUTERS = routers()  # the published config's: backbone 384 experts top-6, DSpark 128 top-3
 GEMV_MAX_T = 8  # decode: tokens up to which the logits use the GEMV kernel
 GEMV_BE, GEMV_BK = 8, 512  # 384 experts -> 48 programs per token and K split, 8 KB of gate per k step
 # decode logits: split K until about this many programs per SM (the fused kernel: 38 / 47 registers a thread
@@ -543,7 +551,7 @@ def _router_variants(target: str, widths=PUBLISHED) -> list:
     lt = {"x_ptr": "*bf16", "w_ptr": "*bf16", "part_ptr": "*fp32", "T": "i32"}
     tt = {"part_ptr": "*fp32", "bias_ptr": "*fp32", "bias_vl_ptr": "*fp32", "img_ptr": "*u8", "w_out_ptr": "*fp32",
           "i_out_ptr": "*i32", "T": "i32", "n_split": "i32", "inv_temp": "fp32", "route_scale": "fp32"}
-    for name, (E, k) in ROUTERS.items():
+    for name, (E, k) in routers(widths).items():
         for mode, (BT, BE, BK) in {"decode": (16, 64, 128), "prefill": (64, 128, 64)}.items():
             _, k_per = _router_split(mode == "decode", widths.hidden_size, BK)
             ce = {"E": E, "K": widths.hidden_size, "K_PER_SPLIT": k_per, "BT": BT, "BE": BE, "BK": BK, "PREC": tr["fp32_prec"]}

@@ -38,6 +38,10 @@ class ModelWidths:
     engram_n_heads: int = 8
     engram_head_dim: int = 256
     num_nextn_predict_layers: int = 3
+    n_routed_experts: int = 384
+    num_experts_per_tok: int = 6
+    dspark_n_routed_experts: int = 128
+    dspark_num_experts_per_tok: int = 3
 
     @classmethod
     def of(cls, config) -> "ModelWidths":
