@@ -39,6 +39,7 @@ HANDLERS = {
     "run": "dsv41c.runtime.commands:cmd_run",
     "inspect": "dsv41c.runtime.commands:cmd_inspect",
     "kernels": "dsv41c.codegen.commands:cmd_kernels",
+    "bench": "dsv41c.bench_e2e:cmd_bench",
 }
 
 
@@ -139,6 +140,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="device to run on (default: the artifact target's own, cpu for a cpu artifact)")
     s.add_argument("--interpret", action="store_true",
                    help="run a GPU artifact's kernel calls in Triton's interpreter on the CPU")
+
+    s.add_argument("--seeded-weights", type=argtypes.count, metavar="SEED",
+                   help="no checkpoint: generate every weight on the device from SEED, in the stored formats")
+
+    s = sub.add_parser("bench", help="end-to-end prefill and decode: eager PyTorch, torch.compile and an artifact")
+    s.add_argument("--preset", default="bench", help="the model (default bench: official widths, 32 experts)")
+    s.add_argument("--artifact", metavar="ARTIFACT", help="the dsv41c artifact of the same preset")
+    s.add_argument("--systems", default="eager,compile,dsv41c", help="which systems (default %(default)s)")
+    s.add_argument("--prefill", default="8192,32768,131072", help="cold prefill lengths (default %(default)s)")
+    s.add_argument("--decode-context", default="8192,32768", help="decode contexts (default %(default)s)")
+    s.add_argument("--decode-steps", type=argtypes.positive, default=32, help="timed decode steps (default 32)")
+    s.add_argument("--seed", type=argtypes.count, default=0, help="weights' and prompts' seed (default 0)")
+    s.add_argument("--device", type=argtypes.device_name, help="default: cuda where there is one, else cpu")
+    s.add_argument("--timeout", type=argtypes.positive, default=3000, help="seconds per system (default 3000)")
+    s.add_argument("--out", required=True, metavar="FILE.json", help="the results")
+    s.add_argument("--worker", choices=("eager", "compile", "dsv41c"), help=argparse.SUPPRESS)
 
     s = sub.add_parser("inspect", help="describe an artifact")
     s.add_argument("artifact", metavar="ARTIFACT", help="an artifact written by `dsv41c compile`")

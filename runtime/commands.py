@@ -89,7 +89,7 @@ def cmd_run(args) -> int:
     from dsv41c.runtime.loader import load
 
     model = load(args.artifact, device=getattr(args, "device", None), checkpoint=getattr(args, "checkpoint", None),
-                 interpret=getattr(args, "interpret", False))
+                 interpret=getattr(args, "interpret", False), seeded_weights=getattr(args, "seeded_weights", None))
     prompt = model._check_ids(args.ids)
     text = model.manifest["config"].get("text_config", {})
     if text.get("hidden_size", 0) <= 1024:
@@ -172,7 +172,15 @@ def describe(path: str) -> dict:
     plan = out["reports"].get("reports/layer_plan.json", {})
     if plan:
         out["kv_bytes_per_token"] = {"global": plan.get("global_kv_bytes_per_token"),
-                                     "window_per_layer": plan.get("window_kv_bytes_per_token_per_layer")}
+                                     "window_per_layer": plan.get("window_kv_bytes_per_token_per_layer"),
+                                     "source": "layer plan"}
+    for rec in out["reports"].get("reports/passes.json", {}).get("passes", []):
+        st = rec.get("stats", {})
+        if rec.get("name") == "lower-kv-fp4" and "kv_bytes_per_token:global" in st:  # the packed state's own bytes
+            out["kv_bytes_per_token"] = {"global": st["kv_bytes_per_token:global"],
+                                         "window_per_layer": st.get("kv_bytes_per_token:window_per_layer"),
+                                         "window_bytes_per_layer": st.get("window_bytes_per_layer"),
+                                         "source": "lower-kv-fp4"}
     return out
 
 

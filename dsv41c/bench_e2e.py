@@ -1,0 +1,404 @@
+"""`dsv41c bench`: one model, three systems, the same inputs: eager PyTorch, torch.compile and a dsv41c artifact.
+
+    dsv41c bench --preset bench --artifact X.dsv41c --out results.json
+          [--systems eager,compile,dsv41c] [--prefill 8192,32768,131072] [--decode-context 8192,32768]
+          [--decode-steps 32] [--seed 0] [--device cuda]
+
+Each system runs in its own process (`--worker SYSTEM`: the eager reference alone holds about
+107 GB of bf16 weights at bench widths, so two systems never share the GPU's memory); the parent
+collects their JSON and writes one file with the hardware, versions, config, every figure and the
+ratios. Weights are generated on the device from `--seed` in the checkpoint's stored formats
+(`dsv41c/seeded_weights.py`): the artifact binds them as stored (`load(seeded_weights=SEED)`), the
+eager reference and torch.compile use their bf16 dequantization, made tensor by tensor on the
+device. Prompts are seeded token ids, the same for every system.
+
+Per system (`run_system`):
+- cold prefill of each `--prefill` length from position 0 in one chunk: TTFT (s) and tok/s. For
+  torch.compile the first call of a length compiles: that call's time is its compile time, a
+  second cold prefill of the same length is the figure; graph breaks from dynamo's counters;
+- decode at batch 1 after a prefill of each `--decode-context` length: `--decode-steps` greedy
+  steps, each timed on its own (synchronized): ms/token p50 / p99 and tok/s;
+- the peak device memory (max allocated) over the whole worker;
+- one decode step and one prefill chunk under torch.profiler: kernel launches and the time per
+  kernel (top 25), on CUDA;
+- a case that does not fit (out of memory) is recorded as such, and the worker goes on.
+The parent also measures the ceilings once (a device-to-device copy, counting bytes read and
+written; an 8192³ bf16 matmul) and the decode bytes roofline: the active weight bytes of one token
+(the plan's stored weights, routed experts scaled by top-k / experts) plus the KV bytes read (every
+cached entry once: global bytes per token × context), over the measured copy bandwidth.
+On a machine without a GPU the same code runs on the CPU (a smoke test; no profiler kernels).
+Known gaps: prefill is one chunk (the plan's chunk size is not applied yet); the artifact's decode
+is not a CUDA graph; the dsv41c system runs its plan through the Python executor, so its per-op
+launch overhead is part of its figures.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+SYSTEMS = ("eager", "compile", "dsv41c")
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def _sync(device):
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reference_on_device(cfg, seed: int, device, dtype="bfloat16"):
+    """The eager reference on seeded weights: each tensor generated stored, dequantized, kept in `dtype`."""
+    import torch
+
+    from dsv41c.frontend.inventory import expected_tensors
+    from dsv41c.frontend.model.model import ReferenceModel
+    from dsv41c.frontend.model.weights import dequantize_stored, seeded_stored_dict
+
+    specs = expected_tensors(cfg)
+    sd = {}
+    for name in specs:
+        if name.endswith(".scale") or name.startswith("mtp."):
+            continue
+        stored = seeded_stored_dict(cfg, seed, device, names=[name])
+        sd[name] = dequantize_stored(cfg, stored, torch.float32)[name].to(torch.bfloat16 if dtype == "bfloat16"
+                                                                           else torch.float32)
+        del stored
+    return ReferenceModel(cfg, sd, dtype=dtype, kv_quant=True, device=device)
+
+
+class _RefSystem:
+    def __init__(self, model, compiled: bool):
+        self.m, self.compiled = model, compiled
+
+    def new(self):
+        return self.m.new_state()
+
+    def prefill(self, st, ids):
+        return self.m.prefill(st, ids)
+
+    def decode(self, st, tok):
+        return self.m.decode(st, tok)
+
+
+class _ArtifactSystem:
+    def __init__(self, model):
+        self.m = model
+
+    def new(self):
+        return self.m.new_session()
+
+    def prefill(self, st, ids):
+        return self.m.prefill(st, ids)
+
+    def decode(self, st, tok):
+        return self.m.decode(st, tok)
+
+
+def build_system(system: str, cfg, seed: int, device, artifact: str | None):
+    import torch
+
+    if system == "dsv41c":
+        if not artifact:
+            raise ValueError("bench: the dsv41c system needs --artifact (dsv41c compile --preset NAME --target T)")
+        import dsv41c
+
+        return _ArtifactSystem(dsv41c.load(artifact, device=str(device), seeded_weights=seed))
+    ref = reference_on_device(cfg, seed, device)
+    if system == "compile":
+        # the forward body (positions, masks, every layer) is what torch.compile sees; the state stays Python
+        ref._forward_here = torch.compile(ref._forward_here)
+    return _RefSystem(ref, system == "compile")
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def _ids(n: int, vocab: int, seed: int):
+    import torch
+
+    g = torch.Generator().manual_seed(1000 + seed)
+    return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+
+def _oom(e) -> bool:
+    return "out of memory" in str(e).lower()
+
+
+def _timed(fn, device):
+    _sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return out, time.perf_counter() - t0
+
+
+def _profile(fn, device, top: int = 25) -> dict:
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return {"note": "no device kernels on the CPU"}
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        _sync(device)
+    rows, launches, total = {}, 0, 0.0
+    for ev in prof.events():
+        if ev.device_type.name != "CUDA":
+            continue
+        launches += 1
+        us = ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+        total += us
+        r = rows.setdefault(ev.name, [0, 0.0])
+        r[0] += 1
+        r[1] += us
+    ranked = sorted(rows.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"kernel_launches": launches, "device_time_ms": total / 1e3,
+            "kernels": [{"name": n[:160], "calls": c, "ms": t / 1e3, "share": t / max(total, 1e-9)}
+                        for n, (c, t) in ranked]}
+
+
+def run_system(system: str, cfg, seed: int, device, artifact, prefill: list, contexts: list, steps: int) -> dict:
+    import torch
+
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dev)
+    out = {"system": system, "prefill": [], "decode": []}
+    t0 = time.perf_counter()
+    sysm = build_system(system, cfg, seed, dev, artifact)
+    out["setup_s"] = round(time.perf_counter() - t0, 2)
+    if cuda:
+        out["weights_gib"] = round(torch.cuda.memory_allocated(dev) / 2**30, 2)
+    with torch.no_grad():
+        for T in prefill:
+            row = {"tokens": T}
+            ids = _ids(T, cfg.vocab_size, seed)
+            try:
+                if system == "compile":
+                    _, row["compile_call_s"] = _timed(lambda: sysm.prefill(sysm.new(), ids), dev)
+                _, t = _timed(lambda: sysm.prefill(sysm.new(), ids), dev)
+                row.update(ttft_s=t, tok_s=T / t)
+            except (torch.OutOfMemoryError, RuntimeError) as e:
+                if not _oom(e):
+                    raise
+                row["error"] = "out of memory"
+                torch.cuda.empty_cache() if cuda else None
+            out["prefill"].append(row)
+        for C in contexts:
+            row = {"context": C, "steps": steps}
+            ids = _ids(C, cfg.vocab_size, seed)
+            try:
+                st = sysm.new()
+                logits = sysm.prefill(st, ids)[-1]
+                times = []
+                for _ in range(steps):
+                    tok = int(torch.argmax(logits))
+                    logits, t = _timed(lambda: sysm.decode(st, tok), dev)
+                    times.append(t)
+                warm = times[1:] or times  # the first step of a compiled graph / a JIT kernel is its build
+                warm = sorted(warm)
+                row.update(ms_p50=1e3 * warm[len(warm) // 2], ms_p99=1e3 * warm[min(len(warm) - 1, int(0.99 * len(warm)))],
+                           tok_s=len(warm) / sum(warm), first_step_ms=1e3 * times[0])
+                if C == contexts[0]:
+                    out["profile_decode_step"] = _profile(lambda: sysm.decode(st, int(torch.argmax(logits))), dev)
+            except (torch.OutOfMemoryError, RuntimeError) as e:
+                if not _oom(e):
+                    raise
+                row["error"] = "out of memory"
+                torch.cuda.empty_cache() if cuda else None
+            out["decode"].append(row)
+        if prefill:
+            T = min(prefill)
+            ids = _ids(T, cfg.vocab_size, seed)
+            try:
+                out["profile_prefill_chunk"] = dict(_profile(lambda: sysm.prefill(sysm.new(), ids), dev), tokens=T)
+            except (torch.OutOfMemoryError, RuntimeError) as e:
+                if not _oom(e):
+                    raise
+                out["profile_prefill_chunk"] = {"tokens": T, "error": "out of memory"}
+    if system == "compile":
+        from torch._dynamo.utils import counters
+
+        out["graph_breaks"] = int(sum(counters["graph_break"].values()))
+        out["graph_break_reasons"] = sorted(counters["graph_break"])[:20]
+    if cuda:
+        out["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(dev) / 2**30, 2)
+    if system == "dsv41c" and getattr(sysm.m, "binaries", None) is not None:
+        out["binaries"] = sysm.m.binaries.stats()
+    return out
+
+
+# ----------------------------------------------------------------------------- ceilings and roofline
+
+
+def ceilings(device) -> dict:
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return {"note": "ceilings are measured on a GPU only"}
+    import triton.testing as tt
+
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device=dev).random_()
+    b = torch.empty_like(a)
+    ms = tt.do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median")
+    copy = 2 * n / (ms * 1e-3)
+    del a, b
+    x = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    y = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    ms = tt.do_bench(lambda: x @ y, warmup=25, rep=200, return_mode="median")
+    mm = 2 * 8192 ** 3 / (ms * 1e-3)
+    return {"copy_bytes_per_s": copy, "bf16_matmul_flop_per_s": mm}
+
+
+def decode_roofline(artifact: str, cfg, contexts: list, copy_bw: float | None) -> dict:
+    """Active bytes of one decode token from the plan's weight arguments, plus the KV read at each context."""
+    from dsv41c.runtime.commands import describe
+
+    with open(os.path.join(artifact, "program.json")) as f:
+        spec = json.load(f)
+    args = {a["name"]: a for fn in spec["functions"].values() for a in fn["args"] if a["role"] == "weight"}
+    import torch
+
+    def nbytes(a):
+        n = 1
+        for d in a["shape"]:
+            n *= int(d)
+        return n * torch.empty((), dtype=getattr(torch, a["dtype"])).element_size()
+
+    routed = sum(nbytes(a) for n, a in args.items() if ".ffn.experts." in n)
+    engram = sum(nbytes(a) for n, a in args.items() if ".engram.embed." in n)
+    other = sum(nbytes(a) for n, a in args.items()) - routed - engram
+    active = other + routed * cfg.num_experts_per_tok / cfg.n_routed_experts
+    kv = (describe(artifact).get("kv_bytes_per_token") or {}).get("global") or 0.0
+    out = {"active_weight_bytes": active, "routed_expert_bytes": routed, "kv_bytes_per_token_global": kv,
+           "per_context": []}
+    for C in contexts:
+        b = active + kv * C
+        row = {"context": C, "bytes_per_token": b}
+        if copy_bw:
+            row["roofline_ms"] = 1e3 * b / copy_bw
+        out["per_context"].append(row)
+    return out
+
+
+# ----------------------------------------------------------------------------- the driver
+
+
+def _versions() -> dict:
+    import torch
+
+    v = {"python": platform.python_version(), "torch": torch.__version__}
+    try:
+        import triton
+
+        v["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return v
+
+
+def _hardware(device) -> dict:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        p = torch.cuda.get_device_properties(torch.device(device))
+        return {"gpu": p.name, "sms": p.multi_processor_count, "memory_gib": round(p.total_memory / 2**30, 1)}
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()}
+
+
+def ratios(systems: dict) -> dict:
+    """dsv41c against each baseline: prefill tok/s, decode tok/s (higher is better), peak memory (lower)."""
+    out = {}
+    d = systems.get("dsv41c")
+    if not d or "error" in d:
+        return out
+    for base in ("eager", "compile"):
+        b = systems.get(base)
+        if not b or "error" in b:
+            continue
+        r = {}
+        for kind, key, fig in (("prefill", "tokens", "tok_s"), ("decode", "context", "tok_s")):
+            for row in d.get(kind, []):
+                other = next((x for x in b.get(kind, []) if x.get(key) == row.get(key)), None)
+                if other and fig in row and fig in other:
+                    r[f"{kind}_{row[key]}_speedup"] = row[fig] / other[fig]
+        if d.get("peak_memory_gib") and b.get("peak_memory_gib"):
+            r["peak_memory_ratio"] = d["peak_memory_gib"] / b["peak_memory_gib"]
+        out[f"dsv41c_vs_{base}"] = r
+    return out
+
+
+def cmd_bench(args) -> int:
+    import torch
+
+    from dsv41c.frontend.config import preset
+
+    cfg = preset(args.preset)
+    prefill = [int(x) for x in args.prefill.split(",") if x]
+    contexts = [int(x) for x in args.decode_context.split(",") if x]
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.worker:
+        res = run_system(args.worker, cfg, args.seed, device, args.artifact, prefill, contexts, args.decode_steps)
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1, default=str)
+        return 0
+    systems = [s for s in args.systems.split(",") if s]
+    bad = [s for s in systems if s not in SYSTEMS]
+    if bad:
+        raise ValueError(f"bench: unknown system(s) {', '.join(bad)} (systems: {', '.join(SYSTEMS)})")
+    res = {"what": "end-to-end prefill and decode: eager PyTorch, torch.compile and dsv41c, same inputs",
+           "preset": args.preset, "seed": args.seed, "device": device, "hardware": _hardware(device),
+           "versions": _versions(), "config": {"layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
+                                               "routed_experts": cfg.n_routed_experts,
+                                               "top_k": cfg.num_experts_per_tok},
+           "artifact": os.path.abspath(args.artifact) if args.artifact else None,
+           "ceilings": ceilings(device), "systems": {}}
+    if args.artifact:
+        res["decode_roofline"] = decode_roofline(args.artifact, cfg, contexts,
+                                                 res["ceilings"].get("copy_bytes_per_s"))
+    for s in systems:
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tf:
+            part = tf.name
+        cmd = [sys.executable, "-m", "dsv41c", "bench", "--worker", s, "--preset", args.preset, "--seed",
+               str(args.seed), "--prefill", args.prefill, "--decode-context", args.decode_context,
+               "--decode-steps", str(args.decode_steps), "--device", device, "--out", part]
+        if args.artifact:
+            cmd += ["--artifact", args.artifact]
+        print(f"bench: {s} ...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.STDOUT, timeout=args.timeout)
+        try:
+            with open(part) as f:
+                res["systems"][s] = json.load(f) if p.returncode == 0 else {"error": f"exit status {p.returncode}"}
+        except (OSError, json.JSONDecodeError):
+            res["systems"][s] = {"error": f"exit status {p.returncode}, no result"}
+        finally:
+            if os.path.exists(part):
+                os.unlink(part)
+        res["systems"][s]["wall_s"] = round(time.perf_counter() - t0, 1)
+        res["ratios"] = ratios(res["systems"])
+        from dsv41c.outputs import write_file_atomic
+
+        write_file_atomic(args.out, json.dumps(res, indent=1, default=str) + "\n", "--out")
+    for s, r in res["systems"].items():
+        pre = ", ".join(f"{x['tokens']}: {x['tok_s']:.0f} tok/s" if "tok_s" in x else f"{x['tokens']}: {x.get('error')}"
+                        for x in r.get("prefill", []))
+        dec = ", ".join(f"{x['context']}: {x['ms_p50']:.1f} ms p50" if "ms_p50" in x else f"{x['context']}: {x.get('error')}"
+                        for x in r.get("decode", []))
+        print(f"{s:8s} prefill [{pre}]  decode [{dec}]  peak {r.get('peak_memory_gib', '-')} GiB"
+              + (f"  error {r['error']}" if "error" in r else ""))
+    for k, r in res.get("ratios", {}).items():
+        print(k, ", ".join(f"{n} {v:.2f}" for n, v in r.items()))
+    return 0
