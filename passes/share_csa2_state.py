@@ -16,10 +16,12 @@ Algorithm, per function:
      (`dsv41.select_topk`) and candidate producers (`dsv41.candidate_blocks`), the layer from loc.
    A `kernel.call` with an `op` attribute counts as that op.
 2. Merge duplicate computations of the same group state (a Reuse layer that recomputes its group's
-   keys, scores or top-k; a segment stamped twice). Value numbering over the whole function: a
-   side-effect-free op's number is (op, attributes, result types, its operands' numbers); a value some
-   op writes in place gets a new version at every write, so a read after a write never numbers like
-   the read before it. A producer whose number an earlier producer already has is a duplicate: its
+   keys, scores or top-k; a segment stamped twice). Value numbering over the ops that compute group
+   state (the compressor and indexer pieces, `loc("layers.L.attn.compressor" / ".attn.indexer...")`,
+   and the producers): a side-effect-free op's number is (op, attributes, result types, its operands'
+   numbers); every other value is numbered by identity (so the pass stays linear in those pieces, not
+   in the function); a value some op writes in place gets a new version at every write, so a read
+   after a write never numbers like the read before it. A producer whose number an earlier producer already has is a duplicate: its
    uses take the earlier results, and the ops that only fed it are erased. Unlike `cse`, an effect op
    in between (a stream event, a write of an unrelated buffer) does not stop the merge.
 3. Check the producers against the layer plan (`frontend/layer_plan.py`, read from the module
@@ -37,7 +39,8 @@ Stats (`<what>:<function>`): `compressors.ratio<r>`, `index_key_producers`, `ind
 Known gaps: a producer that writes state in place (a cache append) is never merged: two appends of the
 same entries are counted as found, not removed. The Reuse check follows the top-k value to its direct
 users' locations; the main KV's readers are not traced (after `lower-kv-fp4` they read the group's cache
-buffer, not a value). Value numbering is structural: it does not see that add(a, b) equals add(b, a).
+buffer, not a value). Value numbering is structural: it does not see that add(a, b) equals add(b, a),
+nor a duplicate whose inputs were themselves recomputed outside the compressor and indexer pieces.
 """
 from __future__ import annotations
 
@@ -140,8 +143,12 @@ def _written(f) -> set:
     return out
 
 
-def value_numbers(f) -> dict:
-    """id(value) -> int; equal numbers = the same computation on the same data (module docstring, step 2)."""
+_CSA2_LOC = re.compile(r"\.attn\.(indexer|compressor)(\.|$)")
+
+
+def value_numbers(f, only=None) -> dict:
+    """id(value) -> int; equal numbers = the same computation on the same data (module docstring, step 2).
+    `only(op)`: the ops to number structurally; every other op's results are numbered by identity."""
     table: dict = {}
     vn: dict = {}
     version: dict = {}
@@ -154,22 +161,24 @@ def value_numbers(f) -> dict:
         return n
 
     for a in f.args:
-        vn[id(a)] = number(("arg", a.name, id(a)))
+        vn[id(a)] = -id(a)  # by identity (ids of live objects are distinct; numbers are >= 0)
     for op in f.ops:
-        ins = tuple((vn.get(id(v), ("free", id(v))), version.get(id(v), 0)) if id(v) in written
-                    else vn.get(id(v), ("free", id(v))) for v in op.operands)
-        d = lookup(op_kind(op))
-        if d is None or d.has_side_effects:
+        d = lookup(op_kind(op)) if only is None or only(op) else None
+        if d is not None and not d.has_side_effects:
+            ins = tuple((vn.get(id(v), -id(v)), version.get(id(v), 0)) if id(v) in written
+                        else vn.get(id(v), -id(v)) for v in op.operands)
+            base = (op.name, attrs_key(op.attrs), ins, tuple((r.type, attrs_key(r.attrs)) for r in op.results))
             for i, r in enumerate(op.results):
-                vn[id(r)] = number(("effect", id(op), i))
-            if d is not None:
+                vn[id(r)] = number((base, i))
+        else:
+            for r in op.results:
+                vn[id(r)] = -id(r)
+        if any(id(v) in written for v in op.operands):
+            d = lookup(op_kind(op))
+            if d is None or d.writes:
                 for v in op.operands:
                     if id(v) in written:
                         version[id(v)] = version.get(id(v), 0) + 1
-            continue
-        base = (op.name, attrs_key(op.attrs), ins, tuple((r.type, attrs_key(r.attrs)) for r in op.results))
-        for i, r in enumerate(op.results):
-            vn[id(r)] = number((base, i))
     return vn
 
 
@@ -189,7 +198,10 @@ def merge_duplicates(f, prods: Producers) -> tuple[dict, int]:
     """Merge producers that compute what an earlier one computed. -> ({"duplicates.<kind>": n}, removed)."""
     from dsv41c.passes.rewrite import has_side_effects
 
-    vn = value_numbers(f)
+    roots = {id(op) for _, _, op in prods.all()}
+    # the group state is computed by the compressor and indexer pieces (locs `layers.L.attn.compressor`,
+    # `layers.L.attn.indexer...`): numbering only those keeps the pass linear in them, not in the function
+    vn = value_numbers(f, lambda op: id(op) in roots or bool(_CSA2_LOC.search(op.loc or "")))
     first: dict = {}
     subst: dict = {}
     found: dict = {}
@@ -299,6 +311,12 @@ def check_plan(f, prods: Producers, plan) -> None:
             chk.fail(s.kv_group, layer, s.mode, f"scores the keys of group(s) {sorted(groups) or 'none'}, "
                                                 f"the plan's group is {s.kv_group}")
     cand_ops = {id(op): layer for layer, op in cands.items()}
+    topk_ids = {id(op.results[0]) for op in topks.values() if op.results}
+    users: dict = {}
+    for u in f.ops:
+        for v in u.operands:
+            if id(v) in topk_ids:
+                users.setdefault(id(v), []).append(u)
     for layer, op in topks.items():
         s = spec[layer]
         mask = _operand(op, "candidates")
@@ -309,7 +327,7 @@ def check_plan(f, prods: Producers, plan) -> None:
         elif mask is not None:
             chk.fail(s.kv_group, layer, s.mode, "its top-k reads a candidate mask, the plan gives it none")
         # the Reuse check: the layers whose ops read this top-k are those whose top-k source it is
-        readers = {loc_layer(u.loc) for u in f.ops if any(v is op.results[0] for v in u.operands)} - {None}
+        readers = {loc_layer(u.loc) for u in users.get(id(op.results[0]), ())} - {None}
         want = {t.index for t in plan if t.ratio and t.topk_source == layer}
         for m in sorted(readers - want):
             t = spec.get(m)
