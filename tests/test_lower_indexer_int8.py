@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsv41c.frontend.config import preset
 from dsv41c.ir.interpreter import interpret
@@ -191,3 +193,17 @@ def test_the_indexer_score_contract_checks_the_packed_operands_and_gives_the_ops
     kernel = index_scores_ref(qp, qe, w * 128 ** -0.5, kp, ke, visible_counts(pos, 2, 20))
     fin = torch.isfinite(got)
     assert torch.equal(fin, torch.isfinite(kernel)) and torch.allclose(got[fin], kernel[fin], rtol=1e-6, atol=1e-7)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 100_000))
+def test_random_csa2_modules_keep_their_values(seed):
+    from dsv41c.ir.testing import random_inputs, same_outputs
+    from dsv41c.ir.testing_csa2 import random_csa2_module
+
+    m = random_csa2_module(seed)
+    out = make_pass("lower-indexer-int8").run(m.clone()).module
+    verify(out)
+    for s in (seed, seed + 1):
+        ins = random_inputs(m, "decode", s, T=3, N1=5)
+        assert same_outputs(interpret(m, "decode", ins), interpret(out, "decode", ins)), s

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsv41c.frontend.config import preset
 from dsv41c.ir.core import Op
@@ -130,3 +132,17 @@ def test_inspect_json_shows_the_producers_per_function(tiny_off):
         c = describe(tiny_off)["functions"][fn]["csa2"]
         assert (c["compressors.ratio2"], c["compressors.ratio1"], c["index_key_producers"], c["index_scorers"],
                 c["topk_producers"], c["candidate_producers"], c["duplicates_removed"]) == (3, 1, 4, 8, 8, 1, 0)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 100_000))
+def test_random_csa2_modules_keep_their_values(seed):
+    from dsv41c.ir.testing import random_inputs, same_outputs
+    from dsv41c.ir.testing_csa2 import random_csa2_module
+
+    m = random_csa2_module(seed)
+    out = make_pass("share-csa2-state").run(m.clone()).module
+    verify(out)
+    for s in (seed, seed + 1):
+        ins = random_inputs(m, "decode", s, T=3, N1=5)
+        assert same_outputs(interpret(m, "decode", ins), interpret(out, "decode", ins)), s
