@@ -17,7 +17,8 @@ Steps (progress on stderr, one line each):
    (passes.json: per-pass changed flag + stats, and wall-clock seconds when --timings is
    asked; trace.json; layer_plan.json/.txt with cache bytes; ops.json; streams.json: ops per
    stream, events, and per layer the serial against the scheduled streams' time; chunks.json
-   with `--memory-budget`: the chunk plan-chunks chose and its table of chunk against arena).
+   with `--memory-budget`: the chunk plan-chunks chose and its table of chunk against arena;
+   ced_split.json with `--ced-split`: the suffix per decoder layer and the prefill FLOPs).
 Determinism: nothing time- or path-dependent is written unless asked (--timings records
 seconds, and then the artifact is reproducible except for reports/passes.json).
 Known gaps: only the `cpu` target is built here (GPU targets: codegen/aot.py's kernels are
@@ -139,7 +140,8 @@ def _op_counts(module) -> dict:
 def build_artifact(out: str, checkpoint: str | None = None, preset: str | None = None, target: str = "cpu",
                    kv_quant: bool = True, seed: int = 0, dump_dir=None, dump_filter=None, timings: bool = False,
                    verify_each: bool = False, force: bool = False, activation_dtype: str | None = None,
-                   kernels: bool = True, max_context: int | None = None, memory_budget: int | None = None) -> dict:
+                   kernels: bool = True, max_context: int | None = None, memory_budget: int | None = None,
+                   ced_split: bool = False) -> dict:
     from dsv41c.frontend.config import ConfigError, load_config
     from dsv41c.frontend.config import preset as preset_config
     from dsv41c.frontend.layer_plan import plan_as_json, plan_as_table
@@ -152,6 +154,7 @@ def build_artifact(out: str, checkpoint: str | None = None, preset: str | None =
     from dsv41c.passes.plan_memory import binding_attrs, memory_report_files
     from dsv41c.passes.stream_cost import stream_report_json
     from dsv41c.passes.plan_chunks import chunk_report_files
+    from dsv41c.passes.split_ced_prefill import ced_report_files
     from dsv41c.runtime.weights import index_hash, inventory_hash
 
     t_start = time.perf_counter()
@@ -200,7 +203,7 @@ def build_artifact(out: str, checkpoint: str | None = None, preset: str | None =
                               max_context=ctx)
         _log(f"traced in {tinfo.seconds:.1f} s: {tinfo.ops} ops, {tinfo.stamps} segment stamps")
         module.attrs = {**module.attrs, **binding_attrs(cfg, max_context=ctx)}  # the arena at the planned context
-        passes = build_pipeline(pipeline_specs(target, memory_budget or 0))
+        passes = build_pipeline(pipeline_specs(target, memory_budget or 0, ced_split))
         pm = PassManager(passes, verify_each=verify_each, timings=timings, dump_dir=dump_dir, dump_filter=dump_filter)
         t0 = time.perf_counter()
         result = pm.run(module)
@@ -232,6 +235,7 @@ def build_artifact(out: str, checkpoint: str | None = None, preset: str | None =
             "reports/streams.json": dumps_json(stream_report_json(module)),
             **memory_report_files(module),
             **chunk_report_files(result.records),
+            **ced_report_files(result.records),
         }
         config = cfg.to_json_dict()
         manifest = {**_versions(), "target": target, "config": config, "config_hash": cfg.hash(), "checkpoint": ck,
@@ -242,6 +246,9 @@ def build_artifact(out: str, checkpoint: str | None = None, preset: str | None =
                     "functions": {n: {"ops": len(f.ops), "args": len(f.args)} for n, f in module.functions.items()}}
         if memory_budget:  # the runtime prefills in chunks of at most this many tokens
             manifest["options"].update(chunk=module.attrs.get("chunk"), memory_budget=memory_budget)
+        if "ced.suffix" in module.attrs:  # a prompt longer than the suffix may prefill through @prefill_encoder
+            manifest["options"].update(ced_split={"encoder": module.attrs["ced.encoder"],
+                                                  "suffix": module.attrs["ced.suffix"]})
         copy = {"checkpoint": os.path.join(tmp_ckpt, "checkpoint")} if tmp_ckpt else {}
         if kernel_dir:
             copy["kernels"] = kernel_dir

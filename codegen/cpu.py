@@ -270,5 +270,7 @@ def _add_frees(f, ops, slot):
 def emit_program(module, state_fill: dict) -> str:
     """The final IR module -> program.json text (deterministic bytes)."""
     outs = list(module.attrs.get("outputs", ()))
-    fns = {name: lower_function(f, outs, state_fill) for name, f in module.functions.items()}
+    # a function returning other values than @prefill (split-ced-prefill's @prefill_encoder) names them itself
+    fns = {name: lower_function(f, list(module.attrs.get(f"outputs.{name}", outs)), state_fill)
+           for name, f in module.functions.items()}
     return json.dumps({"format": PROGRAM_FORMAT, "functions": fns}, sort_keys=True, separators=(",", ":")) + "\n"

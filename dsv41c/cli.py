@@ -117,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--memory-budget", type=argtypes.size, metavar="SIZE",
                    help="device memory for weights + state + arena (e.g. 80GiB): the prefill chunk is the largest "
                         "that fits (plan-chunks; reports/chunks.json)")
+    s.add_argument("--ced-split", action="store_true",
+                   help="also plan @prefill_encoder: a long prompt's prefix runs the encoder only, the exact decoder "
+                        "suffix the full prefill (split-ced-prefill; reports/ced_split.json)")
     s.add_argument("--emit", nargs=2, action="append", metavar=("FORMAT", "PATH"),
                    help="also write an export: `mlir DIR` (each traced segment, torch-mlir); repeatable")
 

@@ -115,7 +115,8 @@ def cmd_compile(args) -> int:
                        activation_dtype=getattr(args, "activation_dtype", None),
                        kernels=not getattr(args, "no_kernels", False),
                        max_context=getattr(args, "max_context", None),
-                       memory_budget=getattr(args, "memory_budget", None))
+                       memory_budget=getattr(args, "memory_budget", None),
+                       ced_split=getattr(args, "ced_split", False))
     except OSError as e:
         if _ours(e.filename, parent) or _ours(e.filename2, parent):
             raise OutputError(f"-o {args.output}: cannot write the artifact ({reason(e)}); nothing written") from None

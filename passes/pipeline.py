@@ -15,13 +15,16 @@ Target dependence is explicit: an entry `(spec, prefixes)` runs only for targets
 starts with one of `prefixes`. `schedule-streams` runs for the GPU targets (`cuda:*`,
 `rocm:*`), whose runtime maps streams to device queues; the `cpu` target (and Ascend, whose
 runtime has no stream mapping yet) keeps one serial stream, which is also what the
-reference executor runs.
+reference executor runs. An entry `(spec, CED_SPLIT)` is optional: `split-ced-prefill` runs
+after the domain rewrites (it slices their @prefill) and before the kernels are chosen, so
+its @prefill_encoder is specialized, scheduled and planned like @prefill.
 """
 from __future__ import annotations
 
 from dsv41c.passes.registry import parse_pipeline
 
 GPU_TARGETS = ("cuda:", "rocm:")
+CED_SPLIT = "ced-split"  # an entry run only when asked for (`dsv41c compile --ced-split`)
 
 PIPELINE = [
     "fold-shapes",
@@ -32,7 +35,7 @@ PIPELINE = [
     # "fuse-compressor",      wkv -> RMSNorm (-> RoPE -> FP4 pack -> cache append) as one kernel
     # "lower-kv-fp4",         compressed KV / indexer K stored packed FP4
     "lower-indexer-int8",   # exact integer scoring of FP4 indexer data (the float path's scores)
-    # "split-ced-prefill",    optional: encoder-only prompt, bounded decoder replay
+    ("split-ced-prefill", CED_SPLIT),    # optional: @prefill_encoder + the exact decoder suffix
     # "canonicalize", "cse", "dce",   clean-up after the domain rewrites
     "specialize-kernels{target=TARGET}",  # kernel.call per target from the kernel matrix
     ("schedule-streams", GPU_TARGETS),   # Q/KV paths on two streams + events, Engram on an aux stream
@@ -41,14 +44,19 @@ PIPELINE = [
 ]
 
 
-def pipeline_specs(target: str = "cpu", memory_budget: int = 0) -> list:
-    """PIPELINE for `target`: entries restricted to other targets left out, `TARGET` and
-    `BUDGET` (bytes, `dsv41c compile --memory-budget`; 0 = none) filled in."""
+def pipeline_specs(target: str = "cpu", memory_budget: int = 0, ced_split: bool = False) -> list:
+    """PIPELINE for `target`: entries restricted to other targets left out, the optional
+    split-ced-prefill only with `ced_split`, `TARGET` and `BUDGET` (bytes, `dsv41c compile
+    --memory-budget`; 0 = none) filled in."""
     out = []
     for item in PIPELINE:
         spec, only = item if isinstance(item, tuple) else (item, None)
-        if only is None or target.startswith(only):
-            out.append(spec.replace("TARGET", f'"{target}"').replace("BUDGET", str(int(memory_budget))))
+        if only == CED_SPLIT:
+            if not ced_split:
+                continue
+        elif only is not None and not target.startswith(only):
+            continue
+        out.append(spec.replace("TARGET", f'"{target}"').replace("BUDGET", str(int(memory_budget))))
     return out
 
 

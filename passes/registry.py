@@ -24,6 +24,7 @@ PASSES = {
     "schedule-streams": "dsv41c.passes.schedule_streams:ScheduleStreams",
     "specialize-kernels": "dsv41c.passes.specialize_kernels:SpecializeKernels",
     "plan-chunks": "dsv41c.passes.plan_chunks:PlanChunks",
+    "split-ced-prefill": "dsv41c.passes.split_ced_prefill:SplitCedPrefill",
     "share-csa2-state": "dsv41c.passes.share_csa2_state:ShareCsa2State",
     "lower-indexer-int8": "dsv41c.passes.lower_indexer_int8:LowerIndexerInt8",
     # Later passes plug in here: share-csa2-state, fuse-compressor, lower-kv-fp4,

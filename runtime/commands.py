@@ -10,7 +10,8 @@
         `arena` per function, `csa2` per function (the CSA2 producers share-csa2-state counted:
         compressors by ratio, indexer-key producers, scorers, top-k, candidates, duplicates) and
         `streams` per function (ops per stream, events, per layer the cost model's serial time
-        against the scheduled streams' time, from reports/streams.json);
+        against the scheduled streams' time, from reports/streams.json), and for a --ced-split
+        build `ced_split` (the suffix per decoder layer, prefill FLOPs with and without);
         `--memory` prints the memory plan (runtime/memory_view.py).
 
 Order of checks, all before the first token is computed: `--logits-out` (a writable file
@@ -161,6 +162,8 @@ def describe(path: str) -> dict:
                 out["reports"][rel] = json.load(f)
     out["arena"] = arena_summary(out["reports"].get(MEMORY_REPORT))
     out["streams"] = (out["reports"].get("reports/streams.json") or {}).get("functions", {})
+    if "reports/ced_split.json" in out["reports"]:
+        out["ced_split"] = out["reports"]["reports/ced_split.json"]
     for rec in out["reports"].get("reports/passes.json", {}).get("passes", []):
         for key, n in rec.get("stats", {}).items():  # compute ops left outside kernel calls (specialize-kernels)
             if key.startswith("aten_left:") and key[len("aten_left:"):] in out["functions"]:
