@@ -218,6 +218,21 @@ register_contract(KernelContract(
         "proof with per-head and whole-tile fallbacks"))
 
 
+def _rmsnorm(x, weight, *, eps, **_):
+    """The canonical chain it replaced: weight · (x_f32 · rsqrt(mean(x_f32², -1) + eps)).to(x.dtype), op for op."""
+    xf = x.to(torch.float32)
+    return torch.mul(weight, torch.mul(xf, torch.rsqrt(torch.add(torch.mean(torch.square(xf), [-1], True), eps)))
+                     .to(x.dtype))
+
+
+register_contract(KernelContract(
+    template="rmsnorm", implements="mul(w, to(mul(x_f32, rsqrt(add(mean(square(x_f32), -1), eps)))))",
+    inputs=(KArg("x", ("act",), ("M", "N")), KArg("weight", ("act",), ("N",))),
+    results=(KArg("y", ("act",), ("M", "N")),),
+    keys=("N", "act", "eps"), reference=_rmsnorm,
+    doc="a weighted RMSNorm over the last dim, fp32 statistics, output in the activation dtype"))
+
+
 def reference_call(template: str, inputs: list, attrs: dict):
     """Run a kernel.call's contract reference (the interpreter's semantics of the call)."""
     c = contract_of(template)

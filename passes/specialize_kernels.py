@@ -5,10 +5,21 @@ Algorithm, one forward walk per function:
    the kernel's contract (`ir/kernel_contracts.py`) and the kernel matrix (`codegen/kernel_select.py`,
    variants built for the config's widths), and replaces the root with one `kernel.call` whose
    specialization keys (`key.*`) come from the IR's static shapes and the config, never from a live
-   device. The fed ops it subsumed die and are erased here. Today one pattern:
+   device. The fed ops it subsumed die and are erased here. The patterns:
    - dense FP8 linear: `aten.matmul(x, aten.permute(dsv41.dequant_weight{fp8_block}(W, S), [1, 0]))`
      -> `kernel.call @fp8_gemm(x, W, S)` (the weight is read packed: the dequantized copy is gone);
      mode `prefill` for a chunk of T tokens, `gemv` (or `decode` where no gemv variant exists) for one.
+   - MoE FFN: `dsv41.moe(x, gate, bias, [dequant_weight{fp4_row}(W, S)] per expert matrix,
+     dequant_weight{fp8_block} shared w1/w2/w3)` -> `kernel.call @moe_ffn(x, gate, bias, W1, S1, W3, S3,
+     W2, S2, sw1, ss1, sw3, ss3, sw2, ss2)`. The routed experts' stored codes and scales become one
+     function argument per matrix, `<layer>.ffn.experts.w1.weight` [E, ...] with `stack_of` / `stack_count`
+     (the runtime stacks the checkpoint's per-expert tensors once at load, as stored), and the per-expert
+     arguments go. Path `gemv` (per-slot FP4 GEMVs, any token count) for a decode step and wherever the
+     grouped GEMMs' k tiles do not divide the widths, `grouped` for a chunk otherwise; GEMV core 1 (mma.sync)
+     for bf16 at widths that are multiples of 128. `key.components` names the other binaries the launch runs
+     (router, prep / down / combine, the shared expert's FP8 GEMMs), which the compile driver builds too.
+   - RMSNorm: the canonical chain `mul(w, to(mul(xf, rsqrt(add(mean(square(xf), [-1], keepdim), eps)))))`
+     with `xf = to(x, f32)` -> `kernel.call @rmsnorm(x, w)` (key eps from the add).
 2. Every domain op (`dsv41.*`) left after the patterns must have a generic fallback on T
    (`GENERIC_FALLBACK`: the op then runs as its reference implementation, and the report says why
    it has no kernel yet); one without is an error naming the op, its loc and the target.
@@ -16,10 +27,12 @@ Stats: `kernel_calls:<template>/<variant>`, `fallback:<op>` (domain ops left to 
 `dequantized_weights_left` (dequant_weight ops a kernel could still absorb) and, per function,
 `aten_left:<function>` (compute ops outside a kernel call; shape-only ops are not counted).
 Target `cpu` is a no-op: the cpu plan runs reference ops.
-Known gaps: the other templates (attention, compressor, indexer, MoE, mHC, norms, Engram) need the
-packed KV state and the fusions of `lower-kv-fp4`, `fuse-compressor` and `lower-indexer-int8`
-before a call can satisfy their contracts; until then their ops take the generic fallback. A
-variant's launch parameters (split, workspace) are still chosen by its launcher from the shapes.
+Known gaps: the other templates (attention, compressor, indexer, mHC, Engram) need the packed KV state and
+the fusions of `lower-kv-fp4`, `fuse-compressor` and `lower-indexer-int8` before a call can satisfy their
+contracts; until then their ops take the generic fallback. Launch parameters: fp8_gemm's split and tiles and
+moe_ffn's workspaces and router tiles are still chosen by their launchers from the shapes; no workspace is a
+value in the IR yet. The MoE gate bias keeps its cast (dequant_weight{cast}) as the call's operand; the
+norms of 3-D values (per-head) are not matched.
 """
 from __future__ import annotations
 
@@ -119,6 +132,8 @@ class SpecializeKernels(ModulePass):
         stacks: dict = {}  # stacked weight name -> its function argument (one per layer matrix)
         for op in f.ops:
             new = _fp8_linear(op, by_result, uses, self.target, widths, f.name)
+            if new is None and op.name == "aten.mul":
+                new = _rmsnorm(op, by_result, uses, self.target, widths)
             if new is None and op.name == "dsv41.moe":
                 new = _moe(op, by_result, uses, self.target, widths, f, stacks, stats)
             if new is not None:
@@ -331,6 +346,57 @@ def _moe(op, by_result, uses, target, widths, f, stacks, stats):
     except ContractError as e:
         raise PassError(f"specialize-kernels: the call made for loc({op.loc}) in @{f.name} breaks its contract: {e}")
     new = Op("kernel.call", operands, types, attrs, op.loc, [r.name for r in op.results])
+    _replace_uses(op, new)
+    return new
+
+
+def _rmsnorm(op, by_result, uses, target, widths):
+    """mul(w, to(mul(xf, rsqrt(add(mean(square(xf), [-1], keepdim), eps))))) with xf = to(x, f32) (the casts absent
+    where x is already f32) -> kernel.call @rmsnorm(x, w). Every op of the chain but xf has this one user; None if
+    the chain is not exactly that (other dims, a dtype on the mean, an alpha on the add) or has no variant."""
+    from dsv41c.codegen.kernel_select import select_variant
+
+    def one(v, name):
+        d = by_result.get(id(v))
+        return d if d is not None and d.name == name and uses.get(id(v), 0) == 1 else None
+
+    a, b = op.operands if len(op.operands) == 2 else (None, None)
+    if not (isinstance(getattr(a, "type", None), TensorType) and isinstance(getattr(b, "type", None), TensorType)):
+        return None
+    w, n = (a, b) if a.type.rank == 1 else (b, a)
+    if w.type.rank != 1 or n.type.rank != 2 or w.type.dtype != n.type.dtype:
+        return None
+    act = n.type.dtype
+    cast = one(n, "aten.to")
+    mul = one(cast.operands[0], "aten.mul") if cast is not None else one(n, "aten.mul")
+    if mul is None or len(mul.operands) != 2 or (cast is None and act.name != "f32"):
+        return None
+    xf, r = mul.operands
+    rs = one(r, "aten.rsqrt")
+    ad = one(rs.operands[0], "aten.add") if rs is not None else None
+    if ad is None or len(ad.operands) != 1 or set(ad.attrs) != {"other"} or not isinstance(ad.attrs["other"], float):
+        return None
+    mn = one(ad.operands[0], "aten.mean")
+    if mn is None or tuple(mn.attrs.get("dim") or ()) not in ((-1,), (1,)) or not mn.attrs.get("keepdim") \
+            or mn.attrs.get("dtype") is not None:
+        return None
+    sq = one(mn.operands[0], "aten.square")
+    if sq is None or sq.operands[0] is not xf or xf.type.dtype.name != "f32":
+        return None
+    up = by_result.get(id(xf))
+    x = up.operands[0] if up is not None and up.name == "aten.to" and up.operands[0].type.dtype == act else xf
+    if x.type.dtype != act or x.type.rank != 2 or not isinstance(x.type.shape[1], int) \
+            or x.type.shape[1] != w.type.shape[0] or (cast is not None and cast.attrs.get("dtype") != act):
+        return None
+    N = x.type.shape[1]
+    spec = select_variant("rmsnorm", target, {"N": N, "act": act.name, "HAS_WEIGHT": True}, widths)
+    if spec is None:
+        return None
+    attrs = {"template": "rmsnorm", "variant": spec.variant, "target": target, KEY_PREFIX + "N": N,
+             KEY_PREFIX + "act": act.name, KEY_PREFIX + "eps": float(ad.attrs["other"]),
+             KEY_PREFIX + "BLOCK_N": spec.keys["BLOCK_N"]}
+    types = check_call("rmsnorm", [x.type, w.type], attrs)
+    new = Op("kernel.call", [x, w], types, attrs, op.loc, [r_.name for r_ in op.results])
     _replace_uses(op, new)
     return new
 

@@ -39,11 +39,16 @@ def test_the_float32_gpu_plan_interpreted_equals_the_cpu_plan_and_each_kernel_ca
     # where the layer owns an indexer query
     cfg = preset("mini")
     queries = sum(1 for s in layer_plan(cfg)[: cfg.num_hidden_layers] if s.ratio and s.owns_indexer_query)
-    # and every layer's MoE FFN (router, stacked FP4 experts read packed, FP8 shared expert) ran as one call
-    assert report["calls"] == 2 * (4 * cfg.num_hidden_layers + queries) + 2 * cfg.num_hidden_layers
-    variants = set(report["by_variant"])
+    by = report["by_variant"]
+    L = cfg.num_hidden_layers
+    assert sum(r["calls"] for k, r in by.items() if k.startswith("fp8_gemm/")) == 2 * (4 * L + queries)
+    # every layer's MoE FFN (router, stacked FP4 experts read packed, FP8 shared expert) ran as one call, and every
+    # RMSNorm (attention, FFN, q and kv norms per layer, the final norm, the compressors') as one
+    assert by["moe_ffn/backbone_gemv"]["calls"] == 2 * L
+    assert sum(r["calls"] for k, r in by.items() if k.startswith("rmsnorm/")) >= 2 * (4 * L + 1)
+    assert set(t.split("/")[0] for t in by) == {"fp8_gemm", "moe_ffn", "rmsnorm"}
+    variants = set(by)
     assert "fp8_gemm/wq_a_prefill" in variants and variants & {"fp8_gemm/wq_a_gemv", "fp8_gemm/wq_a_decode"}
-    assert report["by_variant"]["moe_ffn/backbone_gemv"]["calls"] == 2 * cfg.num_hidden_layers
     sg, sc = gpu.new_session(), cpu.new_session()
     lg, lc = gpu.prefill(sg, IDS), cpu.prefill(sc, IDS)
     assert _rel_l2(lg, lc) <= 1e-4
@@ -100,6 +105,7 @@ def test_other_targets_get_a_plan_with_their_kernel_calls(tmp_path, target):
     dec = d["functions"]["decode"]
     assert sum(dec["kernel_calls"]["fp8_gemm"].values()) == 4 * 40 + 8 and dec["aten_left"] > 0
     assert dec["kernel_calls"]["moe_ffn"] == {"backbone_gemv": 40}
+    assert sum(dec["kernel_calls"]["rmsnorm"].values()) == 4 * 40 + 1 + 4  # per layer 4, the final norm, 4 compressors
 
 
 def test_an_ascend_target_gets_a_plan_and_says_its_kernels_are_not_built(tmp_path):

@@ -30,9 +30,18 @@ import triton.language as tl
 from dsv41c.codegen.templates import KernelTemplate, register
 from dsv41c.codegen.templates import aot_spec
 from dsv41c.codegen.triton.targets import interpreting, target_traits
+from dsv41c.codegen.triton.widths import PUBLISHED
 from dsv41c.codegen.triton.pdl import grid_release, grid_wait, launch_kw, pdl_for
 
-NORM_WIDTHS = {"hidden": 5120, "q_norm": 1280, "kv_norm": 512, "k_norm": 128}
+
+
+def norm_widths(widths=PUBLISHED) -> dict:
+    """The model's RMSNorm widths by name: the hidden norms, q_norm, kv_norm and the indexer's k_norm."""
+    return {"hidden": widths.hidden_size, "q_norm": widths.q_lora_rank, "kv_norm": widths.head_dim,
+            "k_norm": widths.index_head_dim}
+
+
+NORM_WIDTHS = norm_widths()  # the published config's: 5120, 1280, 512, 128
 
 
 @triton.jit
@@ -117,7 +126,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 PDL_MAX_ROWS = 16
 
 
-def _launch(x, residual, weight, eps, pdl=None):
+def _launch(x, residual, weight, eps, pdl=None, block=None):
     N = x.shape[-1]
     if weight is not None and weight.shape != (N,):
         raise ValueError(f"rmsnorm: weight {tuple(weight.shape)} does not match the last dim {N}")
@@ -130,6 +139,8 @@ def _launch(x, residual, weight, eps, pdl=None):
     M = x2.shape[0]
     if M:
         BLOCK, nw = _block(N)
+        if block is not None and not interpreting():  # the plan's variant (the interpreter keeps its tiles)
+            BLOCK, nw = block, (8 if block >= 4096 else 4 if block >= 1024 else 2)
         # PDL (None: on for decode row counts, where a successor's weight reads can overlap this short kernel)
         pdl = (M <= PDL_MAX_ROWS if pdl is None else bool(pdl)) and pdl_for(x.device)
         rmsnorm_kernel[(M,)](x2, r2, weight.contiguous() if weight is not None else x2, y, s, float(eps), N=N,
@@ -143,6 +154,15 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, pdl: bool 
     return _launch(x, None, weight, eps, pdl)[0]
 
 
+def rmsnorm_call(x: torch.Tensor, weight: torch.Tensor, *, N: int, eps: float, BLOCK_N: int = 0, **_) -> torch.Tensor:
+    """A plan's `kernel.call @rmsnorm` (x [M, N], weight [N]): the variant's BLOCK_N where it has one (the
+    interpreter's 256-wide tiles otherwise), no programmatic dependent launch (the plan's variants are built
+    without it)."""
+    if x.shape[-1] != N:
+        raise ValueError(f"rmsnorm: x {tuple(x.shape)} is not [M, {N}] as the call's key N says")
+    return _launch(x, None, weight, eps, pdl=False, block=BLOCK_N or None)[0]
+
+
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float,
                 pdl: bool | None = None):
     if residual.shape != x.shape:
@@ -153,12 +173,12 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | 
 # ============================================================================ ahead-of-time variants
 
 
-def _variants(target: str, residual: bool) -> list:
+def _variants(target: str, residual: bool, widths=PUBLISHED) -> list:
     if target_traits(target) is None:
         return []
     types = {"x_ptr": "*bf16", "r_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "s_ptr": "*bf16", "eps": "fp32"}
     out = []
-    for name, N in NORM_WIDTHS.items():
+    for name, N in norm_widths(widths).items():
         if residual and name != "hidden":
             continue
         B = triton.next_power_of_2(N)
@@ -171,8 +191,8 @@ def _variants(target: str, residual: bool) -> list:
 register(KernelTemplate(
     name="rmsnorm", module=__name__, summary="weighted/unweighted RMSNorm, fp32 statistics, output in x's dtype",
     keys=("norm", "N", "act", "BLOCK_N", "HAS_WEIGHT", "HAS_RESIDUAL", "PDL"), reference=rmsnorm_reference, launch=rmsnorm,
-    specializations=lambda t: _variants(t, False)))
+    specializations=lambda t, widths=PUBLISHED: _variants(t, False, widths)))
 register(KernelTemplate(
     name="add_rmsnorm", module=__name__, summary="s = x + residual (written) then RMSNorm(s)",
     keys=("norm", "N", "act", "BLOCK_N", "HAS_WEIGHT", "HAS_RESIDUAL", "PDL"), reference=add_rmsnorm_reference, launch=add_rmsnorm,
-    specializations=lambda t: _variants(t, True)))
+    specializations=lambda t, widths=PUBLISHED: _variants(t, True, widths)))
