@@ -134,9 +134,18 @@ class CompiledModel:
         return outs[0]
 
     # ------------------------------------------------------------------ serving
+    @property
+    def chunk(self) -> int:
+        """The prefill chunk the compiler chose for the artifact's memory budget (0: none, any length at once)."""
+        return int((self.manifest.get("options") or {}).get("chunk") or 0)
+
     def prefill(self, session: Session, ids) -> torch.Tensor:
-        """Logits [T, vocab] of a chunk continuing the session (any T >= 1)."""
-        return self._run("prefill", session, self._check_ids(ids).to(self.device))
+        """Logits [T, vocab] of tokens continuing the session (any T >= 1), run in chunks of at most `chunk`
+        tokens where the artifact was compiled for a memory budget."""
+        ids = self._check_ids(ids).to(self.device)
+        step = self.chunk or ids.shape[0]
+        parts = [self._run("prefill", session, ids[i:i + step]) for i in range(0, ids.shape[0], step)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def decode(self, session: Session, token: int | None = None) -> torch.Tensor:
         """Logits [vocab] after feeding `token` (default: the greedy token of the last logits)."""
