@@ -39,7 +39,7 @@ from dsv41c.ir.types import TensorType, Type
 
 OP_MODULES = ["dsv41c.ir.ops_aten", "dsv41c.ir.ops_aten_shape", "dsv41c.ir.ops_aten_index",
               "dsv41c.ir.ops_runtime", "dsv41c.ir.ops_dsv41", "dsv41c.ir.ops_state",
-              "dsv41c.ir.ops_indexer_int8"]
+              "dsv41c.ir.ops_indexer_int8", "dsv41c.ir.ops_compressor_fused"]
 
 
 class ShapeError(ValueError):

@@ -27,6 +27,7 @@ PASSES = {
     "split-ced-prefill": "dsv41c.passes.split_ced_prefill:SplitCedPrefill",
     "share-csa2-state": "dsv41c.passes.share_csa2_state:ShareCsa2State",
     "lower-indexer-int8": "dsv41c.passes.lower_indexer_int8:LowerIndexerInt8",
+    "fuse-compressor": "dsv41c.passes.fuse_compressor:FuseCompressor",
     # Later passes plug in here: share-csa2-state, fuse-compressor, lower-kv-fp4,
     # lower-indexer-int8, split-ced-prefill, plan-chunks, schedule-streams, plan-memory,
     # specialize-kernels, partition-pd, plan-dspark.

@@ -117,8 +117,8 @@ def find_producers(f) -> Producers:
             p.topk.append((loc_layer(op.loc), op))
         elif kind in CANDIDATE_OPS:
             p.candidates.append((loc_layer(op.loc), op))
-        elif op.name not in _WEIGHT_VIEWS:
-            for v in op.operands:
+        if op.name not in _WEIGHT_VIEWS and kind not in SCORER_OPS + TOPK_OPS + CANDIDATE_OPS:
+            for v in op.operands:  # the fused compressor is also its group's key producer
                 name = roots.get(id(v), "")
                 if name.endswith(_KEY_WEIGHT):
                     p.keys.append((loc_layer(name), op))

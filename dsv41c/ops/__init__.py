@@ -15,14 +15,16 @@ Ops (schemas in kv_path.py / blocks.py):
     cache_append, ring_append                         state writes (state.py)
     kv_pack, kv_unpack                                packed KV formats (state.py)
     index_scores_int8                                 the indexer scores by exact integer dots (indexer_int8.py)
+    compressor_fused                                  a KV source's compressor chain in one op (compressor_fused.py)
 
 `import dsv41c.ops` registers them all (idempotent: Python imports each module once).
 `OP_NAMES` lists them for inventories and tests.
 """
 from __future__ import annotations
 
-from dsv41c.ops import blocks, indexer_int8, kv_path, state, weights  # noqa: F401  (registration side effect)
+from dsv41c.ops import blocks, compressor_fused, indexer_int8, kv_path, state, weights  # noqa: F401  (registration side effect)
 
 OP_NAMES = ("fq_window_kv", "fq_compressed_kv", "fq_indexer", "sparse_attention", "compressor_step",
             "index_scores", "candidate_blocks", "select_topk", "moe", "engram_hash", "engram_apply", "hc_mixes", "dequant_weight",
-            "cache_append", "ring_append", "kv_pack", "kv_unpack", "index_scores_int8")
+            "cache_append", "ring_append", "kv_pack", "kv_unpack", "index_scores_int8",
+            "compressor_fused")
