@@ -50,6 +50,8 @@ from dsv41c.passes.rewrite import erase_dead_ops
 # exists; each with the reason the report shows.
 GENERIC_FALLBACK = {
     "dsv41.sparse_attention": "its kernel reads the FP8 window ring and the FP4 compressed cache (lower-kv-fp4)",
+    "dsv41.compressor_fused": "its kernel (compressor) takes complete groups, the RoPE table and the cache rows; the "
+                              "carry and the table lookups stay to be split out of the fused op",
     "dsv41.compressor_step": "its kernel is the fused compressor chain with an in-place FP4 cache append "
                              "(fuse-compressor, lower-kv-fp4)",
     "dsv41.index_scores": "its kernel scores FP4 indexer keys on the exact integer path (lower-indexer-int8)",
