@@ -233,6 +233,37 @@ register_contract(KernelContract(
     doc="a weighted RMSNorm over the last dim, fp32 statistics, output in the activation dtype"))
 
 
+def _compressor(x, wkv, norm_w, cos, sin, pos, rows, kv_cache, kv_scale, *, eps=1e-20, **_):
+    """The compressed-KV half of dsv41.compressor_fused at ratio 1 (the launcher's positional interface):
+    latent = RMSNorm(x · wkvᵀ), RoPE at the entry positions (table rows cos[pos], sin[pos]), FP4 E2M1 + E4M3
+    per 16 packed, written to cache rows `rows` (-1: skipped); -> the two caches after the write."""
+    import dsv41c.ops  # noqa: F401  (registers torch.ops.dsv41)
+    from dsv41c.prims.norms import rms_norm
+    from dsv41c.prims.rope import apply_rope
+
+    lat = rms_norm(x @ wkv.T, norm_w, float(eps))
+    p = pos.long()
+    codes, scales = torch.ops.dsv41.kv_pack(apply_rope(lat, cos[p], sin[p]), "fp4_e4m3")
+    kc, ks = kv_cache.clone(), kv_scale.clone()
+    keep = rows.long() >= 0
+    kc.view(torch.uint8)[rows.long()[keep]] = codes.view(torch.uint8)[keep]
+    ks.view(torch.uint8)[rows.long()[keep]] = scales.view(torch.uint8)[keep]
+    return kc, ks
+
+
+register_contract(KernelContract(
+    template="compressor", implements="dsv41.compressor_fused at ratio 1, its compressed-KV half",
+    inputs=(KArg("x", ("act",), ("T", "D")), KArg("wkv", ("act", "bf16", "f32"), ("C", "D")),
+            KArg("norm_w", ("act", "bf16", "f32"), ("C",)), KArg("cos", ("f32",), ("P", "ROPE // 2")),
+            KArg("sin", ("f32",), ("P", "ROPE // 2")), KArg("pos", ("i32", "i64"), ("T",)),
+            KArg("rows", ("i32", "i64"), ("T",)), KArg("kv_cache", ("fp4e2m1x2",), ("N", "C // 2"), writes=True),
+            KArg("kv_scale", ("fp8e4m3",), ("N", "C // 16"), writes=True)),
+    results=(KArg("kv_cache", ("fp4e2m1x2",), ("N", "C // 2")), KArg("kv_scale", ("fp8e4m3",), ("N", "C // 16"))),
+    keys=("C", "ROPE", "RATIO", "act"), reference=_compressor,
+    doc="the fused compressor: wkv -> RMSNorm -> RoPE -> FP4 pack -> cache rows, in place (ratio 1; the ratio-2 "
+        "gate and the indexer key are keyword arguments of its launcher, outside this contract)"))
+
+
 def reference_call(template: str, inputs: list, attrs: dict):
     """Run a kernel.call's contract reference (the interpreter's semantics of the call)."""
     c = contract_of(template)

@@ -60,3 +60,31 @@ def test_a_chain_whose_latent_is_read_elsewhere_is_not_fused():
     f.result_types = [v.type for v in f.returns]
     res = make_pass("fuse-compressor").run(m)
     assert res.stats["not_fused.escapes"] == 1 and res.stats["fused:ratio1"] == 0
+
+
+def test_the_compressor_contract_is_the_fused_ops_compressed_kv_half():
+    import dsv41c.ops  # noqa: F401  (registers torch.ops.dsv41)
+    from dsv41c.ir.kernel_contracts import ContractError, check_call, reference_call
+    from dsv41c.ir.types import DTYPES, TensorType
+    from dsv41c.prims.rope import rope_cos_sin
+
+    keys = {"key.C": 64, "key.ROPE": 16, "key.RATIO": 1, "key.act": "f32"}
+    types = [TensorType(DTYPES[d], s) for d, s in (
+        ("f32", (3, 64)), ("f32", (64, 64)), ("f32", (64,)), ("f32", (40, 8)), ("f32", (40, 8)), ("i64", (3,)),
+        ("i64", (3,)), ("fp4e2m1x2", (16, 32)), ("fp8e4m3", (16, 4)))]
+    assert [str(t) for t in check_call("compressor", types, keys)] == ["fp4e2m1x2[16, 32]", "fp8e4m3[16, 4]"]
+    with pytest.raises(ContractError, match=r"operand 'kv_scale' dim 1 must be C // 16 = 4, got fp8e4m3\[16, 8\]"):
+        check_call("compressor", types[:8] + [TensorType(DTYPES["fp8e4m3"], (16, 8))], keys)
+    g = torch.Generator().manual_seed(3)
+    x, wkv, nw = torch.randn(3, 64, generator=g), torch.randn(64, 64, generator=g) / 8, torch.rand(64, generator=g)
+    wk, knw, inv = torch.randn(32, 64, generator=g) / 8, torch.rand(32, generator=g), torch.rand(8, generator=g)
+    caches = [torch.zeros(16, 32, dtype=torch.uint8), torch.zeros(16, 4, dtype=torch.float8_e4m3fn),
+              torch.zeros(16, 16, dtype=torch.uint8), torch.zeros(16, 1, dtype=torch.float8_e8m0fnu)]
+    empty = torch.zeros(0, 64)
+    pos = torch.tensor(5)
+    fused = torch.ops.dsv41.compressor_fused(x, pos, wkv, None, nw, empty, empty, inv, wk, knw, *caches, 1, 1e-20,
+                                             "kv", "key")
+    cos, sin = rope_cos_sin(inv, torch.arange(40))
+    rows = torch.arange(5, 8)
+    kc, ks = reference_call("compressor", [x, wkv, nw, cos, sin, rows, rows, caches[0], caches[1]], keys)
+    assert torch.equal(kc, fused[0]) and torch.equal(ks.view(torch.uint8), fused[1].view(torch.uint8))
