@@ -16,7 +16,8 @@ Streams: a step's `stream` (absent: 0) is its queue on a device; `rt.record` mak
 token in its slot and `rt.wait` takes one. Here, on the CPU, the steps run in program order
 (one valid schedule of the streams), so both are no-ops; `_Op.stream` keeps the index for a
 device executor that maps streams to torch.cuda.Stream and events to torch.cuda.Event.
-Known gaps: no arena (torch's allocator); streams run serially.
+On a CUDA device the steps' streams and events are real (`device_streams.py`).
+Known gaps: no arena (torch's allocator).
 """
 from __future__ import annotations
 
@@ -158,6 +159,14 @@ class Function:
         self.outputs = spec["outputs"]
         self.output_names = spec["output_names"]
         self.nslots = spec["nslots"]
+        self.n_streams = 1 + max((op.stream for op in self.ops), default=0)
+
+    def _device_streams(self, device):
+        if device is None or self.n_streams == 1 or torch.device(device).type != "cuda":
+            return None
+        from dsv41c.runtime.device_streams import DeviceStreams
+
+        return DeviceStreams(device, self.n_streams)
 
     def run(self, inputs: list, observe=None, device=None) -> list:
         """observe(record, args, result), if given, sees every op's program.json record, its positional
@@ -166,26 +175,42 @@ class Function:
         vals = [None] * self.nslots
         vals[:len(inputs)] = inputs
         env = {s: int(inputs[i].shape[d]) for s, (i, d) in self.symbols.items()}
+        streams = self._device_streams(device)  # the plan's streams on a GPU (device_streams.py); None: in order
+        made_on: dict = {}  # id(tensor) -> the stream of the step that made it (GPU streams only)
         for op in self.ops:
             args = [g(env, vals) for g in op.args]
             kwargs = {k: g(env, vals) for k, g in op.kwargs}
             if op.factory and device is not None:
                 kwargs["device"] = device
             try:
-                res = op.fn(*args, **kwargs)
+                if streams is None:
+                    res = op.fn(*args, **kwargs)
+                elif op.rec["target"] == "rt.record":
+                    res = streams.record(op.stream)
+                elif op.rec["target"] == "rt.wait":
+                    res = streams.wait(op.stream, args[0])
+                else:
+                    streams.used(args, op.stream, lambda t: made_on.get(id(t)))
+                    with streams.on(op.stream):
+                        res = op.fn(*args, **kwargs)
+                    for r in (res if isinstance(res, (list, tuple)) else (res,)):
+                        if isinstance(r, torch.Tensor):
+                            made_on[id(r)] = op.stream
             except Exception as e:
                 raise ExecutionError(f"@{self.name}: {op.where}: {type(e).__name__}: {e}") from e
             if observe is not None:
                 observe(op.rec, args, res)
             if len(op.out) == 1:
                 vals[op.out[0]] = res
-            else:
+            elif op.out:  # a step with no result (rt.wait) leaves the slots alone
                 for s, r in zip(op.out, res):
                     vals[s] = r
             for r, d, s in op.bind:
                 env[s] = int(vals[op.out[r]].shape[d])
             for s in op.free:
                 vals[s] = None
+        if streams is not None:
+            streams.join()
         return [vals[s] for s in self.outputs]
 
 
