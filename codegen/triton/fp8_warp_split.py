@@ -6,8 +6,8 @@ on a stacked tile (a program's RB weight rows are RB/2 rows of W1 then the same 
 from W's pointer by its byte distance, as `fp8_gemm`'s GATED 2).
 
 Why: at 8 tokens `fp8_gemm`'s decode tile splits K over 7-8 programs per output tile (wq_a 20) and folds the partials
-with a last-arriver epilogue (arrival.py). Nsight Compute of the shared w1/w3 GEMM at 8 tokens (session 17,
-`tuning/ncu_fp8_warp_split_w13_M8_source.txt`) puts ~20 % of its warps' samples in that epilogue: the partial stores, the
+with a last-arriver epilogue (arrival.py). Nsight Compute of the shared w1/w3 GEMM at 8 tokens
+(`tuning/ncu_fp8_warp_split_w13_M8_source.txt`) puts ~20 % of its warps' samples in that epilogue: the partial stores, the
 release fence (ERRBAR / CCTL.IVALL), the atomic ticket's round trip that every thread waits for at a barrier, and
 the last program's re-read of the partials; in a grid of one wave it is on the critical path of every program.
 
@@ -24,51 +24,53 @@ batch axis, a cross-warp reduction through shared memory inside the program: no 
 no atomic, no second pass. Deterministic (fixed reduction tree); the sum's association differs from fp8_gemm's
 split order, so the two paths agree to fp32 rounding, not bit for bit.
 
-An 8-row tile (the weights as the dot's N operand, x its M: twice the programs, to even out 2 vs 3 programs an SM)
-was built and measured 27-65 % slower on all four linears (session 18, tuning/tune_fp8_warp_split_rows8.json:
-shared w1/w3 17.7-19.7 µs against 12.3-12.5); removed (it is in commit da01be4).
-
 SPF: the next k step's UE8M0 bytes are loaded one iteration ahead (as fp8_gemm's `_mma_k_loop`). Nsight Compute of
-the shared w1/w3 GEMM at 8 tokens without it (session 18, tuning/ncu_fp8_warp_split_w13_M8_no_spf_source.csv): each of a
+the shared w1/w3 GEMM at 8 tokens without it (tuning/ncu_fp8_warp_split_w13_M8_no_spf_source.csv): each of a
 warp's 10 k steps issues an LDG.E.U16 for the scale bytes (1-2 bytes a thread: below cp.async's 4, so Triton's
 pipeline leaves them out) and waits for it, then round-trips it through shared memory into the decode's layout
 behind a barrier: that barrier (13 % of samples), the STS (9 %) and the LDG (6 %) were the three hottest
-instructions. With SPF and 256-wide k tiles (`ncu_fp8_warp_split_w13_spf_s18_*`) the barrier is 2 %, 29 % of the
+instructions. With SPF and 256-wide k tiles the barrier is 2 %, 29 % of the
 samples issue, and the largest wait (11 %) is the prologue's first scale load; the kernel time barely moved for
 shared w1/w3 (12.4 -> 12.2-12.3 µs) and fell for shared w2 (8.4 -> 7.7-8.1) and wo_b (16.4 -> 16.0-16.1).
 
-TWO (session 19): the byte-pair decoder scales a code pair by one bf16x2 factor 2^(e-7), exact for UE8M0 bytes
+TWO: the byte-pair decoder scales a code pair by one bf16x2 factor 2^(e-7), exact for UE8M0 bytes
 e <= 134 (`fp8_gemm`'s bit algebra); a second factor makes every byte exact, which no real checkpoint needs (their
 bytes are about 110-125). The launcher checks each scale tensor once on the host (`scales_above_134`, cached by tensor
 and version) and drops the second factor where it can: sm90 SASS (Triton 3.6) of shared w1/w3's k step 663 -> 518
 instructions (wo_b 585 -> 482), and L2-cold at 8 tokens (tuning/tune_fp8_warp_split_two2.json, twice, interleaved)
 shared w1/w3 12.55 / 12.58 -> 10.92 / 10.89 µs, shared w2 7.89 / 7.87 -> 7.17 / 7.19 (with EARLY), wq_a 6.80 / 6.81
--> 6.55 / 6.19, wo_b 16.00 / 15.96 -> 14.76 / 14.89. The bits do not change. A per-program check of the scale rows
-in the kernel instead (two copies of the k loop, as `fp8_gemm` does) was 1.5-1.7x slower than either loop alone on
-shared w1/w3 and wo_b, 1.04-1.2x on shared w2 and wq_a
-(tuning/tune_fp8_warp_split_two.json) and was removed. EARLY turns the bytes into that factor where they are
-loaded, so the factor rather than the byte moves into the decode's layout: fewer instructions on the gated tile
+-> 6.55 / 6.19, wo_b 16.00 / 15.96 -> 14.76 / 14.89. The bits do not change. EARLY turns the bytes into that
+factor where they are loaded, so the factor rather than the byte moves into the decode's layout: fewer instructions on the gated tile
 (518 -> 488) yet slower there; faster on shared w2 only (EARLY_LINEARS).
 
 Constraints: K % BK == 0 and BK % 32 == 0 (whole k tiles, and each 32-wide scale block sits inside one k tile); S a
 power of two. The launcher checks and names the violation. Where the K / BK tiles do not split evenly over the S
 warps (RAGGED), each warp takes ceil(tiles / S) steps and a step past its slice is masked (it adds +0); where they
-do, the code is the same as without the option (sm90 SASS compared). Session 21 timed ragged and other tiles on
-shared w2 (tuning/tune_fp8_warp_split_ragged.json): none beat `tiles_for`'s.
+do, the code is the same as without the option (sm90 SASS compared).
 
-PDL and PREFETCH (session 23, benchmarks/step_chain.py): in a decode step the kernel is PDL-launched behind the
+PDL (benchmarks/step_chain.py): in a decode step the kernel is PDL-launched behind the
 kernel that produces x (shared w2 behind the gated w1/w3, wq_a behind the norm). What it then adds to the step,
 L2-cold (results/step_chain.json, twice, interleaved): shared w2 at 8 tokens 6.5-6.8 µs serialized ->
-**5.2** with PDL (alone 7.2-7.4), within its 5.65 µs budget; wq_a at 8 tokens 5.8-5.9 -> 4.2-4.6. PREFETCH, the
-L2 bulk prefetch of the program's weight rows before the grid wait, made both slower (1 KB a row: shared w2 6.0-6.1,
-wq_a 4.6-4.7; whole rows: 5.9-6.3 / 5.7-5.9 in the first run), so it stays off.
+**5.2** with PDL (alone 7.2-7.4), within its 5.65 µs budget; wq_a at 8 tokens 5.8-5.9 -> 4.2-4.6.
+
+Tried (measured slower, not kept):
+- an 8-row tile (the weights as the dot's N operand, x its M: twice the programs, to even out 2 vs 3 programs an
+  SM): 27-65 % slower on all four linears, shared w1/w3 17.7-19.7 µs against 12.3-12.5
+  (tuning/tune_fp8_warp_split_rows8.json).
+- a per-program check of the scale rows in the kernel instead of TWO's host check (two copies of the k loop, as
+  `fp8_gemm` does): 1.5-1.7x slower than either loop alone on shared w1/w3 and wo_b, 1.04-1.2x on shared w2 and
+  wq_a (tuning/tune_fp8_warp_split_two.json).
+- ragged and other tiles on shared w2: none beat `tiles_for`'s (tuning/tune_fp8_warp_split_ragged.json).
+- an L2 bulk prefetch of the program's weight rows before the grid wait: 1 KB a row shared w2 6.0-6.1, wq_a 4.6-4.7
+  µs against 5.2 and 4.2-4.6 with PDL; whole rows 5.9-6.3 / 5.7-5.9 (results/step_chain.json).
+- x loaded through the L1 (cp.async.ca at 8 / 4 bytes a thread): 0-62 % slower
+  (tuning/tune_fp8_warp_split_xe.json).
 
 Known gaps: the x tile is loaded per slice (S·BK·BM·2 bytes a step, from the L2), so x's shared-memory stages are as
-large as the weights' at BM 8 (loading x through the L1 instead, cp.async.ca at 8 / 4 bytes a thread, was 0-62 %
-slower: tuning/tune_fp8_warp_split_xe.json); one program per 16 rows gives 288 programs for shared w1/w3 and 320
-for w2 (2.2 and 2.4 an SM on 132 SMs), so SMs hold 2 or 3 programs (no balancing across them). Decode shapes only
+large as the weights' at BM 8 (through the L1 was slower: Tried); one program per 16 rows gives 288 programs for
+shared w1/w3 and 320 for w2 (2.2 and 2.4 an SM on 132 SMs), so SMs hold 2 or 3 programs (no balancing across them). Decode shapes only
 (M <= 16); CUDA and the interpreter. No ROCm variant: Triton 3.9 lowers the rank-3 dot to FMA loops on gfx942 / gfx950 (compiled
-offline, `benchmarks/results/aot_warp_split_s17.json`), so ROCm keeps fp8_gemm's decode tile.
+offline, `benchmarks/results/aot_warp_split.json`), so ROCm keeps fp8_gemm's decode tile.
 """
 from __future__ import annotations
 
@@ -94,8 +96,8 @@ WARP_SPLIT_DECODE = True  # fp8_gemm's default decode path for 2..WARP_SPLIT_MAX
 # shared w1/w3 12.42-12.48 µs against 12.56-12.80, shared w2 8.33-8.38 against 8.37-8.41, wq_a 6.80-7.08 against
 # 7.25-7.29, wo_b 16.47-16.51 against 17.32-17.36)
 PAIRS_DEFAULT = True
-# the k loop's scale prefetch (SPF), with `tiles_for`'s session-18 tiles: level or faster on all four (tuning/
-# tuning/tune_fp8_warp_split_spf.json, H200, 8 tokens, L2-cold, twice, interleaved against session 17's default): shared w2
+# the k loop's scale prefetch (SPF), with `tiles_for`'s tiles: level or faster on all four
+# (tuning/tune_fp8_warp_split_spf.json, H200, 8 tokens, L2-cold, twice, interleaved against the loop without it): shared w2
 # 7.82 / 8.06 µs against 8.41 / 8.34, wo_b (BK 256) 16.03 / 16.07 against 16.37 / 16.40, shared w1/w3 (BK 256)
 # 12.24 / 12.34 against 12.37 / 12.42, wq_a 6.90 / 6.91 against 6.90 / 6.90 (at BK 128, 3 stages: w1/w3 12.56 /
 # 12.51, wo_b 16.52 / 16.41)
@@ -229,13 +231,13 @@ def fp8_warp_split_kernel(x_ptr, w_ptr, ws_ptr, y_ptr, M, limit, w3_off, s3_off,
 def tiles_for(N: int, K: int, gated: bool = False):
     """(S, RB, BK, stages) for a decode linear, or None where K does not split into the measured tiles.
 
-    H200, 8 tokens, L2-cold graph replay, each interleaved with fp8_gemm's default decode tile (session 17:
-    tuning/tune_fp8_warp_split_tiles.json; S 2-16 warps, RB 16 / 32, BK 32-256, 2-4 stages):
+    H200, 8 tokens, L2-cold graph replay, each interleaved with fp8_gemm's default decode tile
+    (tuning/tune_fp8_warp_split_tiles.json; S 2-16 warps, RB 16 / 32, BK 32-256, 2-4 stages):
     4 warps of 128-wide k tiles at 3 stages were the best or level with it where 4 slices of whole 128 tiles
     divide K (shared w1/w3 12.4-12.7 µs against 12.9-13.3, wo_b 16.8-16.9 against 17.4-17.7), with 256-wide tiles
     where the grid has fewer programs than SMs (wq_a's 80: 7.2 µs against 8.9-9.1; 128 wide 7.8-8.5); 2 warps of
     128 where only 256 divides K (shared w2: 8.6-8.7 µs against 9.1-9.6). 8 and 16 warps, 32- and 64-wide tiles,
-    and 32 rows a warp were slower everywhere. Session 18, with the scale prefetch (SPF_DEFAULT): 256-wide tiles
+    and 32 rows a warp were slower everywhere. With the scale prefetch (SPF_DEFAULT): 256-wide tiles
     wherever 4 slices of them divide K (shared w1/w3 and wo_b too: 12.24-12.34 and 16.03-16.07 µs against 12.51-12.56
     and 16.41-16.52 at 128; tuning/tune_fp8_warp_split_spf.json). The rule reads K only (N and gated are kept for
     callers and for a rule that needs them)."""
@@ -401,7 +403,7 @@ def _variants(target: str, gated: bool, widths=PUBLISHED) -> list:
     return out
 
 
-# Triton 3.9 compiled offline (session 17): the rank-3 dot becomes FMA loops on gfx942 / gfx950 (no v_mfma) and WMMA on
+# Triton 3.9 compiled offline (benchmarks/results/aot_warp_split.json): the rank-3 dot becomes FMA loops on gfx942 / gfx950 (no v_mfma) and WMMA on
 # gfx1100; none was run. Decode on ROCm keeps fp8_gemm's tile.
 _NO_ROCM = {t: "the batched dot lowers to FMA, not MFMA (gfx942/gfx950, Triton 3.9); WMMA on gfx1100 not run; "
                "fp8_gemm's decode tile serves ROCm" for t in ("rocm:gfx942", "rocm:gfx950", "rocm:gfx1100")}
