@@ -131,7 +131,7 @@ def main(argv=None):
                 for t, on in cands:
                     timed(f"ws_spf{int(on)}_S{t[0]}_bk{t[2]}_ns{t[3]}" + rep, split(t, spf=on), list(t))
             continue
-        if args.grid == "two":  # the second scale factor always (sessions 17-18), or one factor made in the loop or
+        if args.grid == "two":  # the second scale factor always (the loop before TWO), or one factor made in the loop or
             # where the bytes load (early), twice
             t = ws.tiles_for(N, K, gated)
             for rep in ("", "_again"):
