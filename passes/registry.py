@@ -26,6 +26,7 @@ PASSES = {
     "plan-chunks": "dsv41c.passes.plan_chunks:PlanChunks",
     "split-ced-prefill": "dsv41c.passes.split_ced_prefill:SplitCedPrefill",
     "share-csa2-state": "dsv41c.passes.share_csa2_state:ShareCsa2State",
+    "lower-kv-fp4": "dsv41c.passes.lower_kv_fp4:LowerKvFp4",
     "lower-indexer-int8": "dsv41c.passes.lower_indexer_int8:LowerIndexerInt8",
     "fuse-compressor": "dsv41c.passes.fuse_compressor:FuseCompressor",
     # Later passes plug in here: share-csa2-state, fuse-compressor, lower-kv-fp4,
