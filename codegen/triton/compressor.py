@@ -43,7 +43,7 @@ positions), so with the L2 flushed each of its dependent reads went to HBM. On s
 therefore issue L2 bulk prefetches of those bytes at their start (`_prefetch_tail`, DECODE_CFG "tail_pf";
 the GEMV takes long enough for them to land): L2-cold, ratio 1 13.7 -> 11.1 us, ratio 2 16.7 -> 15.1-15.5 us,
 warm unchanged, the same codes (tuning/tune_compressor_tail_pf.json, on / off / on interleaved).
-What the fused indexer key costs in that serial tail (session 21, tuning/tune_compressor_noidx.json, the launch
+What the fused indexer key costs in that serial tail (tuning/tune_compressor_noidx.json, the launch
 without wk, interleaved twice): ratio 1 8.9 -> 5.2 µs warm (11.2-11.3 -> 7.4 L2-cold), ratio 2 12.1 -> 9.3 (15.3 ->
 12.1): 3.2-3.8 µs of each L2-cold (2.8-3.7 warm). Its wk product on the tensor cores (`_idx_linear_mma`, DECODE_CFG "idx_mma": the tail's sm90
 code 2,400 -> 1,432 instructions at ratio 1) gains only 0.2 µs warm / 0.5 µs cold at ratio 1 and loses 0.8 at ratio 2

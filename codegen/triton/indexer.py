@@ -23,7 +23,7 @@ its own workspace pool.
 H200, CUDA-graph replay at one query over 131,072 entries with candidates (benchmarks/results/
 kernels_attention.json): 89.2 -> 47.6 µs (L2-cold 95.8 -> 54.4) from the one-launch top-k (indexer_topk.py)
 and the prep kernel, which replaced ~11 small PyTorch ops; then 47.4 -> 39.0 µs (L2-cold 53.9 -> 50.0) from
-the two streams (`sequential_graph_ms` in the same JSON). Session 25 (benchmarks/indexer_step.py,
+the two streams (`sequential_graph_ms` in the same JSON). Then (benchmarks/indexer_step.py,
 results/indexer_step.json, L2-cold / warm): 44.0-44.4 / 34.0 -> 32.3-32.95 / 25.6-25.8 µs from the candidate
 blocks as flags (`cand_mask`: the selected set, not ranked; the candidate selection at half the SMs 22.9 -> 9.1 µs
 warm), 4 keys a thread in the split selections (indexer_topk.py: less unrolled code, fetched cold) and the

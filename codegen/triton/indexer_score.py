@@ -67,12 +67,12 @@ BT 128, 4 warps) and decode (heads kernel, BT 128, 4 warps), each as Reindex (US
 `index_scores` takes the heads kernel up to HEADS_KERNEL_MAX_S queries (it decodes the keys once
 per query, so it is a decode kernel).
 
-Measured (H200, torch 2.11 / triton 3.6, benchmarks/results/kernels_attention.json, 2026-11-29):
-32 queries × 131,072 keys 0.257 ms (58× the eager reference in that run, 63× in session 20's; was 0.435 ms), 0 score
+Measured (H200, torch 2.11 / triton 3.6, benchmarks/results/kernels_attention.json):
+32 queries × 131,072 keys 0.257 ms (58-63× the eager reference; was 0.435 ms), 0 score
 bits different from the float32 reference in every configuration swept, with both fallbacks
 exercised. One query (the heads kernel), typical keys (no fallback), warm / L2-cold graph replay:
 16.2 / 21.4 µs at one 8-warp program per SM, 14.8 / 16.6 µs at two 4-warp programs per SM; with one
-adversarial query head every tile takes the block path: 22.6 / 25.2 µs. Session 20 (2026-11-30, each variant
+adversarial query head every tile takes the block path: 22.6 / 25.2 µs. Then (each variant
 twice, interleaved, µs warm / L2-cold graph replay; bit-identical to the reference, the same fallback counts):
 the block path in its own loop (tuning/tune_indexer_score.json, one run): one query 14.7 / 16.5-16.7 -> 11.8 /
 14.4 at the old launch; the adversarial head 22.6-22.7 / 25.2-25.4 -> 20.1-20.2 / 22.2-22.3; four queries
@@ -80,6 +80,12 @@ the block path in its own loop (tuning/tune_indexer_score.json, one run): one qu
 SM for every query count (tuning/tune_indexer_score_fold.json, tuning/tune_indexer_score_prefetch.json, two later runs): one
 query 8.8 / 11.4-11.6, four queries 28.3-28.6 / 30.0-30.3, the adversarial head 21.7-21.9 / 26.1-26.3 (see
 HEADS_PROGRAMS_PER_SM). The table run's figures are in docs/KERNELS.md.
+
+Tried (measured slower, not kept):
+- a register prefetch of the next key tile's words (Triton's pipeliner stages only loads that feed a dot): 0.7 µs
+  faster at 2 programs an SM, 0.2 slower at the 4 kept (tuning/tune_indexer_score_prefetch.json).
+- 5 programs an SM at 96 registers, 6 at 80, 2 of 8 warps at 128 (128- or 256-key tiles): slower at one and four
+  queries, one query 12.0-14.7 µs against 11.4 (tuning/tune_indexer_score_warps.json).
 
 Known gaps: exactness needs exponents with eq_min+ek_min >= 107 (no fp32 underflow of the
 products), and on the decode kernel's folded chain terms wqf_h·A and their sums that stay normal and finite
@@ -410,16 +416,11 @@ HEADS_KERNEL_MAX_S = 4
 # HEADS_MAXNREG registers (uncapped, Triton 3.6 gives the kernel 253 a thread on sm90: two CTAs an SM; at 128 the
 # key loop spills nothing and the block-path loop spills 312 bytes). H200, 131,072 keys, L2-cold graph replay,
 # each variant twice, interleaved, µs (tuning/tune_indexer_score_fold.json, tuning/tune_indexer_score_prefetch.json:
-# two runs on session 20's final kernel): one query 11.6 / 11.4-11.5 at 4 capped programs an SM, against
+# two runs on the final kernel): one query 11.6 / 11.4-11.5 at 4 capped programs an SM, against
 # 13.0-13.5 / 13.3 at 2 uncapped and 12.8-13.0 / 13.0 at 3 capped; four queries 30.1-30.3 / 30.0 against
 # 36.4-36.7 / 36.4-36.5 and 32.2-32.3 / 32.1. The adversarial query (a head that fails the INT8 check: every
-# tile on the block path, where the cap spills) is slower capped: 26.1-26.3 against 21.8-22.3 µs. A register
-# prefetch of the next tile's words (the key loop's loads are plain LDGs: Triton's pipeliner stages only loads
-# that feed a dot) gained 0.7 µs at 2 programs an SM and lost 0.2 at 4 (tuning/tune_indexer_score_prefetch.json); not
-# kept. An earlier run, before the scale fold (tuning/tune_indexer_score.json), had 2 uncapped ahead at one query (14.4
-# against 15.0-15.2). A fourth run (tuning/tune_indexer_score_warps.json): 5 programs an SM at 96 registers, 6 at 80 and
-# 2 of 8 warps at 128 (128- or 256-key tiles) were all slower at one and four queries (one query 12.0-14.7 µs
-# against 11.4).
+# tile on the block path, where the cap spills) is slower capped: 26.1-26.3 against 21.8-22.3 µs. An earlier run,
+# before the scale fold (tuning/tune_indexer_score.json), had 2 uncapped ahead at one query (14.4 against 15.0-15.2). Other counts and caps: the module's Tried.
 HEADS_WARPS = 4
 HEADS_PROGRAMS_PER_SM = 4
 HEADS_MAXNREG = 128

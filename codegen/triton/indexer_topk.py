@@ -61,7 +61,7 @@ top-512 14.0 µs (cold 20.3), candidate-2048 16.3 µs (cold 18.5); the six-launc
 17.5 / 20.1 µs warm (`results/topk_phase_times.json`). What is left of the one-row time, in program
 cycles: two levels ~12 k, gather + barrier ~5 k, rank ~0.4 k for top-512 but ~10.6 k for the 2,030 sure
 keys of the candidates (pairwise).
-Session 25 (benchmarks/indexer_step.py, results/indexer_step.json): the set as flags (`as_mask`: no rank of
+Then (benchmarks/indexer_step.py, results/indexer_step.json): the set as flags (`as_mask`: no rank of
 the sure keys) takes the candidate selection at half the SMs 22.9 -> 9.1 µs warm; 4 keys a thread instead of 16
 (SPLIT_KEYS_PER_THREAD: the one launch unrolls its levels over a thread's keys, and 5,240 sm90 instructions at chunk
 2048 run once a program, fetched cold) takes the top-512 at half the SMs 27.0 -> 18.0 µs cold (15.8 -> 16.3 warm).
