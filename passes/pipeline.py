@@ -32,8 +32,8 @@ PIPELINE = [
     "cse",
     "dce",
     "share-csa2-state",     # one producer per Full/Reindex/Reuse group, checked against the layer plan
-    # "fuse-compressor",      wkv -> RMSNorm (-> RoPE -> FP4 pack -> cache append) as one kernel
-    # "lower-kv-fp4",         compressed KV / indexer K stored packed FP4
+    "lower-kv-fp4",         # the KV state stored packed (FP4 + E4M3/16, FP4 + E8M0/32, FP8 + E8M0/32)
+    # "fuse-compressor",      wkv -> RMSNorm -> RoPE -> FP4 pack -> cache append (lower-kv-fp4's) as one kernel
     "lower-indexer-int8",   # exact integer scoring of FP4 indexer data (the float path's scores)
     ("split-ced-prefill", CED_SPLIT),    # optional: @prefill_encoder + the exact decoder suffix
     # "canonicalize", "cse", "dce",   clean-up after the domain rewrites
