@@ -6,7 +6,7 @@ split, merged with the sink and the inverse RoPE by `sparse_attention._combine_k
 
 Why a second kernel: in the Triton kernel every warp does everything in turn — gather a key block, dequantize it into
 the bf16 tile, q·K^T, the online softmax, P·V — so the tensor cores idle while the tile is decoded and the decode waits
-on the MMAs (H200 profile, docs/KERNELS_HISTORY.md sessions 13 / 16: 24 % of issue slots used, 0.35 eligible warps a
+on the MMAs (H200 profile, tuning/ncu_attn_batch_S64_source.txt: 24 % of issue slots used, 0.35 eligible warps a
 scheduler; 64 queries took 6.6x their FLOP floor). Triton's automatic warp specialization does not take this loop
 (its gathers are not TMA loads; `tl.range(warp_specialize=True)` leaves the sm90 code unchanged), so the partitions
 are written by hand in Gluon (Triton's explicit-layout dialect, `triton.experimental.gluon`):
@@ -29,32 +29,44 @@ are written by hand in Gluon (Triton's explicit-layout dialect, `triton.experime
 
 The arithmetic is the Triton kernel's: the same exact bf16 tiles, fp32 logits, P rounded to bf16, fp32 accumulation,
 the same combine (not the same bits: the MMA instruction shapes differ, and acc is rounded to bf16 before the merge,
-at most half a bf16 ulp of each split's acc; bf16 has fp32's range, so no row scaling, which session 28's fp16
-partials needed). With PDL (pdl.py) the
-launch waits for its predecessor's grid and lets the combine's launch be scheduled at once.
+at most half a bf16 ulp of each split's acc; bf16 has fp32's range, so no row scaling, which fp16 partials need: Tried).
+With PDL (pdl.py) the launch waits for its predecessor's grid and lets the combine's launch be scheduled at once.
 
-Measured (H200, L2-cold graph replay, 64 queries, docs/KERNELS_HISTORY.md session 26): 33.9-34.3 µs against the
-Triton kernel's 50.4-51.1; the launch without its combine 28.0, the consumers alone 22.2, the producer alone 23.1.
-Session 29's bf16 partials: 29.5 µs, the launch alone 25.2 (fp32 partials in the same run: 34.1-34.3 and 28.3).
-One query: level with the Triton kernel, which keeps it (sparse_attention.WS_ATTENTION's rule).
+Measured (H200, L2-cold graph replay, 64 queries, results/kernels_attention.json, tuning/sparse_attention_ws/): with
+fp32 partials 33.9-34.3 µs against the Triton kernel's 50.4-51.1; the launch without its combine 28.0, the consumers
+alone 22.2, the producer alone 23.1. With bf16 partials: 29.5 µs, the launch alone 25.2 (fp32 partials in the same
+run: 34.1-34.3 and 28.3; tuning/sparse_attention_ws/bf16_partials.json). One query: level with the Triton kernel,
+which keeps it (sparse_attention.WS_ATTENTION's rule; tuning/sparse_attention_ws/one_query.json).
 
 Specialization keys: H (64), D (512), W (128), BN (key block, 64), NBUF (tiles in flight, 2: q 64 KB + 2 x 64 KB),
-PRODUCER_REGS, NCH (decode chunks), LOOKAHEAD (the producer gathers block i+1 before decoding block i: measured
-slower, off), DIAG (timing diagnostics: 1 the producer decodes nothing, 2 no MMA), PDL, STAMPS (diagnostics: the SM
-clock at each pipeline event of each program into a buffer, for benchmarks/ws_timeline.py; off in every shipped
-variant), PBF16 (bf16 partials through shared memory; off: fp32 stored from the accumulator); the launch's
-maxnreg (168: 12 warps share the 64 K registers, redistributed by setmaxnreg).
+PRODUCER_REGS, NCH (decode chunks), PDL, PBF16 (bf16 partials through shared memory; off: fp32 stored from the
+accumulator); the launch's maxnreg (168: 12 warps share the 64 K registers, redistributed by setmaxnreg).
 
-Where its time goes (session 27, tuning/ws_timeline_fp32_partials.json, 64 queries L2-cold): first tile ready 4.9 µs into a
+Where its time goes (tuning/ws_timeline_fp32_partials.json, 64 queries L2-cold): first tile ready 4.9 µs into a
 program, then a 64-key block every 3.3-3.5 µs (the producer's chain: 2.2 µs to hold the next block's rows, 1.3 to
 decode; alone it takes 2.3 a block, the consumers alone 2.5), the partial store 4.5 µs, the combine ~6 after the
-grid. Five changes measured slower and removed are listed in docs/KERNELS_HISTORY.md session 27. With bf16 partials
-(session 29, ws_timeline.json) the store takes 1.3 µs after the loop; the loop is unchanged.
+grid. With bf16 partials (results/ws_timeline.json) the store takes 1.3 µs after the loop; the loop is unchanged.
+
+Tried (measured slower, not kept; L2-cold µs at 64 queries against the kernel of the same run):
+- the producer gathering block i+1 before decoding block i (LOOKAHEAD): 38.6 against 36.3
+  (tuning/sparse_attention_ws/lookahead.json); with the query's entries staged in shared memory once, 35.0-39.9
+  against 35.0-35.3 (tuning/sparse_attention_ws/idx.json).
+- the next block's entries loaded a block ahead, so its rows go out at once: 35.4-35.6 against 34.1-34.5.
+- the last split of a query merging the others' partials in the launch, its own through the tile ring: 39.6 against
+  36.7, and its bits depend on the arrival order (tuning/sparse_attention_ws/fused_merge.json); the two splits merged
+  by the last to arrive, no combine kernel: 38.3-38.5 against 34.2 (30.3-30.5 against 32.2 warm).
+- fp32 partials staged through the freed tile ring: 35.1 against 34.1-34.5 (the store is bound by the L2's write
+  rate, not its pattern); row-scaled fp16 partials stored from the accumulator: 36.0.
+- every row of the program's blocks prefetched into the L2 at its start: 35.1-35.3; its selected entries prefetched
+  into the L2: 30.9-31.3 against 29.0-29.1.
+- the compressed rows gathered by cp.async into an 18 KB staging buffer one block ahead: 37.6.
+- 1 or 4 splits: 47.3 / 50.9 against 36.3 (tuning/sparse_attention_ws/first_kernel.json).
+- 8 producer warps: the launch's 128 registers a thread leave the consumers' wgmma short (ptxas C7602, needs 158).
+- a word-level E2M1 decode (7 PTX instructions a byte against 9): more SASS, not fewer; not timed.
 
 Known gaps: CUDA sm90 only (wgmma, mbarrier partitions, setmaxnreg; sm100 would need tcgen05) — the matrix lists the
 Triton kernel everywhere else; quantized KV, H = 64, D = 512 only; always writes partials (8.4 MB of bf16 at 64
-queries: their store 1.3 µs and the combine ~4.3 of the 29.5 µs; row-scaled fp16 ones stored straight from the accumulator were slower
-than fp32, 36.0 µs, docs/KERNELS_HISTORY.md session 28); no interpreter path (Gluon has none): its
+queries: their store 1.3 µs and the combine ~4.3 of the 29.5 µs); no interpreter path (Gluon has none): its
 numerics are tested on the GPU only, its sm90 build on the CPU. The AOT variant is built with PDL off and ships no launcher for the runtime yet.
 """
 from __future__ import annotations
@@ -91,7 +103,7 @@ WS_PRODUCER_REGS = 120  # registers a producer thread; the consumers get 192 (sm
 WS_MAXNREG = 168
 WS_PDL = True  # launched with PDL where the device has it (pdl.py): the combine's launch overlaps this grid
 # bf16 partials stored through the freed tile ring (PBF16): 64 queries 34.1-34.3 -> 29.5 µs L2-cold on the H200, the
-# launch alone 28.3 -> 25.2 (session 29, tuning/sparse_attention_ws/bf16_partials.json)
+# launch alone 28.3 -> 25.2 (tuning/sparse_attention_ws/bf16_partials.json)
 WS_PARTIAL_BF16 = True
 WS_CHUNKS = 4  # channel chunks a tile is decoded in (the producer's live outputs: 32 registers a chunk)  # the launch's per-thread budget for 12 warps (<= 65536 / 384), redistributed by setmaxnreg
 
