@@ -33,7 +33,7 @@ unrolled and independent so that they are in flight together: running max raised
 sums rescaled, the chunk's splits added in split order element by element (for n_split <= NS the
 arithmetic of a two-pass merge exactly). A loop over single splits waited a round trip a split (H200,
 Nsight Compute: 10.4 µs for one query's 10 splits).
-Since session 26 FP8/FP4 decode batches (2 <= S <= SMs / 2) on CUDA sm90+ run the warp-specialized Gluon kernel of
+FP8/FP4 decode batches (2 <= S <= SMs / 2) on CUDA sm90+ run the warp-specialized Gluon kernel of
 sparse_attention_ws.py instead (`ws`, WS_ATTENTION: a producer warpgroup dequantizes while two consumer warpgroups
 multiply; 64 queries 50.4 -> 34 µs on the H200), with this file's combine; a knob of this kernel (block_n, dv, ...)
 keeps this one. This kernel serves one query, prefill, bf16 KV and every other target.
@@ -68,7 +68,7 @@ with ONE_QUERY_BN (32) on CUDA, the decode variant's BN on ROCm. AOT specs keep 
 the combine, built for any n_split with NS 8; it has no counter buffer yet).
 
 Measured before the qk_once / fused-combine / batch-tile change (H200, torch 2.11 / triton 3.6,
-benchmarks/results/kernels_attention.json, 2026-11-29; graph replay): 64 decode queries FP8/FP4 70 µs
+benchmarks/results/kernels_attention.json; graph replay): 64 decode queries FP8/FP4 70 µs
 (was 247 µs; 9× a 7.7 µs floor), one query 25.8 µs at DV 512 (was 48 µs) and 20.6 µs at DV 128 (the
 one-query default), bf16 one query 19 µs; prefill 1024 queries 0.81 ms (6.6× its floor; eager
 4.8 ms). After it (same GPU, `benchmarks/tuning/tune_sparse_attention.json`, graph replay): 64 decode
@@ -76,7 +76,7 @@ queries 70.8 -> 57.9 µs with qk_once at BN 64 / 2 stages (the default); the fus
 3 stages 70 µs (75 µs with the fused combine), BN 16 89 µs; one query unchanged at 21 µs (fused combine
 25.7 µs).
 
-Profile of the 64-query batch (H200, Nsight Compute with the L2 flushed, session 13;
+Profile of the 64-query batch (H200, Nsight Compute with the L2 flushed;
 tuning/ncu_attn_batch_S64.txt and, per SASS instruction, tuning/ncu_attn_batch_S64_source.txt): the main kernel 52.8 µs
 and the combine 9.1 µs; one 8-warp program an SM (255 registers, 214 KB of shared memory), 24 % of issue slots,
 0.35 eligible warps a scheduler; samples 26 % long scoreboard (the hottest instruction, 7 %, is a spill reload at
@@ -84,21 +84,17 @@ the top of the compressed loop: the local memory misses the L1, which the shared
 11 % no instruction (6,000 SASS instructions), 10 % barrier; 59 % of samples in the compressed loop, 17 % in the
 window loop, 24 % outside (the 128 KB partial store of each program among them); the shared-memory stores of the
 dequantized tile and the loads of the raw stages run 16-32-way bank conflicts (5.4 M wavefronts against 2.6 M
-ideal). A merge of the two splits by the second to arrive, from its own registers plus the other's partial
-(fuse_combine "reg", commit b4f2afa, reverted): 98 µs against 58 (tuning/tune_sparse_attention_reg.json; the
-epilogue took the kernel from 6.4 k to 9.1 k SASS instructions), and not bit-identical to the combine kernel on
-the GPU.
+ideal).
 
-Session 14 (H200, L2-cold graph replay; tuning/tune_sparse_attention_chunked_combine*.json, kernels_attention.json): the
-chunked combine and 32-key blocks for one quantized query: 25.6 µs (BN 64 with the chunked combine; 28.7 with the
-old combine) -> 15.1-15.7 µs, against torch.compile of the reference 27.4 µs (compiled_baseline.json); bf16 one
+The chunked combine (H200, L2-cold graph replay; tuning/tune_sparse_attention_chunked_combine*.json,
+kernels_attention.json) and 32-key blocks for one quantized query: 25.6 µs (BN 64 with the chunked combine;
+28.7 with the old combine) -> 15.1-15.7 µs, against torch.compile of the reference 27.4 µs (compiled_baseline.json); bf16 one
 query 22.0 -> 15.1 µs; 64 queries unchanged at 60 µs (their combine merges 2 splits; Nsight Compute, L2 flushed
-before each kernel: 9.2 µs, still mostly reading 16 MB of partials). Programs with whole keys and half the output
-channels (DV 256, no split, no combine: q·K repeated) took 112 µs for 64 queries (tuning/
-tune_sparse_attention_chunked_combine_before.json; their static SASS spills more: stack 848 B at BN 64 under triton 3.6, 744 under 3.9).
+before each kernel: 9.2 µs, still mostly reading 16 MB of partials).
 
-Session 16 (H200, L2-cold graph replay; tuning/sparse_attention_kv_pairs/*.json, kernels_attention.json,
-tuning/sparse_attention_kv_pairs/ncu_attn_batch_S64*.txt, tuning/sparse_attention_kv_pairs/sass_triton36.json): on CUDA the quantized tiles are decoded
+Pair decoders, row-contiguous loads and PDL (H200, L2-cold graph replay; tuning/sparse_attention_kv_pairs/*.json,
+kernels_attention.json, tuning/sparse_attention_kv_pairs/ncu_attn_batch_S64*.txt,
+tuning/sparse_attention_kv_pairs/sass_triton36.json): on CUDA the quantized tiles are decoded
 two values a register (kv_pairs.py: the E4M3 window by fp8_gemm's byte-pair decoder at exponent e - 8, the E2M1
 rows a byte a bf16x2 fma; the same bits; static sm90 SASS of the 64-query compressed loop 2,130 -> 1,554
 instructions), the compressed rows load as [rows, bytes] (the [rows, groups, 8] load gave a warp's lanes
@@ -107,13 +103,25 @@ wavefronts; after: 3.73 M), and both launches use PDL (pdl.py: the combine is sc
 runs). 64 queries 60.5 -> 52.1-52.8 µs, one query 15.4 -> 13.2-13.5 µs, prefill 1024 queries 0.72 -> 0.58 ms
 (do_bench). The E2M1 asm's final form (each byte's own scale factor copied into both halves, one prmt a byte)
 came after those timings: checked on the CPU by a model of its PTX (tests/ptx_model.py) and by ptxas, not run on a
-GPU. Measured and left off: the lazy rescale (level: 53.3 against 52.3 µs), 16 warps (4 warpgroups, 128
-registers: 74-85 µs; they spill), and again BN 32 / 16 and 1 / 4 splits with the new decoders (all slower). PDL
-without the pair decoders made one quantized query slower (16.2 against 15.4 µs); it is on with them. What is left
-(the second profile): the dequantized tile's shared-memory stores still run 16-way conflicts (its register layout,
+GPU. PDL without the pair decoders made one quantized query slower (16.2 against 15.4 µs); it is on with them.
+What is left (the second profile): the dequantized tile's shared-memory stores still run 16-way conflicts (its register layout,
 32 channels a thread and 16 lanes a row, against the wgmma operand's 128-byte swizzle: docs/KERNELS.md), a spill
 reload at the top of the compressed loop, and the wgmma waits; 27 % of the samples fall outside the loops (q's
 load, the partials' store).
+
+Tried (measured slower, not kept; H200, 64 decode queries unless noted):
+- a merge of the two splits by the second to arrive, from its own registers plus the other's partial: 98 µs against
+  58, 6.4 k -> 9.1 k SASS instructions, and not bit-identical to the combine kernel
+  (tuning/tune_sparse_attention_reg.json).
+- the fused combine (FUSE_COMBINE, selectable): 66 against 58 µs, one query 26 against 21
+  (tuning/tune_sparse_attention.json).
+- programs with whole keys and half the output channels (DV 256, no split, no combine: q·K repeated): 112 µs
+  (tuning/tune_sparse_attention_chunked_combine_before.json; stack 848 B at BN 64 under triton 3.6, 744 under 3.9).
+- the lazy rescale (LAZY, selectable): level, 53.3 against 52.3 µs; 57.7 against 57.0
+  (tuning/sparse_attention_kv_pairs/blocks.json, lazy_rescale.json).
+- 16 warps (4 warpgroups, 128 registers): 74-85 µs against 52; they spill.
+- BN 32 / 16 and 4 / 1 splits with the pair decoders: 71.8 / 84.9 and 79.6 / 89.4 µs against 57.0
+  (tuning/sparse_attention_kv_pairs/blocks.json).
 
 Known gaps: entries selected by the indexer that also lie in the window are attended twice
 (as the reference does, spec §3.4 note). Window rows are trusted to hold the right positions
@@ -164,11 +172,11 @@ def _kv_tile(kv_ptr, sc_ptr, rows, valid, c0, BN: tl.constexpr, N: tl.constexpr,
     the output), so every UE8M0 byte 1..254 scales without overflow; E2M1 tiles match it.
     PAIRS: the bf16x2 decoders of kv_pairs.py instead (the same values): compressed tiles by inline PTX (PTX) or
     its float32 emulation, window tiles by inline PTX only (without PTX they keep this decoder).
-    CVEC < 16 (compressed rows; 8 the default since session 18, CVEC_DEFAULT): the packed row's offsets are written as
+    CVEC < 16 (compressed rows; 8 the default, CVEC_DEFAULT): the packed row's offsets are written as
     (c // CVEC)·CVEC + c % CVEC, so Triton's axis analysis proves only CVEC-byte runs and gives a thread CVEC-byte
     vectors: at 4, a thread's decoded channels are 8 consecutive ones (one
     16-byte store) and 8 lanes cover a 64-channel block, the layout that stores into wgmma's 128-byte swizzle without
-    bank conflicts (16 bytes a thread put 8 lanes on 2 of a block row's 8 chunks; docs/KERNELS_HISTORY.md, session 16), for
+    bank conflicts (16 bytes a thread put 8 lanes on 2 of a block row's 8 chunks; tuning/sparse_attention_kv_pairs/ncu_attn_batch_S64*.txt), for
     4x the cp.async and stage-load instructions."""
     r = rows.to(tl.int64)
     if QUANT:
@@ -188,7 +196,7 @@ def _kv_tile(kv_ptr, sc_ptr, rows, valid, c0, BN: tl.constexpr, N: tl.constexpr,
         else:  # packed E2M1 [R, D/2] (low nibble = even channel) + one E4M3 scale per 16 channels
             # rows load as [BN, N/2] bytes: the address's contiguity along the whole row gives lanes consecutive
             # 16-byte pieces of a row; a 3-D [rows, groups, 8] load put a warp's lanes on different rows, 32-way
-            # bank conflicts on the pipeline's shared-memory stage (H200 profile, session 16)
+            # bank conflicts on the pipeline's shared-memory stage (H200 profile, tuning/sparse_attention_kv_pairs/)
             cb = tl.arange(0, N // 2)
             if CVEC < 16:  # the same offsets, written so that Triton's axis analysis proves only CVEC-byte runs
                 cb = cb // CVEC * CVEC + cb % CVEC
@@ -486,8 +494,7 @@ def sparse_attention(q, qpos, win_kv, cmp_kv, idx, sink, cos, sin, *, window: in
     R = ring or wkv.shape[0]
     dev = q.device
     if wq and H % MMA_HEADS and dev.type == "cuda" and not interpreting() and torch.version.hip is None:
-        # FP8/FP4 tiles with fewer than 64 heads came out wrong on the H200 (session 27, results/
-        # attention_small_widths.json: errors of 4-10 on N(0, 1) values at 16 heads for every knob, D 64 to 512, while
+        # FP8/FP4 tiles with fewer than 64 heads came out wrong on the H200 (results/attention_small_widths.json: errors of 4-10 on N(0, 1) values at 16 heads for every knob, D 64 to 512, while
         # bf16 tiles at 16 heads and FP8/FP4 at 64 were right; cause not found: those products are mma.sync, M < 64).
         # The model has 64 heads; smaller presets get q and the sink padded with zero heads to a multiple of 64.
         Hp = -(-H // MMA_HEADS) * MMA_HEADS
@@ -639,7 +646,7 @@ FUSE_COMBINE = False
 # combine) — the same as the single-query CUDA defaults today
 BATCH_BN, BATCH_STAGES = 64, 2
 ONE_QUERY_DV = 128  # output channels per program for a single quantized decode query
-# Session 16, H200, L2-cold graph replay, two interleaved runs (tuning/sparse_attention_kv_pairs/*.json):
+# H200, L2-cold graph replay, two interleaved runs (tuning/sparse_attention_kv_pairs/*.json):
 # quantized KV tiles decoded two values a register (kv_pairs.py; CUDA): 64 queries 60.5-60.7 -> 58.2-58.3 µs, one
 # query 15.3-15.5 -> 14.6-14.9; with PDL on both launches as well: 57.3-57.4 and 13.9-14.2. The online softmax's
 # lazy rescale (`_attend_block`; the running max's slack in natural-log units) measured level (61.8 µs at slack 8):
@@ -652,18 +659,18 @@ PDL_ATTENTION = True
 # a register layout of 32 channels a thread, 8 lanes on 2 chunks of a 128-byte swizzle block (16-way store conflicts);
 # 4 gives 8 channels a thread, 32 lanes along a row (conflict-free, Triton 3.6 TTGIR) for 4x the cp.async and stage
 # loads (static sm90 SASS, Triton 3.6, 64-query compressed loop: 1,554 -> 1,865 instructions); 8 sits between (1,596;
-# 2-way). H200, L2-cold graph replay, session 18 (tuning/tune_sparse_attention_cvec.json, interleaved): 64
+# 2-way). H200, L2-cold graph replay (tuning/tune_sparse_attention_cvec.json, interleaved): 64
 # queries 16: 52.4 / 52.3 / 52.0 µs, 8: 50.6 / 50.7 / 50.5, 4: 52.3; one query 16: 12.9 / 13.8 / 13.7, 8: 13.2 /
 # 13.6 (level), 4: 13.7
 CVEC_DEFAULT = 8
-# and its key block (CUDA): H200, session 14 (tuning/tune_sparse_attention_chunked_combine.json, after the chunked combine), L2-cold
-# graph replay: BN 32 15.1 µs, BN 64 25.6 (the DV 512 tiles: BN 16 16.8, BN 32 17.8; DV 64 22.3)
+# and its key block (CUDA): H200 (tuning/tune_sparse_attention_chunked_combine.json, after the chunked combine),
+# L2-cold graph replay: BN 32 15.1 µs, BN 64 25.6 (the DV 512 tiles: BN 16 16.8, BN 32 17.8; DV 64 22.3)
 ONE_QUERY_BN = 32
 # the warp-specialized Gluon kernel (sparse_attention_ws.py) for quantized decode batches (2 <= S <= SMs / 2) on CUDA
-# sm90+. H200, L2-cold graph replay, 64 queries (session 26, tuning/sparse_attention_ws/*.json and the
-# table run): 33.9-34.3 µs against this file's kernel's 50.4-51.1; one query stays here (level: 13.7 against 13.5 µs)
+# sm90+. H200, L2-cold graph replay, 64 queries (tuning/sparse_attention_ws/*.json and the
+# table run, results/kernels_attention.json): 33.9-34.3 µs against this file's kernel's 50.4-51.1; one query stays here (level: 13.7 against 13.5 µs)
 WS_ATTENTION = True
-MMA_HEADS = 64  # FP8/FP4 KV on CUDA: heads padded to a multiple of this (sparse_attention; session 27)
+MMA_HEADS = 64  # FP8/FP4 KV on CUDA: heads padded to a multiple of this (sparse_attention)
 COMBINE_TILE = 4096  # floats of partial accumulators a combine program loads at once (NS x HB x 64)
 
 
