@@ -24,8 +24,8 @@ BD, dtypes.
 Against torch.compile of the reference (H200, L2-cold graph replay, results/compiled_baseline.json run 3): 4.82 vs
 4.89 µs at one token (a tie), 5.02 vs 5.45 at eight. Inductor generates one looped-reduction kernel per (token,
 stream) row, 16 warps, the sums in one loop and the update in a second (tuning/inductor_code_engram_attn_S1.txt):
-our old two-pass form. Until session 14 the launcher converted the bool token mask to uint8, a launch of its own
-(Nsight Compute 2.7 µs beside the gate's 4.7): 6.6 -> 4.8 µs at one token.
+the two-pass form. The launcher reads the bool token mask in place; converting it to uint8 was a launch of its own
+(Nsight Compute 2.7 µs beside the gate's 4.7): 6.6 -> 4.8 µs at one token without it (results/kernels_ffn.json).
 
 Known gaps: the sign at dot == 0 follows the eager
 model's copysign (gate = sigmoid(+1e-3)),
@@ -171,7 +171,7 @@ def engram_gather(ids, table, scale, out_dtype=torch.bfloat16):
 
 # Few tokens (T·4 programs at most GATE_ONE_PASS_PROGRAMS): the one-pass tile (BD >= D, 16 warps), whose loads are all
 # in flight at once. H200, L2-cold graph replay (tuning/kernels_ffn_engram_gate_tile.json): T = 1 9.7 -> 6.7 µs, T = 8 10.1 -> 6.7
-# against the two-pass 1024-wide loop; 4.6 / 5.0 µs since the mask is read in place (session 14, kernels_ffn.json).
+# against the two-pass 1024-wide loop; 4.6 / 5.0 µs with the mask read in place (results/kernels_ffn.json).
 # Prefill keeps BD 1024 (1.31x its bytes floor at 8192 tokens).
 GATE_ONE_PASS_PROGRAMS = 256
 

@@ -3,7 +3,7 @@
 
 Why: the FMA core spends ~4.6 SASS instructions per weight element (3 to decode an E2M1 code into an fp32,
 one FFMA, the rest per block), so at one token the routed experts are issue-bound near the bytes floor
-(moe_decode's docstring). An earlier tensor-core GEMV (session 8) went through Triton's `tl.dot`: the decoded
+(moe_decode's docstring). A tensor-core GEMV through Triton's `tl.dot` was slower (Tried below): the decoded
 tile took a shared-memory round trip into the operand layout and the chain cp.async -> LDS -> decode -> MMA was
 slower. Here every thread loads its own weight words straight into the registers that `mma.sync` reads (inline
 PTX), so nothing sits between HBM and the MMA but the decode, which is 11 integer instructions per 8 codes.
@@ -41,6 +41,12 @@ Interpreter (EMU): the loads are tl.loads and the mma is computed from the same 
 Known gaps: CUDA sm80+ only (mma.sync); K must be a multiple of 128·SUB (whole steps) and BN of 16 (rows past N
 are clamped and dropped); half of each MMA's columns are zeros (T = 1 per slot; the tensor cores have the room); x' of
 fp32 activations would round (the launcher keeps them on core 0).
+
+Tried (measured slower, not kept):
+- the gate/up GEMV through Triton's `tl.dot` (E2M1 decoded to f16 operands, x block-diagonal as here, the decoded
+  tile through shared memory into the operand layout): gate/up 40.7 µs against the FMA core's 37.7 at one token, the
+  routed step 58.9-74.3 against 54.3-55.7 over K splits, stages and BN; 345 against 336 at eight tokens
+  (tuning/tune_moe_decode_mma.json, tuning/ncu_decode_mma.txt).
 """
 from __future__ import annotations
 
