@@ -32,7 +32,7 @@ Decode shapes: one token (M = 1) runs `fp8_gemv_kernel` on the CUDA cores (no te
 padding to 16 rows; the block scale multiplies the activation, not each weight element: 3.5 SASS
 instructions per weight element vs 6.3 in the MMA loop). 2-8 tokens on sm90 for the linears it was measured on
 (shared w1/w3, shared w2, wq_a, wo_b) run fp8_warp_split.py instead: one program per 16 weight rows with K split
-over its warps and summed in shared memory, no split-K partials (3-20 % faster at 8 tokens, session 17). M <= 16
+over its warps and summed in shared memory, no split-K partials (3-20 % faster at 8 tokens, tuning/tune_fp8_warp_split_tiles.json). M <= 16
 otherwise runs the tensor-core kernel with the per-element decoder DECODE_W 0, except the largest linear (engram wkv, from
 DECODE_W_MIN_WEIGHTS elements), where the word decoder DECODE_W 1 (below) is faster on the H200;
 `_gemm(decode_w=)` forces either. On sm90 the DECODE_W 0 tile has 2 warps and 32 weight rows, so that Triton
@@ -42,8 +42,7 @@ launched with programmatic dependent launch (pdl.py): the weight tile's address 
 store wait for it; the one-token gemv also loads its split's first weight tile before the wait (EARLY_W, GEMV_EARLY_W:
 0.1-0.6 µs less of a decode step behind its predecessor, benchmarks/step_chain.py). The tensor-core k loop loads the next k tile's UE8M0 bytes one iteration ahead (`_mma_k_loop`'s
 SPF: Triton's cp.async pipeline leaves these 2-byte loads out), except in the gated decode tile, where it measured
-slower (`_spf`, SCALE_PREFETCH). An L2 bulk prefetch of the weight rows (l2_prefetch.py) is selectable, measured
-slower, off.
+slower (`_spf`, SCALE_PREFETCH).
 
 Weight decoders of the tensor-core kernel (`DECODE_W`):
   0: E4M3 bytes -> fp32 per element (`e4m3_to_f32`), × the expanded fp32 block scale, -> bf16; natural
@@ -53,12 +52,6 @@ Weight decoders of the tensor-core kernel (`DECODE_W`):
      bits, so the 32-bit result already is a bf16x2 operand register; it is scaled by `fma.rn.bf16x2`
      (inline PTX) and used by the dot without a cast. The columns come out in k_order_w(BK), so the
      ACTIVATION columns are permuted to match (`permute_k_w`, once per call on the host), not the weights.
-     (Gathering x's columns inside the kernel instead was measured much slower: engram wkv at 8 tokens
-     106 vs 63 µs, tuning/tune_fp8_xgather.json.)
-  2: the byte-pair decoder (`e4m3_pairs_to_bf16`, inline PTX, CUDA only): the tile is loaded as bytes in natural k
-     order and each thread's 4 consecutive codes go through prmt / shl / and and one fma.rn.bf16x2 a pair, the bit
-     algebra of DECODE_W 1 without its column order (so x is not permuted); DECODE_W 0's bits. Explicit only
-     (`decode_w=2`, DECODE_PAIRS off): not measured since its launcher was fixed (session 14, see DECODE_PAIRS).
 
 Bit algebra (DECODE_W 1): for a byte c = s·128 + e4·8 + m (E4M3 fn: sign, 4 exponent bits bias 7, 3
 mantissa bits), the bf16 with bits (s << 15) | (e4 << 7) | (m << 4) = (s << 15) | ((c & 0x7F) << 4) is
@@ -96,8 +89,8 @@ same bits).
 Specialization keys: N, K (constexpr: the real linears of the published config, so the
 ahead-of-time build knows every stride and vectorizes), mode (prefill / decode / gemv), BM, BN, BK,
 GROUP_M, SPLIT_K, FOLD, NATIVE_FP8 (sm90/sm100/gfx950 have an FP8 cvt), GATED, DECODE_W (1: the caller
-passes x with each BK block of columns in k_order_w(BK)), PTX (inline PTX allowed: CUDA), PDL, PREFETCH
-(bytes per weight row; 0 in every variant), PIPE (gemv: the k loop's pipeline stages).
+passes x with each BK block of columns in k_order_w(BK)), PTX (inline PTX allowed: CUDA), PDL, PIPE (gemv: the k loop's
+pipeline stages).
 
 Measured (H200, triton 3.6, `benchmarks/tune_fp8_decode.py` -> tuning/tune_fp8_decode_gemv.json,
 CUDA-graph replay with the weights L2-warm): prefill 53–57% of the bf16 matmul rate (the E4M3 decode
@@ -108,45 +101,32 @@ earlier MMA + reduce launch: wo_b 13.8 vs 20.2 µs (1.40× its bytes floor), wq_
 (2.8×), engram wkv 73.5 µs (1.97×). With the L2 flushed before each replay (kernels_ffn.json):
 wo_b one token 18.7 µs (1.89×), wq_a 6.2 µs, shared w13 15.0 µs; wo_b eight tokens 25.3 µs; engram wkv
 at eight tokens, now with the word decoder, 63.5 µs (1.71×). The one-token gemv's k loop is not
-pipelined (PIPE 1): asking Triton for 2-4 cp.async stages made every linear slower (wo_b 18.5 ->
-28.6 µs cold, shared w13 14.9 -> 21.1 µs: tuning/tune_fp8_decode.json): the staging through shared memory
-adds ~1.5 instructions per weight element (228 -> 328 SASS per loop step); on a GPU its accumulator
-also lands in another register layout, so its K sums differ in the last bit (1-2 of 2304 outputs).
-Nsight Compute (tuning/ncu_decode_before.txt, L2 flushed) then showed the decode grids, at ~2 programs
+pipelined (PIPE 1: Tried in fp8_gemv.py). Nsight Compute (tuning/ncu_decode_before.txt, L2 flushed) then showed the decode grids, at ~2 programs
 per SM, filling 0.48-0.76 of one wave (wo_b one token: 320 programs, 2.4 of 16 warps per scheduler, DRAM
 45 % busy, stalls on L1TEX scoreboards): sizing the split to fill one wave (tuning/tune_fp8_split.json, same
 run, L2-cold) took wo_b one token 18.7 -> 15.7 µs (1.58×), shared w13 one token 15.2 -> 11.4 µs (2.05×),
 wo_b eight tokens 25.3 -> 21.6 µs (2.15×), shared w13 eight tokens 19.8 -> 18.4 µs; a grid past the
-528 resident slots is slower again (wo_b one token, 640 programs: 19.4 µs). A gemv that decodes the E4M3
-bytes from 32-bit words by integer arithmetic (no conversion unit; x as int64 words of four bf16,
-prescaled by 2^64), keeps a [BN/32, 32, BK/4] accumulator and prefetches two k steps ahead by hand
-(sm90 SASS: no shared memory or barrier in the loop, 4.9 instructions per element, 128 registers) was
-no faster (tuning/tune_fp8_gemv_words.json: wo_b 16.0, shared w13 11.8, shared w2 8.5, wq_a 6.7 µs cold vs
-15.6 / 11.4 / 7.1 / 6.1) and was reverted (git history: "fp8 gemv: E4M3 bytes decoded from 32-bit
-words"). Nor did a register prefetch of the next k tile into this kernel (its loads issued before the
-current tile's FMAs; static sm90 SASS under triton 3.6, not kept: 121-124 registers at BK 64, 190 gated,
-176-229 at BK 128), at BK 64 or 128, 3-4 programs per SM, with or without a ptxas register cap (maxnreg 128 /
-168); a cap of 128 at BK 128 (4 programs an SM instead of ~150 registers) was equal for wo_b and 2.5-5 %
-slower for the others (tuning/tune_fp8_rpf.json, L2-cold: wo_b 15.9 / 15.9 µs, shared w13 11.1 / 11.5), every
-prefetching variant 18-81 % slower; reverted, git history: "fp8 gemv:
-register prefetch of the next k tile"). Summing each thread's 16 consecutive products of a row before
+528 resident slots is slower again (wo_b one token, 640 programs: 19.4 µs). Summing each thread's 16 consecutive products of a row before
 the accumulator (SEG 16, the default since) halves the registers, 122 -> 63, so 8 programs fit an SM
 instead of 4: L2-cold wo_b 15.9 -> 14.2 µs, shared w13 11.5 -> 10.3 µs (tuning/tune_fp8_gemv_seg.json). An
 earlier static check had seen no saving (152 -> 165 registers): its ad-hoc compile gave the pointers no
 16-byte alignment hint, so every weight byte was its own LDG.U8 and the sum crossed lanes; the JIT and
 the ahead-of-time build (aot_compat.make_ast_source) both pass that hint, check SASS the same way.
 
+Tried (measured slower, not kept; the one-token gemv's own list is in fp8_gemv.py):
+- an FP8 × FP8 tensor-core path for act_quant (x quantized to E4M3 in its own launch, one E4M3 × E4M3 dot per
+  32-column block, mma.sync or wgmma m64n16k32): no faster than fake quant + the bf16 kernel at 8 tokens, shared
+  w13 18.6 vs 16.2 µs, shared w2 12.5 vs 12.4, wo_b 26.1 vs 21.3, wq_a 11.3 vs 10.9, engram wkv 84.4 vs 56.6
+  (tuning/tune_fp8_w8a8.json); likely its 4 short dependent MMA-then-FMA chains a k step (not profiled).
+- x's columns gathered in the kernel's own x load instead of DECODE_W 1's permutation launch: engram wkv 106 vs
+  63 µs, wo_b 32.6 µs at 8 tokens (tuning/tune_fp8_xgather.json).
+- the byte-pair decoder (bf16x2.e4m3_pairs_to_bf16) as a tensor-core tile decoder, natural k order: the same bits,
+  slower on every linear at 8 tokens, L2-cold shared w1/w3 15.7 vs 13.1 µs, shared w2 11.9-12.0 vs 9.2-9.3, wo_b
+  21.0 vs 17.5, wq_a 9.7-9.8 vs 9.3 (its k loop ~20 % shorter in SASS: not bound by the decode's count).
+- an L2 bulk prefetch of the weight rows before the k loop: slower (fp8_gemv.py's Tried has the figures).
+
 Known gaps: no FP8×FP8 tensor-core path (wgmma e4m3 / MFMA fp8) — activations that are
-dynamically quantized still multiply in bf16 (same products). One was built and measured for the decode
-shapes (commit 2f7c5d5, fp8_w8a8.py, reverted): x quantized to E4M3 codes in its own launch, then one
-E4M3 × E4M3 dot per 32-column block (the UE8M0 blocks are 32 wide, so each block's partial is scaled and
-added in fp32), 2 warps (Triton: mma.sync on f16-converted operands, 1 F2FP a pair) or 4-8 (wgmma
-m64n16k32 e4m3). It matched the act_quant reference (rel err 1.7e-3, bf16 output) but was no faster than
-act_quant's fake quant + this bf16 kernel at any of the five decode linears measured at 8 tokens on the
-H200 (L2-cold graph replay, its best setting each, tuning/tune_fp8_w8a8.json: shared w13 18.6 vs 16.2 µs,
-shared w2 12.5 vs 12.4 (equal within noise), wo_b 26.1 vs 21.3, wq_a 11.3 vs 10.9, engram wkv 84.4 vs 56.6).
-Both paths pay a quantization launch; the likely cause (not profiled) is the GEMM's 4 short, dependent
-MMA-then-FMA chains a k step, which leave the few warps a decode grid has waiting.
+dynamically quantized still multiply in bf16 (same products; Tried).
 UE8M0 byte 0 (2^-127) decodes to 2^-127 only through the subnormal constant. At 2–16
 tokens the DECODE_W 0 loop spends 6.3 SASS instructions per weight element (sm90, triton 3.6, BN 64,
 BK 128, 4 warps); DECODE_W 1 brings the one-multiply loop to 4.3 (the decode itself ~2.1: prmt, shl,
@@ -155,9 +135,8 @@ larger BN amortizes (BN 128: 3.6). Yet on the H200 (L2-cold graph replay, tuning
 DECODE_W 1 is slower on every decode linear but the largest: wo_b M=8 31.3 vs 25.2 µs, wq_a 18.3 vs
 9.0 µs, while engram wkv (157 M weights) takes 63.4 vs 73.5 µs — it costs one host-side permutation
 launch over x per call plus a scale scan before the loop, which only a long decode amortizes, so it
-is the default from DECODE_W_MIN_WEIGHTS on. Gathering x's columns in the kernel's own x load instead
-of the permutation launch was slower still (engram 106 µs, wo_b 32.6 µs: tuning/tune_fp8_xgather.json);
-fusing the permutation into the producer of x is what would let it pay everywhere.
+is the default from DECODE_W_MIN_WEIGHTS on (gathering x in the kernel was slower still: Tried); fusing the
+permutation into the producer of x is what would let it pay everywhere.
 Its PTX path is exact (the `gpu` tests: all 256 codes × 24 scales, real widths vs float64). The split-K arrival counters are shared module state (see arrival.py).
 """
 from __future__ import annotations
