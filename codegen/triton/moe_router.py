@@ -38,9 +38,9 @@ lowest index) — exactly a stable descending sort's first k. Logits come from o
   `benchmarks/icache_cold.py` (`results/icache_cold.json`) shows the likely cause: one warp running 8,192
   unrolled FMAs (~128 KB of code) once took 11.3 µs warm and 38.3 µs with the L2 flushed (a loop of the same FMAs:
   13.9 / 14.9), while 4,096 (~64 KB) cost only 0.5 µs more cold than the loop: past ~64 KB, code run once is
-  fetched from DRAM line after line. Session 21's tensor-core tokens-in-program kernel (29.5-34.5 µs,
-  docs/KERNELS_HISTORY.md), whose last program also ran all eight rows, was probably slow for the same reason;
-  session 9's (below) gave each finisher one row and was slow in its logits phase (neither re-measured).
+  fetched from DRAM line after line. The tensor-core router under Tried, whose last program also ran all eight
+  rows, was probably slow for the same reason; the (8 experts, K split) one gave each finisher one row and was slow
+  in its logits phase (neither re-measured).
   H200, L2-cold graph replay (`tuning/step_chain_router_gate_once.json`, twice, interleaved): 8 tokens 8.8-9.0 µs
   alone against the per-token GEMV's 15.6-15.9 in the same run (13.5 in the table before); behind the decode norm
   with PDL it adds 6.8 µs to the step (GEMV: 13.6-13.8). Tiles 16 x 1024 / 32 x 256: 9.6 / 9.7 alone. One token:
@@ -58,18 +58,21 @@ first gate tile and biases before the PDL wait; off ahead of time); gate-once: K
 least M), ROW_PROGRAMS (a token a program; off in the interpreter), UPCAST (fp32 operands: the interpreter),
 MULTI_ROW (fewer programs than tokens: a row program loops over tokens row, row + n, ...).
 
-Tried and reverted (tuning/tune_router_tokens.json; code in git history, commit 7aa945a): at 2-8 tokens,
-programs over (8 experts, K split) that take every token, so the gate is read once per k step rather than
-once per token ([T, 8, 128] products, then a two-level arrival whose last finishers run one top-k row
-each): slower, 25.9 vs 11.7 µs at eight tokens in graph replay (27.7 vs 13.6 L2-cold; the two-launch form
-of it 34.0 µs, so the logits phase itself is slower), 12.6 vs 6.8 at two; why was not profiled. Adding the split partials in an unrolled loop (all loads in flight) left one token at
-8.5 µs L2-cold.
+Tried (measured slower, not kept):
+- at 2-8 tokens, programs over (8 experts, K split) that take every token, so the gate is read once per k step
+  ([T, 8, 128] products, then a two-level arrival whose last finishers run one top-k row each): 25.9 vs 11.7 µs at
+  eight tokens in graph replay (27.7 vs 13.6 L2-cold; its two-launch form 34.0, so the logits phase itself is
+  slower), 12.6 vs 6.8 at two; not profiled (tuning/tune_router_tokens.json).
+- the split partials added in an unrolled loop (all loads in flight): level, one token 8.5 µs L2-cold.
+- the decode router on the tensor cores (16-64 experts a program, tokens padded to 16 MMA columns, the grid's last
+  program ranking every token): 1 token 8.78-9.88 µs against the fused GEMV's 8.32-8.34, 8 tokens 29.5-61.5 against
+  13.48-13.51 L2-cold; the time grows with the tokens the one last program ranks.
 
 Known gaps: the prefill path is two launches (logits, then top-k); the fused decode kernel's per-token
 counter takes one atomic from each of its (E/BE)·splits programs (480 at one token); the gate-once kernel's row
 programs spin until the whole grid has arrived, so it needs min(T, programs) of its programs resident at once (any
 GPU does: 120 programs of 4 warps) and must not share its counter pool with a concurrent launch; with fewer programs
-than tokens (small presets) a row program selects several tokens (session 27's fix, MULTI_ROW since session 28;
+than tokens (small presets) a row program selects several tokens (MULTI_ROW;
 checked on the H200 by the CPU-tier tests compiled there and a `gpu` test);
 the GEMV and MMA sum in a different order than the fp32 matmul of the reference, so an exact tie in
 s + b between two experts can flip (the benchmark reports the fraction of identical rows), and the gate-once
@@ -250,7 +253,7 @@ def select_rows(logits, b, bvl, img_ptr, w_out_ptr, i_out_ptr, rt, T, inv_temp, 
     # the normalizer summed in selection order, one add a round: a tl.sum over top_w's K_PAD columns adds in a tree
     # that follows the tile's register layout, which differs between the fused kernel's one row and the top-k
     # kernel's BT rows, so their weights differed in the last bit on the H200 at 44 experts and 3 or 8 tokens
-    # (session 28; the interpreter sums in one order)
+    # (the interpreter sums in one order)
     total = tl.zeros((rt.shape[0],), dtype=tl.float32)
     for j in tl.static_range(TOPK):
         best = tl.max(key, axis=1)
@@ -409,9 +412,9 @@ def router_gate_once_kernel(x_ptr, w_ptr, part_ptr, cnt_ptr, bias_ptr, bias_vl_p
             wait_count(cnt_ptr, n)
             if MULTI_ROW:
                 # tokens row, row + n, ...: with fewer programs than tokens (few experts: a small preset's 24 x 128
-                # gate is 2 programs) a program takes several; before session 27 tokens past the grid were never
+                # gate is 2 programs) a program takes several; without it tokens past the grid were never
                 # selected (their outputs left unwritten: the CPU-tier router tests run on the H200). A constexpr, as
-                # the loop cost the model's 8 tokens 0.45 µs against one straight row (session 28)
+                # the loop cost the model's 8 tokens 0.45 µs against one straight row
                 for r in range(row, T, n):
                     rr = r + tl.arange(0, 1)
                     select_rows(_sum_parts(part_ptr, rr, T, NS, E, E_PAD, True, NS), b, bvl, img_ptr, w_out_ptr,
