@@ -36,8 +36,8 @@ Algorithm (three launches; no sort, no host sync, CUDA-graph capturable):
    tile (an acq_rel counter) adds all k in slot order. Deterministic either way: no float atomics.
 Two GEMV cores (tiles["core"]): 1, the default on CUDA sm80+ where the inputs allow it, is `fp4_mma_gemv.py`
 (mma.sync on weights decoded in registers, 11 integer instructions per 8 codes, x' / h' in f16: 2.7 static sm90
-SASS instructions per weight element against 4.6, results/moe_decode_sass*.json; H200, real routing, L2-cold,
-session 15: T = 1 53.15 -> 47.6 µs (2.00x -> 1.79x the bytes floor), T = 8 344 -> 279 µs (1.73x -> 1.40x):
+SASS instructions per weight element against 4.6, results/moe_decode_sass*.json; H200, real routing, L2-cold:
+T = 1 53.15 -> 47.6 µs (2.00x -> 1.79x the bytes floor), T = 8 344 -> 279 µs (1.73x -> 1.40x):
 tuning/kernels_ffn_moe_decode_core0.json -> kernels_ffn.json; its tiles in `decode_tiles`); 0 is `fp4_gemv` below (CUDA-core
 FMAs, exact fp32 sums), the interpreter's default and the fallback elsewhere (ROCm, fp32 activations, scale
 tensors not 4-byte aligned). Core 1's sums are the tensor cores' (not bit-identical to core 0 or the reference:
@@ -106,7 +106,7 @@ it, 58.5 / 58.8 / 57.1 µs with 2 / 4 / 5 (T = 8 within 1.5%), so 5 is the defau
 (tuning/ncu_decode_*.txt, L2 flushed, T = 1): gate/up 37-38 µs at 56 % issue-busy with 3.7 of 4 resident warps
 per scheduler (registers: 126, 4 programs per SM), its 2160 programs 4 full waves plus 48; down 23 µs at 35 %
 DRAM, 0.91 waves of 8 programs per SM; prep 3 µs. Finer splits that end the partial wave were not faster
-(tuning/tune_moe_decode_ksplit.json, rotating graph: 5: 54.4 µs, 10: 54.9, 20: 59.1, 4: 56.5).
+(Tried).
 The per-element cost is near its floor for this scheme: the SASS per 256 weight elements of a thread
 (gate/up loop) is 256 SHF + 233 IMAD(.SHL) + 259 LOP3 + 32 SGXT (the decode: 3 integer ops per
 element; the shift pair cannot merge because the E2M1 sign-to-m3 distance, 3 bits, differs from
@@ -120,21 +120,12 @@ fp32 result) compiled to 3.44 SASS instructions per element under Triton 3.6, a 
 shared-memory conversion of the decoded tile into the wgmma operand layout (24 STS + 16 LDSM per 128
 elements); with a k order matched to that layout, or int8 IMMA (a `prmt` lookup of 4 magnitudes per
 instruction, positive and negative codes as two operands, x as fixed-point int8 pieces in B's spare
-columns) the estimate is 1.3-2.2 per element. Built and measured, then reverted (commit c549507, results
-tuning/tune_moe_decode_mma*.json, tuning/ncu_decode_mma.txt): fp16 operands decoded in the k order of
-fp4_unpack's DECODE 2 (2 shifts + 2 LOP3 per two values, no scale), x as a block-diagonal fp16 B
-[256, 8] written by its own prep (column n = the step's 32-block n, so each column's sum is one
-(row, block) partial, scaled after the MMA), Triton's cp.async pipeline for both operands. Its sm90
-loop ran 3.0 SASS instructions per element (Triton 3.6: mma.sync, 112 registers) and ncu counted 34 %
-fewer instructions than this kernel, yet the gate/up took 40.7 µs against 37.7 (37.5 % issue-busy,
-0.67 eligible warps per scheduler: the cp.async -> LDS -> decode -> MMA chain at 4 programs per SM),
-and the whole step at T = 1 stayed at 58.9-74.3 µs against 54.3-55.7 over every split, stage count,
-BN, a prefetch of the scale bytes and 64-wide independent MMA chains; at T = 8 the best was 345 µs
-against 336.
+columns) the estimate is 1.3-2.2 per element. Built through Triton's `tl.dot`, it was slower (Tried); fp4_mma_gemv.py's
+core 1 feeds mma.sync from registers instead.
 
 Measured (all before the gate/up `ksplit` option; H200, torch 2.11 / Triton 3.6, one graph of 8 steps
 over disjoint expert sets, so nothing is reused from L2; floor = unique experts' w1 + w3 + w2 bytes / 4.22 TB/s;
-benchmarks/tuning/tune_moe_decode.json, 2026-11-29): after the layout rework T = 1 takes 63 us
+benchmarks/tuning/tune_moe_decode.json): after the layout rework T = 1 takes 63 us
 (2.36x the 26.7 us floor; the static estimate was 40-50 us) and T = 8 takes 0.337 ms (2.39x);
 the tile variants swept stay within 6% of the defaults, split 1 for the down GEMV is 1.5x slower
 at T = 1. Before the rework (22 / 20 shared-memory conversions per loop under Triton 3.6): 0.127 ms
@@ -148,8 +139,18 @@ prep: two and three launches back), x' / h' after. Same bits as serialized launc
 replays a graph whose ids and x are rewritten by the kernels just before the chain). H200, rotating
 graph (tuning/tune_moe_decode_pdl.json): T = 1 58.6 -> 54.5 µs (2.21x -> 2.05x), T = 8 348 ->
 338 µs; with the real router's routing, L2-cold (kernels_ffn.json) T = 1 57.6 -> 53.9 µs (2.17x -> 2.03x).
-An L2 bulk prefetch of each program's weight slab, tried with it, took T = 1 from 54.5 to 75.9 µs
-(tuning/tune_moe_decode_prefetch.json) and was removed.
+
+Tried (measured slower, not kept):
+- the gate/up as a tensor-core GEMV through `tl.dot` (fp16 operands in fp4_unpack's DECODE 2 k order, x as a
+  block-diagonal fp16 B [256, 8], Triton's cp.async pipeline; 3.0 sm90 SASS instructions per element, 34 % fewer
+  than core 0 counted by ncu): gate/up 40.7 µs against 37.7 (the cp.async -> LDS -> decode -> MMA chain at 4
+  programs an SM), the step at T = 1 58.9-74.3 against 54.3-55.7, at T = 8 345 against 336
+  (tuning/tune_moe_decode_mma.json, tuning/ncu_decode_mma.txt).
+- finer gate/up splits that end the partial wave: ksplit 10 54.9 µs, 20 59.1, 4 56.5 against 5's 54.4 (rotating
+  graph, tuning/tune_moe_decode_ksplit.json).
+- an L2 bulk prefetch of each program's weight slab with PDL: T = 1 54.5 -> 75.9 µs
+  (tuning/tune_moe_decode_prefetch.json).
+- split 1 for the down GEMV: 1.5x slower at T = 1 (tuning/tune_moe_decode.json).
 """
 from __future__ import annotations
 
