@@ -39,7 +39,7 @@ DOT_SCALED, DECODE, H_BK/H_DECODE (h's k order), PTX (inline PTX allowed: CUDA),
 N are constexpr so that the ahead-of-time build knows every stride.
 
 Measured (H200, torch 2.11 / triton 3.6; benchmarks/tuning/tune_moe_prefill.json and
-kernels_ffn.json, 2026-11-29), 8192 tokens top-6 over 384 experts: decoder 2 runs gate/up in
+kernels_ffn.json), 8192 tokens top-6 over 384 experts: decoder 2 runs gate/up in
 7.0 ms and down (128×256 tiles) in 3.3 ms with router-like routing (decoder 0: 17.4 / 7.8 ms),
 5.0 / 2.6 ms with 128 balanced rows per expert. The whole routed step (dispatch, x permutation,
 both GEMMs, combine) is 11.0 ms routed / 8.3 ms balanced: 63% / 82% of cuBLAS bf16 bmm at the
@@ -260,7 +260,7 @@ def _expert_tiles(R: int, K: int, N: int = 0):
 
     From the H200 sweeps (triton 3.6): decode (grouped path, now only for > moe_decode.MAX_SLOTS
     slots or when asked) with tl.dot_scaled and 128-row weight tiles; prefill with decoder 2 at
-    128×128×128 for gate/up and 128×256×128 for down (`benchmarks/tune_moe_prefill.py`, 2026-11-29:
+    128×128×128 for gate/up and 128×256×128 for down (`benchmarks/tune_moe_prefill.py`, tuning/tune_moe_prefill.json:
     down 3.34 ms vs 4.18 ms at 128×128). The interpreter's BN = BK lets the gate/up kernel store h
     in the down kernel's k order. BK is halved (not below 64, what decoders 1/2 need) until it divides
     K, so narrow test widths (I = 64) compile with the same kernels as the real ones (I = 2048)."""
