@@ -25,7 +25,7 @@ the 12 distinct sizes of the kernel tables take ~6.5 minutes on an H200 (run_h20
     python benchmarks/read_floor.py benchmarks/results/kernels_ffn.json benchmarks/results/kernels_attention.json \
         --out benchmarks/results/read_floor.json
 
-Measured (H200, torch 2.11 / triton 3.6, results/read_floor.json, 2026-11-30): a cold read costs about 2.75 µs
+Measured (H200, torch 2.11 / triton 3.6, results/read_floor.json): a cold read costs about 2.75 µs
 plus bytes at ~4.4 TB/s (4.0 MB 3.6 µs, 6.6 MB 4.3, 10.5 MB 5.2, 23.7 MB 7.8, 42 MB 12.3), so below ~11 MB no
 kernel that reads its bytes once can be within 2x of the bytes floor. Read-bound: wq_a at 1 and 8 tokens (4.3 / 4.2
 µs against a 3.1 µs budget), the router at 8 tokens (3.6 against 1.9), the compressor at ratio 1 (4.2 against 2.5)
