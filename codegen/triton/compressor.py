@@ -1,5 +1,9 @@
 """Fused KV compressor: wkv GEMM (+ gated pair pooling) -> RMSNorm -> RoPE -> FP4 pack -> cache append.
 
+One file: the prefill kernel and both decode forms run the same tail (`_tail`: RMSNorm, RoPE, FP4 pack, the
+indexer key) and must give the reference's codes bit for bit, so the kernels, their launcher and the reference
+change together.
+
 What (spec §3.3, §3.4, §3.12): one kernel per KV-source layer turns the attention input x
 [T, 5120] into compressed-KV cache rows, and optionally the indexer key rows:
 - ratio 1 (layer 20): `latent_t = kv_norm(wkv(x_t))` (bf16 linear, bf16 RMSNorm).

@@ -1,4 +1,9 @@
-"""Block-scaled FP8 GEMM for the dense linears, and the FP8/E8M0/E2M1 decode helpers.
+"""Block-scaled FP8 GEMM for the dense linears (tensor cores), its decode-shape routing, and the act_quant pass.
+
+One file: the GEMM kernel, its k loop with the two weight decoders, the launcher that picks the decode path (the
+GEMV in fp8_gemv.py, the warp-split tile in fp8_warp_split.py, or this kernel) and the variants the AOT build
+takes change together; the tile plan, split-K fold and references are already their own modules (fp8_tiles.py,
+fp8_splitk.py, fp8_reference.py).
 
 What (spec §3.13, §4): y[M, N] = x[M, K] · W[N, K]ᵀ with W stored as FP8 E4M3 codes and one
 UE8M0 (power-of-two) scale per 32×32 block (`scale [ceil(N/32), ceil(K/32)]`), fp32
@@ -22,9 +27,8 @@ dequantized activation in x's dtype, which is bit-identical to what an FP8×FP8 
 product with the two scales multiplied in would compute before accumulation; the GEMM is then
 the same bf16 kernel.
 
-Decode helpers shared by moe.py and engram.py: `e4m3_to_f32` (bit arithmetic, or the native
-cvt where the target has FP8 units), `e8m0_to_f32`, `e2m1_to_f32`, `fp4_tile_to_f32`, and the
-in-register fake-quant `fake_quant_e4m3_pow2`. Interpreter notes: its float casts to bf16/fp8
+The decode helpers (`e4m3_to_f32`: bit arithmetic, or the native cvt where the target has FP8 units;
+`e8m0_to_f32`, `fake_quant_e4m3_pow2`) are codecs.py's. Interpreter notes: its float casts to bf16/fp8
 truncate and its bf16 tl.dot multiplies raw bits, so under TRITON_INTERPRET the launchers set
 DOT_F32 (operands upcast to fp32 before tl.dot) and every rounding step is integer arithmetic.
 

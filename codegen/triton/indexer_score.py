@@ -1,5 +1,9 @@
 """Indexer scoring: exact integer scores of FP4 queries against FP4 keys, and the candidate block max.
 
+One file: the prefill (block-q) and decode (heads) kernels share the exact-integer decode, the block path and the
+float32 reference whose order both reproduce bit for bit; the reference and the fallback counts they are tested
+against must change with them.
+
 What (spec §3.4, §7.1): `I[s,t] = Σ_h wq[s,h]·ReLU(q[s,h]·k[t])` with wq = w·d^-0.5 (w =
 weights_proj(x)·H^-0.5, d = 128), queries [S, 32, 128] and keys [T, 128] in FP4 E2M1 with one
 UE8M0 scale per 32 channels; -inf where t ≥ (p+1)//ratio (not yet visible) or, at Reindex layers,

@@ -1,5 +1,9 @@
 """Indexer top-k: stable top-k selection over long score rows (no sorting network over the row).
 
+One file: both paths (chunked, split radix select) share the int64 keys, the tie rule and the output contract
+(ordered ids or flags) that `topk_select` promises; the split path alone is ~500 lines (five kernels and its
+workspace), a candidate for its own module once nobody edits it.
+
 What (spec §3.4, §7.1): the k best of each row of scores [S, N] (fp32), descending score, ties
 toward the LOWER index, -1 where the score is -inf or fewer than k entries exist; `pin` forces one
 entry per row to +inf first (the newest visible candidate block).

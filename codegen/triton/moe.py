@@ -1,5 +1,9 @@
 """MoE in Triton: grouped FP4 expert GEMMs, combine, and the whole FFN (router in moe_router.py).
 
+One file: the dispatched (sorted) expert path — alignment, gate/up, down and combine kernels, their launchers and
+the FFN that strings them with the shared expert — shares one slot layout and one set of decoders, so its parts
+change together; the decode path without dispatch is moe_decode.py.
+
 What (spec §3.5, §3.13, §7.1):
 - Router: see moe_router.py (re-exported here as `router`, `router_reference`).
 - Routed experts, MXFP4 weights (E2M1 packed two per byte, low nibble = even k, one UE8M0 scale

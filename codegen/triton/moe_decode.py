@@ -1,5 +1,9 @@
 """Routed MoE experts at decode (T·top_k <= MAX_SLOTS): FP4 GEMVs straight from the router's ids, no dispatch.
 
+One file: the prep, gate/up and down kernels share one prescaled x' / h' layout, one counter protocol and the FMA
+core (`fp4_gemv`; the MMA core is fp4_mma_gemv.py), so they change together; the tile plan (`decode_tiles`) is a
+second idea that could stand in its own module.
+
 What (spec §3.5, §3.13, §7.1; the numbers of `moe.moe_experts` + `moe.moe_combine`): for slot (t, j)
 with expert e = topk_idx[t, j] and weight w = topk_w[t, j]: g = min(x_t·w1[e]ᵀ, L),
 u = clamp(x_t·w3[e]ᵀ, ±L), h = silu(g)·u·w rounded to `inter_dtype` (then the per-32 FP8 fake quant

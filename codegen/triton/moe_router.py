@@ -1,5 +1,9 @@
 """The MoE router in Triton: fp32 gate logits, sqrtsoftplus, biased top-k, normalized weights.
 
+One file: the four logits kernels (tiles, GEMV, fused GEMV + top-k, gate-once) share the split partials, their
+summation order and the top-k rows, so that every path gives the same experts; the launcher that chooses among
+them and the reference change with them.
+
 What (spec §3.5, §7.1): logits = x_f32 · W_gateᵀ / temp (fp32), s = sqrt(softplus(logits))
 (torch's softplus: x above 20, log1p(exp(x)) below, so small values survive until exp
 underflows), top-k of s + b (b = `bias`, or `bias_vl` for image-span tokens), ties toward the

@@ -1,5 +1,9 @@
 """Sparse latent attention: sliding window ∪ selected compressed entries, with sinks and inverse RoPE.
 
+One file: the attention kernel, its split combine (which sparse_attention_ws.py's Gluon kernel also uses), the
+launcher that picks between the two, the tile decoders and the reference share one partials layout and one
+numerics contract, so they change together.
+
 What (spec §3.2, §3.12 item 12 of §6): for each query (position p, 64 heads × 512, post-RoPE)
 one softmax over
 - the window: the W = 128 keys at positions p-127..p (those >= 0), read from a ring of R rows at
