@@ -1,4 +1,4 @@
-"""L2 bulk prefetch of a program's weight rows at the start of a decode GEMV.
+"""L2 bulk prefetch of byte ranges a program will read later (the compressor's decode tail).
 
 Why: a decode GEMV streams each weight byte once, so its speed is the number of bytes it keeps in
 flight. A program that loads its tile chunk by chunk has only its software-pipeline depth in flight
@@ -14,10 +14,10 @@ the matrix are clamped to its last row by the caller (a duplicate prefetch is ha
 0 is not allowed). Only resident programs prefetch, so the bytes requested at once are bounded by
 (resident programs × their slab), not by the matrix.
 
-Where: CUDA sm90+ (`l2_prefetch_for`), not under TRITON_INTERPRET, not on ROCm (the FP8 GEMM kernels
-take a PREFETCH constexpr, bytes per row; 0 emits nothing).
+Where: CUDA sm90+ (`l2_prefetch_for`), not under TRITON_INTERPRET, not on ROCm. Used by compressor.py's
+one-launch decode (`_prefetch_tail`: the tail's wk, norm weights and RoPE rows, read only by the last arriver).
 
-Measured, and therefore OFF by default (H200, benchmarks/tuning/tune_fp8_prefetch.json, L2-cold
+Not used by the decode GEMVs, where it was measured slower (H200, benchmarks/tuning/tune_fp8_prefetch.json, L2-cold
 graph replay): every decode linear got slower with it — wo_b at one token 18.6 -> 20.2 µs (64 KB a
 program) / 22.2 µs (the whole split), shared w13 15.0 -> 18.4 µs, engram wkv at 8 tokens 73.5 ->
 75.9 / 99.3 µs — and the MoE decode GEMVs, which had it on their 32 KB slabs for one run, went from
