@@ -33,7 +33,7 @@ PIPELINE = [
     "dce",
     "share-csa2-state",     # one producer per Full/Reindex/Reuse group, checked against the layer plan
     "lower-kv-fp4",         # the KV state stored packed (FP4 + E4M3/16, FP4 + E8M0/32, FP8 + E8M0/32)
-    # "fuse-compressor",      wkv -> RMSNorm -> RoPE -> FP4 pack -> cache append (lower-kv-fp4's) as one kernel
+    "fuse-compressor",      # compressor -> RoPE -> FP4 pack -> cache appends (lower-kv-fp4's form) as one op
     "lower-indexer-int8",   # exact integer scoring of FP4 indexer data (the float path's scores)
     ("split-ced-prefill", CED_SPLIT),    # optional: @prefill_encoder + the exact decoder suffix
     # "canonicalize", "cse", "dce",   clean-up after the domain rewrites

@@ -34,10 +34,9 @@ def test_both_chains_fuse_and_leave_nothing_of_themselves():
 
 @pytest.fixture(scope="module")
 def tiny_fq():
-    from dsv41c.frontend.trace import trace
+    from csa2_helpers import traced
 
-    m, _ = trace(preset("tiny"), kv_quant=True, progress=None)
-    return m
+    return traced("tiny")
 
 
 def test_a_fake_quantized_chain_is_left_alone_and_counted(tiny_fq):
@@ -88,3 +87,55 @@ def test_the_compressor_contract_is_the_fused_ops_compressed_kv_half():
     rows = torch.arange(5, 8)
     kc, ks = reference_call("compressor", [x, wkv, nw, cos, sin, rows, rows, caches[0], caches[1]], keys)
     assert torch.equal(kc, fused[0]) and torch.equal(ks.view(torch.uint8), fused[1].view(torch.uint8))
+
+
+def _packed(cfg_name):
+    from csa2_helpers import traced
+
+    return make_pass("lower-kv-fp4").run(traced(cfg_name)).module
+
+
+def _args(m, fname, cfg, sd, ids, state):
+    out = {}
+    for a in m.functions[fname].args:
+        if a.name == "ids":
+            out[a.name] = ids
+        elif a.name in state:
+            out[a.name] = state[a.name]
+        elif a.name.startswith("state."):  # a packed buffer: zero bytes unpack to the zero float state
+            out[a.name] = torch.zeros([int(d) for d in a.type.shape], dtype=a.type.dtype.torch)
+        else:
+            out[a.name] = sd[a.name]
+    return out
+
+
+def test_the_mini_plan_fuses_every_source_and_keeps_its_prefill_bit_for_bit():
+    from csa2_helpers import weights
+
+    from dsv41c.frontend.step import new_state
+
+    cfg = preset("mini")
+    before = _packed("mini")
+    res = make_pass("fuse-compressor").run(before.clone())
+    after = res.module
+    verify(after)
+    assert res.stats["fused:prefill"] == res.stats["fused:decode"] == 2  # mini: one ratio-2 and one ratio-1 source
+    for fn in ("prefill", "decode"):
+        names = [op.name for op in after.functions[fn].ops]
+        assert "dsv41.compressor_step" not in names and not any(
+            op.name in ("dsv41.cache_append", "dsv41.kv_pack") and ".attn.compressor" in (op.loc or "")
+            for op in after.functions[fn].ops)  # none of the matched chains left behind
+    sd = weights("mini", 2)
+    ids = torch.randint(0, cfg.vocab_size, (9,), generator=torch.Generator().manual_seed(0))  # odd: a carry
+    st = new_state(cfg)
+    want = interpret(before, "prefill", _args(before, "prefill", cfg, sd, ids, st))
+    got = interpret(after, "prefill", _args(after, "prefill", cfg, sd, ids, st))
+    assert same_outputs(want, got)  # logits, every cache and the carry the odd token leaves
+
+
+def test_share_csa2_state_counts_the_fused_plan_as_the_layer_plan_wants():
+    m = make_pass("fuse-compressor").run(_packed("tiny")).module
+    st = make_pass("share-csa2-state").run(m).stats
+    for fn in ("prefill", "decode"):
+        assert (st[f"compressors.ratio2:{fn}"], st[f"compressors.ratio1:{fn}"], st[f"index_key_producers:{fn}"],
+                st[f"index_scorers:{fn}"], st[f"candidate_producers:{fn}"]) == (3, 1, 4, 8, 1)

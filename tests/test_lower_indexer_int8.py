@@ -59,12 +59,9 @@ def test_the_scores_are_the_float_paths_bit_for_bit_whatever_the_data(dtype):
 
 @pytest.fixture(scope="module")
 def mini():
-    from dsv41c.frontend.model.weights import stored_state_dict
-    from dsv41c.frontend.trace import trace
+    from csa2_helpers import traced, weights
 
-    cfg = preset("mini")
-    m, _ = trace(cfg, kv_quant=True, progress=None)
-    return cfg, m, stored_state_dict(cfg, seed=2)
+    return preset("mini"), traced("mini"), weights("mini", 2)
 
 
 def _args(m, fname, cfg, sd, ids, state=None):
@@ -112,11 +109,10 @@ def test_the_mini_plan_keeps_its_top_k_and_its_answer_bit_for_bit(mini):
 
 
 def test_the_tiny_plans_scores_equal_on_the_inputs_the_float_path_saw():
-    from dsv41c.frontend.model.weights import stored_state_dict
-    from dsv41c.frontend.trace import trace
+    from csa2_helpers import traced, weights
 
     cfg = preset("tiny")
-    m, _ = trace(cfg, kv_quant=True, progress=None)
+    m = traced("tiny")
     assert make_pass("lower-indexer-int8").run(m.clone()).stats["lowered:prefill"] == 8
     seen = []
 
@@ -124,7 +120,7 @@ def test_the_tiny_plans_scores_equal_on_the_inputs_the_float_path_saw():
         if op.name == "dsv41.index_scores":
             seen.append((op, outs[0] if isinstance(outs, (list, tuple)) else outs))
 
-    sd = stored_state_dict(cfg, seed=5)
+    sd = weights("tiny", 2)
     ids = torch.randint(0, cfg.vocab_size, (24,), generator=torch.Generator().manual_seed(1))
     values = {}
 

@@ -18,10 +18,9 @@ from dsv41c.passes.registry import make_pass
 
 @pytest.fixture(scope="module")
 def tiny():
-    from dsv41c.frontend.trace import trace
+    from csa2_helpers import traced
 
-    m, _ = trace(preset("tiny"), kv_quant=True, progress=None)
-    return m
+    return traced("tiny")
 
 
 def _inputs(m, fname, cfg, sd, ids):
@@ -65,15 +64,15 @@ def test_the_full_plans_producers_one_per_group(tiny):
         assert st[f"duplicates_found:{fn}"] == st[f"duplicates_removed:{fn}"] == 0
 
 
-def test_a_reuse_layer_recomputing_its_top_k_is_merged_and_the_answer_kept(tiny):
-    from dsv41c.frontend.model.weights import stored_state_dict
+def test_a_reuse_layer_recomputing_its_top_k_is_merged_and_the_answer_kept():
+    from csa2_helpers import traced, weights
 
-    cfg = preset("tiny")
-    m = _recompute_topk(tiny.clone(), 24, 25)
+    cfg = preset("mini")  # layer 9 reuses the top-k of the re-indexing layer 8
+    m = _recompute_topk(traced("mini"), 8, 9)
     verify(m)
     # cse does not look across the stream event; the plan check alone would refuse the extra scorer
     assert sum(op.name == "dsv41.index_scores" for op in make_pass("cse").run(m.clone()).module.functions["decode"]
-               .ops) == 9
+               .ops) == 5
     before = m.clone()
     res = PassManager([make_pass("share-csa2-state")]).run(m)
     verify(res.module)
@@ -81,9 +80,9 @@ def test_a_reuse_layer_recomputing_its_top_k_is_merged_and_the_answer_kept(tiny)
     assert res.records[0].changed
     assert st["duplicates_found:decode"] == st["duplicates_removed:decode"] == 2
     assert st["duplicates.scorers:decode"] == st["duplicates.topk:decode"] == 1
-    assert st["index_scorers:decode"] == 8 and not any(
-        (op.loc or "").startswith("layers.25.attn.indexer") for op in res.module.functions["decode"].ops)
-    sd = stored_state_dict(cfg, seed=3)
+    assert st["index_scorers:decode"] == 4 and not any(
+        (op.loc or "").startswith("layers.9.attn.indexer") for op in res.module.functions["decode"].ops)
+    sd = weights("mini", 2)
     ids = torch.tensor([7])
     want = interpret(before, "decode", _inputs(before, "decode", cfg, sd, ids))
     got = interpret(res.module, "decode", _inputs(res.module, "decode", cfg, sd, ids))
