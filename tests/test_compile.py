@@ -80,12 +80,16 @@ def test_full_preset_compiles_symbolically(tmp_path, capsys):
     with open(os.path.join(path, "plan.ir")) as f:
         text = f.read()
     head = text[:text.index("\n", text.index("func @prefill"))]
-    assert "%ids: i64[T]" in head and "%state.comp_kv.20: f32[1048576, 512]" in head  # fixed capacity: max_context / ratio rows
+    assert "%ids: i64[T]" in head and "%state.comp_kv.20.codes: fp4e2m1x2[1048576, 256]" in head  # fixed capacity, packed
     assert f"%layers.39.ffn.experts.{cfg.n_routed_experts - 1}.w3.weight" in head
     prog = json.load(open(os.path.join(path, "program.json")))["functions"]["decode"]
     moe = [op for op in prog["ops"] if op["target"] == "dsv41.moe.default"]
     assert len(moe) == cfg.num_hidden_layers and len(moe[0]["args"][3]) == 3 * cfg.n_routed_experts
     assert sum(a["role"] == "weight" for a in prog["args"]) > 3 * cfg.n_routed_experts * cfg.num_hidden_layers
+    from dsv41c.runtime.commands import describe
+
+    kv = describe(path)["kv_bytes_per_token"]  # from the packed state buffers lower-kv-fp4 made (spec §3.12)
+    assert kv == {"global": 890, "window_per_layer": 528, "window_bytes_per_layer": 127 * 528, "source": "lower-kv-fp4"}
     with pytest.raises(ArtifactError, match="names no checkpoint"):
         load(path)  # the plan alone: weights must be bound explicitly
 
