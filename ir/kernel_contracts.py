@@ -233,6 +233,28 @@ register_contract(KernelContract(
     doc="a weighted RMSNorm over the last dim, fp32 statistics, output in the activation dtype"))
 
 
+def _mhc_pre(H, pre_prev, fn, base, scale, *, iters, hc_eps, norm_eps, **_):
+    """The dsv41.hc_mixes of a site and the collapse of its input that it replaced:
+    x_in = to(sum(mul(unsqueeze(pre_prev, -1), to(H, f32)), [-2]), H's dtype), op for op."""
+    import dsv41c.ops  # noqa: F401  (registers torch.ops.dsv41)
+
+    pre, post, comb = torch.ops.dsv41.hc_mixes(H, fn, base, scale, int(iters), float(hc_eps), float(norm_eps))
+    x = torch.sum(torch.mul(torch.unsqueeze(pre_prev, -1), H.to(torch.float32)), [-2]).to(H.dtype)
+    return x, pre, post, comb
+
+
+register_contract(KernelContract(
+    template="mhc_pre", implements="hc_mixes(H) + the collapse to(sum(mul(unsqueeze(pre_prev), to(H, f32)), -2))",
+    inputs=(KArg("H", ("act",), ("T", "HC", "D")), KArg("pre_prev", ("f32",), ("T", "HC")),
+            KArg("fn", ("bf16", "f32"), ("HC * HC + 2 * HC", "HC * D")),
+            KArg("base", ("bf16", "f32"), ("HC * HC + 2 * HC",)), KArg("scale", ("bf16", "f32"), (3,))),
+    results=(KArg("x", ("act",), ("T", "D")), KArg("pre", ("f32",), ("T", "HC")),
+             KArg("post", ("f32",), ("T", "HC")), KArg("comb", ("f32",), ("T", "HC", "HC"))),
+    keys=("HC", "D", "act", "iters", "hc_eps", "norm_eps"), reference=_mhc_pre,
+    doc="an mHC site: unweighted RMSNorm of the streams, the 24 mixes (pre, post, Sinkhorn comb) and the "
+        "collapse of the site's input with the previous site's pre"))
+
+
 def _compressor(x, wkv, norm_w, cos, sin, pos, rows, kv_cache, kv_scale, *, eps=1e-20, **_):
     """The compressed-KV half of dsv41.compressor_fused at ratio 1 (the launcher's positional interface):
     latent = RMSNorm(x · wkvᵀ), RoPE at the entry positions (table rows cos[pos], sin[pos]), FP4 E2M1 + E4M3

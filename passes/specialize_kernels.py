@@ -20,6 +20,10 @@ Algorithm, one forward walk per function:
      (router, prep / down / combine, the shared expert's FP8 GEMMs), which the compile driver builds too.
    - RMSNorm: the canonical chain `mul(w, to(mul(xf, rsqrt(add(mean(square(xf), [-1], keepdim), eps)))))`
      with `xf = to(x, f32)` -> `kernel.call @rmsnorm(x, w)` (key eps from the add).
+   - mHC site: `dsv41.hc_mixes(H, fn, base, scale)` and the collapse of the same H with the previous
+     site's pre, `to(sum(mul(unsqueeze(pre_prev, -1), to(H, f32)), [-2]))` -> `kernel.call @mhc_pre(H,
+     pre_prev, fn, base, scale) -> (x_in, pre, post, comb)` at the hc_mixes (the collapse's last op is
+     absorbed: its result is the call's x_in). A site with no such collapse keeps its reference.
 2. Every domain op (`dsv41.*`) left after the patterns must have a generic fallback on T
    (`GENERIC_FALLBACK`: the op then runs as its reference implementation, and the report says why
    it has no kernel yet); one without is an error naming the op, its loc and the target.
@@ -31,7 +35,7 @@ Known gaps: the other templates (attention, compressor, indexer, mHC, Engram) ne
 the fusions of `lower-kv-fp4`, `fuse-compressor` and `lower-indexer-int8` before a call can satisfy their
 contracts; until then their ops take the generic fallback. Launch parameters: fp8_gemm's split and tiles and
 moe_ffn's workspaces and router tiles are still chosen by their launchers from the shapes; no workspace is a
-value in the IR yet. The MoE gate bias keeps its cast (dequant_weight{cast}) as the call's operand; the
+value in the IR yet; mhc_pre's expand (mhc_post) is not matched. The MoE gate bias keeps its cast (dequant_weight{cast}) as the call's operand; the
 norms of 3-D values (per-head) are not matched.
 """
 from __future__ import annotations
@@ -61,7 +65,8 @@ GENERIC_FALLBACK = {
     "dsv41.candidate_blocks": "its kernel is fused into the integer-path scoring (lower-indexer-int8)",
     "dsv41.moe": "not the pattern moe_ffn implements (the stats' moe_not_matched:<why> say which part differs), "
                  "or no moe_ffn variant on the target",
-    "dsv41.hc_mixes": "its kernel (mhc_pre) fuses the collapse with the previous site's mixes",
+    "dsv41.hc_mixes": "a site whose input is not collapsed from its streams with the previous site's pre (the "
+                      "pattern mhc_pre implements)",
     "dsv41.engram_hash": "no kernel: host-side hashing of the token tail",
     "dsv41.cache_append": "a state write: its kernel is the compressor's fused FP4 cache append (fuse-compressor)",
     "dsv41.ring_append": "a state write: its kernel is kv_fp8_ring_append, on the packed window (lower-kv-fp4)",
@@ -132,8 +137,17 @@ class SpecializeKernels(ModulePass):
         by_result = {id(r): op for op in f.ops for r in op.results}
         out, changed = [], False
         stacks: dict = {}  # stacked weight name -> its function argument (one per layer matrix)
+        users: dict = {}
         for op in f.ops:
+            for v in op.operands:
+                users.setdefault(id(v), []).append(op)
+        absorbed: set = set()  # ops after a call that the call computes too (an mHC site's collapse)
+        for op in f.ops:
+            if id(op) in absorbed:
+                continue
             new = _fp8_linear(op, by_result, uses, self.target, widths, f.name)
+            if new is None and op.name == "dsv41.hc_mixes":
+                new = _mhc_site(op, by_result, uses, users, self.target, widths, absorbed)
             if new is None and op.name == "aten.mul":
                 new = _rmsnorm(op, by_result, uses, self.target, widths)
             if new is None and op.name == "dsv41.moe":
@@ -401,6 +415,73 @@ def _rmsnorm(op, by_result, uses, target, widths):
     new = Op("kernel.call", [x, w], types, attrs, op.loc, [r_.name for r_ in op.results])
     _replace_uses(op, new)
     return new
+
+
+def _mhc_site(op, by_result, uses, users, target, widths, absorbed):
+    """hc_mixes(H) and the collapse of the same H with the previous site's pre,
+    `to(sum(mul(unsqueeze(pre_prev, -1), to(H, f32)), [-2]), H's dtype)` (the casts absent for f32 streams), ->
+    kernel.call @mhc_pre(H, pre_prev, fn, base, scale) -> (x_in, pre, post, comb) at the hc_mixes; the collapse's
+    last op is absorbed (its result is the call's x_in), the rest dies. None where no such collapse reads H
+    (the site keeps its reference)."""
+    from dsv41c.codegen.kernel_select import select_variant
+
+    H, fn, base, scale = op.operands
+    if not isinstance(H.type, TensorType) or H.type.rank != 3 or len(op.results) != 3:
+        return None
+    act = H.type.dtype
+    f32 = act.name == "f32"
+
+    def only_user(v, name):
+        us = users.get(id(v), [])
+        return us[0] if len(us) == 1 and us[0].name == name and uses.get(id(v), 0) == 1 else None
+
+    starts = ([H] if f32 else []) + [u.results[0] for u in users.get(id(H), []) if u.name == "aten.to"
+                                     and u.attrs.get("dtype") is not None and u.attrs["dtype"].name == "f32"]
+    for hf in starts:
+        muls = [u for u in users.get(id(hf), []) if u.name == "aten.mul" and len(u.operands) == 2]
+        for m in muls:
+            other = m.operands[0] if m.operands[1] is hf else m.operands[1]
+            un = by_result.get(id(other))
+            if un is None or un.name != "aten.unsqueeze" or un.attrs.get("dim") not in (-1, 2):
+                continue
+            pre_prev = un.operands[0]
+            if pre_prev.type.dtype.name != "f32" or pre_prev.type.shape != H.type.shape[:2]:
+                continue
+            s = only_user(m.results[0], "aten.sum")
+            if s is None or tuple(s.attrs.get("dim") or ()) not in ((-2,), (1,)) or s.attrs.get("keepdim") \
+                    or s.attrs.get("dtype") is not None:
+                continue
+            last = only_user(s.results[0], "aten.to")
+            if last is None or last.attrs.get("dtype") != act:
+                last = s if f32 else None  # f32 streams: the cast back may be gone (canonicalize)
+            if last is None:
+                continue
+            T, HC, D = H.type.shape
+            mode = "decode_gemv" if T == 1 else "prefill"
+            streams = "fp32" if f32 else "bf16"
+            spec = select_variant("mhc_pre", target, {"HC": HC, "D": D, "mode": mode, "streams": streams}, widths)
+            if spec is None:
+                return None
+            comp = ["mhc_pre/coeff_bt1"] if T == 1 else [
+                f"mhc_pre/decode_gemv_{streams}", f"mhc_pre/decode_{streams}", "mhc_pre/coeff_bt1",
+                "mhc_pre/coeff_bt8", "mhc_pre/coeff_bt16"]
+            a = op.attrs
+            attrs = {"template": "mhc_pre", "variant": spec.variant, "target": target, KEY_PREFIX + "HC": HC,
+                     KEY_PREFIX + "D": D, KEY_PREFIX + "act": act.name, KEY_PREFIX + "mode": mode,
+                     KEY_PREFIX + "iters": int(a["iters"]), KEY_PREFIX + "hc_eps": float(a["hc_eps"]),
+                     KEY_PREFIX + "norm_eps": float(a["norm_eps"]), KEY_PREFIX + "components": ",".join(comp)}
+            types = check_call("mhc_pre", [H.type, pre_prev.type, fn.type, base.type, scale.type], attrs)
+            x = last.results[0]
+            new = Op("kernel.call", [H, pre_prev, fn, base, scale], types, attrs, op.loc,
+                     [x.name] + [r.name for r in op.results])
+            for r_old, r_new in zip([x, *op.results], new.results):
+                r_old.owner, r_old.type = new, r_new.type
+            new.results = [x, *op.results]
+            for i, r in enumerate(new.results):
+                r.index = i
+            absorbed.add(id(last))
+            return new
+    return None
 
 
 def _linear_name(loc) -> str:

@@ -30,6 +30,7 @@ LAUNCHERS = {
     "fp8_gemm": ("dsv41c.codegen.triton.fp8_gemm", "fp8_gemm_call"),
     "moe_ffn": ("dsv41c.codegen.triton.moe_ffn", "moe_ffn"),
     "rmsnorm": ("dsv41c.codegen.triton.rmsnorm", "rmsnorm_call"),
+    "mhc_pre": ("dsv41c.codegen.triton.mhc", "mhc_pre_call"),
 }
 _LIBRARY = "dsv41c.codegen.triton"
 

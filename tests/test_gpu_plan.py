@@ -46,7 +46,8 @@ def test_the_float32_gpu_plan_interpreted_equals_the_cpu_plan_and_each_kernel_ca
     # RMSNorm (attention, FFN, q and kv norms per layer, the final norm, the compressors') as one
     assert by["moe_ffn/backbone_gemv"]["calls"] == 2 * L
     assert sum(r["calls"] for k, r in by.items() if k.startswith("rmsnorm/")) >= 2 * (4 * L + 1)
-    assert set(t.split("/")[0] for t in by) == {"fp8_gemm", "moe_ffn", "rmsnorm"}
+    assert sum(r["calls"] for k, r in by.items() if k.startswith("mhc_pre/")) == 2 * 2 * L  # both sites a layer
+    assert set(t.split("/")[0] for t in by) == {"fp8_gemm", "moe_ffn", "rmsnorm", "mhc_pre"}
     variants = set(by)
     assert "fp8_gemm/wq_a_prefill" in variants and variants & {"fp8_gemm/wq_a_gemv", "fp8_gemm/wq_a_decode"}
     sg, sc = gpu.new_session(), cpu.new_session()
@@ -106,6 +107,7 @@ def test_other_targets_get_a_plan_with_their_kernel_calls(tmp_path, target):
     assert sum(dec["kernel_calls"]["fp8_gemm"].values()) == 4 * 40 + 8 and dec["aten_left"] > 0
     assert dec["kernel_calls"]["moe_ffn"] == {"backbone_gemv": 40}
     assert sum(dec["kernel_calls"]["rmsnorm"].values()) == 4 * 40 + 1 + 4  # per layer 4, the final norm, 4 compressors
+    assert sum(dec["kernel_calls"]["mhc_pre"].values()) == 2 * 40
 
 
 def test_an_ascend_target_gets_a_plan_and_says_its_kernels_are_not_built(tmp_path):

@@ -78,8 +78,8 @@ def test_the_pass_changes_the_plan_not_the_answer(traced):
     assert sum(v for k, v in stats.items() if k.startswith("kernel_calls:fp8_gemm/")) > 0
     assert stats["fallback:dsv41.sparse_attention"] > 0 and stats["aten_left:prefill"] > 0
     calls = [op for op in after.module.functions["prefill"].ops if op.name == "kernel.call"]
-    assert all(op.attrs["target"] == "cuda:sm90" and (op.attrs.get("key.N") or op.attrs.get("key.E")) and op.loc
-               for op in calls)
+    assert all(op.attrs["target"] == "cuda:sm90" and op.attrs["key.act"] and op.loc for op in calls)
+    assert {op.attrs["template"] for op in calls} == {"fp8_gemm", "moe_ffn", "rmsnorm", "mhc_pre"}
     for fname, n in (("prefill", 5), ("decode", 1)):
         want = interpret(before, fname, _inputs(before, fname, cfg, sd, ids[:n]))
         got = interpret(after.module, fname, _inputs(after.module, fname, cfg, sd, ids[:n]))
@@ -108,6 +108,25 @@ def test_every_moe_reads_its_experts_stacked_and_packed(traced):
         assert "moe_decode_down_fp4/backbone_k4_forward" in c.attrs["key.components"].split(",")
     assert stats["kernel_calls:moe_ffn/backbone_gemv"] == 2 * cfg.num_hidden_layers
     assert "fallback:dsv41.moe" not in stats
+
+
+def test_every_mhc_site_computes_its_mixes_and_its_input_in_one_call(traced):
+    """Both sites of every layer: hc_mixes and the collapse of the site's input with the previous site's pre become
+    one mhc_pre call whose first result is that input (the collapse's ops are gone)."""
+    cfg = preset("mini")
+    after = PassManager([make_pass("specialize-kernels", target="cuda:sm90")]).run(traced.clone()).module
+    for fname in ("prefill", "decode"):
+        f = after.functions[fname]
+        calls = [op for op in f.ops if op.name == "kernel.call" and op.attrs["template"] == "mhc_pre"]
+        assert len(calls) == 2 * cfg.num_hidden_layers and not any(op.name == "dsv41.hc_mixes" for op in f.ops)
+        for c in calls:
+            H, pre_prev = c.operands[:2]
+            assert [str(r.type) for r in c.results[1:]] == [f"f32[{H.type.shape[0]}, 4]"] * 2 + [
+                f"f32[{H.type.shape[0]}, 4, 4]"]
+            assert c.results[0].type.shape == (H.type.shape[0], cfg.hidden_size) and pre_prev.type.dtype.name == "f32"
+        # no site's collapse is left beside its call: only the head's own (it has no hc_mixes site)
+        left = [op for op in f.ops if op.name == "aten.sum" and tuple(op.attrs.get("dim") or ()) == (-2,)]
+        assert [op.loc for op in left] == ["epilogue"]
 
 
 def test_a_moe_whose_experts_are_not_stored_weights_falls_back_and_says_why():

@@ -302,6 +302,12 @@ def mhc_pre(H, pre_prev, fn, base, scale, norm_eps: float, hc_eps: float, iters:
     return x, pre, post, comb
 
 
+def mhc_pre_call(H, pre_prev, fn, base, scale, *, iters: int, hc_eps: float, norm_eps: float, **_):
+    """A plan's `kernel.call @mhc_pre`: one site's mixes and the collapse of its input with the previous site's
+    `pre_prev` -> (x_in, pre, post, comb). The form (GEMV / split / fused) is still chosen here from T."""
+    return mhc_pre(H, pre_prev, fn, base, scale, norm_eps, hc_eps, int(iters))
+
+
 GEMV_MAX_T = 8  # decode: tokens up to which mhc_pre runs the per-token GEMV form
 GEMV_BD = 128  # channels per program of the GEMV form (D = 5120 -> 40 programs per token)
 
