@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from dsv41c.ir.core import Op
+from dsv41c.ir.registry import lookup
 from dsv41c.passes.base import ModulePass, PassResult
 from dsv41c.passes.rewrite import replace_uses
 
@@ -40,13 +41,36 @@ class _Skip(Exception):
     pass
 
 
-def _chain(f, comp):
-    return [op for op in f.ops if op.loc == comp.loc and op.name != "aten.new_zeros"]
+class _Index:
+    """One function's compressor chains (the ops at each compressor's loc), the readers of the values they
+    define and the positions of the values they read: two sweeps, nothing kept per op of the rest (the
+    full plan has ~10^5 ops)."""
+
+    def __init__(self, f):
+        locs = {op.loc for op in f.ops if op.name == "dsv41.compressor_step"}
+        self.by_loc: dict = {loc: [] for loc in locs}
+        for op in f.ops:
+            if op.loc in self.by_loc and op.name != "aten.new_zeros":  # a ratio-1 source's empty carry stays out
+                self.by_loc[op.loc].append(op)
+        chain_ops = [op for ops in self.by_loc.values() for op in ops]
+        defined = {id(r) for op in chain_ops for r in op.results}
+        needed = {id(v) for op in chain_ops for v in op.operands}
+        self.pos: dict = {}
+        self.readers: dict = {}
+        for i, op in enumerate(f.ops):
+            for r in op.results:
+                if id(r) in needed:
+                    self.pos[id(r)] = i
+            for v in op.operands:
+                if id(v) in defined:
+                    self.readers.setdefault(id(v), []).append((i, op))
+        self.returned = {id(v) for v in f.returns or ()}
 
 
-def fuse_one(f, comp, counts: dict):
-    """The fused op for the chain of `comp`, inserted, the chain erased; or raise _Skip(why)."""
-    chain = _chain(f, comp)
+def plan_fusion(f, comp, ix: _Index):
+    """(index of the op after which the fused op goes, the fused op, ids of the chain's ops, result
+    substitution) for the chain of `comp`; or raise _Skip(why)."""
+    chain = ix.by_loc.get(comp.loc, [])
     ids = {id(op) for op in chain}
     defined = {id(r) for op in chain for r in op.results}
     packs = [op for op in chain if op.name == "dsv41.kv_pack"]
@@ -66,15 +90,14 @@ def fuse_one(f, comp, counts: dict):
         p, i = by_result[id(rows)]
         role[PACK_ROLES[p.attrs["fmt"]][i]] = (cache, ap)
     lat = comp.results[0]
-    from dsv41c.ir.registry import lookup
-
     cargs, _ = lookup(comp.name).bind(comp.operands, comp.attrs)
     wk = None
     by_def = {id(r): op for op in chain for r in op.results}
     for op in chain:
         if op.name == "aten.matmul" and op.operands[0] is lat:
             t = by_def.get(id(op.operands[1]))
-            if t is not None and t.name in ("aten.permute", "aten.t", "aten.transpose") and id(t.operands[0]) not in defined:
+            if t is not None and t.name in ("aten.permute", "aten.t", "aten.transpose") \
+                    and id(t.operands[0]) not in defined:
                 wk = t.operands[0]
     if wk is None:
         raise _Skip("no_key_projection")
@@ -94,21 +117,15 @@ def fuse_one(f, comp, counts: dict):
     # what leaves the chain: the appended caches and the carry, nothing else
     leaving = {id(ap.results[0]) for _, ap in role.values()} | {id(comp.results[1]), id(comp.results[2])}
     first_use = len(f.ops)
-    for i, op in enumerate(f.ops):
-        if id(op) in ids:
-            continue
-        for v in op.operands:
-            if id(v) in defined:
-                if id(v) not in leaving:
-                    raise _Skip("escapes")
-                first_use = min(first_use, i)
-    if any(id(v) in defined and id(v) not in leaving for v in f.returns or ()):
-        raise _Skip("escapes")
+    for vid in defined:
+        outside = [i for i, op in ix.readers.get(vid, ()) if id(op) not in ids]
+        if (outside or vid in ix.returned) and vid not in leaving:
+            raise _Skip("escapes")
+        first_use = min([first_use] + outside)
     inputs = [cargs["x"], cargs["pos"], cargs["wkv"], cargs["wgate"], cargs["norm_w"], cargs["buf_kv"],
               cargs["buf_gate"], inv[0], wk, norm[0]] + [role[n][0] for n in ("kv_codes", "kv_scales", "key_codes",
                                                                             "key_scales")]
-    pos_of = {id(r): i for i, op in enumerate(f.ops) for r in op.results}
-    last_def = max((pos_of.get(id(v), -1) for v in inputs if v is not None), default=-1)
+    last_def = max((ix.pos.get(id(v), -1) for v in inputs if v is not None), default=-1)
     if last_def >= first_use:
         raise _Skip("order")
     names = {n: role[n][1].attrs.get("name", n) for n in ("kv_codes", "key_codes")}
@@ -119,12 +136,39 @@ def fuse_one(f, comp, counts: dict):
     outs += [comp.results[1], comp.results[2]]
     fused = Op("dsv41.compressor_fused", operands, [v.type for v in outs], attrs, comp.loc,
                [v.name for v in outs])
-    subst = {id(old): new for old, new in zip(outs, fused.results)}
-    f.ops.insert(last_def + 1, fused)
-    f.ops = [op for op in f.ops if id(op) not in ids]
-    replace_uses(f, subst)
-    counts["chain_ops_removed"] = counts.get("chain_ops_removed", 0) + len(chain)
-    return fused
+    return last_def, fused, ids, {id(old): new for old, new in zip(outs, fused.results)}
+
+
+def fuse_all(f, stats: dict) -> int:
+    """Fuse every compressor chain of f (planned on the original order, applied in one rebuild)."""
+    ix = _Index(f)
+    after: dict = {}
+    drop, subst = set(), {}
+    n = 0
+    for comp in [op for op in f.ops if op.name == "dsv41.compressor_step"]:
+        try:
+            at, fused, ids, sub = plan_fusion(f, comp, ix)
+        except _Skip as why:
+            key = f"not_fused.{why}"
+            stats[key] = stats.get(key, 0) + 1
+            continue
+        after.setdefault(at, []).append(fused)
+        drop |= ids
+        subst.update(sub)
+        n += 1
+        key = f"fused.ratio{fused.attrs['ratio']}:{f.name}"
+        stats[key] = stats.get(key, 0) + 1
+    if n:
+        out = [fused for fused in after.get(-1, [])]
+        for i, op in enumerate(f.ops):
+            if id(op) not in drop:
+                out.append(op)
+            out.extend(after.get(i, ()))
+        f.ops = out
+        replace_uses(f, subst)
+    stats[f"fused:{f.name}"] = n
+    stats[f"chain_ops_removed:{f.name}"] = len(drop)
+    return n
 
 
 @dataclass(frozen=True)
@@ -135,21 +179,5 @@ class FuseCompressor(ModulePass):
         import dsv41c.ir.ops_compressor_fused  # noqa: F401  (the op this pass makes)
 
         stats: dict = {}
-        total = 0
-        for f in module.functions.values():
-            counts: dict = {}
-            n = 0
-            for comp in [op for op in f.ops if op.name == "dsv41.compressor_step"]:
-                try:
-                    fused = fuse_one(f, comp, counts)
-                except _Skip as why:
-                    key = f"not_fused.{why}"
-                    stats[key] = stats.get(key, 0) + 1
-                    continue
-                n += 1
-                key = f"fused.ratio{fused.attrs['ratio']}:{f.name}"
-                stats[key] = stats.get(key, 0) + 1
-            stats[f"fused:{f.name}"] = n
-            stats[f"chain_ops_removed:{f.name}"] = counts.get("chain_ops_removed", 0)
-            total += n
+        total = sum(fuse_all(f, stats) for f in module.functions.values())
         return PassResult(module, total > 0, dict(sorted(stats.items())))
