@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from dsv41c.ir.parser import parse_module
 from dsv41c.passes.base import PassError
@@ -16,6 +17,15 @@ from dsv41c.passes.registry import make_pass, parse_pipeline
 
 GOLDEN = Path(__file__).parent / "golden" / "plan-chunks.ir"
 WEIGHTS, STATE = 64 * 64 * 4, 128 * 64 * 4
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Small tensors: torch's thread start-up costs more than it saves (and the cores are shared)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _golden():

@@ -17,6 +17,7 @@ from dsv41c.passes.pipeline import build_pipeline, pipeline_specs
 from dsv41c.passes.registry import make_pass
 
 ORDERS = 20
+CONTEXT = 64
 
 
 def _scheduled(name, target):
@@ -26,8 +27,8 @@ def _scheduled(name, target):
     from dsv41c.passes.plan_memory import binding_attrs
 
     cfg = preset(name)
-    m, _ = trace(cfg, kv_quant=False, progress=None)
-    m.attrs = {**m.attrs, **binding_attrs(cfg, chunk=8, max_context=64)}
+    m, _ = trace(cfg, kv_quant=False, progress=None, max_context=CONTEXT)  # small caches: fast runs
+    m.attrs = {**m.attrs, **binding_attrs(cfg, chunk=8, max_context=CONTEXT)}
     specs = pipeline_specs(target)
     if target == "cpu":
         specs.insert(specs.index("plan-memory"), "schedule-streams")
@@ -39,14 +40,38 @@ def _scheduled(name, target):
 def _inputs(f, cfg, sd, ids):
     from dsv41c.frontend.step import new_state
 
-    st = new_state(cfg)
+    st = new_state(cfg, max_context=CONTEXT)
     return {a.name: ids if a.name == "ids" else st[a.name].clone() if a.name.startswith("state.") else sd[a.name]
             for a in f.args}
 
 
+@pytest.fixture
+def dequant_once(monkeypatch):
+    """Every run dequantizes the same stored weights: the result (a pure function of the weight tensor) is
+    computed once and reused, so 20 interleavings cost little more than one; every op still runs in order."""
+    import dataclasses
+
+    from dsv41c.ir.registry import _REGISTRY, get
+
+    d = get("dsv41.dequant_weight")
+    memo = {}
+
+    def impl(a):
+        key = (id(a.w), id(a.scale), a.fmt, a.dtype, a.bf16_round, a.block)
+        if key not in memo:
+            memo[key] = (a.w, d.impl(a))  # the weight kept alive, so its id is not reused
+        return memo[key][1]
+
+    monkeypatch.setitem(_REGISTRY, d.name, dataclasses.replace(d, impl=impl))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small tensors: thread start-up costs more than it saves
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("name, target, fn, n", [("tiny", "cpu", "decode", 1),
                                                  ("mini", "cpu", "prefill", 6)])
-def test_random_interleavings_equal_the_serial_result_bit_for_bit(name, target, fn, n):
+def test_random_interleavings_equal_the_serial_result_bit_for_bit(name, target, fn, n, dequant_once):
     from dsv41c.frontend.model.weights import stored_state_dict
 
     cfg, res = _scheduled(name, target)

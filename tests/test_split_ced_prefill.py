@@ -19,6 +19,15 @@ from dsv41c.passes.split_ced_prefill import ENCODER, ced_report
 GOLDEN = Path(__file__).parent / "golden" / "split-ced-prefill.ir"
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Small tensors: torch's thread start-up costs more than it saves (and the cores are shared)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _run(m, fn, ids, state, sd):
     f = m.functions[fn]
     outs = interpret(m, fn, {a.name: ids if a.name == "ids" else state[a.name].clone() if a.name.startswith("state.")
