@@ -13,7 +13,7 @@ Steps (progress on stderr, one line each):
    dumps), then a final verify;
 5. codegen for `cpu` (`codegen/cpu.py`): program.json;
 6. `write_artifact`: manifest.json (versions, target, config + hash, checkpoint location +
-   index hash + inventory hash, pipeline + options), plan.ir, program.json, reports/
+   index hash + inventory hash, pipeline + options, the persistent state's layout), plan.ir, program.json, reports/
    (passes.json: per-pass changed flag + stats, and wall-clock seconds when --timings is
    asked; trace.json; layer_plan.json/.txt with cache bytes; ops.json; streams.json: ops per
    stream, events, and per layer the serial against the scheduled streams' time; chunks.json
@@ -133,6 +133,14 @@ def _versions() -> dict:
     return {"dsv41c_version": dsv41c.__version__, "torch_version": torch.__version__, "triton_version": tv}
 
 
+def _state_layout(module) -> dict:
+    """The persistent state the runtime allocates once: name -> IR dtype and shape (packed codes and scales where
+    lower-kv-fp4 ran, so a kv-quant build's layout differs from a --kv-quant off one's)."""
+    f = module.functions.get("prefill") or next(iter(module.functions.values()))
+    return {a.name: {"dtype": a.type.dtype.name, "shape": [d if isinstance(d, int) else str(d) for d in a.type.shape]}
+            for a in f.args if a.attrs.get("placement") == "persistent"}
+
+
 def _op_counts(module) -> dict:
     return {name: dict(sorted(Counter(op.name for op in f.ops).items())) for name, f in module.functions.items()}
 
@@ -243,7 +251,8 @@ def build_artifact(out: str, checkpoint: str | None = None, preset: str | None =
                     "options": {"kv_quant": bool(kv_quant), "dtype": act, "seed": seed if tmp_ckpt else None,
                                 "max_context": ctx},
                     "kernels": kernel_entries, "kernel_build": _kernel_build_note(target, kernels),
-                    "functions": {n: {"ops": len(f.ops), "args": len(f.args)} for n, f in module.functions.items()}}
+                    "functions": {n: {"ops": len(f.ops), "args": len(f.args)} for n, f in module.functions.items()},
+                    "state": _state_layout(module)}
         if memory_budget:  # the runtime prefills in chunks of at most this many tokens
             manifest["options"].update(chunk=module.attrs.get("chunk"), memory_budget=memory_budget)
         if "ced.suffix" in module.attrs:  # a prompt longer than the suffix may prefill through @prefill_encoder

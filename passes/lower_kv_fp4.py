@@ -214,7 +214,7 @@ def _packed_rows_of(op, y, packed) -> bool:
 
 def kv_bytes(module) -> dict:
     """KV bytes per token from the packed state buffers' types (the first function's)."""
-    f = next(iter(module.functions.values()))
+    f = module.functions.get("prefill") or next(iter(module.functions.values()))
     types = {a.name: a.type for a in f.args}
     ratio = {}
     for op in f.ops:

@@ -117,3 +117,23 @@ def test_kv_quant_off_has_nothing_to_pack():
                           "").replace("%comp,", "%lat,")
     res = make_pass("lower-kv-fp4").run(parse_module(text))
     assert not res.changed and res.stats["packed_buffers"] == 0
+
+
+def test_a_kv_quant_artifact_describes_and_runs_on_its_packed_state(mini_on):
+    import json
+    import os
+
+    from dsv41c.runtime.loader import load
+
+    m = json.load(open(os.path.join(mini_on, "manifest.json")))
+    cfg = preset("mini")
+    cap = -(-m["options"]["max_context"] // 2)
+    assert m["state"]["state.comp_kv.2.codes"] == {"dtype": "fp4e2m1x2", "shape": [cap, cfg.head_dim // 2]}
+    assert m["state"]["state.window.0.scales"] == {"dtype": "e8m0", "shape": [cfg.sliding_window - 1, cfg.head_dim // 32]}
+    assert "state.comp_kv.2" not in m["state"]
+    model = load(mini_on)
+    s = model.new_session()  # the runtime allocates the packed buffers once, from the plan
+    assert s.state["state.index_k.6.codes"].dtype == torch.uint8 and s.state["state.window.3.codes"].dtype == \
+        torch.float8_e4m3fn and s.state["state.window.3.scales"].dtype == torch.float8_e8m0fnu
+    model.prefill(s, [3, 1, 4, 1, 5, 9, 2, 6])
+    assert s.state["state.comp_kv.6.codes"][:8].any() and not s.state["state.comp_kv.6.codes"][8:].any()

@@ -132,6 +132,7 @@ def test_max_context_fixes_the_capacity_and_the_tokens_do_not_change(tmp_path, t
     assert main(["compile", "--preset", "tiny", "--kv-quant", "off", "--max-context", "24", "-o", out]) == 0
     m = json.load(open(os.path.join(out, "manifest.json")))
     assert m["options"]["max_context"] == 24
+    assert m["state"]["state.comp_kv.2"] == {"dtype": "f32", "shape": [12, 64]}  # kv-quant off: the float layout
     short, full = load(out), load(tiny_off)
     state = {a["name"]: a for a in short.program["prefill"].args if a["role"] == "state"}
     assert state["state.comp_kv.2"]["shape"] == [12, 64] and state["state.index_k.20"]["shape"] == [24, 32]
