@@ -132,8 +132,9 @@ def test_kv_quant_on_every_plan_op_equals_its_reference_op(mini_on):
         inputs = [x if a["role"] == "input" else s.state[a["name"]] if a["role"] == "state" else w[a["name"]]
                   for a in fn.args]
         names = _check_ops(mini_on, model, fname, inputs)
-        assert {"dsv41.kv_pack", "dsv41.kv_unpack", "dsv41.cache_append", "dsv41.ring_append", "dsv41.sparse_attention",
-                "dsv41.compressor_step", "dsv41.select_topk", "dsv41.moe"} <= names  # KV state packed (lower-kv-fp4)
+        # KV state packed (lower-kv-fp4); each KV source's chain through its cache appends one op (fuse-compressor)
+        assert {"dsv41.kv_pack", "dsv41.kv_unpack", "dsv41.ring_append", "dsv41.sparse_attention",
+                "dsv41.compressor_fused", "dsv41.index_scores_int8", "dsv41.select_topk", "dsv41.moe"} <= names
         (model.prefill if fname == "prefill" else model.decode)(s, chunk if fname == "prefill" else chunk[0])
 
 
