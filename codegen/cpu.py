@@ -18,7 +18,8 @@ args, kwargs, out slots, `bind` = [[result, dim, symbol]] for data-dependent siz
 Lowering rules: an IR op whose reference is ATen's generic `aten(name)` call is emitted
 the same way (first argument positional, the rest by schema name); the others follow
 `_SPECIAL` (positional order for ATen's own argument names); `dsv41.*` ops call their
-custom op with every argument in schema order. An op with no rule raises `PlanError`
+custom op with every argument in schema order, except the state writes (`cache_append`,
+`ring_append`), which become the runtime's in-place `rt.cache_append` / `rt.ring_append`. An op with no rule raises `PlanError`
 (never a silent fallback). JSON is written with sorted keys and fixed separators, so the
 same IR gives the same bytes.
 A `kernel.call` (GPU targets) becomes `{"target": "kernel.<template>", "args": operands in the
@@ -108,6 +109,7 @@ for _n, _v in (("zeros", 0), ("ones", 1), ("empty", 0)):
     _SPECIAL[f"aten.{_n}_like"] = ("aten.full_like", ["self", "#" + str(_v)], ["@dtype"])
     _SPECIAL[f"aten.new_{_n}"] = ("aten.full", ["size", "#" + str(_v)], ["@dtype"])
 _POSITIONAL = {"einsum": 2}
+_IN_PLACE = {"dsv41.cache_append": "rt.cache_append", "dsv41.ring_append": "rt.ring_append"}
 
 
 def _enc(x, slot):
@@ -159,7 +161,9 @@ def lower_op(op, slot: dict) -> dict:
                                          "target": op.attrs["target"], "keys": dict(keys_of(op.attrs))}}
     if name.startswith("dsv41."):
         names = [a.name for a in opdef.schema.args]
-        return {"target": name + ".default", "args": [_enc(args[n], slot) for n in names], "kwargs": {}}
+        # a state write runs in place in the runtime (rt.cache_append / rt.ring_append: the same arguments)
+        target = _IN_PLACE.get(name, name + ".default")
+        return {"target": target, "args": [_enc(args[n], slot) for n in names], "kwargs": {}}
     if name in ("aten.index", "aten.index_put"):
         full = _full_indices(args, op.operands[0].type.rank)
         pos = [args["self"], full] + ([args["values"], args["accumulate"]] if name == "aten.index_put" else [])

@@ -12,6 +12,7 @@ text is checked to hold only names, integers, `+ - * //` and parentheses before 
 compiled, so a crafted program cannot run code. Errors name the op, its location and
 target (`ExecutionError`). Imports nothing from the compiler.
 `kernel.<template>` targets (GPU plans) call that template's launcher (`runtime/kernels.py`).
+`rt.cache_append` / `rt.ring_append` write the session's state buffers in place (`dsv41c/prims/state.py`).
 Streams: a step's `stream` (absent: 0) is its queue on a device; `rt.record` makes an event
 token in its slot and `rt.wait` takes one. Here, on the CPU, the steps run in program order
 (one valid schedule of the streams), so both are no-ops; `_Op.stream` keeps the index for a
@@ -26,6 +27,7 @@ import ast
 import torch
 
 import dsv41c.ops  # noqa: F401  (registers torch.ops.dsv41)
+from dsv41c.prims.state import cache_append_, ring_append_
 from dsv41c.runtime.manifest import ArtifactError
 
 
@@ -67,6 +69,10 @@ _BUILTINS = {
     "rt.floordiv": lambda a, b: a // b,
     "rt.record": lambda: _RECORDED,  # serial execution: everything before is done already
     "rt.wait": lambda event: None,
+    # state writes in place, into the buffers the session allocated once (the verifier ensures no op reads a
+    # buffer's old value after its write): the same prims as the dsv41 ops' copying eager bodies
+    "rt.cache_append": cache_append_,
+    "rt.ring_append": ring_append_,
 }
 
 

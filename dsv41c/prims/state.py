@@ -57,7 +57,7 @@ def ring_append_(ring: torch.Tensor, rows: torch.Tensor, pos, name: str = "ring"
         raise ValueError(f"ring_append {name}: position {pos} < 0")
     keep = min(n, R)
     if keep and R:
-        slots = (pos + n - keep + torch.arange(keep)) % R
+        slots = (pos + n - keep + torch.arange(keep, device=ring.device)) % R
         _bytes(ring)[slots] = _bytes(rows)[n - keep:]
     return ring
 
