@@ -223,8 +223,11 @@ def _fp8_linear(op, by_result, uses, target, widths, fname):
             break
     if spec is None:
         return None  # no variant: the dequantized matmul stays (counted in dequantized_weights_left)
+    # the variant's launch decisions (tiles, split-K, decoder, warps) travel with the call: its launcher takes them
+    launch = {k: v for k, v in spec.keys.items() if k in _FP8_LAUNCH_KEYS}
+    launch.update(num_warps=spec.num_warps, num_stages=spec.num_stages)
     attrs = {"template": "fp8_gemm", "variant": spec.variant, "target": target,
-             **{KEY_PREFIX + k: v for k, v in keys.items()}}
+             **{KEY_PREFIX + k: v for k, v in {**keys, **launch}.items()}}
     try:
         types = check_call("fp8_gemm", [x.type, w.type, s.type], {k: v for k, v in attrs.items()
                                                                    if k.startswith(KEY_PREFIX)})
@@ -482,6 +485,9 @@ def _mhc_site(op, by_result, uses, users, target, widths, absorbed):
             absorbed.add(id(last))
             return new
     return None
+
+
+_FP8_LAUNCH_KEYS = ("BM", "BN", "BK", "GROUP_M", "SPLIT_K", "FOLD", "DECODE_W", "SPF", "GATED", "PIPE", "SEG")
 
 
 def _linear_name(loc) -> str:

@@ -488,11 +488,26 @@ def fp8_gemm(x, w, w_scale, act_quant: bool = False, out_dtype=None):
     return _gemm(x, w, w_scale, None, None, 0.0, act_quant, out_dtype, "fp8_gemm")
 
 
-def fp8_gemm_call(x, w, w_scale, **keys):
-    """A plan's `kernel.call @fp8_gemm`: x · dequant(W)ᵀ in x's dtype. `keys` are the call's specialization keys
-    (N, K, mode, act: what specialize-kernels fixed); the path and tiles are still `_gemm`'s choice from the
-    shapes and the device."""
-    return _gemm(x, w, w_scale, None, None, 0.0, False, None, "fp8_gemm")
+def fp8_gemm_call(x, w, w_scale, *, mode: str, BN: int = 0, BK: int = 0, SPLIT_K: int = 1, num_warps: int = 4,
+                  num_stages: int = 1, BM: int = 0, GROUP_M: int = 1, FOLD: bool = False, DECODE_W: int = 0,
+                  SPF=None, GATED: int = 0, PIPE: int = 1, SEG: int = GEMV_SEG, **_):
+    """A plan's `kernel.call @fp8_gemm`: x · dequant(W)ᵀ in x's dtype, launched as the call's variant says: mode
+    `gemv` (one token, CUDA cores: BN, BK, SPLIT_K, PIPE, SEG) or `decode` / `prefill` (tensor cores: BM, BN, BK,
+    GROUP_M, SPLIT_K, FOLD, DECODE_W, SPF), num_warps / num_stages, no programmatic dependent launch (the
+    variants are built without it). Without the keys (a call from an older plan) `_gemm` chooses as for any
+    caller. Still the launcher's: the split-K partials of an unfolded split and the arrival counters of a folded
+    one (torch's allocator and arrival.py's pool, not plan values), and the native-FP8 / inline-PTX flags, read
+    from the device the tensors are on."""
+    if not BN:
+        return _gemm(x, w, w_scale, None, None, 0.0, False, None, "fp8_gemm")
+    if mode == "gemv":
+        return _gemm(x, w, w_scale, None, None, 0.0, False, None, "fp8_gemm", path="gemv",
+                     tiles=(BN, BK, SPLIT_K, num_warps, PIPE, SEG), pdl=False, early_w=False)
+    if GATED:
+        raise ValueError(f"fp8_gemm: a plain linear's call has GATED={GATED}")
+    return _gemm(x, w, w_scale, None, None, 0.0, False, None, "fp8_gemm", path="mma",
+                 tiles=(BM, BN, BK, GROUP_M, SPLIT_K, num_warps, num_stages), fold=bool(FOLD),
+                 decode_w=int(DECODE_W), pdl=False, spf=SPF, stack=False)
 
 
 def fp8_gemm_swiglu(x, w1, s1, w3, s3, limit: float, act_quant: bool = False, out_dtype=None):
