@@ -20,7 +20,10 @@ A chain that does not have that form is left alone and counted (`not_fused.<why>
 
 Stats: `fused:<function>` (and `fused.ratio<r>:<function>`), `chain_ops_removed:<function>`, `not_fused.<why>`.
 Known gaps: the fake-quantized (not yet packed) and the kv-quant-off chains are not fused: the kernel writes
-packed caches. The RoPE and norm steps are recognised as "the rest of the chain at the compressor's loc",
+packed caches. The fused op is not a kernel.call yet: the compressor kernel's launcher takes complete groups,
+the RoPE table rows and the cache rows (its contract covers the ratio-1 compressed-KV half), so the carry,
+the table lookup and the indexer key's half still have to be split out of the op; until then it runs as its
+reference on GPU targets (a generic fallback). The RoPE and norm steps are recognised as "the rest of the chain at the compressor's loc",
 not matched op by op: the numeric tests (interpreter before == after) are what pins that the fused op
 computes what they did.
 """

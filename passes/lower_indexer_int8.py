@@ -20,9 +20,11 @@ with FP4 keys). Scores over anything else (`--kv-quant off`) stay on the float p
 Stats: `lowered:<function>`, `left_float:<function>` (index_scores whose operands are not FP4 data).
 Fallback counts are properties of the data: they are counted when the plan runs
 (`with prims.indexer_int8.count_fallbacks() as c: interpret(...)`).
-Known gaps: the op reads the FP4 values, not their packed codes; the kernel.call that reads the packed
-keys in place waits for the packed indexer cache (`lower-kv-fp4`), so `specialize-kernels` leaves the op
-to its reference (a generic fallback with that reason). The kernel sums the heads in its own pinned order
+Known gaps: the op reads the FP4 values; after `lower-kv-fp4` they are `kv_unpack`s of the packed codes and
+exponents, which the indexer_score kernel's contract (ir/kernel_contracts.py) reads directly, but
+`specialize-kernels` does not make that kernel.call yet (no plan launcher for indexer_score in the runtime,
+and the per-op check has no rule for scores that are -inf), so the op runs as its reference on GPU targets
+(a generic fallback with that reason). The kernel sums the heads in its own pinned order
 (w·d^-0.5 folded, h = 0..H-1): its scores can differ from this op's in the last bits (the per-op check's
 tolerance), which can reorder top-k entries whose scores are that close.
 """

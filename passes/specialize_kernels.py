@@ -59,8 +59,8 @@ GENERIC_FALLBACK = {
     "dsv41.compressor_step": "its kernel is the fused compressor chain with an in-place FP4 cache append "
                              "(fuse-compressor, lower-kv-fp4)",
     "dsv41.index_scores": "its kernel scores FP4 indexer keys on the exact integer path (lower-indexer-int8)",
-    "dsv41.index_scores_int8": "its kernel (indexer_score) reads the packed FP4 codes and UE8M0 exponents; the "
-                               "operands are FP4 values until the indexer cache and queries are stored packed",
+    "dsv41.index_scores_int8": "its kernel (indexer_score) reads the packed codes its kv_unpack operands come "
+                               "from, but has no plan launcher yet (nor a per-op rule for -inf scores)",
     "dsv41.select_topk": "its kernel selects from the integer-path scores (lower-indexer-int8)",
     "dsv41.candidate_blocks": "its kernel is fused into the integer-path scoring (lower-indexer-int8)",
     "dsv41.moe": "not the pattern moe_ffn implements (the stats' moe_not_matched:<why> say which part differs), "
