@@ -49,7 +49,7 @@ def context_limit(manifest: dict) -> tuple:
     mc = (manifest.get("options") or {}).get("max_context")
     if mc:
         limits.append((int(mc), "the artifact's --max-context"))
-    return min(limits) if limits else (None, None)
+    return min(limits, key=lambda x: x[0]) if limits else (None, None)  # a tie names the model's limit
 
 
 class RequestError(ValueError):
