@@ -21,13 +21,20 @@ import inspect
 from dsv41c.codegen.templates import all_templates
 
 _IGNORED = ("linear",)
+# (template, target, widths) -> its variants: a plan asks per call (thousands on `full`), and building a template's
+# AotSpecs is the same work every time (the widths are a frozen dataclass; the registry is fixed once imported)
+_VARIANTS: dict = {}
 
 
 def variants(template: str, target: str, widths=None) -> list:
-    t = all_templates().get(template)
-    if t is None:
-        raise KeyError(f"unknown kernel template '{template}'")
-    return template_variants(t, target, widths)
+    """The variants of `template` on `target` for `widths` (do not modify the list: it is shared)."""
+    key = (template, target, widths)
+    if key not in _VARIANTS:
+        t = all_templates().get(template)
+        if t is None:
+            raise KeyError(f"unknown kernel template '{template}'")
+        _VARIANTS[key] = template_variants(t, target, widths)
+    return _VARIANTS[key]
 
 
 def template_variants(t, target: str, widths=None) -> list:

@@ -49,6 +49,7 @@ from dsv41c.ir.kernel_contracts import KEY_PREFIX, ContractError, check_call
 from dsv41c.ir.types import TensorType
 from dsv41c.passes.base import ModulePass, PassError, PassResult
 from dsv41c.passes.rewrite import erase_dead_ops
+from dsv41c.passes.specialize_indexer import indexer_scores_call
 
 # Domain ops that run as their reference on a GPU target until the pass that makes their kernel's operands
 # exists; each with the reason the report shows.
@@ -142,6 +143,7 @@ class SpecializeKernels(ModulePass):
             for v in op.operands:
                 users.setdefault(id(v), []).append(op)
         absorbed: set = set()  # ops after a call that the call computes too (an mHC site's collapse)
+        arg_names = {a.name for a in f.args}
         for op in f.ops:
             if id(op) in absorbed:
                 continue
@@ -151,7 +153,9 @@ class SpecializeKernels(ModulePass):
             if new is None and op.name == "aten.mul":
                 new = _rmsnorm(op, by_result, uses, self.target, widths)
             if new is None and op.name == "dsv41.moe":
-                new = _moe(op, by_result, uses, self.target, widths, f, stacks, stats)
+                new = _moe(op, by_result, uses, self.target, widths, f, stacks, stats, arg_names)
+            if new is None and op.name == "dsv41.index_scores_int8":
+                new = indexer_scores_call(op, by_result, self.target, widths, f.name)
             if new is not None:
                 stats_key = f"kernel_calls:{new.attrs['template']}/{new.attrs['variant']}"
                 stats[stats_key] = stats.get(stats_key, 0) + 1
@@ -254,7 +258,7 @@ def _fed_by(v, by_result, uses, fmt, dtype):
 _EXPERT = re.compile(r"^(?P<head>.+)\.experts\.(?P<e>\d+)\.(?P<tail>.+)$")
 
 
-def _stacked(f, members, stacks):
+def _stacked(f, members, stacks, arg_names):
     """The argument binding `members` (expert e's tensor at index e, equal types) stacked along a new dim 0:
     named `<head>.experts.<tail>`, attributes stack_of = `<head>.experts.{e}.<tail>` and stack_count = E, which
     the runtime resolves at load into one device tensor as stored (nothing dequantized). None if the names do
@@ -268,7 +272,7 @@ def _stacked(f, members, stacks):
     name = f"{head}.experts.{tail}"
     if name in stacks:
         return stacks[name]
-    if any(a.name == name for a in f.args):
+    if name in arg_names:
         raise PassError(f"specialize-kernels: @{f.name} already has an argument %{name}; the stacked experts of "
                         f"%{members[0].name} cannot take that name")
     t = members[0].type
@@ -291,7 +295,7 @@ def _drop_unused_args(f, names):
         a.index = i
 
 
-def _moe(op, by_result, uses, target, widths, f, stacks, stats):
+def _moe(op, by_result, uses, target, widths, f, stacks, stats, arg_names):
     """dsv41.moe(x, gate, bias, [dequant_weight{fp4_row}(W, S) per expert matrix], dequant_weight{fp8_block}
     shared w1/w2/w3) -> kernel.call @moe_ffn(x, gate, bias, W1, S1, W3, S3, W2, S2, sw1, ss1, sw3, ss3, sw2, ss2)
     with the experts' stored tensors stacked per layer (`_stacked`); None (the op falls back) where the op is not
@@ -319,7 +323,7 @@ def _moe(op, by_result, uses, target, widths, f, stacks, stats):
     packed = {}
     for j, m in enumerate(("w1", "w2", "w3")):
         for k, part in enumerate(("w", "s")):
-            v = _stacked(f, [experts[3 * e + j].operands[k] for e in range(E)], stacks)
+            v = _stacked(f, [experts[3 * e + j].operands[k] for e in range(E)], stacks, arg_names)
             if v is None:
                 return miss("expert_names")
             packed[part + m[1]] = v
