@@ -54,7 +54,10 @@ from dsv41c.passes.specialize_indexer import indexer_scores_call
 # Domain ops that run as their reference on a GPU target until the pass that makes their kernel's operands
 # exists; each with the reason the report shows.
 GENERIC_FALLBACK = {
-    "dsv41.sparse_attention": "its kernel reads the FP8 window ring and the FP4 compressed cache (lower-kv-fp4)",
+    "dsv41.sparse_attention": "its kernel reads the FP8 window ring (codes + UE8M0 scales) and the FP4 compressed "
+                              "cache in place; the plan hands it a pool concatenated from kv_unpack of the ring and "
+                              "of the step's packed rows, with ring-order indices built by ATen ops: no pattern over "
+                              "that chain yet (nor a float variant for kv-quant off)",
     "dsv41.compressor_fused": "its kernel (compressor) takes complete groups, the RoPE table and the cache rows; the "
                               "carry and the table lookups stay to be split out of the fused op",
     "dsv41.compressor_step": "its kernel is the fused compressor chain with an in-place FP4 cache append "
