@@ -242,3 +242,45 @@ def _row_bytes(t: TensorType) -> int:
     for d in t.shape[1:]:
         n *= d
     return n
+
+
+_FORMAT_OF = {("fp8e4m3", "e8m0"): "fp8_ue8m0", ("fp4e2m1x2", "fp8e4m3"): "fp4_e4m3", ("fp4e2m1x2", "e8m0"): "fp4_ue8m0"}
+
+
+def packed_io(before, after, inputs: dict):
+    """For checking a lowered function against the float one on the same data (inputs: a dict by argument name, or
+    a list in `before`'s order; the results come the same way): -> (inputs of `before` with each
+    packed state input on its format's grid, the packed inputs of `after`, a function from `after`'s results to
+    `before`'s). A packed buffer only ever holds quantized rows, so the float input is fake-quantized first."""
+    from dsv41c.prims.kv_pack import kv_pack, kv_unpack
+
+    as_list = not isinstance(inputs, dict)
+    if as_list:  # positional inputs, in before's argument order
+        inputs = {a.name: v for a, v in zip(before.args, inputs)}
+    fin, pin = dict(inputs), {}
+    names = {a.name for a in after.args}
+    for a in before.args:
+        if a.name in names:
+            pin[a.name] = inputs[a.name]
+            continue
+        c, s = (next(x for x in after.args if x.name == f"{a.name}.{p}") for p in PARTS)
+        fmt = _FORMAT_OF[(c.type.dtype.name, s.type.dtype.name)]
+        pin[c.name], pin[s.name] = kv_pack(inputs[a.name], fmt)
+        fin[a.name] = kv_unpack(pin[c.name], pin[s.name], fmt, inputs[a.name].dtype)
+
+    def results(outs):
+        got, k = [], 0
+        for t in before.result_types:
+            at = after.result_types[k]
+            if at == t:
+                got.append(outs[k])
+                k += 1
+            else:
+                fmt = _FORMAT_OF[(at.dtype.name, after.result_types[k + 1].dtype.name)]
+                got.append(kv_unpack(outs[k], outs[k + 1], fmt, t.dtype.torch))
+                k += 2
+        return got
+
+    if as_list:
+        return [fin[a.name] for a in before.args], [pin[a.name] for a in after.args], results
+    return fin, pin, results

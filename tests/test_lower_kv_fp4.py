@@ -96,10 +96,10 @@ def test_the_kill_switch_leaves_the_fake_quantizers(monkeypatch):
     assert res.records[0].disabled and res.module == parse_module(text)
 
 
-_MIXED = """func @prefill(%state.comp_kv.2: f32[4, 32] {placement = "persistent"}, %lat: f32[2, 32], %at: i64[]) -> (f32[4, 32]) {
+_MIXED = """func @prefill(%state.comp_kv.2: f32[16, 32] {placement = "persistent"}, %lat: f32[2, 32], %at: i64[]) -> (f32[16, 32]) {
   %comp = dsv41.fq_compressed_kv(%lat) : (f32[2, 32]) -> f32[2, 32] loc("layers.2.attn.compressor")
-  %c1 = dsv41.cache_append(%state.comp_kv.2, %comp, %at) {name = "state.comp_kv.2", ratio = 2} : (f32[4, 32], f32[2, 32], i64[]) -> f32[4, 32] loc("layers.2.attn.compressor")
-  %c2 = dsv41.cache_append(%c1, %lat, %at) {name = "state.comp_kv.2", ratio = 2} : (f32[4, 32], f32[2, 32], i64[]) -> f32[4, 32] loc("layers.3.attn.compressor")
+  %c1 = dsv41.cache_append(%state.comp_kv.2, %comp, %at) {name = "state.comp_kv.2", ratio = 2} : (f32[16, 32], f32[2, 32], i64[]) -> f32[16, 32] loc("layers.2.attn.compressor")
+  %c2 = dsv41.cache_append(%c1, %lat, %at) {name = "state.comp_kv.2", ratio = 2} : (f32[16, 32], f32[2, 32], i64[]) -> f32[16, 32] loc("layers.3.attn.compressor")
   return %c2
 }
 """
