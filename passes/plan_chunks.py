@@ -83,21 +83,32 @@ def state_bytes(module, f) -> int:
     return sum(_bytes(a.type, env, f"@{f.name} state {a.name}") for a in f.args if _is_state(a))
 
 
-def chunk_binding(module, f, chunk: int) -> dict:
-    """f's binding with `T` = chunk and each compressor's emitted rows at their bound for that chunk."""
-    env = resolve_binding(module, f)
-    env["T"] = chunk
-    bound = f.bound_symbols()
+def chunk_binder(module, f):
+    """-> binding(chunk): f's binding with `T` = chunk and each compressor's emitted rows at their bound
+    for that chunk (the symbols and the compressors are found once)."""
+    base = resolve_binding(module, f)
+    syms = function_symbols(f)
     ratio_of = {}
     for op in f.ops:
         if op.name == "dsv41.compressor_step" and op.results and isinstance(op.results[0].type, TensorType):
             d = op.results[0].type.shape[0]
             if not isinstance(d, int) and len(d.free_symbols()) == 1 and str(d) in d.free_symbols():
                 ratio_of[str(d)] = int(op.attrs.get("ratio", 1))
-    for s in function_symbols(f) - bound - {"T"}:
-        r = ratio_of.get(s)
-        env[s] = (chunk + r - 1) // r if r else chunk
-    return {k: v for k, v in env.items() if k in function_symbols(f)}
+    free = syms - f.bound_symbols() - {"T"}
+
+    def binding(chunk: int) -> dict:
+        env = {**base, "T": chunk}
+        for s in free:
+            r = ratio_of.get(s)
+            env[s] = (chunk + r - 1) // r if r else chunk
+        return {k: v for k, v in env.items() if k in syms}
+
+    return binding
+
+
+def chunk_binding(module, f, chunk: int) -> dict:
+    """f's binding at one chunk (`chunk_binder` for several)."""
+    return chunk_binder(module, f)(chunk)
 
 
 def _routing(f):
@@ -184,8 +195,9 @@ class PlanChunks(ModulePass):
             cands.append(c)
             c *= 2
         best, table = None, {}
+        binding = chunk_binder(module, pre)
         for c in cands:
-            arena = plan_function(pre, chunk_binding(module, pre, c)).arena
+            arena = plan_function(pre, binding(c)).arena
             total = weights + state + max(arena, decode_arena)
             table[c] = arena
             stats[f"arena-bytes:chunk{c}"] = arena
@@ -198,7 +210,7 @@ class PlanChunks(ModulePass):
             raise PassError(f"plan-chunks: the budget {_gib(self.budget)} cannot hold even a chunk of {c0}: weights "
                             f"{_gib(weights)} + state {_gib(state)} + arena {_gib(max(table[c0], decode_arena))} = "
                             f"{_gib(stats[f'total-bytes:chunk{c0}'])}")
-        env = chunk_binding(module, pre, best)
+        env = binding(best)
         total = stats[f"total-bytes:chunk{best}"]
         module.attrs = {**module.attrs, "chunk": best, "memory.bind.prefill": format_binding(env)}
         stats.update({"chunk": best, "arena-bytes": table[best], "total-bytes": total,

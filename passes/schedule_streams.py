@@ -64,14 +64,24 @@ def _layer_of(loc):
 def _split_layers(f) -> int:
     """Stream 1 for each layer's KV path (step 1); returns how many layers were split."""
     regions: dict[int, list] = {}
+    used_at: dict[int, list] = {}  # id(value) -> positions of the ops that read it, over the whole function
+    for i, op in enumerate(f.ops):
+        for v in op.operands:
+            used_at.setdefault(id(v), []).append(i)
     for i, op in enumerate(f.ops):
         m = _LOC.match(op.loc or "")
         if m and m.group(2) == "attn" and "stream" not in op.attrs:
             regions.setdefault(int(m.group(1)), []).append(i)
+    by_layer: dict[int, list] = {}  # layer -> its weight arguments, found in one sweep
+    for a in f.args:
+        k = _layer_of(a.name)
+        if k is not None:
+            by_layer.setdefault(k, []).append(a)
     split = 0
     for n, idx in regions.items():
-        roots_q = {id(a) for a in f.args if any(a.name.startswith(f"layers.{n}.{r}") for r in Q_ROOTS)}
-        roots_kv = {id(a) for a in f.args if any(a.name.startswith(f"layers.{n}.{r}") for r in KV_ROOTS)}
+        mine = by_layer.get(n, [])
+        roots_q = {id(a) for a in mine if any(a.name.startswith(f"layers.{n}.{r}") for r in Q_ROOTS)}
+        roots_kv = {id(a) for a in mine if any(a.name.startswith(f"layers.{n}.{r}") for r in KV_ROOTS)}
         if not roots_q or not roots_kv:
             continue
         dq, dkv = set(roots_q), set(roots_kv)
@@ -96,13 +106,14 @@ def _split_layers(f) -> int:
             for v in f.ops[i].operands:
                 users.setdefault(id(v), []).append(i)
         returned = {id(v) for v in f.returns or []}
+        inside = set(idx)
         for i in reversed(idx):
             op = f.ops[i]
             rs = [id(r) for r in op.results]
             if i in side or i in touched or any(r in returned for r in rs):
                 continue
             us = [u for r in rs for u in users.get(r, [])]
-            if us and all(u in side for u in us) and _all_uses_inside(f, rs, set(idx)):
+            if us and all(u in side for u in us) and all(u in inside for r in rs for u in used_at.get(r, ())):
                 side.add(i)
         if not side:
             continue
@@ -110,11 +121,6 @@ def _split_layers(f) -> int:
         for i in side:
             f.ops[i].attrs = {**f.ops[i].attrs, "stream": KV}
     return split
-
-
-def _all_uses_inside(f, rs, inside) -> bool:
-    rs = set(rs)
-    return all(i in inside for i, op in enumerate(f.ops) if any(id(v) in rs for v in op.operands))
 
 
 def _engram_ahead(f) -> int:

@@ -150,33 +150,47 @@ def encoder_function(f, split: CedSplit):
     return nf
 
 
-def _flops(ops, env) -> float:
-    from dsv41c.passes.stream_cost import _num, op_cost
+def _flops(ops, env, memo) -> float:
+    """Sum of the ops' FLOPs at `env`; `memo` reuses the cost of an op the layers repeat (same key, same env)."""
+    from dsv41c.passes.stream_cost import _num, op_cost, op_key
 
-    return sum(_num(op_cost(op).flops, env) for op in ops)
+    total = 0.0
+    for op in ops:
+        key = op_key(op)
+        key = None if key is None else (key, id(env))
+        if key is None or key not in memo:
+            v = _num(op_cost(op).flops, env)
+            if key is None:
+                total += v
+                continue
+            memo[key] = v
+        total += memo[key]
+    return total
 
 
 def split_flops(module, f, enc, split: CedSplit, T: int) -> dict:
     """Prefill FLOPs of a T-token prompt: unsplit, split (encoder at T - S + prefill at S), per-layer bound."""
-    from dsv41c.passes.plan_chunks import chunk_binding
+    from dsv41c.passes.plan_chunks import chunk_binder
 
+    binders = {fn.name: chunk_binder(module, fn) for fn in (f, enc)}
     envs: dict = {}
+    memo: dict = {}
 
     def env(fn, rows):
         if (fn.name, rows) not in envs:
-            envs[fn.name, rows] = chunk_binding(module, fn, rows)
+            envs[fn.name, rows] = binders[fn.name](rows)
         return envs[fn.name, rows]
 
     S = min(split.suffix, T)
-    unsplit = _flops(f.ops, env(f, T))
-    split_total = (_flops(enc.ops, env(enc, T - S)) if T > S else 0.0) + _flops(f.ops, env(f, S))
-    bound = _flops([f.ops[i] for i in sorted(split.slice)], env(f, T))
+    unsplit = _flops(f.ops, env(f, T), memo)
+    split_total = (_flops(enc.ops, env(enc, T - S), memo) if T > S else 0.0) + _flops(f.ops, env(f, S), memo)
+    bound = _flops([f.ops[i] for i in sorted(split.slice)], env(f, T), memo)
     for i, op in enumerate(f.ops):
         if i in split.slice:
             continue
         m = _LAYER.match(op.loc or "")
         rows = split.layers.get(int(m.group(1)), S) if m else 1  # outside the layers: the head, the last row
-        bound += _flops([op], env(f, min(rows, T)))
+        bound += _flops([op], env(f, min(rows, T)), memo)
     return {"unsplit": unsplit, "split": split_total, "per_layer_bound": bound}
 
 
@@ -228,7 +242,7 @@ class SplitCedPrefill(ModulePass):
                  "prefill-ops": len(f.ops)}
         stats.update({f"suffix:layer{n}": s for n, s in split.layers.items()})
         for T in REPORT_T:
-            fl = split_flops(module, f, enc, split, T)
+            fl = split_flops(module, f, enc, split, T)  # the bindings per rows count are built once a T
             stats[f"flops-unsplit:T{T}"] = int(fl["unsplit"])
             stats[f"flops-split:T{T}"] = int(fl["split"])
             stats[f"flops-per-layer-bound:T{T}"] = int(fl["per_layer_bound"])

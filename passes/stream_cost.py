@@ -69,10 +69,32 @@ def op_cost(op) -> Cost:
     return d.cost(op.operands, attrs, [r.type for r in op.results])
 
 
-def op_time(op, env) -> tuple:
-    """(seconds with the launch, seconds of roofline work) of one op at binding `env`."""
+def op_key(op):
+    """What an op's cost depends on (name, operand and result types, attributes), hashable; None if not."""
+    key = (op.name, tuple(v.type for v in op.operands), tuple(r.type for r in op.results),
+           tuple(sorted(op.attrs.items())))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def op_time(op, env, memo=None) -> tuple:
+    """(seconds with the launch, seconds of roofline work) of one op at binding `env`; `memo` (a dict) reuses
+    the figures of an op with the same name, types and attributes (the layers repeat their ops)."""
+    key = op_key(op) if memo is not None else None
+    if key is not None and key in memo:
+        return memo[key]
     c = op_cost(op)
     flops, moved = _num(c.flops, env), _num(c.bytes, env)
+    out = _roofline(flops, moved)
+    if key is not None:
+        memo[key] = out
+    return out
+
+
+def _roofline(flops, moved) -> tuple:
     if flops == 0 and moved == 0:
         return 0.0, 0.0
     work = max(moved / HBM_BYTES_PER_S, flops / PEAK_FLOPS)
@@ -111,7 +133,8 @@ def stream_cost(module, f, env=None) -> dict:
     from dsv41c.passes.plan_memory import resolve_binding
 
     env = resolve_binding(module, f) if env is None else env
-    tw = [op_time(op, env) for op in f.ops]
+    memo: dict = {}
+    tw = [op_time(op, env, memo) for op in f.ops]
     times, works = [t for t, _ in tw], [w for _, w in tw]
     out = _figures(f.ops, times, works)
     per: dict = {}
@@ -148,5 +171,5 @@ def stream_report_json(module) -> dict:
             "functions": fns}
 
 
-__all__ = ["HBM_BYTES_PER_S", "LAUNCH_S", "PEAK_FLOPS", "op_cost", "op_time", "stream_cost", "stream_report",
+__all__ = ["HBM_BYTES_PER_S", "LAUNCH_S", "PEAK_FLOPS", "op_cost", "op_key", "op_time", "stream_cost", "stream_report",
            "stream_report_json"]
