@@ -53,10 +53,15 @@ def traced_segments(cfg, kv_quant: bool = True, dtype=torch.float32) -> list:
     if not mine():
         tr.trace(cfg, kv_quant=kv_quant, dtype=dtype, progress=None)
     model = StepModel(cfg, kv_quant=kv_quant, dtype=dtype)
-    out = []
-    for k, (ep, _syms) in sorted(mine().items(), key=lambda kv: segment_file_stem(kv[0][3])):
-        seg = _segment(model, k[3])
-        out.append((k[3], ep, list(seg.input_names), list(seg.out_names)))
+    out, seen = [], set()
+    # the cache key ends with the segment key (trace.py's _EXPORTS); a segment traced for several
+    # --max-context capacities is exported once
+    for k, (ep, _syms) in sorted(mine().items(), key=lambda kv: segment_file_stem(kv[0][-1])):
+        if k[-1] in seen:
+            continue
+        seen.add(k[-1])
+        seg = _segment(model, k[-1])
+        out.append((k[-1], ep, list(seg.input_names), list(seg.out_names)))
     return out
 
 

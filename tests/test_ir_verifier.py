@@ -79,7 +79,7 @@ def test_argument_value_attributes_are_checked():
     f = Function("f", [("kv", tensor("bf16", "L", 512), {"placement": "persistent", "color": 1})])
     f.returns, f.result_types = [f.args[0]], [f.args[0].type]
     assert verify_errors(Module([f])) == ["@f: argument %kv: unknown value attribute 'color' (known: arena_offset, "
-                                          "placement)"]
+                                          "placement, stack_of, stack_count)"]
 
 
 def test_verify_raises_with_first_message_and_count():
