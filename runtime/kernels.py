@@ -28,6 +28,7 @@ from dsv41c.runtime.manifest import ArtifactError
 # template -> (module, launcher): the functions the kernel.call records name
 LAUNCHERS = {
     "fp8_gemm": ("dsv41c.codegen.triton.fp8_gemm", "fp8_gemm_call"),
+    "indexer_score": ("dsv41c.codegen.triton.indexer_call", "index_scores_call"),
     "moe_ffn": ("dsv41c.codegen.triton.moe_ffn", "moe_ffn"),
     "rmsnorm": ("dsv41c.codegen.triton.rmsnorm", "rmsnorm_call"),
     "mhc_pre": ("dsv41c.codegen.triton.mhc", "mhc_pre_call"),

@@ -203,3 +203,60 @@ def test_random_csa2_modules_keep_their_values(seed):
     for s in (seed, seed + 1):
         ins = random_inputs(m, "decode", s, T=3, N1=5)
         assert same_outputs(interpret(m, "decode", ins), interpret(out, "decode", ins)), s
+
+
+@pytest.mark.parametrize("S, BQ", [(1, 1), (5, 16)])
+def test_the_indexer_score_launcher_of_a_plan_gives_the_contracts_scores(S, BQ):
+    """Run in Triton's interpreter here (tests/conftest.py): the kernel's scores against the call's reference."""
+    from dsv41c import formats
+    from dsv41c.codegen.triton.indexer_call import index_scores_call
+    from dsv41c.ir.kernel_contracts import reference_call
+    from dsv41c.kernel_check import TOLERANCES
+
+    g = torch.Generator().manual_seed(S)
+    q, k = _fp4((S, 4, 32), 1.0, g), _fp4((40, 32), 1.0, g)
+    w, pos = torch.randn(S, 4, generator=g), torch.arange(S) * 7 + 11
+    (qp, qe), (kp, ke) = formats.quant_fp4_ue8m0(q), formats.quant_fp4_ue8m0(k)
+    keys = {"H": 4, "CI": 32, "BQ": BQ, "BT": 128, "ratio": 2}
+    got = index_scores_call(qp, qe, w, kp, ke, pos, **keys)
+    want = reference_call("indexer_score", [qp, qe, w, kp, ke, pos], {f"key.{n}": v for n, v in keys.items()})
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    err = torch.where(got == want, 0.0, (got - want).abs())
+    assert bool((err <= TOLERANCES["indexer_score"](want)).all())
+
+
+def test_specialize_kernels_calls_the_indexer_kernel_on_the_packed_plan_and_keeps_its_bits():
+    from csa2_helpers import traced, weights
+
+    from dsv41c.frontend.step import new_state
+
+    cfg = preset("mini")
+    before = make_pass("lower-indexer-int8").run(make_pass("lower-kv-fp4").run(traced("mini")).module).module
+    res = make_pass("specialize-kernels", target="cuda:sm90").run(before.clone())
+    after = res.module
+    verify(after)
+    calls = {k: v for k, v in res.stats.items() if k.startswith("kernel_calls:indexer_score/")}
+    assert calls == {"kernel_calls:indexer_score/prefill_plain_bt128": 4, "kernel_calls:indexer_score/decode_plain_bt128": 4}
+    assert not any(op.name == "dsv41.index_scores_int8" for op in after.ops())
+    sd = weights("mini", 2)
+    ids = torch.randint(0, cfg.vocab_size, (12,), generator=torch.Generator().manual_seed(3))
+    st = new_state(cfg)
+
+    def args(m):
+        out = {}
+        for a in m.functions["prefill"].args:
+            if a.name == "ids":
+                out[a.name] = ids
+            elif a.name in st:
+                out[a.name] = st[a.name]
+            elif a.name.startswith("state."):
+                out[a.name] = torch.zeros([int(d) for d in a.type.shape], dtype=a.type.dtype.torch)
+            elif a.attrs.get("stack_of"):  # the experts stacked per layer matrix (specialize-kernels' MoE call)
+                out[a.name] = torch.stack([sd[a.attrs["stack_of"].format(e=e)] for e in range(a.attrs["stack_count"])])
+            else:
+                out[a.name] = sd[a.name]
+        return out
+
+    from dsv41c.ir.testing import same_outputs
+
+    assert same_outputs(interpret(before, "prefill", args(before)), interpret(after, "prefill", args(after)))
