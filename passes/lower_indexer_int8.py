@@ -21,10 +21,9 @@ Stats: `lowered:<function>`, `left_float:<function>` (index_scores whose operand
 Fallback counts are properties of the data: they are counted when the plan runs
 (`with prims.indexer_int8.count_fallbacks() as c: interpret(...)`).
 Known gaps: the op reads the FP4 values; after `lower-kv-fp4` they are `kv_unpack`s of the packed codes and
-exponents, which the indexer_score kernel's contract (ir/kernel_contracts.py) reads directly, but
-`specialize-kernels` does not make that kernel.call yet (no plan launcher for indexer_score in the runtime,
-and the per-op check has no rule for scores that are -inf), so the op runs as its reference on GPU targets
-(a generic fallback with that reason). The kernel sums the heads in its own pinned order
+exponents, and `specialize-kernels` (passes/specialize_indexer.py) makes it a kernel.call of indexer_score
+that reads those as stored, in its plain flavour only (the candidate source's block max and the Reindex
+layers' candidate mask stay separate ops). The kernel sums the heads in its own pinned order
 (w·d^-0.5 folded, h = 0..H-1): its scores can differ from this op's in the last bits (the per-op check's
 tolerance), which can reorder top-k entries whose scores are that close.
 """

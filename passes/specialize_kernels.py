@@ -24,6 +24,9 @@ Algorithm, one forward walk per function:
      site's pre, `to(sum(mul(unsqueeze(pre_prev, -1), to(H, f32)), [-2]))` -> `kernel.call @mhc_pre(H,
      pre_prev, fn, base, scale) -> (x_in, pre, post, comb)` at the hc_mixes (the collapse's last op is
      absorbed: its result is the call's x_in). A site with no such collapse keeps its reference.
+   - index scores: `dsv41.index_scores_int8(kv_unpack{fp4_ue8m0}(qc, qe), w, kv_unpack{fp4_ue8m0}(kc, ke), p)`
+     -> `kernel.call @indexer_score(qc, qe, w, kc, ke, p)`, the packed queries and key cache read as stored
+     (passes/specialize_indexer.py).
 2. Every domain op (`dsv41.*`) left after the patterns must have a generic fallback on T
    (`GENERIC_FALLBACK`: the op then runs as its reference implementation, and the report says why
    it has no kernel yet); one without is an error naming the op, its loc and the target.
@@ -63,8 +66,8 @@ GENERIC_FALLBACK = {
     "dsv41.compressor_step": "its kernel is the fused compressor chain with an in-place FP4 cache append "
                              "(fuse-compressor, lower-kv-fp4)",
     "dsv41.index_scores": "its kernel scores FP4 indexer keys on the exact integer path (lower-indexer-int8)",
-    "dsv41.index_scores_int8": "its kernel (indexer_score) reads the packed codes its kv_unpack operands come "
-                               "from, but has no plan launcher yet (nor a per-op rule for -inf scores)",
+    "dsv41.index_scores_int8": "its kernel (indexer_score) reads packed FP4 data: these operands are not "
+                               "kv_unpack{fp4_ue8m0}s, or the target has no variant for the widths",
     "dsv41.select_topk": "its kernel selects from the integer-path scores (lower-indexer-int8)",
     "dsv41.candidate_blocks": "its kernel is fused into the integer-path scoring (lower-indexer-int8)",
     "dsv41.moe": "not the pattern moe_ffn implements (the stats' moe_not_matched:<why> say which part differs), "
