@@ -47,7 +47,7 @@ def test_the_float32_gpu_plan_interpreted_equals_the_cpu_plan_and_each_kernel_ca
     assert by["moe_ffn/backbone_gemv"]["calls"] == 2 * L
     assert sum(r["calls"] for k, r in by.items() if k.startswith("rmsnorm/")) >= 2 * (4 * L + 1)
     assert sum(r["calls"] for k, r in by.items() if k.startswith("mhc_pre/")) == 2 * 2 * L  # both sites a layer
-    assert set(t.split("/")[0] for t in by) == {"fp8_gemm", "moe_ffn", "rmsnorm", "mhc_pre"}
+    assert set(t.split("/")[0] for t in by) >= {"fp8_gemm", "moe_ffn", "rmsnorm", "mhc_pre"}
     variants = set(by)
     assert "fp8_gemm/wq_a_prefill" in variants and variants & {"fp8_gemm/wq_a_gemv", "fp8_gemm/wq_a_decode"}
     sg, sc = gpu.new_session(), cpu.new_session()
