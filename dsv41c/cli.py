@@ -40,6 +40,7 @@ HANDLERS = {
     "inspect": "dsv41c.runtime.commands:cmd_inspect",
     "kernels": "dsv41c.codegen.commands:cmd_kernels",
     "bench": "dsv41c.bench_e2e:cmd_bench",
+    "bisect": "dsv41c.bisect:cmd_bisect",
 }
 
 
@@ -146,6 +147,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     s.add_argument("--seeded-weights", type=argtypes.count, metavar="SEED",
                    help="no checkpoint: generate every weight on the device from SEED, in the stored formats")
+
+    s = sub.add_parser("bisect", help="name the first kernel call of a plan whose output leaves its tolerance")
+    s.add_argument("artifact", metavar="ARTIFACT", help="an artifact written by `dsv41c compile`")
+    s.add_argument("--ids", type=_ids, required=True, help="comma-separated prompt token ids")
+    s.add_argument("--decode-steps", type=argtypes.count, default=0, help="greedy decode steps after the prompt")
+    s.add_argument("--checkpoint", metavar="DIR", help="the checkpoint to bind (default: the artifact's)")
+    s.add_argument("--device", type=argtypes.device_name, help="device to run on (default: the target's own)")
+    s.add_argument("--interpret", action="store_true", help="run the kernel calls in Triton's interpreter")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
 
     s = sub.add_parser("bench", help="end-to-end prefill and decode: eager PyTorch, torch.compile and an artifact")
     s.add_argument("--preset", default="bench", help="the model (default bench: official widths, 32 experts)")

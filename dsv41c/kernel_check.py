@@ -58,6 +58,22 @@ TOLERANCES = {"fp8_gemm": _bf16_rule, "moe_ffn": _moe_rule, "rmsnorm": _norm_rul
               "mhc_pre": (_bf16_rule, _mix_rule, _mix_rule, _mix_rule)}
 
 
+def call_error(k: dict, args, result):
+    """(largest error over tolerance, every element's absolute error) of one kernel call's `result` against its
+    contract's reference on the same `args`; `k` is the call's program.json `kernel` record."""
+    attrs = {f"key.{n}": v for n, v in k["keys"].items()}
+    want = reference_call(k["template"], list(args), attrs)
+    rules = TOLERANCES[k["template"]]
+    wants, gots = (want, result) if isinstance(want, tuple) else ((want,), (result,))
+    rules = rules if isinstance(rules, tuple) else (rules,) * len(wants)
+    # equal values (equal infinities included: a score not yet visible is -inf) are no error
+    errs = [torch.where(g.float() == w.float(), 0.0, (g.float() - w.float()).abs()) for g, w in zip(gots, wants)]
+    err = torch.cat([e.flatten() for e in errs])
+    ratio = max((float((e / rule(w)).max()) for e, w, rule in zip(errs, wants, rules) if e.numel()),
+                default=0.0)  # 0 rows: nothing to check
+    return ratio, err
+
+
 def check_kernel_calls(model, ids, decode_steps: int = 1) -> dict:
     """Run `model` on `ids` (+ decode steps) and check every kernel call; -> report (see the module doc)."""
     rows: dict = {}
@@ -67,16 +83,7 @@ def check_kernel_calls(model, ids, decode_steps: int = 1) -> dict:
         k = rec.get("kernel")
         if not k:
             return
-        attrs = {f"key.{n}": v for n, v in k["keys"].items()}
-        want = reference_call(k["template"], list(args), attrs)
-        rules = TOLERANCES[k["template"]]
-        wants, gots = (want, result) if isinstance(want, tuple) else ((want,), (result,))
-        rules = rules if isinstance(rules, tuple) else (rules,) * len(wants)
-        # equal values (equal infinities included: a score not yet visible is -inf) are no error
-        errs = [torch.where(g.float() == w.float(), 0.0, (g.float() - w.float()).abs()) for g, w in zip(gots, wants)]
-        err = torch.cat([e.flatten() for e in errs])
-        ratio = max((float((e / rule(w)).max()) for e, w, rule in zip(errs, wants, rules) if e.numel()),
-                    default=0.0)  # 0 rows: nothing to check
+        ratio, err = call_error(k, args, result)
         key = f"{k['template']}/{k['variant']}"
         row = rows.setdefault(key, {"calls": 0, "max_err_over_tol": 0.0, "max_abs_err": 0.0, "differ": 0,
                                     "elements": 0})
