@@ -32,7 +32,7 @@ def run_preset(preset: str, target: str, steps: int, work: str) -> dict:
     import torch
 
     import dsv41c
-    from dsv41c.codegen.build import build_artifact
+    from dsv41c.driver import build_artifact
     from dsv41c.divergence import first_divergence
     from dsv41c.frontend.model.generate import greedy_generate
     from dsv41c.frontend.model.model import load_reference

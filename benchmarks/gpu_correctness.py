@@ -57,7 +57,7 @@ BUILDS = {  # name -> (activation dtype, kv-quant, the reference's dtype)
 
 def check_build(preset: str, build: str, target: str, steps: int, work: str, log) -> dict:
     import dsv41c
-    from dsv41c.codegen.build import build_artifact
+    from dsv41c.driver import build_artifact
     from dsv41c.frontend.model.generate import greedy_generate
     from dsv41c.frontend.model.model import load_reference
     from dsv41c.kernel_check import check_kernel_calls

@@ -34,7 +34,7 @@ HANDLERS = {
     "plan": "dsv41c.frontend.commands:cmd_plan",
     "reference": "dsv41c.frontend.model.cli:cmd_reference",
     "generate": "dsv41c.frontend.model.cli:cmd_generate",
-    "compile": "dsv41c.passes.commands:cmd_compile",
+    "compile": "dsv41c.driver:cmd_compile",
     "opt": "dsv41c.passes.commands:cmd_opt",
     "run": "dsv41c.runtime.commands:cmd_run",
     "inspect": "dsv41c.runtime.commands:cmd_inspect",

@@ -13,7 +13,7 @@ import sys
 import torch
 
 import dsv41c
-from dsv41c.codegen.build import build_artifact
+from dsv41c.driver import build_artifact
 
 path = sys.argv[1] if len(sys.argv) > 1 else "out/examples/tiny.dsv41c"
 if not os.path.isdir(path):

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from dsv41c.codegen.build import build_artifact
+from dsv41c.driver import build_artifact
 
 out = sys.argv[1] if len(sys.argv) > 1 else "out/examples"
 dumps = os.path.join(out, "dumps")

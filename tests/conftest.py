@@ -105,7 +105,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _artifact(tmp_path_factory, preset, kv_quant):
-    from dsv41c.codegen.build import build_artifact
+    from dsv41c.driver import build_artifact
 
     path = tmp_path_factory.getbasetemp() / f"{preset}-{'on' if kv_quant else 'off'}.dsv41c"
     if not path.exists():

@@ -17,7 +17,7 @@ from dsv41c.ir.kernel_contracts import reference_call
 
 @pytest.fixture(scope="module")
 def tiny_sm90_plan(tmp_path_factory):
-    from dsv41c.codegen.build import build_artifact
+    from dsv41c.driver import build_artifact
 
     path = str(tmp_path_factory.mktemp("bisect") / "tiny-sm90-f32.dsv41c")
     build_artifact(path, preset="tiny", target="cuda:sm90", kv_quant=False, activation_dtype="float32",

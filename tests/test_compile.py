@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from dsv41c.codegen.build import build_artifact, expected_inventory_hash
+from dsv41c.driver import build_artifact, expected_inventory_hash
 
 
 def _files(root):

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from dsv41c.codegen.build import build_artifact
+from dsv41c.driver import build_artifact
 from dsv41c.kernel_check import check_kernel_calls
 from dsv41c.runtime.loader import load
 

@@ -44,7 +44,7 @@ def test_the_plans_factory_ops_are_marked(tiny_off):
 
 @pytest.fixture(scope="module")
 def sm90_manifest(tmp_path_factory):
-    from dsv41c.codegen.build import build_artifact
+    from dsv41c.driver import build_artifact
 
     path = str(tmp_path_factory.mktemp("bins") / "tiny-sm90.dsv41c")
     build_artifact(path, preset="tiny", target="cuda:sm90")
@@ -128,7 +128,7 @@ def test_a_launch_is_served_only_by_a_binary_that_matches(sm90_manifest):
 @pytest.mark.gpu
 def test_tiny_float32_build_on_the_gpu_equals_the_eager_reference(tmp_path):
     import dsv41c
-    from dsv41c.codegen.build import build_artifact
+    from dsv41c.driver import build_artifact
     from dsv41c.frontend.model.generate import greedy_generate
     from dsv41c.frontend.model.model import load_reference
 

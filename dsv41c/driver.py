@@ -1,6 +1,12 @@
-"""`dsv41c compile`: config (+ checkpoint) -> trace -> pass pipeline -> cpu codegen -> artifact.
+"""The compile driver, `dsv41c compile`: config (+ checkpoint) -> trace -> pass pipeline -> codegen -> artifact.
 
     build_artifact(out, checkpoint=DIR | preset="tiny", target="cpu", kv_quant=True, ...)
+
+It stands above the stages it strings together (frontend, passes, codegen) and imports them; none of them imports
+it. `cmd_compile` is the command's entry: it checks OUT (`--force` replaces an artifact, nothing else) and
+--dump-dir before it hands the options to `build_artifact` (progress and the compile time go to stderr), so a bad
+path fails in milliseconds, not after the trace; a write that fails on the way (disk full, ...) is reported
+against OUT.
 
 Steps (progress on stderr, one line each):
 1. config: `load_config(CKPT_DIR)` (and the checkpoint's headers validated), or a preset;
@@ -11,7 +17,8 @@ Steps (progress on stderr, one line each):
 3. trace (`frontend/trace.py`) -> IR module with @prefill/@decode;
 4. the pipeline (`passes/pipeline.py`) through the PassManager (timings, verify-each,
    dumps), then a final verify;
-5. codegen for `cpu` (`codegen/cpu.py`): program.json;
+5. codegen (`codegen/cpu.py`): program.json; the kernel variants the plan calls, built into `kernels/` for the
+   Triton targets (`codegen/aot.py`);
 6. `write_artifact`: manifest.json (versions, target, config + hash, checkpoint location +
    index hash + inventory hash, pipeline + options, the persistent state's layout), plan.ir, program.json, reports/
    (passes.json: per-pass changed flag + stats, and wall-clock seconds when --timings is
@@ -21,13 +28,14 @@ Steps (progress on stderr, one line each):
    ced_split.json with `--ced-split`: the suffix per decoder layer and the prefill FLOPs).
 Determinism: nothing time- or path-dependent is written unless asked (--timings records
 seconds, and then the artifact is reproducible except for reports/passes.json).
-Known gaps: only the `cpu` target is built here (GPU targets: codegen/aot.py's kernels are
-not wired into a plan yet).
+Known gaps: an Ascend artifact carries no kernel binaries (its plan calls none yet, and building the emitted
+AscendC sources needs the CANN toolchain).
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -36,7 +44,7 @@ from collections import Counter
 
 from dsv41c.artifact_format import is_artifact
 from dsv41c.codegen.artifact import dumps_json, write_artifact
-from dsv41c.outputs import check_output_dir
+from dsv41c.outputs import OutputError, check_dir_to_fill, check_output_dir, kept, reason
 from dsv41c.codegen.cpu import PlanError, emit_program
 
 ACTIVATION_DTYPES = ("float32", "bfloat16")
@@ -271,3 +279,59 @@ def build_artifact(out: str, checkpoint: str | None = None, preset: str | None =
     size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
     _log(f"wrote {path} ({size / 1e6:.1f} MB) in {total:.1f} s")
     return {"path": path, "seconds": total, "trace_seconds": tinfo.seconds, "ops": tinfo.ops}
+
+
+def _scrub(text: str, parent: str, out: str) -> str:
+    """`text` with the hidden temporaries beside OUT (`.ckpt-…`, `.tmp-…`) named as OUT."""
+    return re.sub(re.escape(parent.rstrip(os.sep) + os.sep) + r"\.[^\s:'\"]*", lambda m: out, text)
+
+
+def _ours(filename, parent: str) -> bool:
+    """Whether an OSError's file is one of the hidden temporaries the compile writes beside OUT."""
+    if not filename:
+        return False
+    rel = os.path.relpath(os.path.abspath(os.fspath(filename)), parent)
+    return not rel.startswith("..") and rel.startswith(".")
+
+
+def cmd_compile(args) -> int:
+    out = check_output_dir(args.output, "-o", force=getattr(args, "force", False), replaceable=is_artifact)
+    if getattr(args, "dump_dir", None):
+        check_dir_to_fill(args.dump_dir, "--dump-dir")
+    emits = getattr(args, "emit", None)
+    if emits:
+        from dsv41c.frontend.exports import check_emits
+
+        check_emits(emits)  # an unknown format or unusable path fails before the compile
+    parent, since = os.path.dirname(out), len(kept())
+    try:
+        build_artifact(args.output, checkpoint=args.checkpoint, preset=args.preset, target=args.target,
+                       kv_quant=args.kv_quant, seed=getattr(args, "seed", 0), dump_dir=getattr(args, "dump_dir", None),
+                       dump_filter=getattr(args, "dump_filter", None), timings=getattr(args, "timings", False),
+                       verify_each=getattr(args, "verify_each", False), force=getattr(args, "force", False),
+                       activation_dtype=getattr(args, "activation_dtype", None),
+                       kernels=not getattr(args, "no_kernels", False),
+                       max_context=getattr(args, "max_context", None),
+                       memory_budget=getattr(args, "memory_budget", None),
+                       ced_split=getattr(args, "ced_split", False))
+    except OSError as e:
+        if _ours(e.filename, parent) or _ours(e.filename2, parent):
+            raise OutputError(f"-o {args.output}: cannot write the artifact ({reason(e)}); nothing written") from None
+        raise
+    except Exception as e:  # a user error about the checkpoint written beside OUT names OUT, not the temporary
+        msg = str(e)
+        if type(e).__name__ in ("CheckpointError", "OutputError") and _scrub(msg, parent, args.output) != msg:
+            raise OutputError(_scrub(msg, parent, args.output)) from None
+        raise
+    except KeyboardInterrupt:
+        if out in kept(since):  # the artifact was complete and in place: not a failure
+            print(f"compile: wrote {out} (interrupted after it was complete)", file=sys.stderr)
+            return 0
+        raise
+    if emits:
+        from dsv41c.frontend.config import load_config, preset
+        from dsv41c.frontend.exports import run_emits
+
+        cfg = preset(args.preset) if args.preset else load_config(args.checkpoint)
+        run_emits(emits, cfg, kv_quant=args.kv_quant, log=sys.stderr)
+    return 0
