@@ -572,6 +572,10 @@ def block_max_ref(scores: torch.Tensor, cand_block: int = 8) -> torch.Tensor:
 
 def score_specs(target, widths=PUBLISHED):
     c = widths
+    if c.index_head_dim // 2 < 32:
+        # the integer MMA runs over each half of a row's codes (even / odd E2M1 lanes), and Triton's int8 dot
+        # needs K >= 32: narrower widths (the tiny preset's 32) have no variant, the scorer stays its reference
+        return []
     types = {"q_ptr": "*u8", "qe_ptr": "*u8", "wq_ptr": "*fp32", "k_ptr": "*u8", "ke_ptr": "*u8", "nvis_ptr": "*i32",
              "cand_ptr": "*u8", "s_ptr": "*fp32", "bmax_ptr": "*fp32", "cnt_ptr": "*i32", "S": "i32", "T": "i32",
              "NBLK": "i32"}
