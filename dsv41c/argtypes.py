@@ -12,7 +12,7 @@ line. Use them as `type=` so bad values fail before any work:
 - `regex("cse|dce")`: a pattern `re` compiles (`--dump-filter`), kept as text;
 - `on_off("on")` -> True;
 - `size("80GiB")` -> 85899345920 bytes: an integer with an optional unit B, K/KB/KiB, M/MB/MiB,
-  G/GB/GiB, T/TB/TiB (K/M/G/T alone are binary; KB/MB/GB/TB are decimal);
+  G/GB/GiB, T/TB/TiB (K/M/G/T alone are binary; KB/MB/GB/TB are decimal); at least one byte;
 - `device_name("cuda:0")`: `kind[:index]` of a device kind some target runs on
   (`artifact_format.TARGET_DEVICES`); whether the artifact's target runs there is the
   loader's check, once the manifest is read.
@@ -98,6 +98,8 @@ def size(text: str) -> int:
     v = float(m.group(1)) * _UNITS[unit] if "." in m.group(1) else int(m.group(1)) * _UNITS[unit]
     if v > INT64_MAX:
         raise argparse.ArgumentTypeError(f"size {text!r} is too large")
+    if int(v) < 1:
+        raise argparse.ArgumentTypeError(f"size {text!r} is less than one byte")
     return int(v)
 
 

@@ -17,7 +17,9 @@ for every command that writes:
 - Writability is probed by creating and removing a hidden entry, not by `os.access`:
   root passes `os.access` on `/proc`, and read-only mounts only show themselves on write.
 - `write_file_atomic(path, data)`: a temporary file in the same directory, renamed over
-  `path` once whole; on failure the temporary file is removed and `path` is untouched.
+  `path` once whole (the bytes on disk are counted against the bytes written, so a short
+  write that a library did not report still fails); on failure the temporary file is
+  removed and `path` is untouched.
 - Every failure is an `OutputError` whose one line names the option and the user's path,
   never a temporary name.
 - `note_kept(path)` records a finished output, so that an interrupt can say what it kept.
@@ -28,6 +30,7 @@ fails are left in place (they are empty).
 """
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 
@@ -151,6 +154,24 @@ def _umask() -> int:
     return m
 
 
+class _Counted:
+    """A binary file object that only has `write` (and counts the bytes): a writer function sees no
+    real file, so every byte goes through Python's `write`, whose errors are raised. (numpy's
+    `np.save` into a real file writes through a duplicate C stream and ignores the error of its
+    final flush: on a full disk it leaves a truncated file and reports success.)"""
+
+    def __init__(self, fh):
+        self._fh, self.written = fh, 0
+
+    def write(self, b) -> int:
+        n = self._fh.write(b)
+        self.written += n
+        return n
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+
 def write_file_atomic(path, data, what: str | None = None) -> str:
     """Write `data` (str, bytes, or a function taking a binary file object) to `path` atomically."""
     out = os.path.abspath(os.fspath(path))
@@ -162,10 +183,15 @@ def write_file_atomic(path, data, what: str | None = None) -> str:
         raise OutputError(f"{label}: cannot write ({reason(e)})") from None
     try:
         with os.fdopen(fd, "wb") as fh:
+            out_fh = _Counted(fh)
             if callable(data):
-                data(fh)
+                data(out_fh)
             else:
-                fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+                out_fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+            fh.flush()
+            size = os.fstat(fh.fileno()).st_size
+            if size != out_fh.written:
+                raise OSError(errno.EIO, f"short write: {size} of {out_fh.written} bytes reached the file")
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; the result is an ordinary file
         os.replace(tmp, out)
     except BaseException as e:
