@@ -340,24 +340,64 @@ def ratios(systems: dict) -> dict:
     return out
 
 
+class RequestError(ValueError):
+    """A `dsv41c bench` request that cannot run (one line naming the option; exit status 2)."""
+
+
+def _lengths(text: str, option: str) -> list:
+    """'8192,32768' -> [8192, 32768]: positive integers; '' -> [] (none of that kind)."""
+    out = []
+    for t in (x.strip() for x in text.split(",")):
+        if not t:
+            continue
+        try:
+            v = int(t)
+        except ValueError:
+            raise RequestError(f"argument {option}: expected comma-separated token counts, got {t!r} in {text!r}") from None
+        if v < 1:
+            raise RequestError(f"argument {option}: a token count must be >= 1, got {v}")
+        out.append(v)
+    return out
+
+
+def _check_request(args) -> tuple:
+    """Everything about the request that can be checked before a worker starts: the lengths, the
+    systems, the artifact (its manifest) and the --out path. -> (prefill, contexts, systems)."""
+    from dsv41c.outputs import check_output_file
+    from dsv41c.runtime.manifest import read_manifest
+
+    prefill = _lengths(args.prefill, "--prefill")
+    contexts = _lengths(args.decode_context, "--decode-context")
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()] if not args.worker else [args.worker]
+    bad = [s for s in systems if s not in SYSTEMS]
+    if bad:
+        raise RequestError(f"argument --systems: unknown system(s) {', '.join(bad)} (systems: {', '.join(SYSTEMS)})")
+    if not systems:
+        raise RequestError(f"argument --systems: no system given (systems: {', '.join(SYSTEMS)})")
+    if not prefill and not contexts:
+        raise RequestError("nothing to measure: --prefill and --decode-context are both empty")
+    if "dsv41c" in systems and not args.artifact:
+        raise RequestError("the dsv41c system needs --artifact (dsv41c compile --preset NAME --target T)")
+    if args.artifact:
+        read_manifest(args.artifact, verify_files=False)
+    check_output_file(args.out, "--out")
+    return prefill, contexts, systems
+
+
 def cmd_bench(args) -> int:
     import torch
 
     from dsv41c.frontend.config import preset
 
     cfg = preset(args.preset)
-    prefill = [int(x) for x in args.prefill.split(",") if x]
-    contexts = [int(x) for x in args.decode_context.split(",") if x]
+    prefill, contexts, systems = _check_request(args)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.worker:
         res = run_system(args.worker, cfg, args.seed, device, args.artifact, prefill, contexts, args.decode_steps)
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1, default=str)
+        from dsv41c.outputs import write_file_atomic
+
+        write_file_atomic(args.out, json.dumps(res, indent=1, default=str), "--out")
         return 0
-    systems = [s for s in args.systems.split(",") if s]
-    bad = [s for s in systems if s not in SYSTEMS]
-    if bad:
-        raise ValueError(f"bench: unknown system(s) {', '.join(bad)} (systems: {', '.join(SYSTEMS)})")
     res = {"what": "end-to-end prefill and decode: eager PyTorch, torch.compile and dsv41c, same inputs",
            "preset": args.preset, "seed": args.seed, "device": device, "hardware": _hardware(device),
            "versions": _versions(), "config": {"layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
