@@ -33,7 +33,7 @@ from collections import Counter
 
 import torch
 
-from dsv41c.runtime.gpu_driver import driver
+from dsv41c.runtime.gpu_driver import DriverError, driver
 from dsv41c.runtime.manifest import ArtifactError
 
 _LIBRARY = "dsv41c.codegen.triton"
@@ -292,8 +292,12 @@ def load_binaries(path: str, manifest: dict, device) -> KernelBinaries:
         if set(arg_names) != set(e["signature"]):
             raise ArtifactError(f"kernel {name}: its signature names {sorted(e['signature'])}, this runtime's "
                                 f"{e['kernel']} takes {arg_names} (the kernel source changed since the build)")
-        fn, keep = driver().load(image, e.get("entry") or e["kernel"], int(e.get("metadata", {}).get("shared", 0)),
-                                 f"kernel {name} ({files[bin_ext]})")
+        try:
+            fn, keep = driver().load(image, e.get("entry") or e["kernel"],
+                                     int(e.get("metadata", {}).get("shared", 0)), f"kernel {name} ({files[bin_ext]})")
+        except DriverError as err:  # a binary the driver refuses is the artifact's fault, not the runtime's
+            raise ArtifactError(f"{path}: {err} (the binary is corrupt or not for {have_arch}: rebuild the "
+                                f"artifact)") from None
         b = Binary(e, fn, keep, arg_names)
         if "ptx" in files:
             with open(os.path.join(path, "kernels", files["ptx"])) as f:

@@ -197,6 +197,10 @@ def load(path, device=None, checkpoint=None, interpret: bool = False, seeded_wei
             raise ArtifactError(f"{path}: target '{m['target']}' needs a GPU and this machine has none "
                                 f"(--interpret runs its kernels in Triton's interpreter on the CPU)")
         device = torch.device(device if ":" in device else f"{device}:{torch.cuda.current_device()}")
+        if device.index >= torch.cuda.device_count():
+            n = torch.cuda.device_count()
+            raise ArtifactError(f"{path}: device '{device}' does not exist (this machine has {n} GPU"
+                                f"{'s' if n != 1 else ''}: cuda:0..cuda:{n - 1})")
         from dsv41c.runtime.kernel_binaries import load_binaries
 
         # every binary is loaded (and checked against this device and Triton) before the first step

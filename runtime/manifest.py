@@ -2,7 +2,8 @@
 
 `read_manifest(path)` returns the manifest dict of a `NAME.dsv41c/` directory, or raises
 `ArtifactError` with a one-line reason:
-- not an artifact (no manifest.json), or a manifest that is not JSON / lacks a field;
+- not an artifact (no manifest.json), or a manifest that is not JSON / lacks a field / has
+  a field of the wrong type (`options.max_context` a positive integer);
 - a format version this runtime does not read;
 - a file listed in the manifest that is missing (truncated) or whose sha256 differs
   (corrupt), or a file in the artifact the manifest does not list;
@@ -52,11 +53,31 @@ def read_manifest(path: str, verify_files: bool = True) -> dict:
     if m["format_version"] != FORMAT_VERSION:
         raise ArtifactError(f"{path}: artifact format version {m['format_version']!r}, this runtime reads "
                             f"version {FORMAT_VERSION}: recompile with this dsv41c")
+    _check_field_types(mpath, m)
     if config_hash(m["config"]) != m["config_hash"]:
         raise ArtifactError(f"{mpath}: embedded config does not match config_hash {m['config_hash']} (edited or corrupt)")
     if verify_files:
         _verify_files(path, m)
     return m
+
+
+# fields the runtime reads -> the JSON type each must have (the writer's schema)
+_FIELD_TYPES = {"target": (str, "a string"), "config": (dict, "an object"), "checkpoint": (dict, "an object"),
+                "options": (dict, "an object"), "files": (dict, "an object"), "kernels": (list, "a list")}
+
+
+def _check_field_types(mpath: str, m: dict) -> None:
+    """An edited manifest whose fields have the wrong JSON type fails here, naming the field,
+    not later as a TypeError or ValueError deep in the loader."""
+    for k, (t, what) in _FIELD_TYPES.items():
+        if m.get(k) is not None and not isinstance(m[k], t):
+            raise ArtifactError(f"{mpath}: manifest field '{k}' must be {what}, got {type(m[k]).__name__}")
+    mc = m["options"].get("max_context")
+    if mc is not None and (type(mc) is not int or mc < 1):
+        raise ArtifactError(f"{mpath}: manifest field 'options.max_context' must be a positive integer, got {mc!r}")
+    for i, e in enumerate(m.get("kernels") or ()):
+        if not isinstance(e, dict):
+            raise ArtifactError(f"{mpath}: manifest field 'kernels' item {i} must be an object, got {type(e).__name__}")
 
 
 def _verify_files(path: str, m: dict) -> None:
