@@ -172,6 +172,7 @@ def test_kernels_build_output_checked_before_triton_loads(user_dir, tmp_path):
     (["generate", "C", "--ids", "1", "--chunk", "-1"], ["argument --chunk", ">= 0"]),
     (["compile", "--preset", "tiny", "-o", "X", "--seed", "x"], ["argument --seed"]),
     (["compile", "--preset", "tiny", "-o", "X", "--kv-quant", "maybe"], ["argument --kv-quant"]),
+    (["compile", "--preset", "tiny", "-o", "X", "--memory-budget", "0"], ["argument --memory-budget", "less than one byte"]),
     (["compile", "--preset", "tiny"], ["-o/--output"]),
     (["frobnicate"], ["invalid choice"]),
 ])
@@ -216,6 +217,16 @@ def test_run_limits_and_devices_come_from_the_manifest(tiny_off, tmp_path):
                    "artifact target 'cuda:sm90' cannot run on device 'cpu'", "it runs on: cuda")
 
 
+@pytest.mark.gpu
+def test_a_gpu_index_this_machine_lacks_is_named(tiny_off, tmp_path):
+    import torch
+
+    a = _copy_with(tiny_off, tmp_path, "gpu.dsv41c", target="cuda:sm90")
+    n = torch.cuda.device_count()
+    one_line_error(cli("run", a, "--ids", "1", "--device", f"cuda:{n}"), f"device 'cuda:{n}' does not exist",
+                   f"this machine has {n} GPU")
+
+
 def test_run_prints_the_tokens_when_the_logits_file_cannot_be_written(tiny_off, tmp_path):
     out = tmp_path / "l.npy"
     r = cli("run", tiny_off, "--ids", "5,17", "--max-new-tokens", "2", "--logits-out", out, fsize=1024)
@@ -224,6 +235,38 @@ def test_run_prints_the_tokens_when_the_logits_file_cannot_be_written(tiny_off, 
     assert len(toks) == 2 and all(t.isdigit() for t in toks), r.stdout
     assert not out.exists()
     no_temporaries(tmp_path)
+
+
+def test_a_short_write_the_writer_does_not_report_still_fails(tiny_off, tmp_path):
+    """np.save into a real file writes through a C stream whose failed final flush it ignores: one
+    prompt token's logits (2176 bytes) past a 1024-byte limit left a truncated file and exit 0."""
+    out = tmp_path / "l.npy"
+    r = cli("run", tiny_off, "--ids", "5", "--max-new-tokens", "1", "--logits-out", out, fsize=1024)
+    one_line_error(r, f"--logits-out {out}", "cannot write", "nothing written")
+    assert r.stdout.strip().isdigit(), r.stdout
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--systems", "eager,bogus"], ["argument --systems", "unknown system(s) bogus"]),
+    (["--systems", ","], ["argument --systems", "no system given"]),
+    (["--systems", "eager", "--prefill", "8,x"], ["argument --prefill", "'x' in '8,x'"]),
+    (["--systems", "eager", "--decode-context", "0"], ["argument --decode-context", ">= 1, got 0"]),
+    (["--systems", "dsv41c"], ["needs --artifact"]),
+    (["--systems", "dsv41c", "--artifact", "missing.dsv41c"], ["missing.dsv41c", "not a dsv41c artifact"]),
+    (["--systems", "eager", "--prefill", "8", "--out", "nope/b.json"], ["--out nope/b.json", "does not exist"]),
+])
+def test_bench_requests_are_checked_before_any_worker_starts(args, needles, tmp_path):
+    out = [] if "--out" in args else ["--out", "b.json"]
+    one_line_error(cli("bench", "--preset", "tiny", *args, *out, cwd=tmp_path), *needles)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_manifest_field_of_the_wrong_type_is_named(tiny_off, tmp_path):
+    a = _copy_with(tiny_off, tmp_path, "lots.dsv41c", max_context="lots")
+    one_line_error(cli("run", a, "--ids", "1"), "manifest.json", "'options.max_context' must be a positive integer")
+    a = _copy_with(tiny_off, tmp_path, "kern.dsv41c", kernels={"x": 1})
+    one_line_error(cli("inspect", a), "manifest field 'kernels' must be a list, got dict")
 
 
 def test_reference_commands_check_before_reading_weights(tiny_off, tmp_path):
