@@ -74,32 +74,12 @@ def reference_on_device(cfg, seed: int, device, dtype="bfloat16"):
     return ReferenceModel(cfg, sd, dtype=dtype, kv_quant=True, device=device)
 
 
-class _RefSystem:
-    def __init__(self, model, compiled: bool):
-        self.m, self.compiled = model, compiled
+class _System:
+    """A model as the benchmark drives it: `new()` a state, `prefill(state, ids)`, `decode(state, token)`."""
 
-    def new(self):
-        return self.m.new_state()
-
-    def prefill(self, st, ids):
-        return self.m.prefill(st, ids)
-
-    def decode(self, st, tok):
-        return self.m.decode(st, tok)
-
-
-class _ArtifactSystem:
-    def __init__(self, model):
-        self.m = model
-
-    def new(self):
-        return self.m.new_session()
-
-    def prefill(self, st, ids):
-        return self.m.prefill(st, ids)
-
-    def decode(self, st, tok):
-        return self.m.decode(st, tok)
+    def __init__(self, model, new):
+        self.m, self.new = model, new
+        self.prefill, self.decode = model.prefill, model.decode
 
 
 def build_system(system: str, cfg, seed: int, device, artifact: str | None):
@@ -110,12 +90,13 @@ def build_system(system: str, cfg, seed: int, device, artifact: str | None):
             raise ValueError("bench: the dsv41c system needs --artifact (dsv41c compile --preset NAME --target T)")
         import dsv41c
 
-        return _ArtifactSystem(dsv41c.load(artifact, device=str(device), seeded_weights=seed))
+        model = dsv41c.load(artifact, device=str(device), seeded_weights=seed)
+        return _System(model, model.new_session)
     ref = reference_on_device(cfg, seed, device)
     if system == "compile":
         # the forward body (positions, masks, every layer) is what torch.compile sees; the state stays Python
         ref._forward_here = torch.compile(ref._forward_here)
-    return _RefSystem(ref, system == "compile")
+    return _System(ref, ref.new_state)
 
 
 # ----------------------------------------------------------------------------- measuring

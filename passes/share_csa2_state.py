@@ -50,6 +50,7 @@ from typing import ClassVar
 
 from dsv41c.ir.attrs import attrs_key
 from dsv41c.ir.registry import lookup
+from dsv41c.ir.verify_streams import written_operands
 from dsv41c.passes.base import ModulePass, PassError, PassResult
 from dsv41c.passes.rewrite import replace_uses
 
@@ -129,18 +130,7 @@ def find_producers(f) -> Producers:
 # ---------------------------------------------------------------------------- duplicates
 
 def _written(f) -> set:
-    out = set()
-    for op in f.ops:
-        d = lookup(op_kind(op))
-        if d is not None and d.writes:
-            args, _ = d.bind(op.operands, op.attrs if op.name != "kernel.call" else
-                             {k: v for k, v in op.attrs.items() if k not in ("template", "variant", "target", "op")})
-            for w in d.writes:
-                v = args.get(w)
-                for x in (v if isinstance(v, list) else [v]):
-                    if x is not None:
-                        out.add(id(x))
-    return out
+    return {id(v) for op in f.ops for v in written_operands(op)}
 
 
 _CSA2_LOC = re.compile(r"\.attn\.(indexer|compressor)(\.|$)")

@@ -266,8 +266,6 @@ def check_entry(entry: dict, target: str, triton_version: str, arch: str) -> str
 
 def load_binaries(path: str, manifest: dict, device) -> KernelBinaries:
     """Load every built kernel of `manifest` onto `device` (see the module docstring)."""
-    import importlib
-
     import triton
 
     target = manifest["target"]
@@ -276,7 +274,6 @@ def load_binaries(path: str, manifest: dict, device) -> KernelBinaries:
     torch.empty(1, device=device)  # the primary context exists and is current before the first module load
     by_kernel: dict = {}
     loaded = 0
-    # importing the kernel library registers every template; the JIT functions are looked up by name
     for e in manifest.get("kernels") or []:
         if e.get("status") != "built" or e.get("target") != target:
             continue
