@@ -25,6 +25,14 @@
 #                    GPU, a file a process; CPU_TIER_FILES picks files)
 #   ws_timeline      benchmarks/ws_timeline.py -> ws_timeline.json (the warp-specialized attention's per-program
 #                    timeline from clock stamps; WS_ONLY, a regex, picks its variants)
+#   correctness      benchmarks/gpu_correctness.py -> gpu_correctness.json (tiny and mini artifacts, float32 and
+#                    bf16 builds, compiled here, against the eager reference on this GPU; CORRECT_PRESETS,
+#                    CORRECT_STEPS)
+#   bench_artifact   `dsv41c compile --preset bench --target cuda:sm90 --max-context $BENCH_CONTEXT` into
+#                    $BENCH_ARTIFACT (default /tmp/bench-sm90.dsv41c; kept while the machine is warm, so a later
+#                    call's e2e finds it) -> bench_compile.txt
+#   e2e              benchmarks/e2e.py on $BENCH_ARTIFACT -> e2e_$E2E_TAG.json (E2E_SYSTEMS, E2E_PREFILL,
+#                    E2E_CONTEXT, E2E_STEPS pass --systems, --prefill, --decode-context, --decode-steps)
 #   read_floor       benchmarks/read_floor.py -> read_floor.json (the least time to read each decode case's bytes,
 #                    from the kept kernels_*.json, or this call's if bench_* ran first; ~6.5 min, so its
 #                    timeout is at least 420 s whatever STEP_TIMEOUT says)
@@ -98,12 +106,22 @@ for step in $STEPS; do
              ${CPU_TIER_FILES:-} > "$OUT/cpu_tier.txt" 2>&1 ;;
     ws_timeline) timeout "$T" python3 benchmarks/ws_timeline.py --out "$OUT/ws_timeline.json" \
              ${WS_ONLY:+--only "$WS_ONLY"} > "$OUT/ws_timeline.txt" 2>&1 ;;
+    correctness) timeout "$T" python3 benchmarks/gpu_correctness.py --out "$OUT/gpu_correctness.json" \
+             --presets "${CORRECT_PRESETS:-tiny,mini}" --steps "${CORRECT_STEPS:-32}" > "$OUT/correctness.txt" 2>&1 ;;
+    bench_artifact) A=${BENCH_ARTIFACT:-/tmp/bench-sm90.dsv41c}
+             if [ -f "$A/manifest.json" ]; then echo "kept: $A" > "$OUT/bench_compile.txt"; else
+               timeout "$T" dsv41c compile --preset bench --target cuda:sm90 --max-context "${BENCH_CONTEXT:-132096}" \
+                 -o "$A" --force > "$OUT/bench_compile.txt" 2>&1; fi ;;
+    e2e) timeout "$T" python3 benchmarks/e2e.py --artifact "${BENCH_ARTIFACT:-/tmp/bench-sm90.dsv41c}" \
+             --systems "${E2E_SYSTEMS:-eager,compile,dsv41c}" --prefill "${E2E_PREFILL:-8192,32768,131072}" \
+             --decode-context "${E2E_CONTEXT:-8192,32768}" --decode-steps "${E2E_STEPS:-32}" --timeout "${E2E_TIMEOUT:-3000}" \
+             --out "$OUT/e2e_${E2E_TAG:-bench}.json" > "$OUT/e2e_${E2E_TAG:-bench}.txt" 2>&1 ;;
     *) echo "unknown step $step" ;;
   esac
   echo "== step $step: rc=$? in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt"
 done
 # The reply carries only the tail: end with each step's last lines.
-for f in "$OUT"/gpu_tests.txt "$OUT"/bench_*.txt "$OUT"/tune_*.txt "$OUT"/step_chain.txt "$OUT"/read_floor.txt "$OUT"/compiled.txt; do
+for f in "$OUT"/gpu_tests.txt "$OUT"/correctness.txt "$OUT"/e2e_*.txt "$OUT"/bench_*.txt "$OUT"/tune_*.txt "$OUT"/step_chain.txt "$OUT"/read_floor.txt "$OUT"/compiled.txt; do
   [ -f "$f" ] && { echo "--- $f"; tail -${TAIL:-25} "$f"; }
 done
 (cd "$OUT" && tar czf logs.tgz ./*.txt && rm -f ./*.txt)

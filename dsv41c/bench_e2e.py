@@ -147,8 +147,12 @@ def _profile(fn, device, top: int = 25) -> dict:
                         for n, (c, t) in ranked]}
 
 
-def run_system(system: str, cfg, seed: int, device, artifact, prefill: list, contexts: list, steps: int) -> dict:
+def run_system(system: str, cfg, seed: int, device, artifact, prefill: list, contexts: list, steps: int,
+               save=None) -> dict:
+    """Every case of one system; `save(out)` after each, so a worker stopped by its time limit keeps what it measured."""
     import torch
+
+    save = save or (lambda out: None)
 
     dev = torch.device(device)
     cuda = dev.type == "cuda"
@@ -175,6 +179,7 @@ def run_system(system: str, cfg, seed: int, device, artifact, prefill: list, con
                 row["error"] = "out of memory"
                 torch.cuda.empty_cache() if cuda else None
             out["prefill"].append(row)
+            save(out)
         for C in contexts:
             row = {"context": C, "steps": steps}
             ids = _ids(C, cfg.vocab_size, seed)
@@ -198,6 +203,7 @@ def run_system(system: str, cfg, seed: int, device, artifact, prefill: list, con
                 row["error"] = "out of memory"
                 torch.cuda.empty_cache() if cuda else None
             out["decode"].append(row)
+            save(out)
         if prefill:
             T = min(prefill)
             ids = _ids(T, cfg.vocab_size, seed)
@@ -374,10 +380,13 @@ def cmd_bench(args) -> int:
     prefill, contexts, systems = _check_request(args)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.worker:
-        res = run_system(args.worker, cfg, args.seed, device, args.artifact, prefill, contexts, args.decode_steps)
         from dsv41c.outputs import write_file_atomic
 
-        write_file_atomic(args.out, json.dumps(res, indent=1, default=str), "--out")
+        def save(out):
+            write_file_atomic(args.out, json.dumps(out, indent=1, default=str), "--out")
+
+        save(run_system(args.worker, cfg, args.seed, device, args.artifact, prefill, contexts, args.decode_steps,
+                        save=save))
         return 0
     res = {"what": "end-to-end prefill and decode: eager PyTorch, torch.compile and dsv41c, same inputs",
            "preset": args.preset, "seed": args.seed, "device": device, "hardware": _hardware(device),
@@ -399,15 +408,22 @@ def cmd_bench(args) -> int:
             cmd += ["--artifact", args.artifact]
         print(f"bench: {s} ...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-        p = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.STDOUT, timeout=args.timeout)
         try:
+            rc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.STDOUT, timeout=args.timeout).returncode
+            status = f"exit status {rc}"
+        except subprocess.TimeoutExpired:
+            rc, status = None, f"stopped after --timeout {args.timeout} s"
+        try:  # a worker that failed or was stopped keeps the cases it finished (it saves after each)
             with open(part) as f:
-                res["systems"][s] = json.load(f) if p.returncode == 0 else {"error": f"exit status {p.returncode}"}
+                got = json.load(f) if os.path.getsize(part) else None
         except (OSError, json.JSONDecodeError):
-            res["systems"][s] = {"error": f"exit status {p.returncode}, no result"}
+            got = None
         finally:
             if os.path.exists(part):
                 os.unlink(part)
+        if rc != 0:
+            got = dict(got or {}, error=status + ("" if got else ", no result"))
+        res["systems"][s] = got
         res["systems"][s]["wall_s"] = round(time.perf_counter() - t0, 1)
         res["ratios"] = ratios(res["systems"])
         from dsv41c.outputs import write_file_atomic

@@ -68,6 +68,13 @@ class _Fwd:
         self.taps = []
 
 
+@torch.compiler.disable
+def _engram_rows(ids, c, layer_pos: int, state):
+    """The Engram hash's row ids: host-side integer arithmetic (numpy), kept out of torch.compile's graphs."""
+    return (engram_row_ids(ids, c, layer_pos) if state is None
+            else chunk_row_ids(c, layer_pos, state.tokens_tail, ids))
+
+
 class ReferenceModel:
     def __init__(self, cfg: ModelConfig, state_dict: dict, dtype: torch.dtype = torch.float32,
                  kv_quant: bool = True, device=None):
@@ -139,8 +146,7 @@ class ReferenceModel:
             s = self.plan[L]
             p = f"layers.{L}"
             if s.engram is not None:
-                rows = (engram_row_ids(ids, c, s.engram) if state is None
-                        else chunk_row_ids(c, s.engram, state.tokens_tail, ids))
+                rows = _engram_rows(ids, c, s.engram, state)
                 H = engram_apply(H, rows, w[f"{p}.engram.embed.weight"], w[f"{p}.engram.wkv.weight"],
                                  w[f"{p}.engram.q_weight"], w[f"{p}.engram.k_weight"], c.rms_norm_eps)
             if L in taps:
