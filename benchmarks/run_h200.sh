@@ -27,6 +27,7 @@
 #                    timeline from clock stamps; WS_ONLY, a regex, picks its variants)
 #   correctness      benchmarks/gpu_correctness.py -> gpu_correctness.json (tiny and mini artifacts, float32 and
 #                    bf16 builds, compiled here, against the eager reference on this GPU; CORRECT_PRESETS,
+#                    CORRECT_BUILDS,
 #                    CORRECT_STEPS)
 #   bench_artifact   `dsv41c compile --preset bench --target cuda:sm90 --max-context $BENCH_CONTEXT` into
 #                    $BENCH_ARTIFACT (default /tmp/bench-sm90.dsv41c; kept while the machine is warm, so a later
@@ -107,7 +108,7 @@ for step in $STEPS; do
     ws_timeline) timeout "$T" python3 benchmarks/ws_timeline.py --out "$OUT/ws_timeline.json" \
              ${WS_ONLY:+--only "$WS_ONLY"} > "$OUT/ws_timeline.txt" 2>&1 ;;
     correctness) timeout "$T" python3 benchmarks/gpu_correctness.py --out "$OUT/gpu_correctness.json" \
-             --presets "${CORRECT_PRESETS:-tiny,mini}" --steps "${CORRECT_STEPS:-32}" > "$OUT/correctness.txt" 2>&1 ;;
+             --presets "${CORRECT_PRESETS:-tiny,mini}" --builds "${CORRECT_BUILDS:-float32,bf16}" --steps "${CORRECT_STEPS:-32}" > "$OUT/correctness.txt" 2>&1 ;;
     bench_artifact) A=${BENCH_ARTIFACT:-/tmp/bench-sm90.dsv41c}
              if [ -f "$A/manifest.json" ]; then echo "kept: $A" > "$OUT/bench_compile.txt"; else
                timeout "$T" dsv41c compile --preset bench --target cuda:sm90 --max-context "${BENCH_CONTEXT:-132096}" \

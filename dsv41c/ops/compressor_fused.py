@@ -30,7 +30,7 @@ def compressor_fused(x: torch.Tensor, pos: torch.Tensor, wkv: torch.Tensor, wgat
     ops = torch.ops.dsv41
     lat, bk, bg = ops.compressor_step(x, pos, wkv, wgate, norm_w, buf_kv, buf_gate, ratio, eps)
     at = pos if ratio == 1 else pos // ratio
-    cos, sin = rope_cos_sin(inv_c, (at + torch.arange(lat.shape[0])) * ratio)
+    cos, sin = rope_cos_sin(inv_c, (at + torch.arange(lat.shape[0], device=lat.device)) * ratio)
     k = rms_norm(lat @ wk.T, k_norm_w, eps)
     kc, ks = ops.kv_pack(apply_rope(k, cos, sin), "fp4_ue8m0")
     cc, cs = ops.kv_pack(apply_rope(lat, cos, sin), "fp4_e4m3")
