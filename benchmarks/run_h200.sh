@@ -113,7 +113,8 @@ for step in $STEPS; do
              if [ -f "$A/manifest.json" ]; then echo "kept: $A" > "$OUT/bench_compile.txt"; else
                timeout "$T" dsv41c compile --preset bench --target cuda:sm90 --max-context "${BENCH_CONTEXT:-132096}" \
                  -o "$A" --force > "$OUT/bench_compile.txt" 2>&1; fi ;;
-    e2e) timeout "$T" python3 benchmarks/e2e.py --artifact "${BENCH_ARTIFACT:-/tmp/bench-sm90.dsv41c}" \
+    e2e) A=${BENCH_ARTIFACT:-/tmp/bench-sm90.dsv41c}; ART=(); [ -f "$A/manifest.json" ] && ART=(--artifact "$A")
+         timeout "$T" python3 benchmarks/e2e.py "${ART[@]}" \
              --systems "${E2E_SYSTEMS:-eager,compile,dsv41c}" --prefill "${E2E_PREFILL:-8192,32768,131072}" \
              --decode-context "${E2E_CONTEXT:-8192,32768}" --decode-steps "${E2E_STEPS:-32}" --timeout "${E2E_TIMEOUT:-3000}" \
              --out "$OUT/e2e_${E2E_TAG:-bench}.json" > "$OUT/e2e_${E2E_TAG:-bench}.txt" 2>&1 ;;

@@ -120,7 +120,8 @@ def index_scores_int8(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, posi
     kc, ke, k_grid, k_fit = fp4_rows(ka)  # [n, d], [n]
     q_ok, k_ok = q_grid & q_fit, k_grid & k_fit
     unit = (qe[..., None] - 1) + (ke[None, None, :] - 1)  # [T, h, n]
-    A = torch.matmul(qc.flatten(0, 1), kc.T).unflatten(0, qc.shape[:2])  # exact integer dots
+    # exact integer dots, taken in float64: |A| < 2^24 is exact there, and CUDA has no int64 matmul
+    A = torch.matmul(qc.flatten(0, 1).double(), kc.T.double()).to(torch.int64).unflatten(0, qc.shape[:2])
     if acc not in _LIMITS:
         raise ValueError(f"index_scores_int8: scores in {acc} are not supported (float32 or float64)")
     bits, lo, hi = _LIMITS[acc]
