@@ -68,9 +68,9 @@ def reference_on_device(cfg, seed: int, device, dtype="bfloat16"):
     for name in specs:
         if name.endswith(".scale") or name.startswith("mtp."):
             continue
-        stored = seeded_stored_dict(cfg, seed, device, names=[name])
-        sd[name] = dequantize_stored(cfg, stored, torch.float32)[name].to(torch.bfloat16 if dtype == "bfloat16"
-                                                                           else torch.float32)
+        stored = seeded_stored_dict(cfg, seed, device, names=[name], specs=specs)
+        sd[name] = dequantize_stored(cfg, stored, torch.float32, specs)[name].to(torch.bfloat16 if dtype == "bfloat16"
+                                                                                  else torch.float32)
         del stored
     return ReferenceModel(cfg, sd, dtype=dtype, kv_quant=True, device=device)
 
