@@ -80,7 +80,11 @@ class _System:
 
     def __init__(self, model, new):
         self.m, self.new = model, new
-        self.prefill, self.decode = model.prefill, model.decode
+        self.decode = model.decode
+
+    def prefill(self, state, ids):
+        """Logits [1, vocab] of the prompt's last position (what the first token needs) for every system."""
+        return self.m.prefill(state, ids, last_only=True)
 
 
 def build_system(system: str, cfg, seed: int, device, artifact: str | None):

@@ -118,9 +118,10 @@ class CompiledModel:
                                   if a["role"] == "weight"}
         return self._bound[fname]
 
-    def _run(self, fname: str, session: Session, ids: torch.Tensor) -> torch.Tensor:
+    def _run(self, fname: str, session: Session, host_ids: torch.Tensor) -> torch.Tensor:
         fn = self.program[fname]
         w = self._weights_of(fname)
+        ids = host_ids.to(self.device)  # the session's token list is kept from the host copy: no device sync
         inputs = []
         for a in fn.args:
             role = a["role"]
@@ -129,7 +130,7 @@ class CompiledModel:
             outs = fn.run(inputs, self.observe, device=self.device)
         names = fn.output_names
         session.state = {n: v for n, v in zip(names[1:], outs[1:])}
-        session.tokens.extend(ids.tolist())
+        session.tokens.extend(host_ids.tolist())
         session.last_logits = outs[0][-1]
         return outs[0]
 
@@ -139,12 +140,19 @@ class CompiledModel:
         """The prefill chunk the compiler chose for the artifact's memory budget (0: none, any length at once)."""
         return int((self.manifest.get("options") or {}).get("chunk") or 0)
 
-    def prefill(self, session: Session, ids) -> torch.Tensor:
+    def prefill(self, session: Session, ids, last_only: bool = False) -> torch.Tensor:
         """Logits [T, vocab] of tokens continuing the session (any T >= 1), run in chunks of at most `chunk`
-        tokens where the artifact was compiled for a memory budget."""
-        ids = self._check_ids(ids).to(self.device)
+        tokens where the artifact was compiled for a memory budget. `last_only`: the last position's
+        logits alone, [1, vocab] (a long prompt's [T, vocab] float32 logits are T x 0.5 MB at 129K tokens
+        of vocabulary: 17 GB at 32K)."""
+        ids = self._check_ids(ids)
         step = self.chunk or ids.shape[0]
-        parts = [self._run("prefill", session, ids[i:i + step]) for i in range(0, ids.shape[0], step)]
+        parts = []
+        for i in range(0, ids.shape[0], step):
+            out = self._run("prefill", session, ids[i:i + step])
+            parts.append(out[-1:] if last_only else out)
+        if last_only:
+            return parts[-1]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def decode(self, session: Session, token: int | None = None) -> torch.Tensor:
@@ -153,7 +161,7 @@ class CompiledModel:
             if session.last_logits is None:
                 raise InputError("decode needs a token or a prefilled session (nothing to continue from)")
             token = int(torch.argmax(session.last_logits))
-        return self._run("decode", session, self._check_ids([int(token)]).to(self.device))[0]
+        return self._run("decode", session, self._check_ids([int(token)]))[0]
 
     def generate(self, ids, max_new_tokens: int, chunk: int = 0) -> list[int]:
         """Greedy: prefill `ids` (in chunks of `chunk`, 0 = one), then exactly max_new_tokens tokens."""
@@ -163,7 +171,7 @@ class CompiledModel:
         s = self.new_session()
         step = chunk if chunk and chunk > 0 else ids.shape[0]
         for i in range(0, ids.shape[0], step):
-            self.prefill(s, ids[i:i + step])
+            self.prefill(s, ids[i:i + step], last_only=True)
         out = []
         for i in range(max_new_tokens):
             tok = int(torch.argmax(s.last_logits))

@@ -105,9 +105,10 @@ class ReferenceModel:
         """Logits [T, vocab] of one forward from position 0 (HF-style dense masks)."""
         return self._forward(self.check_ids(ids), None)
 
-    def prefill(self, state: State, ids) -> torch.Tensor:
-        """Logits [T, vocab] of a chunk continuing at state.pos; updates `state`."""
-        return self._forward(self.check_ids(ids), state)
+    def prefill(self, state: State, ids, last_only: bool = False) -> torch.Tensor:
+        """Logits [T, vocab] of a chunk continuing at state.pos ([1, vocab], the last position's, with
+        `last_only`); updates `state`."""
+        return self._forward(self.check_ids(ids), state, last_only)
 
     def decode(self, state: State, token: int) -> torch.Tensor:
         """Logits [vocab] of one token at state.pos; updates `state`."""
@@ -127,19 +128,21 @@ class ReferenceModel:
         return rope_cos_sin(self._inv[kind], positions, self._rope_round)
 
     # ------------------------------------------------------------------ forward
-    def _forward(self, ids: torch.Tensor, state: State | None) -> torch.Tensor:
-        with torch.device(self.device):  # the factory ops below (positions, masks) allocate beside the weights
-            return self._forward_here(ids, state)
+    def _forward(self, ids: torch.Tensor, state: State | None, last_only: bool = False) -> torch.Tensor:
+        # the factory ops below allocate beside the weights; the forward body names its devices too, since
+        # torch.compile (of _forward_here, in the benchmark) does not see this ambient device
+        with torch.device(self.device):
+            return self._forward_here(ids, state, last_only)
 
-    def _forward_here(self, ids: torch.Tensor, state: State | None) -> torch.Tensor:
+    def _forward_here(self, ids: torch.Tensor, state: State | None, last_only: bool = False) -> torch.Tensor:
         c, w = self.cfg, self.w
         T = ids.shape[0]
         pos0 = state.pos if state is not None else 0
-        positions = torch.arange(pos0, pos0 + T)
+        positions = torch.arange(pos0, pos0 + T, device=ids.device)
         fwd = _Fwd(positions, state, {k: self.rope(k, positions) for k in ("main", "compress")})
         x0 = w["embed.weight"][ids]
         H = x0.unsqueeze(-2).expand(T, c.hc_mult, c.hidden_size).contiguous()
-        pre = torch.zeros(T, c.hc_mult, dtype=self.acc)
+        pre = torch.zeros(T, c.hc_mult, dtype=self.acc, device=ids.device)
         pre[:, 0] = 1.0  # the first collapse takes stream 0 only
         taps = set(c.dspark_target_layer_ids)
         for L in range(self.n_layers):
@@ -153,6 +156,8 @@ class ReferenceModel:
                 fwd.taps.append(H.to(self.acc).mean(dim=-2))
             H, pre = self.block(p, H, pre, lambda x, L=L: self._attention(L, x, fwd), c.n_routed_experts,
                                 c.num_experts_per_tok)
+        if last_only:  # the head of the last position alone: [T, vocab] logits of a long prompt are gigabytes
+            H, pre = H[-1:], pre[-1:]
         h = rms_norm(hc_collapse(H, pre), w["norm.weight"], c.rms_norm_eps)
         logits = (h @ w["head.weight"].T).to(self.acc)
         self.last_taps = torch.stack(fwd.taps, dim=1) if fwd.taps else None
@@ -249,7 +254,7 @@ class ReferenceModel:
                                           st.buf_gate.get(L, empty))
             if r > 1:
                 st.buf_kv[L], st.buf_gate[L] = bk, bg
-        cos, sin = self.rope("compress", (first + torch.arange(lat.shape[0])) * r)
+        cos, sin = self.rope("compress", (first + torch.arange(lat.shape[0], device=lat.device)) * r)
         keys = index_keys(lat, w[f"{p}.indexer.wk.weight"], w[f"{p}.indexer.k_norm.weight"], cos, sin,
                           c.rms_norm_eps, self.kv_quant)
         comp = fq_compressed_kv(apply_rope(lat, cos, sin), self.kv_quant)
