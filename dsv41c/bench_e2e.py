@@ -39,7 +39,6 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 
 SYSTEMS = ("eager", "compile", "dsv41c")
@@ -405,8 +404,8 @@ def cmd_bench(args) -> int:
         res["decode_roofline"] = decode_roofline(args.artifact, cfg, contexts,
                                                  res["ceilings"].get("copy_bytes_per_s"))
     for s in systems:
-        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tf:
-            part = tf.name
+        # beside --out, so that what a worker measured survives even when the parent is stopped first
+        part = f"{args.out}.{s}.part"
         cmd = [sys.executable, "-m", "dsv41c", "bench", "--worker", s, "--preset", args.preset, "--seed",
                str(args.seed), "--prefill", args.prefill, "--decode-context", args.decode_context,
                "--decode-steps", str(args.decode_steps), "--device", device, "--out", part]
