@@ -28,6 +28,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Tests run small tensors on one intra-op thread (test modules set torch.set_num_threads(1); the CLI's run does
+# too); the scripts and commands they start as subprocesses inherit the same through OMP_NUM_THREADS, so they
+# do not pay thread start-up per op, nor spin against each other and the test process on a loaded machine.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _skip_repatching():
