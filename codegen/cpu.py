@@ -32,6 +32,8 @@ Streams (GPU plans after schedule-streams): every op record carries `stream` (it
 `{"target": "rt.wait", "args": [{"v": event slot}]}`, both on their own stream. A device runtime
 maps each index to a queue (torch.cuda.Stream) and each event slot to a torch.cuda.Event; the
 reference executor runs the steps in program order, which is one valid schedule.
+`once: true` (hoist-invariants) marks an op that reads only weights and constants: the runtime runs it at
+the function's first call and keeps what later calls read.
 Known gaps: the program is one format for every target; `free` is by program order, so a
 device runtime that frees slots itself must keep a slot read on a side stream until that
 stream joins (the arena plan already does: plan-memory extends lifetimes to the joins).
@@ -231,6 +233,8 @@ def lower_function(f, output_names, state_fill: dict) -> dict:
         rec = lower_op(op, slot)
         if len(streams) > 1:
             rec["stream"] = op_stream(op)
+        if op.attrs.get("once"):
+            rec["once"] = True  # hoist-invariants: run at the function's first call only
         outs, binds = [], []
         for r in op.results:
             slot[id(r)] = nslot

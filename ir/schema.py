@@ -22,7 +22,7 @@ Dynamic dims: a `Dim` attribute may hold `?` (DYN); each `?` takes one trailing 
 operand, in schema order then list order (`dyn_slots`). `bind` returns an `Args` dict
 (operand -> Value or list of Values, attribute -> value or its default) plus the dynamic
 operands; `BindError` says what does not fit. Every op also accepts the attributes in
-`GLOBAL_ATTRS` (e.g. `stream`, set by schedule-streams).
+`GLOBAL_ATTRS` (e.g. `stream`, set by schedule-streams; `once`, set by hoist-invariants).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from dsv41c.ir.attrs import DYN, KINDS, check_kind, describe, format_attr
 from dsv41c.ir.types import EventType, IndexType, TensorType
 
-GLOBAL_ATTRS = {"stream": "int"}
+GLOBAL_ATTRS = {"stream": "int", "once": "bool"}  # once: hoist-invariants
 OPERAND_KINDS = {"Tensor": TensorType, "Index": IndexType, "Event": EventType, "Any": object}
 REQUIRED = object()
 

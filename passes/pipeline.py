@@ -39,6 +39,7 @@ PIPELINE = [
     # "canonicalize", "cse", "dce",   clean-up after the domain rewrites
     "specialize-kernels{target=TARGET}",  # kernel.call per target from the kernel matrix
     ("schedule-streams", GPU_TARGETS),   # Q/KV paths on two streams + events, Engram on an aux stream
+    "hoist-invariants",     # what reads only weights and constants runs at the first step, not every step
     "plan-chunks{budget=BUDGET}",        # prefill chunk size from the memory budget (0: none, the chunk stays)
     "plan-memory",          # arena offsets for transient values
 ]

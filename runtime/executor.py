@@ -18,6 +18,9 @@ token in its slot and `rt.wait` takes one. Here, on the CPU, the steps run in pr
 (one valid schedule of the streams), so both are no-ops; `_Op.stream` keeps the index for a
 device executor that maps streams to torch.cuda.Stream and events to torch.cuda.Event.
 On a CUDA device the steps' streams and events are real (`device_streams.py`).
+Ops marked `once` (hoist-invariants: they read only weights and constants) run at a function's first
+call; the results later ops read are kept and bound on every later call with the same weight tensors
+on the same device, and the ops are skipped.
 Known gaps: no arena (torch's allocator).
 """
 from __future__ import annotations
@@ -93,6 +96,33 @@ def resolve_target(name: str):
         raise ArtifactError(f"program.json: op target '{name}' is not available in this torch") from None
 
 
+def _slots(x):
+    """The slots an encoded argument reads."""
+    if isinstance(x, dict):
+        if "v" in x and len(x) == 1:
+            yield x["v"]
+        else:
+            for v in x.values():
+                yield from _slots(v)
+    elif isinstance(x, list):
+        for v in x:
+            yield from _slots(v)
+
+
+def _dims(rec):
+    """The encoded `{"dim": ...}` arguments of a record (size expressions evaluated per call)."""
+    def walk(x):
+        if isinstance(x, dict):
+            if "dim" in x:
+                yield x
+            for v in x.values():
+                yield from walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                yield from walk(v)
+    yield from walk([rec.get("args"), rec.get("kwargs")])
+
+
 def _compile_arg(x):
     """-> getter(env, slots) for an encoded argument (see codegen/cpu.py)."""
     if isinstance(x, dict):
@@ -138,7 +168,7 @@ def _takes_device(fn) -> bool:
 
 
 class _Op:
-    __slots__ = ("fn", "args", "kwargs", "out", "bind", "free", "where", "rec", "stream", "factory")
+    __slots__ = ("fn", "args", "kwargs", "out", "bind", "free", "where", "rec", "stream", "factory", "once")
 
     def __init__(self, rec):
         self.fn = resolve_target(rec["target"])
@@ -152,6 +182,7 @@ class _Op:
         self.free = rec.get("free", ())
         self.rec = rec
         self.stream = rec.get("stream", 0)
+        self.once = bool(rec.get("once"))
         k = rec.get("kernel")
         self.where = f"{rec['target']}" + (f" ({k['variant']})" if k else "") + f" at loc({rec.get('loc', '?')})"
 
@@ -166,6 +197,30 @@ class Function:
         self.output_names = spec["output_names"]
         self.nslots = spec["nslots"]
         self.n_streams = 1 + max((op.stream for op in self.ops), default=0)
+        self._plan_once(spec["ops"])
+
+    def _plan_once(self, recs: list):
+        """The `once` ops (hoist-invariants): which argument slots they read (the cache is valid while
+        those inputs are the same tensors) and which of their results a later step reads (kept)."""
+        once_out = {s for op in self.ops if op.once for s in op.out}
+        read_by_step, once_in = set(self.outputs), set()
+        for op, rec in zip(self.ops, recs):
+            slots = set(_slots(rec.get("args"))) | set(_slots(rec.get("kwargs")))
+            if op.once:
+                if any(("dim" in a) for a in _dims(rec)):
+                    raise ArtifactError(f"program.json: @{self.name}: {op.where} runs once but reads a size symbol")
+                once_in |= {x for x in slots if x < len(self.args)}
+            else:
+                read_by_step |= slots
+        self._once_in = sorted(once_in)
+        self._once_keep = once_out & read_by_step
+        self._once_cache = None  # (device, the input tensors, {slot: value}) after the first call
+
+    def _cached_once(self, inputs: list, device):
+        c = self._once_cache
+        if c is None or c[0] != str(device) or any(a is not b for a, b in zip(c[1], (inputs[i] for i in self._once_in))):
+            return None
+        return c[2]
 
     def _device_streams(self, device):
         if device is None or self.n_streams == 1 or torch.device(device).type != "cuda":
@@ -183,7 +238,14 @@ class Function:
         env = {s: int(inputs[i].shape[d]) for s, (i, d) in self.symbols.items()}
         streams = self._device_streams(device)  # the plan's streams on a GPU (device_streams.py); None: in order
         made_on: dict = {}  # id(tensor) -> the stream of the step that made it (GPU streams only)
+        cached = self._cached_once(inputs, device)  # the once ops' kept results, from an earlier call
+        if cached is not None:
+            for k, v in cached.items():
+                vals[k] = v
+        keep = {} if cached is None and self._once_keep else None
         for op in self.ops:
+            if op.once and cached is not None:
+                continue
             args = [g(env, vals) for g in op.args]
             kwargs = {k: g(env, vals) for k, g in op.kwargs}
             if op.factory and device is not None:
@@ -213,10 +275,14 @@ class Function:
                     vals[s] = r
             for r, d, s in op.bind:
                 env[s] = int(vals[op.out[r]].shape[d])
+            if op.once and keep is not None:
+                keep.update((k, vals[k]) for k in op.out if k in self._once_keep)
             for s in op.free:
                 vals[s] = None
         if streams is not None:
             streams.join()
+        if keep is not None:
+            self._once_cache = (str(device), [inputs[i] for i in self._once_in], keep)
         return [vals[s] for s in self.outputs]
 
 
