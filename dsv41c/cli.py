@@ -122,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also plan @prefill_encoder: a long prompt's prefix runs the encoder only, the exact decoder "
                         "suffix the full prefill (split-ced-prefill; reports/ced_split.json)")
     s.add_argument("--emit", nargs=2, action="append", metavar=("FORMAT", "PATH"),
-                   help="also write an export: `mlir DIR` (each traced segment, torch-mlir); repeatable")
+                   help="also write an export: `mlir DIR` (each traced segment, torch-mlir), `onnx FILE` (the "
+                        "target-independent @prefill, dsv41 ops as ONNX functions; --kv-quant off); repeatable")
 
     s = sub.add_parser("opt", help="run passes over an IR text file")
     s.add_argument("input", metavar="IN.ir", help="an IR text file")
