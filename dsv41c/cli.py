@@ -44,6 +44,13 @@ HANDLERS = {
 }
 
 
+# (subcommand, option) -> the handler that does the work when the option is given: `inspect --graph` parses the
+# plan's IR, which the runtime's `inspect` never imports
+OPTION_HANDLERS = {
+    ("inspect", "graph"): "dsv41c.plan_graph:cmd_inspect_graph",
+}
+
+
 class UserError(Exception):
     """An error caused by the user's input; printed as one line, exit status 2."""
 
@@ -175,6 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("artifact", metavar="ARTIFACT", help="an artifact written by `dsv41c compile`")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--memory", action="store_true", help="the memory plan: arena vs lower bound, timeline pictures")
+    s.add_argument("--graph", type=argtypes.count, metavar="LAYER",
+                   help="draw layer LAYER's scheduled plan into -o FILE.svg: its ops on one lane per stream, data "
+                        "dependencies and cross-stream events as arrows")
+    s.add_argument("--function", metavar="NAME", help="for --graph: prefill | decode (default decode)")
+    s.add_argument("-o", "--output", metavar="FILE.svg", help="for --graph: the SVG to write")
 
     s = sub.add_parser("kernels", help="the kernel matrix and ahead-of-time kernel builds")
     g = s.add_mutually_exclusive_group(required=True)
@@ -239,6 +251,16 @@ def _join_negative_values(parser, argv: list) -> list:
     return out
 
 
+def _handler(args) -> str:
+    """The "module:function" that runs `args`: an option's own handler (OPTION_HANDLERS) or the subcommand's."""
+    for (cmd, opt), handler in OPTION_HANDLERS.items():
+        if args.command == cmd and getattr(args, opt, None) is not None:
+            return handler
+    if args.command == "inspect" and (args.output is not None or args.function is not None):
+        raise UserError("-o and --function go with --graph LAYER")
+    return HANDLERS[args.command]
+
+
 def _os_error(e: OSError) -> str:
     where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
     what = e.strerror or _one_line(e) or type(e).__name__
@@ -268,7 +290,7 @@ def main(argv=None) -> int:
             parser.print_help()
             return 2
         cmd = f"dsv41c {args.command}"
-        mod_name, fn_name = HANDLERS[args.command].split(":")
+        mod_name, fn_name = _handler(args).split(":")
         fn = getattr(importlib.import_module(mod_name), fn_name)
         return int(fn(args) or 0)
     except BrokenPipeError:  # output piped into `head` and the like: not an error
