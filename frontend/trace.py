@@ -24,6 +24,8 @@ of them (export time grows with the argument count: 1152 expert matrices per lay
 a second compile of the same config in one process only re-converts and re-stamps; the
 fake-tensor dispatch cache is switched off during export (with symbolic shapes it costs
 more than it saves here).
+Progress: a line per exported segment on `progress` (stderr); where that is a terminal, a bar
+above them counts the layers stamped, both functions' (`dsv41c/progress.py`).
 
 Function signature (both functions): `ids`, every `state.*` tensor of `step.new_state`
 (placement = "persistent"; fixed-capacity buffers: the caches hold ceil(max_context / ratio)
@@ -51,6 +53,7 @@ from dsv41c.frontend.step import new_state, serve_step
 from dsv41c.ir.core import Function, Module, Op
 from dsv41c.ir.symbolic import SymExpr, subs_attr, sym
 from dsv41c.ir.types import TensorType, bf16, dtype_from_torch, e8m0, f32, fp4e2m1x2, fp8e4m3, i64
+from dsv41c.progress import NoBar, progress_bar
 
 _EXPORTS: dict = {}  # in-process cache: (config hash, kv_quant, dtype, max_context, segment key) -> (program, dims)
 _STATE_WRITES = ("dsv41.cache_append", "dsv41.ring_append")  # ops whose `name` is stamped per layer
@@ -142,10 +145,12 @@ class Tracer:
         self.templates: dict = {}
         self.info = TraceInfo()
         self.progress = progress
+        self.bar = NoBar(progress or None)  # run() puts a bar here on a terminal
+        self._layers_started: set = set()
 
     def log(self, msg):
         if self.progress:
-            print(msg, file=self.progress, flush=True)
+            self.bar.write(msg)
 
     # ------------------------------------------------------------------ export
     def template(self, seg, ins: dict, prefix: str) -> Function:
@@ -207,6 +212,9 @@ class Tracer:
 
     # ------------------------------------------------------------------ stamping
     def stamp(self, fn: Function, seg, ins: dict, prefix: str):
+        root = prefix[:-1] if prefix else {"Prologue": "prologue", "Epilogue": "epilogue"}.get(type(seg).__name__)
+        layer = prefix.split(".")[1] if prefix.startswith("layers.") else ""
+        self._show(fn.name, layer, root)
         tmpl = self.template(seg, ins, prefix)
         vals, env = {}, {}
         expand = getattr(tmpl, "traced_experts", None)
@@ -216,8 +224,6 @@ class Tracer:
             v = ins[a.name] if a.name in ins else self.weight(fn, prefix + a.name)
             _unify(a.type, v.type, env, f"{prefix}{type(seg).__name__}.{a.name}")
             vals[id(a)] = v
-        root = prefix[:-1] if prefix else {"Prologue": "prologue", "Epilogue": "epilogue"}.get(type(seg).__name__)
-        layer = prefix.split(".")[1] if prefix.startswith("layers.") else ""
         for op in tmpl.ops:
             for r in op.results:
                 for s in (r.type.free_symbols() if isinstance(r.type, TensorType) else ()):
@@ -239,6 +245,14 @@ class Tracer:
             fn.ops.append(new)
         self.info.stamps += 1
         return {n: vals[id(v)] for n, v in zip(seg.out_names, tmpl.returns)}
+
+    def _show(self, fn_name: str, layer: str, root):
+        """The bar: one step per layer as its first segment is stamped; where the stamping is."""
+        new = layer and (fn_name, layer) not in self._layers_started
+        self.bar.set_postfix_str(f"@{fn_name} {f'layers.{layer}' if layer else root}", refresh=not new)
+        if new:
+            self._layers_started.add((fn_name, layer))
+            self.bar.update(1)
 
     def weight(self, fn: Function, name: str):
         """The compute-dtype value of checkpoint tensor `name` in `fn`: its stored argument(s), dequantized by a
@@ -293,9 +307,14 @@ class Tracer:
     def run(self) -> Module:
         t0 = time.perf_counter()
         self._weights, self._values = {}, {}
-        prefill, outs = self.function("prefill", sym("T"))
-        order = list(self._weights["prefill"])
-        decode, _ = self.function("decode", 1, order)
+        self.bar = progress_bar(self.progress, 2 * self.cfg.num_hidden_layers, "tracing", unit="layer")
+        try:
+            prefill, outs = self.function("prefill", sym("T"))
+            order = list(self._weights["prefill"])
+            decode, _ = self.function("decode", 1, order)
+        finally:
+            self.bar.close()
+            self.bar = NoBar(self.progress or None)
         m = Module([prefill, decode], {"config_hash": self.cfg.hash(), "kv_quant": self.model.kv_quant,
                                        "outputs": tuple(outs), "widths": model_widths(self.cfg),
                                        "max_context": self.max_context,

@@ -57,7 +57,7 @@ def cmd_opt(args) -> int:
     except VerifyError as e:
         raise VerifyError([f"{args.input}: {m}" for m in e.errors]) from None
     pm = PassManager(passes, verify_each=getattr(args, "verify_each", False), timings=getattr(args, "timings", False),
-                     dump_dir=dump_dir, dump_filter=getattr(args, "dump_filter", None))
+                     dump_dir=dump_dir, dump_filter=getattr(args, "dump_filter", None), progress=sys.stderr)
     result = pm.run(module)
     try:
         verify(result.module)

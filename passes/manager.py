@@ -20,6 +20,8 @@ recorded in a `PassRecord`. Instruments (xDSL's callback between passes) see eac
 - `NumericOracle(inputs, atol, rtol)`: interprets every function on fixed inputs before
   the pipeline and after each pass that changed the IR; a pass whose outputs differ is
   named in a PassError (pass it in `instruments=`).
+- `ShowProgress(stream)` (`progress=stream`): a tqdm bar of the passes, naming the running
+  one, where `stream` is a terminal; nothing in a log.
 A pass that raises gets a note naming it and the passes before it; nothing is swallowed.
 Timing is always recorded (it costs two clock reads); `timings=True` prints the table
 to `timings_stream` (stderr) at the end.
@@ -35,6 +37,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from dsv41c.outputs import OutputError, reason, write_file_atomic
+from dsv41c.progress import NoBar, progress_bar
 from dsv41c.passes.base import PassError, PassResult, is_disabled
 
 
@@ -178,6 +181,29 @@ class NumericOracle(Instrument):
                                     f"rtol={self.rtol})")
 
 
+class ShowProgress(Instrument):
+    """A bar of the passes run, the running pass's name beside it, on `stream` where that is a terminal
+    (`dsv41c/progress.py`); nothing elsewhere. Last among the instruments: a step ends once the pass's
+    verification and dumps are done too."""
+
+    def __init__(self, stream):
+        self.stream, self.bar, self.names = stream, NoBar(), []
+
+    def before_pipeline(self, module, passes):
+        self.names = [p.name for p in passes]
+        self.bar = progress_bar(self.stream, len(self.names), "passes", unit="pass")
+        if self.names:
+            self.bar.set_postfix_str(self.names[0])
+
+    def after_pass(self, record, module, ran_before):
+        self.bar.update(1)
+        if record.index < len(self.names):
+            self.bar.set_postfix_str(self.names[record.index])
+
+    def after_pipeline(self, module, records, failed=None):
+        self.bar.close()
+
+
 def format_timings(records) -> str:
     width = max([len(r.name) for r in records] + [4])
     lines = ["pass timings (wall clock):", f"  {'#':>3}  {'pass':<{width}}  {'seconds':>9}  changed  stats"]
@@ -191,13 +217,15 @@ def format_timings(records) -> str:
 
 class PassManager:
     def __init__(self, passes, *, verify_each: bool = False, timings: bool = False, dump_dir: str | None = None,
-                 dump_filter: str | None = None, instruments=(), env=None, timings_stream=None):
+                 dump_filter: str | None = None, instruments=(), env=None, timings_stream=None, progress=None):
         self.passes = list(passes)
         self.instruments = list(instruments)
         if verify_each:
             self.instruments.append(VerifyEach())
         if dump_dir:
             self.instruments.append(Dump(dump_dir, dump_filter))
+        if progress is not None:
+            self.instruments.append(ShowProgress(progress))
         self.timings = timings
         self.timings_stream = timings_stream
         self.env = env
