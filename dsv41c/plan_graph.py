@@ -263,6 +263,6 @@ def cmd_inspect_graph(args) -> int:
     g = layer_graph(load_plan(args.artifact), getattr(args, "function", None) or "decode", int(args.graph))
     write_file_atomic(out, draw_svg(g), "-o")
     note_kept(out)
-    print(f"inspect: wrote {out}: @{g.function} layer {g.layer}, {len(g.nodes)} ops on streams "
-          f"{', '.join(map(str, g.streams))}, {g.events} events")
+    print(f"inspect: wrote {out}: @{g.function} layer {g.layer}, {len(g.nodes)} ops on {len(g.streams)} "
+          f"stream{'s' if len(g.streams) != 1 else ''} ({', '.join(map(str, g.streams))}), {g.events} events")
     return 0
