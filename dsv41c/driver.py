@@ -302,7 +302,8 @@ def cmd_compile(args) -> int:
     if emits:
         from dsv41c.frontend.exports import check_emits
 
-        check_emits(emits, kv_quant=args.kv_quant)  # an unknown format or unusable path fails before the compile
+        act = getattr(args, "activation_dtype", None) or ("float32" if args.target == "cpu" else "bfloat16")
+        check_emits(emits, kv_quant=args.kv_quant, dtype=act)  # an unknown format or unusable path fails first
     parent, since = os.path.dirname(out), len(kept())
     try:
         build_artifact(args.output, checkpoint=args.checkpoint, preset=args.preset, target=args.target,
@@ -333,7 +334,6 @@ def cmd_compile(args) -> int:
         from dsv41c.frontend.exports import run_emits
 
         cfg = preset(args.preset) if args.preset else load_config(args.checkpoint)
-        act = getattr(args, "activation_dtype", None) or ("float32" if args.target == "cpu" else "bfloat16")
         run_emits(emits, cfg, kv_quant=args.kv_quant, log=sys.stderr, dtype=act,
                   max_context=getattr(args, "max_context", None))
     return 0

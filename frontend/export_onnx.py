@@ -28,6 +28,9 @@ Known gaps:
 - kv-quant on: the packed KV ops (`kv_pack`, `kv_unpack`, `compressor_fused`, `index_scores_int8`,
   the `fq_*` fake quantizers) have no ONNX body (`export_onnx_dsv41.NOT_WRITTEN` says why for
   each); the exporter refuses such a module with one line naming them. Export with --kv-quant off.
+- float32 activations only: with bfloat16 ones the checker rejects Einsum (no bfloat16 in its type
+  constraint) and onnxruntime's CPU provider has no bfloat16 kernels for most ops; refused before
+  the compile (`exports.check_emits`).
 - the weights are graph inputs, not initializers (the model is the program; the checkpoint is fed
   by name, as the IR binds it); `aten.index` with several index tensors and the ATen ops outside the
   table are refused, naming the op.

@@ -15,7 +15,7 @@ softmax), compressor_step (projection, the carry, pooled groups, RMSNorm, the ca
 ratio-1 rows), index_scores (only the visible prefix scored, -inf after), candidate_blocks and
 select_topk (stable top-k = ONNX TopK, whose ties go to the lower index as in `prims/topk.py`),
 moe (the router, then every routed expert over all tokens with a weight that is 0 where the token
-did not pick it: the same sums as the eager loop), hc_mixes (Sinkhorn unrolled), engram_hash
+did not pick it: the same sums as the eager loop), hc_mixes (Sinkhorn's repeated row and column normalization as one Loop), engram_hash
 (the multipliers, primes and offsets as constants; int64 products wrap as in torch), engram_apply,
 dequant_weight (E8M0 / E2M1 by 256-entry lookup tables on the raw bytes), cache_append and
 ring_append (ScatterND at the rows the state layout gives).
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 from onnx import TensorProto as TP
+from onnx import helper
 
 from dsv41c.frontend.export_onnx_aten import floor_div
 from dsv41c.frontend.onnx_builder import Nodes
@@ -244,8 +245,18 @@ def hc_mixes(F):
         return n.op("Div", c, n.op("Add", n.op("ReduceSum", c, n.i64(axis), keepdims=1), e))
 
     comb = norm(comb, -2)
-    for _ in range(int(a["iters"]) - 1):
-        comb = norm(norm(comb, -1), -2)
+    if int(a["iters"]) > 1:  # (iters - 1) x {row, column} as one Loop (its body reads e from the function)
+        step = Nodes(prefix="s:")
+        c = "comb_in"
+        for axis in (-1, -2):
+            c = step.op("Div", c, step.op("Add", step.op("ReduceSum", c, step.i64(axis), keepdims=1), e))
+        step.op("Identity", c, out_names=["comb_out"])
+        step.op("Identity", "cond_in", out_names=["cond_out"])
+        body = helper.make_graph(step.nodes, "sinkhorn_step", [
+            helper.make_tensor_value_info("i", TP.INT64, []), helper.make_tensor_value_info("cond_in", TP.BOOL, []),
+            helper.make_tensor_value_info("comb_in", acc, None)], [
+            helper.make_tensor_value_info("cond_out", TP.BOOL, []), helper.make_tensor_value_info("comb_out", acc, None)])
+        comb = n.op("Loop", n.const(int(a["iters"]) - 1, TP.INT64), "", comb, body=body)
     return [pre, post, comb]
 
 

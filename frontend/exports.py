@@ -18,7 +18,7 @@ from dsv41c.frontend.export_mlir import ExportError, emit_mlir
 FORMATS = ("mlir", "onnx")
 
 
-def check_emits(emits, kv_quant: bool = False) -> None:
+def check_emits(emits, kv_quant: bool = False, dtype: str = "float32") -> None:
     for fmt, path in emits or ():
         if fmt not in FORMATS:
             raise ExportError(f"--emit {fmt}: unknown format (formats: {', '.join(FORMATS)})")
@@ -31,6 +31,9 @@ def check_emits(emits, kv_quant: bool = False) -> None:
             if kv_quant:
                 raise ExportError(f"--emit onnx {path}: the packed KV ops of kv-quant on (kv_pack, kv_unpack, "
                                   "compressor_fused, index_scores_int8) have no ONNX form; compile with --kv-quant off")
+            if dtype != "float32":
+                raise ExportError(f"--emit onnx {path}: {dtype} activations are not exported (ONNX's Einsum and "
+                                  "onnxruntime's CPU kernels take no bfloat16); add --activation-dtype float32")
 
 
 def run_emits(emits, cfg, kv_quant: bool = True, log=None, dtype: str = "float32", max_context=None) -> list:

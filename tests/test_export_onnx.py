@@ -104,16 +104,17 @@ def test_a_kv_quant_op_is_refused_naming_it():
         to_onnx(m)
 
 
-@pytest.mark.parametrize("case", ["directory", "unwritable", "kv_quant_on"])
+@pytest.mark.parametrize("case", ["directory", "unwritable", "kv_quant_on", "bfloat16"])
 def test_bad_input_is_refused_by_the_check_before_the_compile(tmp_path, case):
     from dsv41c.frontend.exports import check_emits
 
-    path, kv_quant, want = {"directory": (str(tmp_path), False, "is a directory; give a file path"),
-                            "unwritable": ("/proc/dsv41c/model.onnx", False, "cannot write into /proc"),
-                            "kv_quant_on": (str(tmp_path / "m.onnx"), True,
-                                            "have no ONNX form; compile with --kv-quant off")}[case]
+    path, kv_quant, dtype, want = {
+        "directory": (str(tmp_path), False, "float32", "is a directory; give a file path"),
+        "unwritable": ("/proc/dsv41c/model.onnx", False, "float32", "cannot write into /proc"),
+        "kv_quant_on": (str(tmp_path / "m.onnx"), True, "float32", "have no ONNX form; compile with --kv-quant off"),
+        "bfloat16": (str(tmp_path / "m.onnx"), False, "bfloat16", "add --activation-dtype float32")}[case]
     with pytest.raises(ExportError, match=want):
-        check_emits([("onnx", path)], kv_quant=kv_quant)
+        check_emits([("onnx", path)], kv_quant=kv_quant, dtype=dtype)
     assert list(tmp_path.iterdir()) == []
 
 
