@@ -6,14 +6,20 @@ types and result value attributes). A later op with a key already in the table i
 and its results map to the earlier op's. The location of the first op is kept.
 
 Side effects: an op with side effects (registry `writes`/`sync`: cache appends, stream
-record/wait) is never merged, and it empties the table: a value read before a write must
-not stand in for the same read after it, and work is not hoisted across a stream event.
-Ops unknown to the registry are treated the same way. Ops on different streams differ by
-their `stream` attribute, so they do not merge either.
+record/wait) is never merged, and by default it empties the table. With `across_writes`
+(`cse{across_writes=true}`, the pipeline's run after the domain rewrites, once
+share-csa2-state has checked each layer's own chain), a write of the persistent state (`state.*` buffers, written in
+place) drops from the table what was computed from the buffers it writes, and only that: a
+value read before a write must not stand in for the same read after it, but the index
+arithmetic of the positions, which every layer repeats between its cache appends, merges
+across them. Each value's state roots (the `state.*` arguments it is computed from, through
+any chain of ops, views included: the IR has no aliasing) decide what a write reaches. A
+stream op, an op unknown to the registry, or a write whose buffers have no state root empty
+the whole table: work is not hoisted across a stream event. Ops on different streams differ
+by their `stream` attribute, so they do not merge either.
 
 Stats: `eliminated` (total) and `eliminated:<op name>`.
-Known gaps: no commutativity (add(a, b) and add(b, a) stay two ops); the barrier is
-coarse (a write clears everything, not just what reads the written value).
+Known gaps: no commutativity (add(a, b) and add(b, a) stay two ops).
 """
 from __future__ import annotations
 
@@ -25,9 +31,26 @@ from dsv41c.passes.base import ModulePass, PassResult
 from dsv41c.passes.rewrite import has_side_effects
 
 
+def _written_roots(op, roots: dict):
+    """The state roots `op` writes in place; None when the whole table must go (a stream op, an unknown op,
+    a write of a buffer with no state root)."""
+    from dsv41c.ir.registry import lookup
+    from dsv41c.ir.verify_streams import written_operands
+
+    d = lookup(op.name)
+    if d is None or d.sync or op.name.startswith("stream."):
+        return None
+    written = written_operands(op)
+    hit = frozenset().union(*(roots.get(id(v), frozenset()) for v in written))
+    if not written or any(not roots.get(id(v)) for v in written):
+        return None
+    return hit
+
+
 @dataclass(frozen=True)
 class CommonSubexpressionElimination(ModulePass):
     name: ClassVar[str] = "cse"
+    across_writes: bool = False  # the fine barrier (above); off: every side effect empties the table
 
     def run(self, module) -> PassResult:
         stats: dict = {}
@@ -36,10 +59,24 @@ class CommonSubexpressionElimination(ModulePass):
             table: dict = {}
             subst: dict = {}
             kept = []
+            roots = {id(a): frozenset([id(a)]) for a in f.args if a.name and a.name.startswith("state.")}
+            by_root: dict = {}  # state root -> the table keys computed from it
+            none = frozenset()
             for op in f.ops:
                 op.operands = [subst.get(id(v), v) for v in op.operands]
+                mine = frozenset().union(*(roots.get(id(v), none) for v in op.operands)) if roots else none
+                for r in op.results:
+                    if mine:
+                        roots[id(r)] = mine
                 if has_side_effects(op):
-                    table.clear()
+                    hit = _written_roots(op, roots) if self.across_writes else None
+                    if hit is None:
+                        table.clear()
+                        by_root.clear()
+                    else:
+                        for root in hit:
+                            for k in by_root.pop(root, ()):
+                                table.pop(k, None)
                     kept.append(op)
                     continue
                 if not op.results:
@@ -50,6 +87,8 @@ class CommonSubexpressionElimination(ModulePass):
                 first = table.get(key)
                 if first is None:
                     table[key] = op
+                    for root in mine:
+                        by_root.setdefault(root, []).append(key)
                     kept.append(op)
                     continue
                 for r, r0 in zip(op.results, first.results):

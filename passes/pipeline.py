@@ -36,7 +36,8 @@ PIPELINE = [
     "fuse-compressor",      # compressor -> RoPE -> FP4 pack -> cache appends (lower-kv-fp4's form) as one op
     "lower-indexer-int8",   # exact integer scoring of FP4 indexer data (the float path's scores)
     ("split-ced-prefill", CED_SPLIT),    # optional: @prefill_encoder + the exact decoder suffix
-    # "canonicalize", "cse", "dce",   clean-up after the domain rewrites
+    "cse{across_writes=true}",  # again after the domain rewrites: per-layer position arithmetic merges across layers
+    "dce",
     "specialize-kernels{target=TARGET}",  # kernel.call per target from the kernel matrix
     ("schedule-streams", GPU_TARGETS),   # Q/KV paths on two streams + events, Engram on an aux stream
     "hoist-invariants",     # what reads only weights and constants runs at the first step, not every step
