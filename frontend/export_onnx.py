@@ -27,7 +27,10 @@ is replaced; a directory is refused before the compile, as is a path whose folde
 Known gaps:
 - kv-quant on: the packed KV ops (`kv_pack`, `kv_unpack`, `compressor_fused`, `index_scores_int8`,
   the `fq_*` fake quantizers) have no ONNX body (`export_onnx_dsv41.NOT_WRITTEN` says why for
-  each); the exporter refuses such a module with one line naming them. Export with --kv-quant off.
+  each: opset 21's Slice, Concat, Gather and ScatterND take no FLOAT8E4M3FN tensors, so the packed
+  state would have to travel as UINT8 bytes with the FP8 / FP4 / E8M0 encodings written in
+  arithmetic, which is not done); the exporter refuses such a module with one line naming them,
+  and `compile` refuses `--emit onnx` with kv-quant on before it starts. Export with --kv-quant off.
 - float32 activations only: with bfloat16 ones the checker rejects Einsum (no bfloat16 in its type
   constraint) and onnxruntime's CPU provider has no bfloat16 kernels for most ops; refused before
   the compile (`exports.check_emits`).
@@ -68,7 +71,8 @@ class OnnxDim:
 def check_onnx_path(path: str) -> None:
     """FILE must be a file path whose folder exists or can be made, and not a directory."""
     if os.path.isdir(path):
-        raise ExportError(f"--emit onnx {path}: is a directory; give a file path, e.g. {os.path.join(path, 'model.onnx')}")
+        raise ExportError(f"--emit onnx {path}: is a directory; give a file path, "
+                          f"e.g. {os.path.join(path, 'model.onnx')}")
     probe = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)

@@ -15,14 +15,18 @@ softmax), compressor_step (projection, the carry, pooled groups, RMSNorm, the ca
 ratio-1 rows), index_scores (only the visible prefix scored, -inf after), candidate_blocks and
 select_topk (stable top-k = ONNX TopK, whose ties go to the lower index as in `prims/topk.py`),
 moe (the router, then every routed expert over all tokens with a weight that is 0 where the token
-did not pick it: the same sums as the eager loop), hc_mixes (Sinkhorn's repeated row and column normalization as one Loop), engram_hash
-(the multipliers, primes and offsets as constants; int64 products wrap as in torch), engram_apply,
-dequant_weight (E8M0 / E2M1 by 256-entry lookup tables on the raw bytes), cache_append and
-ring_append (ScatterND at the rows the state layout gives).
+did not pick it: the same sums as the eager loop), hc_mixes (Sinkhorn's repeated row and column
+normalizations as one Loop), engram_hash (the multipliers, primes and offsets as constants; int64
+products wrap as in torch), engram_apply, dequant_weight (E8M0 / E2M1 by 256-entry lookup tables
+on the raw bytes), cache_append and ring_append (ScatterND at the rows the state layout gives).
 Known gaps: the ops of the packed KV path (`kv_pack`, `kv_unpack`, `compressor_fused`,
-`index_scores_int8`, the `fq_*` fake quantizers) have no body yet: they appear only with kv-quant
-on, and the exporter refuses such a module naming them. A state append past the capacity is an
-error in the eager op; here ScatterND's bounds check is the only guard.
+`index_scores_int8`, the `fq_*` fake quantizers) have no body: they appear only with kv-quant on,
+and the exporter refuses such a module naming them. Why: opset 21's Slice, Concat, Gather and
+ScatterND take no FLOAT8E4M3FN tensors, so the packed state (E4M3 codes and scales) cannot be
+read or written in place as that type; it would have to travel as UINT8 bytes with the E4M3, E2M1
+and UE8M0 encodings spelled in arithmetic (frexp-exact scales, ties-to-even codes), not written.
+A state append past the capacity is an error in the eager op; here ScatterND's bounds check is
+the only guard.
 """
 from __future__ import annotations
 
@@ -131,7 +135,8 @@ def index_scores(F):
     seen = n.op("Min", floor_div(n, newest, n.i64(ratio), TP.INT64), N)
     q = F.cast("q", acc)
     d = n.cast(n.dim("q", -1), acc, TP.INT64)
-    s = n.op("Relu", n.op("Einsum", q, n.cast(n.slice("keys", 0, 0, seen), acc, F.dtypes["keys"]), equation="thd,nd->thn"))
+    keys = n.cast(n.slice("keys", 0, 0, seen), acc, F.dtypes["keys"])
+    s = n.op("Relu", n.op("Einsum", q, keys, equation="thd,nd->thn"))
     s = n.op("Mul", s, n.op("Pow", d, n.scalar(-0.5, acc)))
     scores = n.op("ReduceSum", n.op("Mul", s, n.op("Unsqueeze", "w", n.i64(-1))), n.i64(1), keepdims=0)
     scores = _neg_inf_pad_cols(n, scores, N, acc)
@@ -255,7 +260,8 @@ def hc_mixes(F):
         body = helper.make_graph(step.nodes, "sinkhorn_step", [
             helper.make_tensor_value_info("i", TP.INT64, []), helper.make_tensor_value_info("cond_in", TP.BOOL, []),
             helper.make_tensor_value_info("comb_in", acc, None)], [
-            helper.make_tensor_value_info("cond_out", TP.BOOL, []), helper.make_tensor_value_info("comb_out", acc, None)])
+            helper.make_tensor_value_info("cond_out", TP.BOOL, []),
+            helper.make_tensor_value_info("comb_out", acc, None)])
         comb = n.op("Loop", n.const(int(a["iters"]) - 1, TP.INT64), "", comb, body=body)
     return [pre, post, comb]
 
@@ -401,15 +407,16 @@ FUNCS = {
 }
 
 # The domain ops with no function body, and why (the exporter's refusal quotes this).
+_PACKED = ("opset 21's Slice, Concat, Gather and ScatterND take no FLOAT8E4M3FN tensors, so the packed state "
+           "(E4M3 codes and scales) cannot be read or written in place as such; it would have to travel as UINT8 "
+           "bytes with the E4M3 / E2M1 / UE8M0 encodings spelled in arithmetic (frexp-exact scales, "
+           "ties-to-even codes), which is not written yet")
 NOT_WRITTEN = {
-    "dsv41.kv_pack": "the packed KV formats (kv-quant on) have no ONNX body yet: FP4 E2M1 round-to-nearest-even "
-                     "encoding and exact power-of-two scales need a bit-exact transcription not written",
-    "dsv41.kv_unpack": "the packed KV formats (kv-quant on) have no ONNX body yet",
-    "dsv41.compressor_fused": "the fused compressor chain packs its caches (kv-quant on) through kv_pack, which "
-                              "has no ONNX body yet",
-    "dsv41.index_scores_int8": "the exact integer indexer scores read packed FP4 data (kv-quant on), which has no "
-                               "ONNX body yet",
-    "dsv41.fq_window_kv": "fake quantization (kv-quant on) needs FP8/FP4 encodings not written in ONNX yet",
-    "dsv41.fq_compressed_kv": "fake quantization (kv-quant on) needs FP8/FP4 encodings not written in ONNX yet",
-    "dsv41.fq_indexer": "fake quantization (kv-quant on) needs FP8/FP4 encodings not written in ONNX yet",
+    "dsv41.kv_pack": "the packed KV formats (kv-quant on): " + _PACKED,
+    "dsv41.kv_unpack": "the packed KV formats (kv-quant on): " + _PACKED,
+    "dsv41.compressor_fused": "appends FP4 / E4M3 packed rows to the caches (kv-quant on): " + _PACKED,
+    "dsv41.index_scores_int8": "reads the packed FP4 indexer keys (kv-quant on): " + _PACKED,
+    "dsv41.fq_window_kv": "fake quantization (replaced by kv_pack / kv_unpack before this IR): " + _PACKED,
+    "dsv41.fq_compressed_kv": "fake quantization (replaced by kv_pack / kv_unpack before this IR): " + _PACKED,
+    "dsv41.fq_indexer": "fake quantization (replaced by kv_pack / kv_unpack before this IR): " + _PACKED,
 }
