@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "suffix the full prefill (split-ced-prefill; reports/ced_split.json)")
     s.add_argument("--emit", nargs=2, action="append", metavar=("FORMAT", "PATH"),
                    help="also write an export: `mlir DIR` (each traced segment, torch-mlir), `onnx FILE` (the "
-                        "target-independent @prefill, dsv41 ops as ONNX functions; --kv-quant off); repeatable")
+                        "target-independent @prefill, dsv41 ops as ONNX functions); repeatable")
 
     s = sub.add_parser("opt", help="run passes over an IR text file")
     s.add_argument("input", metavar="IN.ir", help="an IR text file")

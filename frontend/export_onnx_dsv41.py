@@ -17,16 +17,13 @@ select_topk (stable top-k = ONNX TopK, whose ties go to the lower index as in `p
 moe (the router, then every routed expert over all tokens with a weight that is 0 where the token
 did not pick it: the same sums as the eager loop), hc_mixes (Sinkhorn's repeated row and column
 normalizations as one Loop), engram_hash (the multipliers, primes and offsets as constants; int64
-products wrap as in torch), engram_apply, dequant_weight (E8M0 / E2M1 by 256-entry lookup tables
-on the raw bytes), cache_append and ring_append (ScatterND at the rows the state layout gives).
-Known gaps: the ops of the packed KV path (`kv_pack`, `kv_unpack`, `compressor_fused`,
-`index_scores_int8`, the `fq_*` fake quantizers) have no body: they appear only with kv-quant on,
-and the exporter refuses such a module naming them. Why: opset 21's Slice, Concat, Gather and
-ScatterND take no FLOAT8E4M3FN tensors, so the packed state (E4M3 codes and scales) cannot be
-read or written in place as that type; it would have to travel as UINT8 bytes with the E4M3, E2M1
-and UE8M0 encodings spelled in arithmetic (frexp-exact scales, ties-to-even codes), not written.
-A state append past the capacity is an error in the eager op; here ScatterND's bounds check is
-the only guard.
+products wrap as in torch), engram_apply, dequant_weight (E4M3 / E8M0 / E2M1 by 256-entry lookup
+tables on the raw bytes), cache_append and ring_append (ScatterND at the rows the state layout gives).
+The packed KV path's ops (kv_pack, kv_unpack, compressor_fused, index_scores_int8, the fq_* fake
+quantizers) are in `export_onnx_kv.py`; every byte-sized format travels as UINT8 (opset 21's Slice,
+Concat, Gather and ScatterND take no FLOAT8E4M3FN), decoded by lookup tables.
+Known gaps: a state append past the capacity is an error in the eager op; here ScatterND's bounds
+check is the only guard.
 """
 from __future__ import annotations
 
@@ -35,6 +32,8 @@ from onnx import TensorProto as TP
 from onnx import helper
 
 from dsv41c.frontend.export_onnx_aten import floor_div
+from dsv41c.frontend.export_onnx_kv import (compressor_fused, e4m3_lut, fake_quant, index_scores_int8, kv_pack,
+                                            kv_unpack, lut)
 from dsv41c.frontend.onnx_builder import Nodes
 
 NEG_INF, POS_INF = float("-inf"), float("inf")
@@ -348,10 +347,10 @@ def dequant_weight(F):
         v = n.op("Mul", vals, n.op("Unsqueeze", _e8m0(n, "scale"), n.i64(-1)))
         v, tv = n.op("Reshape", v, n.i64(0, -1)), TP.FLOAT
     elif fmt == "fp8_row":
-        q = n.cast("w", TP.FLOAT)
+        q = lut(n, e4m3_lut(n), "w")
         v, tv = n.op("Mul", q, _repeat_cols(n, _e8m0(n, "scale"), 32, q)), TP.FLOAT
     elif fmt == "fp8_block":
-        q = n.cast("w", TP.FLOAT)
+        q = lut(n, e4m3_lut(n), "w")
         s = _repeat_cols(n, _e8m0(n, "scale"), block, q)                                # [Bo, in]
         s = n.op("Transpose", _repeat_cols(n, n.op("Transpose", s, perm=[1, 0]), block,
                                            n.op("Transpose", q, perm=[1, 0])), perm=[1, 0])
@@ -364,11 +363,15 @@ def dequant_weight(F):
 
 
 # ------------------------------------------------------------------------------------------ state writes
+def append_rows(n, cache, rows, at):
+    """cache with rows [m, ...] written at rows at .. at + m - 1 (`at` a scalar or a 1-d [1])."""
+    at = n.op("Reshape", at, n.i64(1))
+    idx = n.op("Range", n.squeeze0(at), n.squeeze0(n.op("Add", at, n.dim(rows, 0))), n.const(1, TP.INT64))
+    return n.op("ScatterND", cache, n.op("Unsqueeze", idx, n.i64(-1)), rows)
+
+
 def cache_append(F):
-    n = F.n
-    at = n.op("Reshape", "at", n.i64(1))
-    rows = n.op("Range", n.squeeze0(at), n.squeeze0(n.op("Add", at, n.dim("rows", 0))), n.const(1, TP.INT64))
-    return [n.op("ScatterND", "cache", n.op("Unsqueeze", rows, n.i64(-1)), F.cast("rows", F.dtypes["cache"]))]
+    return [append_rows(F.n, "cache", F.cast("rows", F.dtypes["cache"]), "at")]
 
 
 def ring_append(F):
@@ -404,19 +407,14 @@ FUNCS = {
     "dsv41.dequant_weight": (dequant_weight, None),
     "dsv41.cache_append": (cache_append, None),
     "dsv41.ring_append": (ring_append, None),
+    "dsv41.kv_pack": (kv_pack, None),
+    "dsv41.kv_unpack": (kv_unpack, None),
+    "dsv41.compressor_fused": (compressor_fused, None),
+    "dsv41.index_scores_int8": (index_scores_int8, None),
+    "dsv41.fq_window_kv": (fake_quant("fp8_ue8m0"), None),
+    "dsv41.fq_compressed_kv": (fake_quant("fp4_e4m3"), None),
+    "dsv41.fq_indexer": (fake_quant("fp4_ue8m0"), None),
 }
 
-# The domain ops with no function body, and why (the exporter's refusal quotes this).
-_PACKED = ("opset 21's Slice, Concat, Gather and ScatterND take no FLOAT8E4M3FN tensors, so the packed state "
-           "(E4M3 codes and scales) cannot be read or written in place as such; it would have to travel as UINT8 "
-           "bytes with the E4M3 / E2M1 / UE8M0 encodings spelled in arithmetic (frexp-exact scales, "
-           "ties-to-even codes), which is not written yet")
-NOT_WRITTEN = {
-    "dsv41.kv_pack": "the packed KV formats (kv-quant on): " + _PACKED,
-    "dsv41.kv_unpack": "the packed KV formats (kv-quant on): " + _PACKED,
-    "dsv41.compressor_fused": "appends FP4 / E4M3 packed rows to the caches (kv-quant on): " + _PACKED,
-    "dsv41.index_scores_int8": "reads the packed FP4 indexer keys (kv-quant on): " + _PACKED,
-    "dsv41.fq_window_kv": "fake quantization (replaced by kv_pack / kv_unpack before this IR): " + _PACKED,
-    "dsv41.fq_compressed_kv": "fake quantization (replaced by kv_pack / kv_unpack before this IR): " + _PACKED,
-    "dsv41.fq_indexer": "fake quantization (replaced by kv_pack / kv_unpack before this IR): " + _PACKED,
-}
+# The domain ops with no function body, and why (the exporter's refusal quotes this): none today.
+NOT_WRITTEN: dict = {}

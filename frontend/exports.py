@@ -1,11 +1,11 @@
 """`dsv41c compile ... --emit FORMAT PATH`: the exports a compile can write beside its artifact.
 
-`check_emits(emits, kv_quant)` runs before the compile (an unknown format, an unusable path, or
+`check_emits(emits, kv_quant, dtype)` runs before the compile (an unknown format, an unusable path, or
 an export the options cannot give fails before any work); `run_emits(emits, cfg, kv_quant, ...)`
 after it, in the order given:
     mlir DIR    each distinct traced segment as a torch-dialect MLIR module (export_mlir.py)
     onnx FILE   the target-independent IR of @prefill as one ONNX model, the domain ops as ONNX
-                functions (export_onnx.py; kv-quant off: the packed KV ops have no ONNX form)
+                functions (export_onnx.py; float32 activations)
 Known gap: an export runs after the artifact is written, so a failed export leaves the
 artifact in place (it is complete and valid; only the export is missing).
 """
@@ -19,6 +19,7 @@ FORMATS = ("mlir", "onnx")
 
 
 def check_emits(emits, kv_quant: bool = False, dtype: str = "float32") -> None:
+    """Raise ExportError for an export that cannot be written as asked (every format takes kv_quant on or off)."""
     for fmt, path in emits or ():
         if fmt not in FORMATS:
             raise ExportError(f"--emit {fmt}: unknown format (formats: {', '.join(FORMATS)})")
@@ -28,9 +29,6 @@ def check_emits(emits, kv_quant: bool = False, dtype: str = "float32") -> None:
             from dsv41c.frontend.export_onnx import check_onnx_path
 
             check_onnx_path(path)
-            if kv_quant:
-                raise ExportError(f"--emit onnx {path}: the packed KV ops of kv-quant on (kv_pack, kv_unpack, "
-                                  "compressor_fused, index_scores_int8) have no ONNX form; compile with --kv-quant off")
             if dtype != "float32":
                 raise ExportError(f"--emit onnx {path}: {dtype} activations are not exported (ONNX's Einsum and "
                                   "onnxruntime's CPU kernels take no bfloat16); add --activation-dtype float32")

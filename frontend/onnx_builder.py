@@ -18,7 +18,7 @@ DOMAIN = "dsv41"    # the custom domain of the domain ops' functions
 IR_VERSION = 10     # the ONNX IR version the model is stamped with (function overloads need 10)
 
 ONNX_DTYPE = {"f64": TP.DOUBLE, "f32": TP.FLOAT, "bf16": TP.BFLOAT16, "f16": TP.FLOAT16,
-              "fp8e4m3": TP.FLOAT8E4M3FN, "e8m0": TP.UINT8, "fp4e2m1x2": TP.UINT8, "i8": TP.INT8, "u8": TP.UINT8,
+              "fp8e4m3": TP.UINT8, "e8m0": TP.UINT8, "fp4e2m1x2": TP.UINT8, "i8": TP.INT8, "u8": TP.UINT8,
               "i32": TP.INT32, "i64": TP.INT64, "bool": TP.BOOL}
 NP_DTYPE = {TP.DOUBLE: np.float64, TP.FLOAT: np.float32, TP.FLOAT16: np.float16, TP.INT8: np.int8,
             TP.UINT8: np.uint8, TP.INT32: np.int32, TP.INT64: np.int64, TP.BOOL: np.bool_}

@@ -1,5 +1,6 @@
 """`--emit onnx`: the target-independent tiny @prefill as ONNX passes the full checker, runs in onnxruntime equal to
-the eager reference (kv-quant off), and defines every dsv41 op it calls as a function; its refusals come first."""
+the eager reference (kv-quant off), and defines every dsv41 op it calls as a function; the packed KV functions give
+the eager ops' bytes; its refusals come first."""
 import subprocess
 import sys
 from pathlib import Path
@@ -70,7 +71,7 @@ def _feeds(cfg, module, ids):
             arr = x.numpy()
         arr = np.array(arr, order="C")  # (np.ascontiguousarray would make a 0-d state 1-d)
         feeds[a.name] = (ort.OrtValue.ortvalue_from_numpy_with_onnx_type(arr, onnx_element_type=t)
-                         if t in (onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT8E4M3FN) else arr)
+                         if t == onnx.TensorProto.BFLOAT16 else arr)
     return sd, feeds
 
 
@@ -100,24 +101,49 @@ def test_onnxruntime_runs_the_prefill_equal_to_the_eager_reference(exported):
     assert int(feeds["state.pos"]) == 19
 
 
-def test_a_kv_quant_op_is_refused_naming_it():
+def test_an_op_outside_the_table_is_refused_naming_it():
     from dsv41c.ir.parser import parse_module
 
-    m = parse_module('func @prefill(%c: fp4e2m1x2[4, 16], %s: e8m0[4, 1]) -> (f32[4, 32]) {\n'
-                     '  %0 = dsv41.kv_unpack(%c, %s) {dtype = f32, fmt = "fp4_ue8m0"} : (fp4e2m1x2[4, 16], e8m0[4, 1])'
-                     ' -> f32[4, 32]\n  return %0\n}\n')
-    with pytest.raises(ExportError, match=r"no ONNX form for dsv41\.kv_unpack \(x1\).*--kv-quant off"):
+    m = parse_module("func @prefill(%x: f32[4, 8]) -> (f32[4, 8]) {\n"
+                     "  %0 = aten.cumsum(%x) {dim = 0} : (f32[4, 8]) -> f32[4, 8]\n  return %0\n}\n")
+    with pytest.raises(ExportError, match=r"no ONNX form for aten\.cumsum \(x1\): not in the op table"):
         to_onnx(m)
 
 
-@pytest.mark.parametrize("case", ["directory", "unwritable", "kv_quant_on", "bfloat16"])
+@pytest.mark.parametrize("fmt", ["fp8_ue8m0", "fp4_e4m3", "fp4_ue8m0"])
+def test_the_packed_kv_functions_give_the_eager_bytes(fmt):
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime is in the test extra: pip install -e '.[test]'")
+    from onnx import TensorProto as TP
+    from onnx import helper
+
+    from dsv41c.frontend.export_onnx_kv import kv_pack_nodes, kv_unpack_nodes
+    from dsv41c.frontend.onnx_builder import Nodes
+    from dsv41c.prims.kv_pack import kv_pack, kv_unpack
+
+    x = torch.randn(7, 4, 64, generator=torch.Generator().manual_seed(1)) * torch.logspace(-4, 3, 64)
+    x[0, 0, :32] = 0.0  # an all-zero block
+    n = Nodes()
+    codes, scales = kv_pack_nodes(n, "x", TP.FLOAT, fmt)
+    n.op("Identity", codes, out_names=["codes"])
+    n.op("Identity", scales, out_names=["scales"])
+    n.op("Identity", kv_unpack_nodes(n, codes, scales, fmt, TP.FLOAT), out_names=["values"])
+    g = helper.make_graph(n.nodes, "pack", [helper.make_tensor_value_info("x", TP.FLOAT, [7, 4, 64])],
+                          [helper.make_tensor_value_info(k, t, None)
+                           for k, t in (("codes", TP.UINT8), ("scales", TP.UINT8), ("values", TP.FLOAT))])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})
+    c, s = kv_pack(x, fmt)
+    assert np.array_equal(got[0], c.view(torch.uint8).numpy()) and np.array_equal(got[1], s.view(torch.uint8).numpy())
+    assert np.array_equal(got[2], kv_unpack(c, s, fmt, torch.float32).numpy())
+
+
+@pytest.mark.parametrize("case", ["directory", "unwritable", "bfloat16"])
 def test_bad_input_is_refused_by_the_check_before_the_compile(tmp_path, case):
     from dsv41c.frontend.exports import check_emits
 
     path, kv_quant, dtype, want = {
         "directory": (str(tmp_path), False, "float32", "is a directory; give a file path"),
         "unwritable": ("/proc/dsv41c/model.onnx", False, "float32", "cannot write into /proc"),
-        "kv_quant_on": (str(tmp_path / "m.onnx"), True, "float32", "have no ONNX form; compile with --kv-quant off"),
         "bfloat16": (str(tmp_path / "m.onnx"), False, "bfloat16", "add --activation-dtype float32")}[case]
     with pytest.raises(ExportError, match=want):
         check_emits([("onnx", path)], kv_quant=kv_quant, dtype=dtype)
