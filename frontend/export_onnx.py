@@ -30,9 +30,8 @@ Known gaps:
   float32 arithmetic differs from torch's in the last bits and a value on a rounding boundary takes
   the neighbouring code, so the logits follow the eager reference only loosely (tiny: rel-L2 about
   3e-2 with kv-quant on, 2e-6 off); compare with --kv-quant off.
-- float32 activations only: with bfloat16 ones the checker rejects Einsum (no bfloat16 in its type
-  constraint) and onnxruntime's CPU provider has no bfloat16 kernels for most ops; refused before
-  the compile (`exports.check_emits`).
+- float32 activations only: with bfloat16 ones the checker rejects the model (opset 21's Einsum has
+  no bfloat16 in its type constraint); refused before the compile (`exports.check_emits`).
 - the weights are graph inputs, not initializers (the model is the program; the checkpoint is fed
   by name, as the IR binds it); `aten.index` with several index tensors and the ATen ops outside the
   table are refused, naming the op.

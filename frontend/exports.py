@@ -30,8 +30,8 @@ def check_emits(emits, kv_quant: bool = False, dtype: str = "float32") -> None:
 
             check_onnx_path(path)
             if dtype != "float32":
-                raise ExportError(f"--emit onnx {path}: {dtype} activations are not exported (ONNX's Einsum and "
-                                  "onnxruntime's CPU kernels take no bfloat16); add --activation-dtype float32")
+                raise ExportError(f"--emit onnx {path}: {dtype} activations are not exported (opset 21's Einsum "
+                                  "takes no bfloat16); add --activation-dtype float32")
 
 
 def run_emits(emits, cfg, kv_quant: bool = True, log=None, dtype: str = "float32", max_context=None) -> list:
