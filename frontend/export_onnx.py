@@ -177,7 +177,9 @@ class Graph:
                 attrs = opdef.resolve_dyn(attrs, [OnnxDim(self.v(v)) for v in dyn])
                 args.update({k: v for k, v in attrs.items() if k in args})
             if op.name in ATEN:
-                outs = ATEN[op.name](self, op, args)
+                start = len(self.n.nodes)
+                outs = [self._rename(o, self.name_of(r), start) for o, r in zip(ATEN[op.name](self, op, args),
+                                                                                 op.results)]
             elif op.name in FUNCS:
                 outs = self.call(op, opdef, args)
             else:
@@ -189,6 +191,18 @@ class Graph:
             raise ExportError("--emit onnx: no ONNX form for " + "; ".join(
                 f"{k} (x{c}): {NOT_WRITTEN.get(k, 'not in the op table (export_onnx_aten.py, export_onnx_dsv41.py)')}"
                 for k, c in sorted(self.refused.items())))
+
+    def _rename(self, o: str, name: str, start: int) -> str:
+        """Give the node (made since `start`) that produces o the IR value's name; an alias (o made before, or
+        a shared constant) keeps its own."""
+        if o in self.n._consts.values() or name in self.names.values():
+            return o
+        for node in self.n.nodes[start:]:
+            for seq in (node.output, node.input):
+                for i, x in enumerate(seq):
+                    if x == o:
+                        seq[i] = name
+        return name if any(name in node.output for node in self.n.nodes[start:]) else o
 
     def call(self, op, opdef, a) -> list:
         body, specialize = FUNCS[op.name]
