@@ -7,7 +7,8 @@ returns one manifest entry per job, in completion order:
 2. the misses compile in forked children, `jobs` at once (default: the CPU count), each under
    a time limit (DSV41C_AOT_TIMEOUT seconds, default 600): a compiler that hangs or crashes
    fails that kernel only, never the build; a built kernel is stored in the cache;
-3. progress: a tqdm bar on a terminal, else one line per kernel (CI logs), on `log`.
+3. progress: a tqdm bar on a terminal (`dsv41c/progress.py`'s test, so `DSV41C_PROGRESS=0` turns it off),
+   else one line per kernel (CI logs), on `log`.
 DSV41C_AOT_ISOLATE=0 compiles in this process, one at a time (debugging).
 
 Forking, not a process pool: a child inherits the imported templates and Triton, so a kernel
@@ -22,6 +23,8 @@ import os
 import sys
 import time
 
+from dsv41c.progress import on_terminal
+
 
 def default_jobs() -> int:
     env = int(os.environ.get("DSV41C_AOT_JOBS", "0") or 0)  # kept for scripts that set it
@@ -33,7 +36,7 @@ class Progress:
 
     def __init__(self, log, total: int, desc: str):
         self.log, self.total, self.done, self.bar = log, total, 0, None
-        if log is not None and total and getattr(log, "isatty", lambda: False)():
+        if total and on_terminal(log):
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, desc=desc, unit="kernel", file=log, dynamic_ncols=True)

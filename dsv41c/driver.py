@@ -17,6 +17,8 @@ Steps (progress on stderr, one line each):
 3. trace (`frontend/trace.py`) -> IR module with @prefill/@decode;
 4. the pipeline (`passes/pipeline.py`) through the PassManager (timings, verify-each,
    dumps), then a final verify;
+   on a terminal, tracing and the pipeline each show a progress bar above those lines (the layers stamped, the
+   passes run; `dsv41c/progress.py`), as the kernel builds do; a log gets the lines alone;
 5. codegen (`codegen/cpu.py`): program.json; the kernel variants the plan calls, built into `kernels/` for the
    Triton targets (`codegen/aot.py`);
 6. `write_artifact`: manifest.json (versions, target, config + hash, checkpoint location +
@@ -220,7 +222,8 @@ def build_artifact(out: str, checkpoint: str | None = None, preset: str | None =
         _log(f"traced in {tinfo.seconds:.1f} s: {tinfo.ops} ops, {tinfo.stamps} segment stamps")
         module.attrs = {**module.attrs, **binding_attrs(cfg, max_context=ctx)}  # the arena at the planned context
         passes = build_pipeline(pipeline_specs(target, memory_budget or 0, ced_split))
-        pm = PassManager(passes, verify_each=verify_each, timings=timings, dump_dir=dump_dir, dump_filter=dump_filter)
+        pm = PassManager(passes, verify_each=verify_each, timings=timings, dump_dir=dump_dir, dump_filter=dump_filter,
+                         progress=sys.stderr)
         t0 = time.perf_counter()
         result = pm.run(module)
         module = result.module

@@ -147,6 +147,7 @@ class Tracer:
         self.progress = progress
         self.bar = NoBar(progress or None)  # run() puts a bar here on a terminal
         self._layers_started: set = set()
+        self._where = None
 
     def log(self, msg):
         if self.progress:
@@ -248,11 +249,13 @@ class Tracer:
 
     def _show(self, fn_name: str, layer: str, root):
         """The bar: one step per layer as its first segment is stamped; where the stamping is."""
-        new = layer and (fn_name, layer) not in self._layers_started
-        self.bar.set_postfix_str(f"@{fn_name} {f'layers.{layer}' if layer else root}", refresh=not new)
-        if new:
+        if layer and (fn_name, layer) not in self._layers_started:
             self._layers_started.add((fn_name, layer))
             self.bar.update(1)
+        where = f"@{fn_name} {f'layers.{layer}' if layer else root}"
+        if where != self._where:  # a redraw when the place changes, not at every segment
+            self._where = where
+            self.bar.set_postfix_str(where)
 
     def weight(self, fn: Function, name: str):
         """The compute-dtype value of checkpoint tensor `name` in `fn`: its stored argument(s), dequantized by a
