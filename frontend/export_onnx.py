@@ -49,7 +49,8 @@ from onnx import helper, numpy_helper
 
 from dsv41c.frontend.export_mlir import ExportError
 from dsv41c.frontend.export_onnx_aten import ATEN
-from dsv41c.frontend.export_onnx_dsv41 import FUNCS, NOT_WRITTEN, Body
+from dsv41c.frontend.export_onnx_dsv41 import NOT_WRITTEN, Body
+from dsv41c.frontend.export_onnx_kv import FUNCS
 from dsv41c.frontend.onnx_builder import DOMAIN, IR_VERSION, NP_DTYPE, OPSET, Nodes, onnx_dtype
 from dsv41c.ir.core import Value
 from dsv41c.ir.printer import function_namer

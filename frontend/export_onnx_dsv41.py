@@ -28,13 +28,21 @@ check is the only guard.
 from __future__ import annotations
 
 import numpy as np
+import torch
 from onnx import TensorProto as TP
 from onnx import helper
 
 from dsv41c.frontend.export_onnx_aten import floor_div
-from dsv41c.frontend.export_onnx_kv import (compressor_fused, e4m3_lut, fake_quant, index_scores_int8, kv_pack,
-                                            kv_unpack, lut)
 from dsv41c.frontend.onnx_builder import Nodes
+
+
+def e4m3_lut(n):
+    vals = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float().numpy()
+    return n.const(vals.astype(np.float32), TP.FLOAT)
+
+
+def lut(n, table, byte, t=TP.FLOAT):
+    return n.cast(n.op("Gather", table, n.cast(byte, TP.INT64), axis=0), t, TP.FLOAT)
 
 NEG_INF, POS_INF = float("-inf"), float("inf")
 
@@ -407,13 +415,6 @@ FUNCS = {
     "dsv41.dequant_weight": (dequant_weight, None),
     "dsv41.cache_append": (cache_append, None),
     "dsv41.ring_append": (ring_append, None),
-    "dsv41.kv_pack": (kv_pack, None),
-    "dsv41.kv_unpack": (kv_unpack, None),
-    "dsv41.compressor_fused": (compressor_fused, None),
-    "dsv41.index_scores_int8": (index_scores_int8, None),
-    "dsv41.fq_window_kv": (fake_quant("fp8_ue8m0"), None),
-    "dsv41.fq_compressed_kv": (fake_quant("fp4_e4m3"), None),
-    "dsv41.fq_indexer": (fake_quant("fp4_ue8m0"), None),
 }
 
 # The domain ops with no function body, and why (the exporter's refusal quotes this): none today.

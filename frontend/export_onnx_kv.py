@@ -30,6 +30,8 @@ import torch
 from onnx import TensorProto as TP
 
 from dsv41c.frontend.export_onnx_aten import floor_div
+from dsv41c.frontend.export_onnx_dsv41 import FUNCS as DSV41_FUNCS
+from dsv41c.frontend.export_onnx_dsv41 import _rms_norm, append_rows, compressor_step, e4m3_lut, index_scores, lut
 
 LN2 = math.log(2.0)
 _E2M1_MAG = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -37,19 +39,10 @@ _E2M1_STEPS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, F
 _BLOCK = {"fp4_e4m3": 16, "fp4_ue8m0": 32, "fp8_ue8m0": 32}
 
 
-def e4m3_lut(n):
-    vals = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float().numpy()
-    return n.const(vals.astype(np.float32), TP.FLOAT)
-
-
 def e8m0_lut(n):
     lut = np.ldexp(1.0, np.arange(256) - 127)
     lut[255] = np.nan
     return n.const(lut.astype(np.float32), TP.FLOAT)
-
-
-def lut(n, table, byte, t=TP.FLOAT):
-    return n.cast(n.op("Gather", table, n.cast(byte, TP.INT64), axis=0), t, TP.FLOAT)
 
 
 def _split_last(n, x, block):
@@ -192,7 +185,6 @@ def _rope(n, x, tx, cos, sin, tc):
 
 
 def compressor_fused(F):
-    from dsv41c.frontend.export_onnx_dsv41 import _rms_norm, append_rows, compressor_step
 
     n, ratio, eps, tx = F.n, int(F.attrs["ratio"]), float(F.attrs["eps"]), F.dtypes["x"]
     lat, bk, bg = compressor_step(F)
@@ -212,6 +204,18 @@ def compressor_fused(F):
 
 
 def index_scores_int8(F):
-    from dsv41c.frontend.export_onnx_dsv41 import index_scores
 
     return index_scores(F)
+
+
+# every domain op's function: the unpacked ops' (export_onnx_dsv41.py) and the packed KV path's
+FUNCS = {
+    **DSV41_FUNCS,
+    "dsv41.kv_pack": (kv_pack, None),
+    "dsv41.kv_unpack": (kv_unpack, None),
+    "dsv41.compressor_fused": (compressor_fused, None),
+    "dsv41.index_scores_int8": (index_scores_int8, None),
+    "dsv41.fq_window_kv": (fake_quant("fp8_ue8m0"), None),
+    "dsv41.fq_compressed_kv": (fake_quant("fp4_e4m3"), None),
+    "dsv41.fq_indexer": (fake_quant("fp4_ue8m0"), None),
+}
