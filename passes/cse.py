@@ -59,7 +59,8 @@ class CommonSubexpressionElimination(ModulePass):
             table: dict = {}
             subst: dict = {}
             kept = []
-            roots = {id(a): frozenset([id(a)]) for a in f.args if a.name and a.name.startswith("state.")}
+            roots = ({id(a): frozenset([id(a)]) for a in f.args if a.name and a.name.startswith("state.")}
+                     if self.across_writes else {})  # only the fine barrier reads the state roots
             by_root: dict = {}  # state root -> the table keys computed from it
             none = frozenset()
             for op in f.ops:
