@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run on the GPU machine (device tool) from the repository root; results go to $OUT.
-#   tests            the GPU tier of the kernel tests (real widths, `-m gpu`)
+#   tests            the GPU tier of the kernel tests (real widths, `-m gpu`; GPU_TESTS: other test files)
 #   bench_attention  benchmarks/kernels_attention.py -> kernels_attention.json
 #   bench_ffn        benchmarks/kernels_ffn.py       -> kernels_ffn.json
 #   tune_prefill     benchmarks/tune_moe_prefill.py  -> tune_moe_prefill.json (FP4 grouped GEMM decoders x tiles)
@@ -31,7 +31,8 @@
 #                    CORRECT_STEPS)
 #   bench_artifact   `dsv41c compile --preset bench --target cuda:sm90 --max-context $BENCH_CONTEXT` into
 #                    $BENCH_ARTIFACT (default /tmp/bench-sm90.dsv41c; kept while the machine is warm, so a later
-#                    call's e2e finds it) -> bench_compile.txt
+#                    call's e2e finds it; BENCH_BUDGET, a size, passes --memory-budget: prefill in the chunks
+#                    plan-chunks picks) -> bench_compile.txt
 #   e2e              benchmarks/e2e.py on $BENCH_ARTIFACT -> e2e_$E2E_TAG.json (E2E_SYSTEMS, E2E_PREFILL,
 #                    E2E_CONTEXT, E2E_STEPS pass --systems, --prefill, --decode-context, --decode-steps)
 #   read_floor       benchmarks/read_floor.py -> read_floor.json (the least time to read each decode case's bytes,
@@ -56,7 +57,7 @@ for step in $STEPS; do
   case $step in
     # one -q (the project's addopts hold the other): -qq would drop the "N passed" line; pipefail: the step's
     # rc is pytest's, not tail's
-    tests) (set -o pipefail; timeout "$T" python3 -m pytest -m gpu -p no:cacheprovider tests/test_kernels_*.py 2>&1 \
+    tests) (set -o pipefail; timeout "$T" python3 -m pytest -m gpu -p no:cacheprovider ${GPU_TESTS:-tests/test_kernels_*.py} 2>&1 \
              | tail -40 > "$OUT/gpu_tests.txt") ;;
     bench_attention) timeout "$T" python3 benchmarks/kernels_attention.py --out "$OUT/kernels_attention.json" \
              ${ATTN_ONLY:+--only "$ATTN_ONLY"} > "$OUT/bench_attention.txt" 2>&1 ;;
@@ -112,7 +113,7 @@ for step in $STEPS; do
     bench_artifact) A=${BENCH_ARTIFACT:-/tmp/bench-sm90.dsv41c}
              if [ -f "$A/manifest.json" ]; then echo "kept: $A" > "$OUT/bench_compile.txt"; else
                timeout "$T" dsv41c compile --preset bench --target cuda:sm90 --max-context "${BENCH_CONTEXT:-132096}" \
-                 -o "$A" --force > "$OUT/bench_compile.txt" 2>&1; fi ;;
+                 ${BENCH_BUDGET:+--memory-budget "$BENCH_BUDGET"} -o "$A" --force > "$OUT/bench_compile.txt" 2>&1; fi ;;
     e2e) A=${BENCH_ARTIFACT:-/tmp/bench-sm90.dsv41c}; ART=(); [ -f "$A/manifest.json" ] && ART=(--artifact "$A")
          timeout "$T" python3 benchmarks/e2e.py "${ART[@]}" \
              --systems "${E2E_SYSTEMS:-eager,compile,dsv41c}" --prefill "${E2E_PREFILL:-8192,32768,131072}" \

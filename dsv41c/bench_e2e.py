@@ -19,7 +19,10 @@ Per system (`run_system`):
   `first_call_s`, and a second cold prefill of the same length is the figure; graph breaks from
   dynamo's counters;
 - decode at batch 1 after a prefill of each `--decode-context` length: `--decode-steps` greedy
-  steps, each timed on its own (synchronized): ms/token p50 / p99 and tok/s;
+  steps, each timed on its own (synchronized): ms/token p50 / p99 and tok/s over the steps after the
+  first two (which build what a system builds on first use: torch.compile's graphs and its dynamic
+  recompile, the artifact's CUDA graph capture; `first_steps_ms`), and for the artifact whether its
+  steps replayed a CUDA graph (`cuda_graph`, else `graph_error` says why not);
 - the peak device memory (max allocated) over the whole worker;
 - one decode step and one prefill chunk under torch.profiler: kernel launches and the time per
   kernel (top 25), on CUDA;
@@ -196,10 +199,16 @@ def run_system(system: str, cfg, seed: int, device, artifact, prefill: list, con
                     tok = int(torch.argmax(logits))
                     logits, t = _timed(lambda: sysm.decode(st, tok), dev)
                     times.append(t)
-                warm = times[1:] or times  # the first step of a compiled graph / a JIT kernel is its build
+                # the first two steps build what a system builds on first use (torch.compile's graphs and its
+                # recompile once the length is seen to vary, a JIT kernel, the artifact's CUDA graph capture)
+                warm = times[2:] if len(times) > 3 else times[1:] or times
                 warm = sorted(warm)
                 row.update(ms_p50=1e3 * warm[len(warm) // 2], ms_p99=1e3 * warm[min(len(warm) - 1, int(0.99 * len(warm)))],
-                           tok_s=len(warm) / sum(warm), first_step_ms=1e3 * times[0])
+                           tok_s=len(warm) / sum(warm), first_step_ms=1e3 * times[0],
+                           first_steps_ms=[1e3 * t for t in times[:2]])
+                if getattr(sysm.m, "cuda_graphs", None) is not None:  # the artifact: replayed as a CUDA graph?
+                    row.update(cuda_graph=sysm.m.cuda_graphs and st.graph is not None,
+                               **({"graph_error": sysm.m.graph_error} if sysm.m.graph_error else {}))
                 if C == contexts[0]:
                     out["profile_decode_step"] = _profile(lambda: sysm.decode(st, int(torch.argmax(logits))), dev)
             except (torch.OutOfMemoryError, RuntimeError) as e:

@@ -21,6 +21,7 @@ On a CUDA device the steps' streams and events are real (`device_streams.py`).
 Ops marked `once` (hoist-invariants: they read only weights and constants) run at a function's first
 call; the results later ops read are kept and bound on every later call with the same weight tensors
 on the same device, and the ops are skipped.
+A run can be recorded into a CUDA graph (`capturing`, see `decode_graph.py`).
 Known gaps: no arena (torch's allocator).
 """
 from __future__ import annotations
@@ -229,11 +230,15 @@ class Function:
 
         return DeviceStreams(device, self.n_streams)
 
-    def run(self, inputs: list, observe=None, device=None) -> list:
+    def run(self, inputs: list, observe=None, device=None, capturing: bool = False) -> list:
         """observe(record, args, result), if given, sees every op's program.json record, its positional
         arguments and its result (the per-op kernel check and bisection use it). `device`: where the plan's
-        factory ops make their tensors (default: torch's default, the CPU)."""
+        factory ops make their tensors (default: torch's default, the CPU). `capturing`: the run is being
+        recorded into a CUDA graph (`decode_graph.py`): every value it makes is kept until it returns, so no
+        memory of the graph's pool is handed to a later op of the same graph while another stream may still
+        read it (in a graph, torch's allocator cannot see when a replayed reader is done)."""
         vals = [None] * self.nslots
+        alive = [] if capturing else None
         vals[:len(inputs)] = inputs
         env = {s: int(inputs[i].shape[d]) for s, (i, d) in self.symbols.items()}
         streams = self._device_streams(device)  # the plan's streams on a GPU (device_streams.py); None: in order
@@ -258,7 +263,8 @@ class Function:
                 elif op.rec["target"] == "rt.wait":
                     res = streams.wait(op.stream, args[0])
                 else:
-                    streams.used(args, op.stream, lambda t: made_on.get(id(t)))
+                    if alive is None:  # a capture keeps every value instead
+                        streams.used(args, op.stream, lambda t: made_on.get(id(t)))
                     with streams.on(op.stream):
                         res = op.fn(*args, **kwargs)
                     for r in (res if isinstance(res, (list, tuple)) else (res,)):
@@ -268,6 +274,8 @@ class Function:
                 raise ExecutionError(f"@{self.name}: {op.where}: {type(e).__name__}: {e}") from e
             if observe is not None:
                 observe(op.rec, args, res)
+            if alive is not None:
+                alive.append(res)
             if len(op.out) == 1:
                 vals[op.out[0]] = res
             elif op.out:  # a step with no result (rt.wait) leaves the slots alone

@@ -22,9 +22,13 @@ A GPU artifact (`cuda:*`, `rocm:*`) runs on the device: its kernel binaries are 
 checked first (`kernel_binaries.py`), weights are kept there as stored (FP8/FP4 codes + scales,
 BF16), the state and every value the plan makes live there (the plan's factory ops run under
 the device as default).
+On a CUDA device decode is a CUDA graph (`decode_graph.py`): a session's first decode runs op by
+op, its second captures the step, every later one replays it (`DSV41C_CUDA_GRAPHS=0`, or
+`model.cuda_graphs = False`, keeps every step op by op; so does an `observe` hook). The capacity
+the artifact was compiled for is checked here, before each step on a device.
 Known gaps: the cpu plan runs on the CPU whatever `device` says (`device` is only checked
-against the target); one sequence per session; no arena, no CUDA graph, one stream on the
-device (torch's allocator serves every value).
+against the target); one sequence per session; no arena (torch's allocator serves every value
+run op by op, a graph's own pool the captured step's); prefill is not captured.
 """
 from __future__ import annotations
 
@@ -72,6 +76,8 @@ class Session:
         self.state = state
         self.tokens: list[int] = []
         self.last_logits: torch.Tensor | None = None
+        self.graph = None  # the captured decode step (decode_graph.py), on a CUDA device
+        self.decodes = 0  # decode steps since the state was last replaced (the first runs op by op)
 
     @property
     def pos(self) -> int:
@@ -87,6 +93,9 @@ class CompiledModel:
         self.vocab_size = int(text["vocab_size"])
         self._bound: dict = {}
         self.observe = None  # observe(record, args, result) on every op of every run (checks, bisection)
+        # decode captured as a CUDA graph on a CUDA device (decode_graph.py); DSV41C_CUDA_GRAPHS=0 turns it off
+        self.cuda_graphs = self.device.type == "cuda" and os.environ.get("DSV41C_CUDA_GRAPHS", "1") != "0"
+        self.graph_error: str | None = None  # why a capture failed (the model then decodes op by op)
 
     def __repr__(self):
         return f"<CompiledModel {self.path} target={self.manifest['target']}>"
@@ -118,21 +127,61 @@ class CompiledModel:
                                   if a["role"] == "weight"}
         return self._bound[fname]
 
+    def _inputs(self, fname: str, session: Session, ids: torch.Tensor) -> list:
+        w = self._weights_of(fname)
+        return [ids if a["role"] == "input" else session.state[a["name"]] if a["role"] == "state" else w[a["name"]]
+                for a in self.program[fname].args]
+
+    def _check_capacity(self, session: Session, n: int) -> None:
+        """On a device the state appends read no position back (a step stays capturable): the capacity the
+        artifact was compiled for is checked here, from the session's host-side position."""
+        cap = int((self.manifest.get("options") or {}).get("max_context") or 0)
+        if self.device.type != "cpu" and cap and session.pos + n > cap:
+            from dsv41c.prims.state import StateCapacityError
+
+            raise StateCapacityError(
+                f"the session holds {session.pos} tokens and {n} more exceed the {cap} positions the artifact "
+                f"was compiled for; compile with a larger --max-context")
+
     def _run(self, fname: str, session: Session, host_ids: torch.Tensor) -> torch.Tensor:
         fn = self.program[fname]
-        w = self._weights_of(fname)
+        self._check_capacity(session, int(host_ids.shape[0]))
         ids = host_ids.to(self.device)  # the session's token list is kept from the host copy: no device sync
-        inputs = []
-        for a in fn.args:
-            role = a["role"]
-            inputs.append(ids if role == "input" else session.state[a["name"]] if role == "state" else w[a["name"]])
         with torch.no_grad(), torch.device(self.device):  # factory ops of the plan allocate on the device
-            outs = fn.run(inputs, self.observe, device=self.device)
+            outs = fn.run(self._inputs(fname, session, ids), self.observe, device=self.device)
         names = fn.output_names
         session.state = {n: v for n, v in zip(names[1:], outs[1:])}
+        session.graph, session.decodes = None, 0  # a captured step reads the old buffers: capture again
         session.tokens.extend(host_ids.tolist())
         session.last_logits = outs[0][-1]
         return outs[0]
+
+    def _graph_step(self, session: Session, host_ids: torch.Tensor) -> torch.Tensor:
+        """One decode step through the session's CUDA graph (captured at its second decode; decode_graph.py)."""
+        if session.graph is None:
+            if session.decodes == 0:  # the first runs op by op: the once ops, the launchers' and cuBLAS' set-up
+                out = self._run("decode", session, host_ids)
+                session.decodes = 1
+                return out
+            from dsv41c.runtime.decode_graph import DecodeGraph, GraphCaptureError
+
+            fn = self.program["decode"]
+            try:
+                with torch.no_grad(), torch.device(self.device):
+                    session.graph = DecodeGraph(fn, self._inputs("decode", session, host_ids.to(self.device)),
+                                                [(a["role"], a["name"]) for a in fn.args], session.state, self.device)
+            except GraphCaptureError as e:
+                self.cuda_graphs, self.graph_error = False, str(e)
+                import sys
+
+                print(f"dsv41c: decode runs op by op: {e}", file=sys.stderr)
+                return self._run("decode", session, host_ids)
+        self._check_capacity(session, int(host_ids.shape[0]))
+        logits = session.graph.step(host_ids)
+        session.decodes += 1
+        session.tokens.extend(host_ids.tolist())
+        session.last_logits = logits[-1]
+        return logits
 
     # ------------------------------------------------------------------ serving
     @property
@@ -161,7 +210,10 @@ class CompiledModel:
             if session.last_logits is None:
                 raise InputError("decode needs a token or a prefilled session (nothing to continue from)")
             token = int(torch.argmax(session.last_logits))
-        return self._run("decode", session, self._check_ids([int(token)]))[0]
+        ids = self._check_ids([int(token)])
+        if self.cuda_graphs and self.observe is None:
+            return self._graph_step(session, ids)[0]
+        return self._run("decode", session, ids)[0]
 
     def generate(self, ids, max_new_tokens: int, chunk: int = 0) -> list[int]:
         """Greedy: prefill `ids` (in chunks of `chunk`, 0 = one), then exactly max_new_tokens tokens."""

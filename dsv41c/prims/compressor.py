@@ -16,7 +16,12 @@ first-token position) and FP4-quantizes them into the group's compressed cache.
 
 `compressor_full` is the one-shot form (a sequence from position 0); `compressor_step`
 the serving form: it takes and returns the carried fp32 rows explicitly (one function of
-tensors, the state update the compiler wraps as one op).
+tensors, the state update the compiler wraps as one op). `compressor_step_one` is its
+one-token form with no data-dependent shape and no host read of the position: it always
+pools the group the token would complete (the carry's rows past `pos % ratio` are zero,
+the new row goes in at `pos % ratio`) and says whether it did complete it; where it did,
+the latent and the carry equal `compressor_step`'s bit for bit (the same rows, the same ops),
+so a decode step can be captured as a CUDA graph.
 HF reading: identical pooling; the "32-row fp32 ring" of some engines is a serving layout
 of the same carried rows (spec §6.2). Known gaps: none.
 """
@@ -65,3 +70,19 @@ def compressor_step(x: torch.Tensor, wkv: torch.Tensor, wgate: torch.Tensor | No
     usable = (kv.shape[0] // ratio) * ratio
     latents = rms_norm(pool_groups(kv[:usable], gate[:usable], ratio).to(x.dtype), norm_w, eps)
     return latents, kv[usable:], gate[usable:]
+
+
+def compressor_step_one(x: torch.Tensor, wkv: torch.Tensor, wgate: torch.Tensor, norm_w: torch.Tensor, ratio: int,
+                        eps: float, buf_kv: torch.Tensor, buf_gate: torch.Tensor, pos: torch.Tensor):
+    """One token (x [1, D]) at position `pos` (a scalar tensor), ratio > 1, carry buf_* [ratio - 1, C] whose
+    first pos % ratio rows are valid and the rest zero. -> (latent [1, C] of the group this token closes,
+    complete (bool scalar: it did close one; else the latent is not an entry), new buf_kv, new buf_gate)."""
+    kv, gate = _project(x, wkv, wgate)
+    b = pos.reshape(1).to(torch.int64).remainder(ratio)
+    full_kv = torch.cat([buf_kv.to(kv.dtype), torch.zeros_like(kv)]).index_copy(0, b, kv)
+    full_gate = torch.cat([buf_gate.to(gate.dtype), torch.zeros_like(gate)]).index_copy(0, b, gate)
+    latent = rms_norm(pool_groups(full_kv, full_gate, ratio).to(x.dtype), norm_w, eps)
+    complete = (b == ratio - 1).reshape(())
+    new_kv = torch.where(complete, torch.zeros_like(full_kv[:-1]), full_kv[:-1]).to(buf_kv.dtype)
+    new_gate = torch.where(complete, torch.zeros_like(full_gate[:-1]), full_gate[:-1]).to(buf_gate.dtype)
+    return latent, complete, new_kv, new_gate

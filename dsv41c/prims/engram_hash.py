@@ -93,13 +93,14 @@ def engram_row_ids(tokens: torch.Tensor, cfg, layer_pos: int, dead: torch.Tensor
     max_n, heads = cfg.engram_max_ngram_size, cfg.engram_n_heads
     primes = engram_primes(cfg.engram_layer_ids, max_n, heads, cfg.engram_vocab_size)[layer_pos]
     mult = torch.from_numpy(engram_multipliers(layer_id, max_n, cfg.engram_compressed_vocab_size))
-    t = tokens.to(torch.int64).cpu()
+    # hashed where the ids live: int64 products wrap modulo 2^64 on the CPU and on a GPU alike (as numpy
+    # spells them), and on a GPU nothing is read back to the host (a decode step can be a CUDA graph)
+    t = tokens.to(torch.int64)
     if token_map is not None:
-        t = token_map.to(torch.int64).cpu()[t]
+        t = token_map.to(device=t.device, dtype=torch.int64)[t]
     pad = int(token_map[cfg.engram_pad_token_id]) if token_map is not None else cfg.engram_pad_token_id
     T = t.shape[0]
-    # hashed on the CPU (int64 products as numpy spells them) whatever device the ids live on
-    d = dead.cpu() if dead is not None else torch.zeros(T, dtype=torch.bool, device="cpu")
+    d = dead.to(t.device, torch.bool) if dead is not None else torch.zeros(T, dtype=torch.bool, device=t.device)
     # shifted[i][p] = t[p-i], pad where the look-back leaves the sequence or crosses DEAD.
     # As HF (`DeepseekV41NgramHashState`): the blocking is cumulative and starts at shift 0,
     # so a DEAD token itself hashes as all-pad (its gate is forced to 0 anyway).

@@ -31,6 +31,12 @@ Known gaps: the exponents are those the values imply; the kernel reads the store
 one above them in a block whose largest code is 3 (both decompose the same values, so the scores agree,
 but the kernel can report fewer fallbacks). The float path's dot for the fallback pairs is the full einsum,
 computed once per call when any pair needs it.
+
+On a GPU (`static`, the default there) the call reads nothing back to the host, so a decode step that
+scores can be captured as a CUDA graph: every cache row is scored (the rows past the visible count are
+masked to -inf at the end, as before) and the float path's dots are always computed and taken where the
+integer path proves nothing. The visible entries' scores are the same numbers; the fallback pairs' float
+dots come from the einsum over all N rows rather than the visible n.
 """
 from __future__ import annotations
 
@@ -110,11 +116,16 @@ def _counts(q_ok, k_ok, nvis, block_q: int, block_t: int) -> dict:
 
 
 def index_scores_int8(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor, ratio: int,
-                      block_q: int = 16, block_t: int = 128) -> torch.Tensor:
-    """I [T, N], equal to `prims.indexer.index_scores(q, w, keys, positions, ratio)`; see the module docstring."""
+                      block_q: int = 16, block_t: int = 128, static: bool | None = None) -> torch.Tensor:
+    """I [T, N], equal to `prims.indexer.index_scores(q, w, keys, positions, ratio)`; see the module docstring.
+    `static` (default: on a GPU): no host read, no data-dependent shape."""
     acc = w.dtype
     d, N = q.shape[-1], keys.shape[0]
-    n = min(int((positions.max() + 1) // ratio), N) if positions.numel() else 0
+    static = q.device.type != "cpu" if static is None else static
+    if static:
+        n = N
+    else:
+        n = min(int((positions.max() + 1) // ratio), N) if positions.numel() else 0
     qa, ka = q.to(acc), keys[:n].to(acc)
     qc, qe, q_grid, q_fit = fp4_rows(qa)  # [T, h, d], [T, h]
     kc, ke, k_grid, k_fit = fp4_rows(ka)  # [n, d], [n]
@@ -129,8 +140,8 @@ def index_scores_int8(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, posi
     if d * 127 * 127 >= 2 ** bits:  # the integer sum itself might not be representable
         exact = torch.zeros_like(exact)
     dots = _times_pow2(A.to(acc), torch.where(exact, unit, 0))
-    n_float = int((~exact).sum())
-    if n_float:  # the float path's own dots where the integer path proves nothing
+    n_float = None if static else int((~exact).sum())
+    if static or n_float:  # the float path's own dots where the integer path proves nothing
         dots = torch.where(exact, dots, torch.einsum("thd,nd->thn", qa, ka))
     s = dots.relu() * d**-0.5
     scores = (s * w.unsqueeze(-1)).sum(dim=1)
@@ -141,7 +152,7 @@ def index_scores_int8(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, posi
         nvis = torch.clamp((positions + 1) // ratio, max=n)
         c = _counts(q_ok, k_ok, nvis, block_q, block_t)
         c.update(off_grid_rows=int((~q_grid).sum() + (~k_grid).sum()), pairs_integer=int(exact.sum()),
-                 pairs_float=n_float, calls=1)
+                 pairs_float=int((~exact).sum()), calls=1)
         for sink in _SINKS:
             sink.update(c)
     return scores.masked_fill(~visible, float("-inf"))
