@@ -190,6 +190,8 @@ def run_system(system: str, cfg, seed: int, device, artifact, prefill: list, con
             save(out)
         for C in contexts:
             row = {"context": C, "steps": steps}
+            if cuda:  # the last case's blocks back to the device: a long prefill after another needs them whole
+                torch.cuda.empty_cache()
             ids = _ids(C, cfg.vocab_size, seed)
             try:
                 st = sysm.new()
@@ -207,8 +209,11 @@ def run_system(system: str, cfg, seed: int, device, artifact, prefill: list, con
                            tok_s=len(warm) / sum(warm), first_step_ms=1e3 * times[0],
                            first_steps_ms=[1e3 * t for t in times[:2]])
                 if getattr(sysm.m, "cuda_graphs", None) is not None:  # the artifact: replayed as a CUDA graph?
-                    row.update(cuda_graph=sysm.m.cuda_graphs and st.graph is not None,
-                               **({"graph_error": sysm.m.graph_error} if sysm.m.graph_error else {}))
+                    g = st.graph
+                    row.update(cuda_graph=g is not None, **({"graph_error": sysm.m.graph_error} if sysm.m.graph_error else {}))
+                    if g is not None:  # captured with the plan's streams, or (that capture failed) on one
+                        row.update(graph_streams="one" if g.serial else "plan",
+                                   **({"graph_streams_error": g.first_error} if g.first_error else {}))
                 if C == contexts[0]:
                     out["profile_decode_step"] = _profile(lambda: sysm.decode(st, int(torch.argmax(logits))), dev)
             except (torch.OutOfMemoryError, RuntimeError) as e:

@@ -13,13 +13,15 @@ What makes a step capturable, and where it is ensured:
   from the session's host-side position before each step;
 - the kernel launchers take the current stream (the capture's).
 
-How: `DecodeGraph(fn, inputs, state, device)` records one run of `fn` under `torch.cuda.graph`
+How: `DecodeGraph(fn, inputs, roles, state, device)` records one run of `fn` under `torch.cuda.graph`
 (its own memory pool) with a static ids buffer in place of the token, the session's state
 tensors and the bound weights as the other inputs. The run keeps every value it makes until it
 returns (`Function.run(capturing=True)`), so a buffer read on a side stream is never handed to a
 later op of the graph. The state results that are new tensors (a compressor's caches, the
 position) are copied back into the session's buffers at the end of the graph, so the next
-replay reads the state the last one wrote, at the same addresses. `step(ids)` copies the token
+replay reads the state the last one wrote, at the same addresses. The capture is tried with the
+plan's streams and events first, then (where that capture fails) with every step on the capture
+stream in program order (`serial`: one valid schedule of the same steps). `step(ids)` copies the token
 into the static buffer, replays, and returns the logits (a copy: the graph's output buffer is
 rewritten by the next replay).
 
@@ -38,6 +40,10 @@ import torch
 
 class GraphCaptureError(RuntimeError):
     """The decode step could not be captured as a CUDA graph (says which op, or which property, and why)."""
+
+
+class _CaptureFailed(Exception):
+    """torch or the driver stopped one capture attempt (the message: its first line)."""
 
 
 def check_capturable(fn) -> None:
@@ -62,11 +68,24 @@ class DecodeGraph:
         self.ids = torch.zeros_like(inputs[i_ids[0]])
         args = list(inputs)
         args[i_ids[0]] = self.ids
+        why = []
+        for serial in (False, True):  # the plan's streams, else every step on the capture stream
+            try:
+                self._capture(fn, args, state, serial)
+                self.serial, self.first_error = serial, why[0] if why else None
+                return
+            except _CaptureFailed as e:
+                why.append(str(e))
+                self.graph = self.logits = None
+        raise GraphCaptureError(f"@{fn.name}: capture failed with the plan's streams ({why[0]}) and on one "
+                                f"stream ({why[1]})")
+
+    def _capture(self, fn, args: list, state: dict, serial: bool) -> None:
         self.graph = torch.cuda.CUDAGraph()
         names = fn.output_names
         try:
             with torch.cuda.graph(self.graph):
-                outs = fn.run(args, device=self.device, capturing=True)
+                outs = fn.run(args, device=self.device, capturing=True, serial=serial)
                 for name, new in zip(names[1:], outs[1:]):
                     old = state.get(name)
                     if old is None:
@@ -81,8 +100,7 @@ class DecodeGraph:
         except GraphCaptureError:
             raise
         except Exception as e:  # noqa: BLE001 - torch and the CUDA driver raise many kinds here
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise GraphCaptureError(f"@{fn.name}: capture failed: {msg}") from e
+            raise _CaptureFailed(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__) from e
         self.logits = outs[0]
 
     def step(self, host_ids: torch.Tensor) -> torch.Tensor:

@@ -230,18 +230,20 @@ class Function:
 
         return DeviceStreams(device, self.n_streams)
 
-    def run(self, inputs: list, observe=None, device=None, capturing: bool = False) -> list:
+    def run(self, inputs: list, observe=None, device=None, capturing: bool = False, serial: bool = False) -> list:
         """observe(record, args, result), if given, sees every op's program.json record, its positional
         arguments and its result (the per-op kernel check and bisection use it). `device`: where the plan's
         factory ops make their tensors (default: torch's default, the CPU). `capturing`: the run is being
         recorded into a CUDA graph (`decode_graph.py`): every value it makes is kept until it returns, so no
         memory of the graph's pool is handed to a later op of the same graph while another stream may still
-        read it (in a graph, torch's allocator cannot see when a replayed reader is done)."""
+        read it (in a graph, torch's allocator cannot see when a replayed reader is done). `serial`: every
+        step on the current stream, in program order (one valid schedule of the plan's streams)."""
         vals = [None] * self.nslots
         alive = [] if capturing else None
         vals[:len(inputs)] = inputs
         env = {s: int(inputs[i].shape[d]) for s, (i, d) in self.symbols.items()}
-        streams = self._device_streams(device)  # the plan's streams on a GPU (device_streams.py); None: in order
+        # the plan's streams on a GPU (device_streams.py); None: in order on the current stream
+        streams = None if serial else self._device_streams(device)
         made_on: dict = {}  # id(tensor) -> the stream of the step that made it (GPU streams only)
         cached = self._cached_once(inputs, device)  # the once ops' kept results, from an earlier call
         if cached is not None:
