@@ -36,8 +36,22 @@ E2M1_LUT = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0
 _E2M1_STEPS = ((0.25, "le"), (0.75, "lt"), (1.25, "le"), (1.75, "lt"), (2.5, "le"), (3.5, "lt"), (5.0, "le"))
 
 
+_CONSTANTS: dict = {}
+
+
+def device_constant(values: tuple, dtype, device) -> torch.Tensor:
+    """torch.tensor(values, dtype, device), made once per device: a table copied to a GPU on every call would
+    be a host-to-device copy in each decode step, which a CUDA graph cannot capture (the first, uncaptured
+    step makes it). Read-only by contract."""
+    key = (values, dtype, str(torch.device(device) if device is not None else "cpu"))
+    t = _CONSTANTS.get(key)
+    if t is None:
+        t = _CONSTANTS[key] = torch.tensor(values, dtype=dtype, device=device)
+    return t
+
+
 def e2m1_lut(device=None) -> torch.Tensor:
-    return torch.tensor(E2M1_LUT, dtype=torch.float32, device=device)
+    return device_constant(E2M1_LUT, torch.float32, device)
 
 
 def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
@@ -55,9 +69,9 @@ def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
 
 
 def _e2m1_boundaries(device) -> torch.Tensor:
-    t = torch.tensor([thr for thr, _ in _E2M1_STEPS], dtype=torch.float32, device=device)
+    t = device_constant(tuple(thr for thr, _ in _E2M1_STEPS), torch.float32, device)
     down = torch.nextafter(t, torch.full_like(t, -1.0))
-    up_ties = torch.tensor([kind == "lt" for _, kind in _E2M1_STEPS], device=device)
+    up_ties = device_constant(tuple(kind == "lt" for _, kind in _E2M1_STEPS), torch.bool, device)
     return torch.where(up_ties, down, t)
 
 

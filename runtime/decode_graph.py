@@ -35,6 +35,8 @@ captured (its chunks vary in length).
 """
 from __future__ import annotations
 
+import gc
+
 import torch
 
 
@@ -77,6 +79,10 @@ class DecodeGraph:
             except _CaptureFailed as e:
                 why.append(str(e))
                 self.graph = self.logits = None
+                e.__cause__ = e.__context__ = None  # its frames hold the run's values, in the failed graph's pool
+                del e
+                gc.collect()
+                torch.cuda.empty_cache()
         raise GraphCaptureError(f"@{fn.name}: capture failed with the plan's streams ({why[0]}) and on one "
                                 f"stream ({why[1]})")
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv41c.formats import E2M1_MAX, E4M3_MAX
+from dsv41c.formats import E2M1_MAX, E4M3_MAX, device_constant
 from dsv41c.prims.quant import _E2M1_MAG, _E2M1_STEPS, _blocks, pow2_ceil, round_e4m3
 
 FORMATS = {"fp4_e4m3": 16, "fp4_ue8m0": 32, "fp8_ue8m0": 32}  # format -> channels per scale
@@ -45,7 +45,7 @@ def _e2m1_codes(v: torch.Tensor) -> torch.Tensor:
 
 
 def _e2m1_values(codes: torch.Tensor, dtype) -> torch.Tensor:
-    mag = torch.tensor(_E2M1_MAG, dtype=dtype, device=codes.device)[codes & 7]
+    mag = device_constant(_E2M1_MAG, dtype, codes.device)[codes & 7]
     return torch.where(codes >= 8, -mag, mag)
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv41c.formats import E2M1_MAX, E4M3_MAX
+from dsv41c.formats import E2M1_MAX, E4M3_MAX, device_constant
 
 # E2M1 magnitudes by code, and the ties-to-even thresholds between consecutive codes:
 # (threshold, tie rounds up?) — 0.25↓ 0.75↑ 1.25↓ 1.75↑ 2.5↓ 3.5↑ 5↓.
@@ -63,7 +63,7 @@ def round_e2m1(v: torch.Tensor) -> torch.Tensor:
     code = torch.zeros_like(a, dtype=torch.long)
     for thr, tie_up in _E2M1_STEPS:
         code += (a >= thr if tie_up else a > thr).long()
-    mag = torch.tensor(_E2M1_MAG, dtype=v.dtype, device=v.device)[code]
+    mag = device_constant(_E2M1_MAG, v.dtype, v.device)[code]
     return torch.where(v < 0, -mag, mag)
 
 
