@@ -9,7 +9,8 @@
   profiled step and the bytes roofline (active weight bytes plus the KV read, over the measured
   copy bandwidth), on a log axis: the gap between the wall time and the device time is host work.
 A case measured in several files takes the figure of the file sorted last; a file whose `note` says
-its TTFT includes the first call (JIT builds) is skipped for prefill.
+its TTFT includes the first call (JIT builds) is skipped for prefill; once a system's decode has been
+replayed as a CUDA graph in some file (`cuda_graph`), its op-by-op decode rows are left out.
 Known gaps: only the end-to-end figure; the kernel tables of docs/KERNELS.md are text.
 """
 from __future__ import annotations
@@ -35,6 +36,9 @@ def collect(runs: list) -> dict:
     """-> {"prefill": {system: {T: tok/s or None}}, "decode": {system: {C: ms}}, "device_ms": {system: {C: ms}},
     "roofline_ms": {C: ms}, "gpu": name}."""
     out = {"prefill": {}, "decode": {}, "device_ms": {}, "roofline_ms": {}, "gpu": None}
+    # a system whose decode has been replayed as a CUDA graph somewhere: its op-by-op figures are history
+    graphed = {n for d in runs for n, s in d.get("systems", {}).items() for r in s.get("decode", [])
+               if r.get("cuda_graph")}
     for d in runs:
         out["gpu"] = out["gpu"] or (d.get("hardware") or {}).get("gpu")
         first_call_inside = "first call" in (d.get("note") or "")
@@ -45,10 +49,11 @@ def collect(runs: list) -> dict:
             if not first_call_inside:
                 for r in s.get("prefill", []):
                     out["prefill"].setdefault(name, {})[r["tokens"]] = r.get("tok_s")
-            for r in s.get("decode", []):
+            rows = [r for r in s.get("decode", []) if name not in graphed or r.get("cuda_graph")]
+            for r in rows:
                 out["decode"].setdefault(name, {})[r["context"]] = r.get("ms_p50")
             prof = s.get("profile_decode_step") or {}
-            ctx = [r["context"] for r in s.get("decode", []) if "ms_p50" in r]
+            ctx = [r["context"] for r in rows if "ms_p50" in r]
             if "device_time_ms" in prof and ctx:
                 out["device_ms"].setdefault(name, {})[ctx[0]] = prof["device_time_ms"]
     return out
