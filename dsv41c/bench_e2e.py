@@ -30,7 +30,9 @@ Per system (`run_system`):
 The parent also measures the ceilings once (a device-to-device copy, counting bytes read and
 written; an 8192³ bf16 matmul) and the decode bytes roofline: the active weight bytes of one token
 (the plan's stored weights, routed experts scaled by top-k / experts) plus the KV bytes read (every
-cached entry once: global bytes per token × context), over the measured copy bandwidth.
+cached entry once: global bytes per token × context), over the measured copy bandwidth; and the prefill
+matmul roofline (`prefill_roofline`: 2 FLOPs per weight element a token multiplies, over the measured bf16
+matmul ceiling: an upper bound on prefill tok/s, attention not counted).
 On a machine without a GPU the same code runs on the CPU (a smoke test; no profiler kernels).
 Known gaps: the artifact's decode is not a CUDA graph; the dsv41c system runs its plan through the Python executor, so its per-op
 launch overhead is part of its figures.
@@ -299,6 +301,34 @@ def decode_roofline(artifact: str, cfg, contexts: list, copy_bw: float | None) -
     return out
 
 
+def prefill_roofline(artifact: str, cfg, matmul_flops: float | None) -> dict:
+    """The matmul FLOPs of one prefill token from the plan's weight matrices, and the tok/s they allow at the
+    measured bf16 matmul ceiling: 2 FLOPs per weight element a token multiplies (the routed experts scaled by
+    top-k / experts; FP4 codes two to a byte; scales, norms, the embedding and Engram tables, which are looked
+    up or applied elementwise, left out). Attention over the context is not counted, so this is an upper bound
+    on tok/s."""
+    with open(os.path.join(artifact, "program.json")) as f:
+        spec = json.load(f)
+    args = {a["name"]: a for fn in spec["functions"].values() for a in fn["args"] if a["role"] == "weight"}
+    routed = other = 0
+    for n, a in args.items():
+        if not n.endswith(".weight") or n == "embed.weight" or ".engram." in n or len(a["shape"]) < 2:
+            continue
+        k = 1
+        for d in a["shape"]:
+            k *= int(d)
+        k *= 2 if a["dtype"] == "uint8" else 1  # packed FP4: two codes a byte
+        if ".ffn.experts." in n:
+            routed += k
+        else:
+            other += k
+    flops = 2 * (other + routed * cfg.num_experts_per_tok / cfg.n_routed_experts)
+    out = {"matmul_flops_per_token": flops}
+    if matmul_flops:
+        out["matmul_bound_tok_s"] = matmul_flops / flops
+    return out
+
+
 # ----------------------------------------------------------------------------- the driver
 
 
@@ -417,6 +447,7 @@ def cmd_bench(args) -> int:
     if args.artifact:
         res["decode_roofline"] = decode_roofline(args.artifact, cfg, contexts,
                                                  res["ceilings"].get("copy_bytes_per_s"))
+        res["prefill_roofline"] = prefill_roofline(args.artifact, cfg, res["ceilings"].get("bf16_matmul_flop_per_s"))
     for s in systems:
         # beside --out, so that what a worker measured survives even when the parent is stopped first
         part = f"{args.out}.{s}.part"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 import dsv41c
-from dsv41c.bench_e2e import decode_roofline, ratios
+from dsv41c.bench_e2e import decode_roofline, prefill_roofline, ratios
 from dsv41c.frontend.config import preset
 from dsv41c.frontend.inventory import expected_tensors
 from dsv41c.frontend.model.generate import greedy_generate
@@ -50,6 +50,12 @@ def test_roofline_and_ratios(tiny_off):
     a, b = r["per_context"]
     assert b["bytes_per_token"] - a["bytes_per_token"] == 64 * r["kv_bytes_per_token_global"]
     assert abs(a["roofline_ms"] - 1e3 * a["bytes_per_token"] / 1e12) < 1e-12
+    p = prefill_roofline(tiny_off, cfg, 1e15)
+    # 2 FLOPs per weight element of the matrices a token multiplies: more than the head alone, less than every
+    # matrix with every expert
+    head = cfg.vocab_size * cfg.hidden_size
+    assert 2 * head < p["matmul_flops_per_token"] < 2 * 8 * r["active_weight_bytes"] + 2 * r["routed_expert_bytes"]
+    assert abs(p["matmul_bound_tok_s"] - 1e15 / p["matmul_flops_per_token"]) < 1e-6
     sys_ = {"dsv41c": {"prefill": [{"tokens": 8, "tok_s": 30.0}], "decode": [{"context": 8, "tok_s": 4.0}],
                        "peak_memory_gib": 7.0},
             "eager": {"prefill": [{"tokens": 8, "tok_s": 10.0}], "decode": [{"context": 8, "tok_s": 2.0}],
