@@ -5,7 +5,7 @@ be set before triton is first imported, so it is set here, at collection start. 
 machine (the GPU tier) it is left alone and `gpu`-marked tests run for real.
 
 Compiled artifacts (`tiny_off`, `mini_off`, `mini_on`) are session-wide fixtures: each is
-built on first request and reused by every test module.
+built on first request and reused by every test module (and every pytest-xdist worker).
 
 Interpreter speed: Triton's interpreter re-patches all of `triton.language` (an
 `inspect.getmembers` over several modules) on every call of a jitted helper, inside every
@@ -109,11 +109,19 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _artifact(tmp_path_factory, preset, kv_quant):
+    """Built once per run: under pytest-xdist the workers share the parent of their temporary folders, and the
+    first to ask builds it there under a file lock while the others wait."""
+    from filelock import FileLock
+
     from dsv41c.driver import build_artifact
 
-    path = tmp_path_factory.getbasetemp() / f"{preset}-{'on' if kv_quant else 'off'}.dsv41c"
-    if not path.exists():
-        build_artifact(str(path), preset=preset, kv_quant=kv_quant)
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    path = root / f"{preset}-{'on' if kv_quant else 'off'}.dsv41c"
+    with FileLock(str(path) + ".lock"):
+        if not path.exists():
+            build_artifact(str(path), preset=preset, kv_quant=kv_quant)
     return str(path)
 
 

@@ -61,6 +61,7 @@ def test_same_inputs_give_a_byte_identical_artifact(tiny_off, tmp_path):
     assert [k for k in a if a[k] != b[k]] == []
 
 
+@pytest.mark.slow
 def test_full_preset_compiles_symbolically(tmp_path, capsys):
     from dsv41c.frontend.config import preset
     from dsv41c.runtime.loader import load

@@ -28,6 +28,7 @@ def _rel_l2(a, b):
     return float(torch.linalg.norm(a.double() - b.double()) / torch.linalg.norm(b.double()))
 
 
+@pytest.mark.slow
 def test_the_float32_gpu_plan_interpreted_equals_the_cpu_plan_and_each_kernel_call_its_reference(sm90_f32, mini_off):
     from dsv41c.frontend.config import preset
     from dsv41c.frontend.layer_plan import layer_plan

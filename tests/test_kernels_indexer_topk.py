@@ -103,6 +103,7 @@ def test_split_refines_full_buckets(cap):
     assert int(st[1, 1]) == 0, st.tolist()  # the tied run: exact ties in index order
 
 
+@pytest.mark.slow
 def test_split_ties_masked_rows_and_pin():
     S, N, k = 3, 4096, 256
     s = _ties(S, N, seed=7)

@@ -163,8 +163,9 @@ def test_ragged_tiles_and_split_down(split):
     assert torch.equal(y, y2)
 
 
-@pytest.mark.parametrize("D,BKB,ksplit,dt", [(256, 2, 2, torch.float32), (256, 2, 4, torch.bfloat16),
-                                               (160, 2, 3, torch.float32)])
+@pytest.mark.parametrize("D,BKB,ksplit,dt", [(256, 2, 2, torch.float32),
+                                               pytest.param(256, 2, 4, torch.bfloat16, marks=pytest.mark.slow),
+                                               pytest.param(160, 2, 3, torch.float32, marks=pytest.mark.slow)])
 def test_gate_up_k_split(D, BKB, ksplit, dt):
     """gate/up ksplit: each (slot, row tile) runs as `ksplit` programs over equal ranges of K's chunks, the last
     to arrive adds their g / u in order. hidden 160 = 5 blocks in 3 chunks of 2 (the last one half past the
@@ -421,7 +422,8 @@ MMA = {"prep": 8, "core": 1, "gate_up": {"BN": 32, "BKB": 8, "num_warps": 4, "ks
        "down": {"BN": 32, "BKB": 4, "num_warps": 2, "split": 2}}
 
 
-@pytest.mark.parametrize("T,act_quant", [(1, False), (1, True), (3, False)])
+@pytest.mark.parametrize("T,act_quant", [pytest.param(1, False, marks=pytest.mark.slow), (1, True),
+                                         pytest.param(3, False, marks=pytest.mark.slow)])
 def test_mma_core_matches_reference(experts, T, act_quant):
     g = gen(60 + T)
     x = torch.randn(T, D_T, generator=g).bfloat16().to(DEV)
@@ -438,6 +440,7 @@ def test_mma_core_matches_reference(experts, T, act_quant):
         assert rel_err(md.moe_experts_decode(x, idx, w, *experts, tiles=sub, **kw), y) < BF16_ULP
 
 
+@pytest.mark.slow
 def test_mma_core_loop_and_tail():
     """Hidden 640 = 5 steps of 4 blocks: the two-buffer loop runs twice, then the odd step's tail; inter 384 = 3 down
     steps (one loop turn and the tail) — the reference's numbers either way."""

@@ -120,6 +120,7 @@ def test_the_interpreter_runs_appends_as_values():
     assert out[0][1:3].eq(1).all() and not out[0][[0, 3]].any() and not cache.any()
 
 
+@pytest.mark.slow
 def test_max_context_fixes_the_capacity_and_the_tokens_do_not_change(tmp_path, tiny_off):
     import json
     import os
