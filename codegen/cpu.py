@@ -32,6 +32,9 @@ Streams (GPU plans after schedule-streams): every op record carries `stream` (it
 `{"target": "rt.wait", "args": [{"v": event slot}]}`, both on their own stream. A device runtime
 maps each index to a queue (torch.cuda.Stream) and each event slot to a torch.cuda.Event; the
 reference executor runs the steps in program order, which is one valid schedule.
+Arena (plan-memory ran): the function carries `arena` = {"bytes", "binding"} and an op whose results
+plan-memory placed carries `arena` = per result {offset, bytes (planned at the binding), dtype, shape} or
+null; an op whose result may be a view of its first operand (`ir/aliases.py`) carries `alias: true`.
 `once: true` (hoist-invariants) marks an op that reads only weights and constants: the runtime runs it at
 the function's first call and keeps what later calls read.
 Known gaps: the program is one format for every target; `free` is by program order, so a
@@ -43,6 +46,7 @@ from __future__ import annotations
 import json
 import math
 
+from dsv41c.ir.aliases import is_alias_op
 from dsv41c.ir.core import Value
 from dsv41c.ir.happens_before import op_stream
 from dsv41c.ir.registry import get
@@ -210,7 +214,32 @@ def _bare(d):
     return None
 
 
-def lower_function(f, output_names, state_fill: dict) -> dict:
+def arena_plan(module, fname: str) -> dict | None:
+    """The function's arena as plan-memory recorded it: {"bytes", "binding"}, or None (not planned)."""
+    size, text = module.attrs.get(f"memory.{fname}.arena_bytes"), module.attrs.get(f"memory.{fname}.binding")
+    if not isinstance(size, int) or not isinstance(text, str):
+        return None
+    binding = {}
+    for item in filter(None, text.split(",")):
+        k, _, v = item.partition("=")
+        binding[k.strip()] = int(v)
+    return {"bytes": size, "binding": binding}
+
+
+def _arena_slot(r, binding: dict):
+    """An arena-placed result: {offset, bytes (its planned size), dtype, shape}, or None."""
+    off = r.attrs.get("arena_offset")
+    if off is None or not isinstance(r.type, TensorType):
+        return None
+    n = r.type.nbytes
+    try:
+        n = n if isinstance(n, int) else int(n.evaluate(binding))
+    except KeyError:
+        return None
+    return {"offset": int(off), "bytes": n, "dtype": r.type.dtype.torch_name, "shape": _dims_json(r.type)}
+
+
+def lower_function(f, output_names, state_fill: dict, arena: dict | None = None) -> dict:
     slot: dict = {}
     args, symbols = [], {}
     for i, a in enumerate(f.args):
@@ -247,14 +276,23 @@ def lower_function(f, output_names, state_fill: dict) -> dict:
                         binds.append([r.index, d, s])
                         bound.add(s)
         rec["out"] = outs
+        if arena is not None:
+            placed = [_arena_slot(r, arena["binding"]) for r in op.results]
+            if any(placed):
+                rec["arena"] = placed
+        if is_alias_op(op.name):
+            rec["alias"] = True  # its result may share operand 0's bytes (planned so: ir/aliases.py)
         if binds:
             rec["bind"] = binds
         if op.loc:
             rec["loc"] = op.loc
         ops.append(rec)
     _add_frees(f, ops, slot)
-    return {"args": args, "symbols": symbols, "ops": ops, "outputs": [slot[id(v)] for v in f.returns],
-            "output_names": list(output_names), "nslots": nslot, "streams": streams}
+    out = {"args": args, "symbols": symbols, "ops": ops, "outputs": [slot[id(v)] for v in f.returns],
+           "output_names": list(output_names), "nslots": nslot, "streams": streams}
+    if arena is not None:
+        out["arena"] = arena
+    return out
 
 
 def _add_frees(f, ops, slot):
@@ -279,6 +317,7 @@ def emit_program(module, state_fill: dict) -> str:
     """The final IR module -> program.json text (deterministic bytes)."""
     outs = list(module.attrs.get("outputs", ()))
     # a function returning other values than @prefill (split-ced-prefill's @prefill_encoder) names them itself
-    fns = {name: lower_function(f, list(module.attrs.get(f"outputs.{name}", outs)), state_fill)
+    fns = {name: lower_function(f, list(module.attrs.get(f"outputs.{name}", outs)), state_fill,
+                                arena_plan(module, name))
            for name, f in module.functions.items()}
     return json.dumps({"format": PROGRAM_FORMAT, "functions": fns}, sort_keys=True, separators=(",", ":")) + "\n"

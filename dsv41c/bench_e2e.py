@@ -243,6 +243,8 @@ def run_system(system: str, cfg, seed: int, device, artifact, prefill: list, con
         out["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(dev) / 2**30, 2)
     if system == "dsv41c" and getattr(sysm.m, "binaries", None) is not None:
         out["binaries"] = sysm.m.binaries.stats()
+    if system == "dsv41c" and hasattr(sysm.m, "arena_stats"):
+        out["arena"] = sysm.m.arena_stats()  # per function: its bytes, what it served (runtime/arena.py)
     return out
 
 

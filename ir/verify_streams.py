@@ -26,14 +26,15 @@ keeping the live buffers sorted by offset (a valid plan keeps them disjoint, so 
 two address neighbours of a new buffer need checking).
 
 Known gaps: rule 2 is skipped for a function whose binding attribute is missing or does not
-bind every symbol of a placed value's type; aliasing views are not modelled (every value
-owns its bytes, as plan-memory plans them).
+bind every symbol of a placed value's type; views are known by op name (`ir/aliases.py`: a
+view's reads keep its base live).
 """
 from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, insort
 
+from dsv41c.ir.aliases import last_reads
 from dsv41c.ir.happens_before import HappensBefore, op_stream
 from dsv41c.ir.types import TensorType
 
@@ -170,11 +171,7 @@ def _check_reuse(module, f, hb, names) -> list[str]:
     env = _binding(module, f)
     if env is None:
         return []
-    last: dict = {}
-    for i, op in enumerate(f.ops):
-        reach = max(i, hb.last_unaware(i))
-        for v in op.operands:
-            last[id(v)] = max(last.get(id(v), -1), reach)
+    last = last_reads(f, hb)  # a view's reads count as its base's
     bufs = []
     for i, op in enumerate(f.ops):
         for r in op.results:

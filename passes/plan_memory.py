@@ -6,13 +6,14 @@
 What is in the arena: every tensor result of an op that the function does not return, plus
 each op's scratch (`workspace_bytes = DIM` on the op: live during that op only; workspace
 *operands* are ordinary values and planned as such). Outside it: the arguments (persistent
-state `state.*` and weights), the returned values (logits, the new state), values a pass
-already marked `placement = "persistent"`, index and event values.
+state `state.*` and weights), the returned values (logits, the new state) and the bases of
+returned views, values a pass already marked `placement = "persistent"`, index and event
+values, and the results of view ops (`ir/aliases.py`: they share their base's bytes).
 
-Lifetimes: a value lives from its defining op to its last use in the scheduled order,
-extended to the last op that may still run concurrently with any use (`ir/happens_before`:
-a use on a side stream keeps the buffer until the stream that read it has joined the one
-that reuses it). Sizes are the type's bytes at a concrete binding, rounded up to 256 bytes.
+Lifetimes: a value lives from its defining op to its last use in the scheduled order, a use
+of any view of it included, extended to the last op that may still run concurrently with
+any use (`ir/happens_before`: a use on a side stream keeps the buffer until the stream that
+read it has joined the one that reuses it). Sizes are the type's bytes at a concrete binding, rounded up to 256 bytes.
 Offsets: `passes/arena_fit.py` (best fit over the coalesced free gaps of each buffer's
 lifetime, split at the low end; orders by size, start, lifetime length and size x length
 tried, the smallest arena kept).
@@ -32,8 +33,8 @@ allocation sequence), `.order` and `.binding`. Stats carry the same figures.
 `memory_report(module)` gives them as a dict and `memory_report_files(module)` as the
 artifact's reports/memory.json plus a timeline picture per function (PNG and SVG).
 
-Known gaps: the IR has no aliasing, so a view is planned as its own buffer (an upper bound
-on what an aliasing runtime needs); no in-place reuse of an operand dying at the op that
+Known gaps: views are known by op name (`ir/aliases.py`), so a reshape that copies at run time
+still shares its base's lifetime instead of owning bytes; no in-place reuse of an operand dying at the op that
 defines the result (the intervals are closed); persistent state is sized by its owner,
 not here.
 """
@@ -42,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from dsv41c.ir.aliases import is_alias_op, last_reads, returned_bases
 from dsv41c.ir.happens_before import HappensBefore
 from dsv41c.ir.symbolic import SymExpr, free_symbols
 from dsv41c.ir.types import TensorType
@@ -177,16 +179,14 @@ def collect_buffers(f, env) -> list:
 
     names = function_namer(f)
     hb = HappensBefore(f)
-    returned = {id(v) for v in f.returns or []}
-    last: dict = {}  # id(value) -> latest position that may still read it
-    for i, op in enumerate(f.ops):
-        reach = max(i, hb.last_unaware(i))
-        for v in op.operands:
-            last[id(v)] = max(last.get(id(v), -1), reach)
+    returned = returned_bases(f)  # a returned value and the base of a returned view outlive the call
+    last = last_reads(f, hb)  # id(value) -> latest position that may still read it, or a view of it
     out = []
     for i, op in enumerate(f.ops):
         for r in op.results:
             if not isinstance(r.type, TensorType) or id(r) in returned or r.attrs.get("placement") == "persistent":
+                continue
+            if is_alias_op(op.name):  # a view: its base's bytes, kept until the view's last read
                 continue
             n = _nbytes(r.type, env, f"@{f.name}: op #{i} {op.name} result {names(r)}")
             end = max(i, hb.last_unaware(i), last.get(id(r), i))
@@ -268,6 +268,12 @@ class PlanMemory(ModulePass):
         changed = False
         for f in module.functions.values():
             plan = plan_function(f, resolve_binding(module, f, self.bind))
+            for op in f.ops:  # a view owns no bytes (an earlier plan's offset on it is dropped)
+                if is_alias_op(op.name):
+                    for r in op.results:
+                        if "arena_offset" in r.attrs:
+                            r.attrs = {k: v for k, v in r.attrs.items() if k not in ("arena_offset", "placement")}
+                            changed = True
             for b, off in zip(plan.buffers, plan.offsets):
                 if b.value is not None:
                     new = {**b.value.attrs, "placement": "transient", "arena_offset": off}

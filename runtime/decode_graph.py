@@ -14,7 +14,8 @@ What makes a step capturable, and where it is ensured:
 - the kernel launchers take the current stream (the capture's).
 
 How: `DecodeGraph(fn, inputs, roles, state, device)` records one run of `fn` under `torch.cuda.graph`
-(its own memory pool) with a static ids buffer in place of the token, the session's state
+(its own memory pool; the values plan-memory placed are written in the function's arena, made
+before the capture: `arena.py`) with a static ids buffer in place of the token, the session's state
 tensors and the bound weights as the other inputs. The run keeps every value it makes until it
 returns (`Function.run(capturing=True)`), so a buffer read on a side stream is never handed to a
 later op of the graph. The state results that are new tensors (a compressor's caches, the
@@ -89,6 +90,7 @@ class DecodeGraph:
     def _capture(self, fn, args: list, state: dict, serial: bool) -> None:
         self.graph = torch.cuda.CUDAGraph()
         names = fn.output_names
+        fn.arena(self.device)  # the function's arena (if planned) is made outside the graph's pool, once
         try:
             with torch.cuda.graph(self.graph):
                 outs = fn.run(args, device=self.device, capturing=True, serial=serial)

@@ -13,7 +13,10 @@ executor runs the steps in order, which is one valid schedule, so both are no-op
   before the reader has finished with it;
 - `join()` makes stream 0 wait for every other stream before the function returns (the verifier
   already rejects a returned value that was not joined; this keeps a crafted plan from racing).
-Known gaps: the values still come from torch's caching allocator, not from plan-memory's arena.
+The values in the function's arena (`arena.py`) need no such marking: plan-memory kept their bytes
+until every stream that reads them has joined.
+Known gaps: the values outside the arena (kernel launchers' and domain ops' results) come from torch's
+caching allocator.
 """
 from __future__ import annotations
 

@@ -22,7 +22,10 @@ Ops marked `once` (hoist-invariants: they read only weights and constants) run a
 call; the results later ops read are kept and bound on every later call with the same weight tensors
 on the same device, and the ops are skipped.
 A run can be recorded into a CUDA graph (`capturing`, see `decode_graph.py`).
-Known gaps: no arena (torch's allocator).
+Arena (`arena.py`): where plan-memory placed a function's transient values, the function's arena is
+allocated at its first run on a device and each ATen op with an out= form writes its result at the
+value's offset; `Function.use_arena = False` leaves every value to torch's allocator.
+Known gaps: kernel launchers and domain ops allocate their results (see arena.py).
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ import torch
 
 import dsv41c.ops  # noqa: F401  (registers torch.ops.dsv41)
 from dsv41c.prims.state import cache_append_, ring_append_
+from dsv41c.runtime.arena import Arena, ArenaSlot, out_form, write_into
 from dsv41c.runtime.manifest import ArtifactError
 
 
@@ -169,7 +173,8 @@ def _takes_device(fn) -> bool:
 
 
 class _Op:
-    __slots__ = ("fn", "args", "kwargs", "out", "bind", "free", "where", "rec", "stream", "factory", "once")
+    __slots__ = ("fn", "args", "kwargs", "out", "bind", "free", "where", "rec", "stream", "factory", "once",
+                 "place", "form", "alias")
 
     def __init__(self, rec):
         self.fn = resolve_target(rec["target"])
@@ -184,6 +189,11 @@ class _Op:
         self.rec = rec
         self.stream = rec.get("stream", 0)
         self.once = bool(rec.get("once"))
+        # arena.py: a result plan-memory placed is written into its slot where the target has an out= form
+        placed = rec.get("arena") or []
+        self.form = out_form(self.fn) if len(self.out) == 1 and placed and placed[0] and not self.factory else None
+        self.place = ArenaSlot.compile(placed[0], compile_dim) if self.form else None
+        self.alias = bool(rec.get("alias"))  # its result may share its operand's bytes: planned so
         k = rec.get("kernel")
         self.where = f"{rec['target']}" + (f" ({k['variant']})" if k else "") + f" at loc({rec.get('loc', '?')})"
 
@@ -199,6 +209,19 @@ class Function:
         self.nslots = spec["nslots"]
         self.n_streams = 1 + max((op.stream for op in self.ops), default=0)
         self._plan_once(spec["ops"])
+        self.arena_spec = spec.get("arena")  # plan-memory's {"bytes", "binding"}, if it ran
+        self.use_arena = self.arena_spec is not None
+        self._arenas: dict = {}  # device -> Arena, allocated at the first run there and kept
+
+    def arena(self, device) -> Arena | None:
+        """The function's arena on `device` (None: the CPU), allocated on first use; None if not planned or off."""
+        if not self.use_arena:
+            return None
+        key = str(torch.device(device)) if device is not None else "cpu"
+        a = self._arenas.get(key)
+        if a is None:
+            a = self._arenas[key] = Arena(self.arena_spec, device)
+        return a
 
     def _plan_once(self, recs: list):
         """The `once` ops (hoist-invariants): which argument slots they read (the cache is valid while
@@ -250,6 +273,7 @@ class Function:
             for k, v in cached.items():
                 vals[k] = v
         keep = {} if cached is None and self._once_keep else None
+        arena = self.arena(device)
         for op in self.ops:
             if op.once and cached is not None:
                 continue
@@ -257,8 +281,18 @@ class Function:
             kwargs = {k: g(env, vals) for k, g in op.kwargs}
             if op.factory and device is not None:
                 kwargs["device"] = device
+            buf = arena.view(op.place, env) if arena is not None and op.place is not None else None
             try:
-                if streams is None:
+                if buf is not None:
+                    res = _written(op, buf, args, kwargs, streams, made_on if alive is None else None)
+                    if res is None:  # no out= form for these arguments: torch's allocator from now on
+                        arena.unplace(buf)
+                        buf = op.place = op.form = None
+                if buf is not None:
+                    if res.data_ptr() != buf.data_ptr() or res.shape != buf.shape:
+                        raise ExecutionError(f"the result {tuple(res.shape)} is not the planned {tuple(buf.shape)} "
+                                             f"{buf.dtype} value at arena offset {op.place.offset}")
+                elif streams is None:
                     res = op.fn(*args, **kwargs)
                 elif op.rec["target"] == "rt.record":
                     res = streams.record(op.stream)
@@ -274,6 +308,8 @@ class Function:
                             made_on[id(r)] = op.stream
             except Exception as e:
                 raise ExecutionError(f"@{self.name}: {op.where}: {type(e).__name__}: {e}") from e
+            if arena is not None and buf is None and not op.alias:
+                res = _copy_out(arena, res)
             if observe is not None:
                 observe(op.rec, args, res)
             if alive is not None:
@@ -294,6 +330,36 @@ class Function:
         if keep is not None:
             self._once_cache = (str(device), [inputs[i] for i in self._once_in], keep)
         return [vals[s] for s in self.outputs]
+
+
+def _written(op, buf, args, kwargs, streams, made_on):
+    """The op run with its result written into `buf`, or None where torch finds no out= overload for these
+    arguments (a scalar operand where only the tensor form has one, a keyword the out form lacks)."""
+    try:
+        if streams is None:
+            return write_into(op.fn, op.form, buf, args, kwargs)
+        if made_on is not None:  # not capturing: the allocator's tensors read on another stream are recorded
+            streams.used(args, op.stream, lambda t: made_on.get(id(t)))
+        with streams.on(op.stream):
+            return write_into(op.fn, op.form, buf, args, kwargs)
+    except RuntimeError as e:
+        if "failed to match any schema" in str(e):
+            return None
+        raise
+
+
+def _copy_out(arena, res):
+    """A result that shares the arena's bytes without being planned there (a view some op returned of its
+    input) is copied, so the arena's next tenant cannot change it."""
+    if isinstance(res, torch.Tensor):
+        if arena.owns(res):
+            arena.stats["copied_out"] += 1
+            return res.clone()
+        return res
+    if isinstance(res, (list, tuple)) and any(arena.owns(r) for r in res):
+        arena.stats["copied_out"] += 1
+        return type(res)(r.clone() if arena.owns(r) else r for r in res)
+    return res
 
 
 class Program:

@@ -27,8 +27,9 @@ op, its second captures the step, every later one replays it (`DSV41C_CUDA_GRAPH
 `model.cuda_graphs = False`, keeps every step op by op; so does an `observe` hook). The capacity
 the artifact was compiled for is checked here, before each step on a device.
 Known gaps: the cpu plan runs on the CPU whatever `device` says (`device` is only checked
-against the target); one sequence per session; no arena (torch's allocator serves every value
-run op by op, a graph's own pool the captured step's); prefill is not captured.
+against the target); one sequence per session; the arena (`arena.py`: allocated at a function's first
+run, `DSV41C_ARENA=0` turns it off) holds only the values of ATen ops, the rest come from torch's
+allocator run op by op and from a graph's own pool in the captured step; prefill is not captured.
 """
 from __future__ import annotations
 
@@ -96,6 +97,22 @@ class CompiledModel:
         # decode captured as a CUDA graph on a CUDA device (decode_graph.py); DSV41C_CUDA_GRAPHS=0 turns it off
         self.cuda_graphs = self.device.type == "cuda" and os.environ.get("DSV41C_CUDA_GRAPHS", "1") != "0"
         self.graph_error: str | None = None  # why a capture failed (the model then decodes op by op)
+        # the transient values plan-memory placed, in one arena per function (arena.py); DSV41C_ARENA=0: torch's
+        # allocator serves every value
+        if os.environ.get("DSV41C_ARENA", "1") == "0":
+            for f in program.functions.values():
+                f.use_arena = False
+
+    def arena_stats(self) -> dict:
+        """Per function run so far: the arena's bytes and what it served ({bytes, placed, placed_bytes, ...})."""
+        out = {}
+        for name, f in self.program.functions.items():
+            for dev, a in f._arenas.items():
+                out[name] = {"bytes": a.bytes, "device": dev, "binding": a.binding, **a.stats,
+                             # results plan-memory placed; of them, those written in place (an out= form)
+                             "slots": sum(1 for op in f.ops if op.rec.get("arena")),
+                             "slots_written": sum(1 for op in f.ops if op.place is not None)}
+        return out
 
     def __repr__(self):
         return f"<CompiledModel {self.path} target={self.manifest['target']}>"

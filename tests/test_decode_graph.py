@@ -100,7 +100,8 @@ def test_a_function_whose_shapes_depend_on_data_is_refused_a_capture(mini_on, ti
 
 
 @pytest.mark.gpu
-def test_a_replayed_decode_equals_the_op_by_op_one_on_the_gpu(tmp_path):
+def test_a_replayed_decode_equals_the_op_by_op_one_on_the_gpu(tmp_path, monkeypatch):
+    """Replayed (in the arena), op by op (in the arena) and op by op with torch's allocator only: one answer."""
     import dsv41c
     from dsv41c.driver import build_artifact
 
@@ -112,11 +113,17 @@ def test_a_replayed_decode_equals_the_op_by_op_one_on_the_gpu(tmp_path):
     eager = dsv41c.load(path, device="cuda")
     eager.cuda_graphs = False
     graphed = dsv41c.load(path, device="cuda")
-    s1, s2 = eager.new_session(), graphed.new_session()
-    eager.prefill(s1, prompt)
-    graphed.prefill(s2, prompt)
+    monkeypatch.setenv("DSV41C_ARENA", "0")
+    plain = dsv41c.load(path, device="cuda")
+    plain.cuda_graphs = False
+    s1, s2, s3 = eager.new_session(), graphed.new_session(), plain.new_session()
+    for m, s in ((eager, s1), (graphed, s2), (plain, s3)):
+        m.prefill(s, prompt)
     for i in range(12):
-        a, b = eager.decode(s1), graphed.decode(s2)
-        assert int(a.argmax()) == int(b.argmax()), i
+        a, b, c = eager.decode(s1), graphed.decode(s2), plain.decode(s3)
+        assert int(a.argmax()) == int(b.argmax()) == int(c.argmax()), i
         assert float((a - b).norm() / a.norm()) <= 1e-5, i
+        assert float((a - c).norm() / c.norm()) <= 1e-5, i
     assert graphed.graph_error is None and s2.graph is not None
+    st = graphed.arena_stats()
+    assert st["decode"]["placed"] > 0 and st["decode"]["copied_out"] == 0 and plain.arena_stats() == {}
