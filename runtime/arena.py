@@ -23,9 +23,15 @@ A value larger than its slot (a run past the binding the arena was planned at, s
 prefill longer than the compiled chunk) is served by torch's allocator too: correct, counted
 in `stats["oversize"]`.
 
+Where it is on: the loader turns it on for runs on the CPU and, on a CUDA device, only with
+`DSV41C_ARENA=1`: on the H200 a tiny decode step run op by op in the arena gave the allocator's
+answer, but its CUDA-graph capture failed (the loader then decodes op by op, 12x slower on
+`bench`), and the cause was not found before the device time ran out.
+
 Known gaps: kernel launchers and the `dsv41.*` reference ops allocate their own results, so
-the arena holds only the ATen ops' values (`stats` says how many values and bytes it served);
-the launchers' split-K partials and workspaces come from torch's allocator.
+the arena holds only the ATen ops' values (`stats` says how many values and bytes it served,
+`benchmarks/arena_coverage.py` how many a plan places); the launchers' split-K partials and
+workspaces come from torch's allocator; the capture above.
 """
 from __future__ import annotations
 
@@ -35,11 +41,12 @@ import torch
 class ArenaSlot:
     """One planned result: its offset and planned size, dtype and the size expressions of its shape."""
 
-    __slots__ = ("offset", "bytes", "dtype", "dims", "itemsize")
+    __slots__ = ("offset", "bytes", "dtype", "dims", "itemsize", "last")
 
     def __init__(self, offset: int, nbytes: int, dtype: torch.dtype, dims: list):
         self.offset, self.bytes, self.dtype, self.dims = offset, nbytes, dtype, dims
         self.itemsize = torch.empty((), dtype=dtype).element_size()
+        self.last = None  # (arena, shape, view): the view made last time, reused while the shape is the same
 
     @classmethod
     def compile(cls, rec: dict, compile_dim) -> "ArenaSlot":
@@ -73,6 +80,7 @@ class Arena:
         self.binding = dict(spec.get("binding") or {})
         self.device = torch.device(device if device is not None else "cpu")
         self.tensor = torch.empty(max(self.bytes, 1), dtype=torch.uint8, device=self.device)
+        self.device = self.tensor.device  # with its index ("cuda" -> "cuda:0"), as tensors compare it
         self._ptr = self.tensor.untyped_storage().data_ptr()
         # values written in place, their bytes; results served by torch's allocator instead (too large for
         # their slot); results that shared the arena's bytes unplanned and were copied out
@@ -90,7 +98,12 @@ class Arena:
             return None
         self.stats["placed"] += 1
         self.stats["placed_bytes"] += n
-        return self.tensor[slot.offset:slot.offset + n].view(slot.dtype).view(shape)
+        last = slot.last
+        if last is not None and last[0] is self and last[1] == shape:  # a decode step: the same view every time
+            return last[2]
+        v = self.tensor[slot.offset:slot.offset + n].view(slot.dtype).view(shape)
+        slot.last = (self, shape, v)
+        return v
 
     def unplace(self, buf: torch.Tensor) -> None:
         """A view handed out but not written (the op had no out= form for its arguments after all)."""
@@ -101,12 +114,23 @@ class Arena:
         return isinstance(t, torch.Tensor) and t.device == self.device and t.untyped_storage().data_ptr() == self._ptr
 
 
+def out_overload(fn, args: list, kwargs: dict, buf: torch.Tensor):
+    """The out= overload of an ATen target for these arguments (resolved once per op: through the overload
+    packet each call costs some 3x a direct overload call on the CPU), or None if it has none for them."""
+    packet = fn.overloadpacket if isinstance(fn, torch._ops.OpOverload) else fn
+    try:
+        name = torch._C._jit_resolve_packet(packet._qualified_op_name, *args, **kwargs, out=buf)
+    except RuntimeError:
+        return None
+    return getattr(packet, name)
+
+
 def write_into(fn, form: str, buf: torch.Tensor, args: list, kwargs: dict) -> torch.Tensor:
-    """Run an ATen target with its result written into `buf` (shape and dtype as planned)."""
+    """Run an ATen target with its result written into `buf` (shape and dtype as planned); `fn` is the
+    resolved out= overload (`out_overload`), or anything for the "copy" form."""
     if form == "copy":
         return buf.copy_(args[0])
-    packet = fn.overloadpacket if isinstance(fn, torch._ops.OpOverload) else fn
-    return packet(*args, **kwargs, out=buf)
+    return fn(*args, **kwargs, out=buf)
 
 
-__all__ = ["Arena", "ArenaSlot", "out_form", "write_into"]
+__all__ = ["Arena", "ArenaSlot", "out_form", "out_overload", "write_into"]

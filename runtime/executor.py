@@ -35,7 +35,7 @@ import torch
 
 import dsv41c.ops  # noqa: F401  (registers torch.ops.dsv41)
 from dsv41c.prims.state import cache_append_, ring_append_
-from dsv41c.runtime.arena import Arena, ArenaSlot, out_form, write_into
+from dsv41c.runtime.arena import Arena, ArenaSlot, out_form, out_overload, write_into
 from dsv41c.runtime.manifest import ArtifactError
 
 
@@ -174,7 +174,7 @@ def _takes_device(fn) -> bool:
 
 class _Op:
     __slots__ = ("fn", "args", "kwargs", "out", "bind", "free", "where", "rec", "stream", "factory", "once",
-                 "place", "form", "alias")
+                 "place", "form", "alias", "out_fn")
 
     def __init__(self, rec):
         self.fn = resolve_target(rec["target"])
@@ -194,6 +194,7 @@ class _Op:
         self.form = out_form(self.fn) if len(self.out) == 1 and placed and placed[0] and not self.factory else None
         self.place = ArenaSlot.compile(placed[0], compile_dim) if self.form else None
         self.alias = bool(rec.get("alias"))  # its result may share its operand's bytes: planned so
+        self.out_fn = None  # the out= overload, resolved at the first write
         k = rec.get("kernel")
         self.where = f"{rec['target']}" + (f" ({k['variant']})" if k else "") + f" at loc({rec.get('loc', '?')})"
 
@@ -281,7 +282,10 @@ class Function:
             kwargs = {k: g(env, vals) for k, g in op.kwargs}
             if op.factory and device is not None:
                 kwargs["device"] = device
-            buf = arena.view(op.place, env) if arena is not None and op.place is not None else None
+            # the arena serves a result made on its device: an op whose tensor operands are all elsewhere (the
+            # host's small constants) makes its result there, and writing that into the arena would be a copy
+            buf = (arena.view(op.place, env) if arena is not None and op.place is not None
+                   and _reads_on(args, arena.device) else None)
             try:
                 if buf is not None:
                     res = _written(op, buf, args, kwargs, streams, made_on if alive is None else None)
@@ -289,7 +293,7 @@ class Function:
                         arena.unplace(buf)
                         buf = op.place = op.form = None
                 if buf is not None:
-                    if res.data_ptr() != buf.data_ptr() or res.shape != buf.shape:
+                    if res is not buf and (res.data_ptr() != buf.data_ptr() or res.shape != buf.shape):
                         raise ExecutionError(f"the result {tuple(res.shape)} is not the planned {tuple(buf.shape)} "
                                              f"{buf.dtype} value at arena offset {op.place.offset}")
                 elif streams is None:
@@ -332,20 +336,28 @@ class Function:
         return [vals[s] for s in self.outputs]
 
 
+def _reads_on(args, device) -> bool:
+    """Does any tensor operand live on `device`?"""
+    for a in args:
+        for t in (a if isinstance(a, (list, tuple)) else (a,)):
+            if isinstance(t, torch.Tensor) and t.device == device:
+                return True
+    return False
+
+
 def _written(op, buf, args, kwargs, streams, made_on):
     """The op run with its result written into `buf`, or None where torch finds no out= overload for these
-    arguments (a scalar operand where only the tensor form has one, a keyword the out form lacks)."""
-    try:
-        if streams is None:
-            return write_into(op.fn, op.form, buf, args, kwargs)
-        if made_on is not None:  # not capturing: the allocator's tensors read on another stream are recorded
-            streams.used(args, op.stream, lambda t: made_on.get(id(t)))
-        with streams.on(op.stream):
-            return write_into(op.fn, op.form, buf, args, kwargs)
-    except RuntimeError as e:
-        if "failed to match any schema" in str(e):
+    arguments (a keyword the out form lacks, an operand type only the functional form takes)."""
+    if op.out_fn is None and op.form == "out":
+        op.out_fn = out_overload(op.fn, args, kwargs, buf)
+        if op.out_fn is None:
             return None
-        raise
+    if streams is None:
+        return write_into(op.out_fn, op.form, buf, args, kwargs)
+    if made_on is not None:  # not capturing: the allocator's tensors read on another stream are recorded
+        streams.used(args, op.stream, lambda t: made_on.get(id(t)))
+    with streams.on(op.stream):
+        return write_into(op.out_fn, op.form, buf, args, kwargs)
 
 
 def _copy_out(arena, res):

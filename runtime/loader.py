@@ -28,11 +28,14 @@ op, its second captures the step, every later one replays it (`DSV41C_CUDA_GRAPH
 the artifact was compiled for is checked here, before each step on a device.
 Known gaps: the cpu plan runs on the CPU whatever `device` says (`device` is only checked
 against the target); one sequence per session; the arena (`arena.py`: allocated at a function's first
-run, `DSV41C_ARENA=0` turns it off) holds only the values of ATen ops, the rest come from torch's
-allocator run op by op and from a graph's own pool in the captured step; prefill is not captured.
+run) holds only the values of ATen ops, the rest come from torch's allocator run op by op and from a
+graph's own pool in the captured step; on a CUDA device it is off unless `DSV41C_ARENA=1` (a decode
+step writing into it failed to capture on the H200; `DSV41C_ARENA=0` turns it off on the CPU too);
+prefill is not captured.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import operator
 import os
@@ -97,11 +100,13 @@ class CompiledModel:
         # decode captured as a CUDA graph on a CUDA device (decode_graph.py); DSV41C_CUDA_GRAPHS=0 turns it off
         self.cuda_graphs = self.device.type == "cuda" and os.environ.get("DSV41C_CUDA_GRAPHS", "1") != "0"
         self.graph_error: str | None = None  # why a capture failed (the model then decodes op by op)
-        # the transient values plan-memory placed, in one arena per function (arena.py); DSV41C_ARENA=0: torch's
-        # allocator serves every value
-        if os.environ.get("DSV41C_ARENA", "1") == "0":
-            for f in program.functions.values():
-                f.use_arena = False
+        # the transient values plan-memory placed, in one arena per function (arena.py): on by default on the CPU;
+        # on a CUDA device only with DSV41C_ARENA=1, since a decode step writing into it has not yet been captured
+        # as a CUDA graph on the H200 (op by op it gave the allocator's answer); DSV41C_ARENA=0: off everywhere
+        flag = os.environ.get("DSV41C_ARENA")
+        self.arena = flag != "0" if flag is not None else self.device.type == "cpu"
+        for f in program.functions.values():
+            f.use_arena = f.use_arena and self.arena
 
     def arena_stats(self) -> dict:
         """Per function run so far: the arena's bytes and what it served ({bytes, placed, placed_bytes, ...})."""
@@ -160,11 +165,18 @@ class CompiledModel:
                 f"the session holds {session.pos} tokens and {n} more exceed the {cap} positions the artifact "
                 f"was compiled for; compile with a larger --max-context")
 
+    def _default_device(self):
+        """The device as torch's default for the run (the reference ops' own torch.* factories); nothing on the
+        CPU, where it is the default already and the mode would only add a Python hook to every torch call."""
+        if self.device.type == "cpu" and torch.get_default_device().type == "cpu":
+            return contextlib.nullcontext()
+        return torch.device(self.device)
+
     def _run(self, fname: str, session: Session, host_ids: torch.Tensor) -> torch.Tensor:
         fn = self.program[fname]
         self._check_capacity(session, int(host_ids.shape[0]))
         ids = host_ids.to(self.device)  # the session's token list is kept from the host copy: no device sync
-        with torch.no_grad(), torch.device(self.device):  # factory ops of the plan allocate on the device
+        with torch.no_grad(), self._default_device():  # factory ops of the plan allocate on the device
             outs = fn.run(self._inputs(fname, session, ids), self.observe, device=self.device)
         names = fn.output_names
         session.state = {n: v for n, v in zip(names[1:], outs[1:])}
@@ -184,7 +196,7 @@ class CompiledModel:
 
             fn = self.program["decode"]
             try:
-                with torch.no_grad(), torch.device(self.device):
+                with torch.no_grad(), self._default_device():
                     session.graph = DecodeGraph(fn, self._inputs("decode", session, host_ids.to(self.device)),
                                                 [(a["role"], a["name"]) for a in fn.args], session.state, self.device)
             except GraphCaptureError as e:

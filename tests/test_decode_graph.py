@@ -101,7 +101,7 @@ def test_a_function_whose_shapes_depend_on_data_is_refused_a_capture(mini_on, ti
 
 @pytest.mark.gpu
 def test_a_replayed_decode_equals_the_op_by_op_one_on_the_gpu(tmp_path, monkeypatch):
-    """Replayed (in the arena), op by op (in the arena) and op by op with torch's allocator only: one answer."""
+    """Replayed, op by op in the arena (DSV41C_ARENA=1) and op by op with torch's allocator only: one answer."""
     import dsv41c
     from dsv41c.driver import build_artifact
 
@@ -110,8 +110,10 @@ def test_a_replayed_decode_equals_the_op_by_op_one_on_the_gpu(tmp_path, monkeypa
     path = str(tmp_path / "tiny-f32.dsv41c")
     build_artifact(path, preset="tiny", target=f"cuda:sm{p.major}{p.minor}", activation_dtype="float32")
     prompt = list(range(3, 19))
+    monkeypatch.setenv("DSV41C_ARENA", "1")
     eager = dsv41c.load(path, device="cuda")
     eager.cuda_graphs = False
+    monkeypatch.delenv("DSV41C_ARENA")
     graphed = dsv41c.load(path, device="cuda")
     monkeypatch.setenv("DSV41C_ARENA", "0")
     plain = dsv41c.load(path, device="cuda")
@@ -125,5 +127,5 @@ def test_a_replayed_decode_equals_the_op_by_op_one_on_the_gpu(tmp_path, monkeypa
         assert float((a - b).norm() / a.norm()) <= 1e-5, i
         assert float((a - c).norm() / c.norm()) <= 1e-5, i
     assert graphed.graph_error is None and s2.graph is not None
-    st = graphed.arena_stats()
-    assert st["decode"]["placed"] > 0 and st["decode"]["copied_out"] == 0 and plain.arena_stats() == {}
+    st = eager.arena_stats()
+    assert st["decode"]["placed"] > 0 and plain.arena_stats() == {}
