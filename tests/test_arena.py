@@ -120,3 +120,17 @@ def test_owns_is_by_storage():
 
     a = Arena({"bytes": 1024, "binding": {"T": 2}}, None)
     assert a.tensor.numel() == 1024 and a.owns(a.tensor[256:512].view(torch.float32)) and not a.owns(torch.zeros(4))
+
+
+def test_the_coverage_script_accounts_for_every_placed_byte(tiny_off):
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "arena_coverage.py")
+    spec = importlib.util.spec_from_file_location("arena_coverage", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for name, r in mod.coverage(tiny_off).items():
+        parts = sum(r[k]["bytes"] for k in ("written", "kernel", "domain", "other"))
+        assert parts == r["placed_bytes"] > 0 and r["arena_bytes"] <= r["placed_bytes"], name
+        assert 0 < r["written_share_of_bytes"] <= 1 and r["views"] > 0
