@@ -204,6 +204,7 @@ class Function:
         self.name = name
         self.args = spec["args"]
         self.symbols = spec["symbols"]
+        _check_arena(name, spec.get("arena"), spec["ops"])
         self.ops = [_Op(r) for r in spec["ops"]]
         self.outputs = spec["outputs"]
         self.output_names = spec["output_names"]
@@ -334,6 +335,36 @@ class Function:
         if keep is not None:
             self._once_cache = (str(device), [inputs[i] for i in self._once_in], keep)
         return [vals[s] for s in self.outputs]
+
+
+def _check_arena(fname: str, arena, recs: list) -> None:
+    """Every planned slot lies inside the function's arena and names a dtype and a shape (else ArtifactError
+    naming the op), so a crafted or damaged program.json cannot make a run write outside it."""
+    if not any(r.get("arena") for r in recs):
+        return
+    size = arena.get("bytes") if isinstance(arena, dict) else None
+    if type(size) is not int or size < 0:
+        raise ArtifactError(f"program.json: @{fname}: arena slots are planned but the function's arena size is "
+                            f"{size!r}")
+    for i, rec in enumerate(recs):
+        for slot in rec.get("arena") or []:
+            if slot is None:
+                continue
+            where = f"program.json: @{fname}: op #{i} {rec.get('target')} at loc({rec.get('loc', '?')})"
+            off, n = slot.get("offset") if isinstance(slot, dict) else None, slot.get("bytes") if isinstance(slot, dict) else None
+            if type(off) is not int or type(n) is not int or off < 0 or n < 0 or off + n > size:
+                raise ArtifactError(f"{where}: arena slot [{off}, +{n}) is not inside the {size}-byte arena")
+            if not isinstance(getattr(torch, str(slot.get("dtype")), None), torch.dtype):
+                raise ArtifactError(f"{where}: arena slot dtype {slot.get('dtype')!r} is not a torch dtype")
+            shape = slot.get("shape")
+            if not isinstance(shape, list) or not all(type(d) in (int, str) for d in shape):
+                raise ArtifactError(f"{where}: arena slot shape {slot.get('shape')!r} is not a list of sizes")
+            for d in shape:
+                if isinstance(d, str):
+                    try:
+                        compile_dim(d)  # names, integers and + - * // only
+                    except ArtifactError as e:
+                        raise ArtifactError(f"{where}: arena slot shape: {str(e).removeprefix('program.json: ')}") from None
 
 
 def _reads_on(args, device) -> bool:

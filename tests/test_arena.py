@@ -134,3 +134,20 @@ def test_the_coverage_script_accounts_for_every_placed_byte(tiny_off):
         parts = sum(r[k]["bytes"] for k in ("written", "kernel", "domain", "other"))
         assert parts == r["placed_bytes"] > 0 and r["arena_bytes"] <= r["placed_bytes"], name
         assert 0 < r["written_share_of_bytes"] <= 1 and r["views"] > 0
+
+
+def test_a_damaged_arena_record_is_refused_naming_the_op():
+    import pytest
+
+    from dsv41c.runtime.manifest import ArtifactError
+
+    spec = json.loads(emit_program(_planned(VIEWS, "T=4"), {}))
+    f = spec["functions"]["prefill"]
+    i = next(k for k, r in enumerate(f["ops"]) if r.get("arena"))
+    for bad, msg in (({"offset": f["arena"]["bytes"]}, r"not inside the \d+-byte arena"),
+                     ({"offset": -256}, "not inside"), ({"dtype": "int99"}, "not a torch dtype"),
+                     ({"shape": ["__import__('os')"]}, "size expression")):
+        s = json.loads(json.dumps(spec))
+        s["functions"]["prefill"]["ops"][i]["arena"][0].update(bad)
+        with pytest.raises(ArtifactError, match=rf"@prefill: op #{i} aten.mm .*{msg}"):
+            Program(s)
