@@ -3,12 +3,13 @@
     python3 benchmarks/arena_coverage.py ARTIFACT [ARTIFACT ...] [--out results/arena_coverage.json]
 
 For each function of each artifact's program.json: the values plan-memory placed (count and their
-planned bytes at the arena's binding), split by who makes them at run time:
+sizes at the arena's binding, summed), split by who makes them at run time (codegen/cpu.py decides):
 - `written`: an ATen op with an out= form (runtime/arena.py writes it at its offset);
 - `kernel`: a kernel launcher (allocates its own result);
 - `domain`: a `dsv41.*` op on its reference (allocates its own);
-- `other`: ATen ops without an out= form (einsum, ...) and factory ops;
-plus the arena's size and plan-memory's lower bound, and the views (no bytes of their own).
+- `other`: ATen ops without an out= form (einsum, ...), factory ops, results sized only as they run;
+plus the runtime's arena (the written values placed again) against plan-memory's arena of every
+transient value, and the views (no bytes of their own).
 Static: read from the plan, so it says what the arena can hold, not what a given run placed
 (`CompiledModel.arena_stats()` says that: a value larger than its slot falls back).
 Known gaps: an ATen op with an out= form for some argument types only (a scalar operand) counts as
@@ -28,34 +29,22 @@ sys.path.insert(0, ROOT)
 
 
 def coverage(path: str) -> dict:
-    from dsv41c.runtime.arena import out_form
-    from dsv41c.runtime.executor import Program
-
     spec = json.load(open(os.path.join(path, "program.json")))
-    prog = Program(spec)
     report = {}
-    memory = os.path.join(path, "reports", "memory.json")
-    planned = json.load(open(memory))["functions"] if os.path.exists(memory) else {}
     for name, f in spec["functions"].items():
-        fn = prog[name]
-        rows = {k: {"values": 0, "bytes": 0} for k in ("written", "kernel", "domain", "other")}
-        views = 0
-        for op, rec in zip(fn.ops, f["ops"]):
-            views += bool(rec.get("alias"))
-            for slot in rec.get("arena") or []:
-                if not slot:
-                    continue
-                t = rec["target"]
-                kind = ("kernel" if t.startswith("kernel.") else "domain" if t.startswith("dsv41.")
-                        else "written" if op.place is not None or (out_form(op.fn) and not op.factory) else "other")
-                rows[kind]["values"] += 1
-                rows[kind]["bytes"] += int(slot["bytes"])
-        total = sum(r["bytes"] for r in rows.values())
         arena = f.get("arena") or {}
-        report[name] = {"arena_bytes": arena.get("bytes"), "binding": arena.get("binding"),
-                        "lower_bound": (planned.get(name) or {}).get("lower_bound"), "views": views,
+        written = {"values": 0, "bytes": 0}
+        for rec in f["ops"]:
+            for slot in rec.get("arena") or []:
+                if slot:
+                    written["values"] += 1
+                    written["bytes"] += int(slot["bytes"])
+        rows = {"written": written, **(arena.get("unserved") or {})}
+        total = sum(r["bytes"] for r in rows.values())
+        report[name] = {"arena_bytes": arena.get("bytes"), "planned_arena_bytes": arena.get("planned_bytes"),
+                        "binding": arena.get("binding"), "views": sum(bool(r.get("alias")) for r in f["ops"]),
                         "placed_bytes": total, **rows,
-                        "written_share_of_bytes": round(rows["written"]["bytes"] / total, 4) if total else None}
+                        "written_share_of_bytes": round(written["bytes"] / total, 4) if total else None}
     return report
 
 

@@ -32,9 +32,13 @@ Streams (GPU plans after schedule-streams): every op record carries `stream` (it
 `{"target": "rt.wait", "args": [{"v": event slot}]}`, both on their own stream. A device runtime
 maps each index to a queue (torch.cuda.Stream) and each event slot to a torch.cuda.Event; the
 reference executor runs the steps in program order, which is one valid schedule.
-Arena (plan-memory ran): the function carries `arena` = {"bytes", "binding"} and an op whose results
-plan-memory placed carries `arena` = per result {offset, bytes (planned at the binding), dtype, shape} or
-null; an op whose result may be a view of its first operand (`ir/aliases.py`) carries `alias: true`.
+Arena (plan-memory ran): the values the runtime writes into its arena (ATen ops with an out= form, whose
+shape is known before they run) are placed again with plan-memory's lifetimes, without the values kernel
+launchers and reference ops allocate themselves; the function carries `arena` = {"bytes" (that arena),
+"binding", "planned_bytes" (plan-memory's arena of every transient value), "unserved" (kernel / domain /
+other: values and bytes made outside it)} and such an op carries `arena` = per result {offset, bytes
+(planned at the binding), dtype, shape} or null; an op whose result may be a view of its first operand
+(`ir/aliases.py`) carries `alias: true`.
 `once: true` (hoist-invariants) marks an op that reads only weights and constants: the runtime runs it at
 the function's first call and keeps what later calls read.
 Known gaps: the program is one format for every target; `free` is by program order, so a
@@ -46,6 +50,7 @@ from __future__ import annotations
 import json
 import math
 
+from dsv41c.aten_targets import aten_target, out_form, takes_device
 from dsv41c.ir.aliases import is_alias_op
 from dsv41c.ir.core import Value
 from dsv41c.ir.happens_before import op_stream
@@ -258,8 +263,11 @@ def lower_function(f, output_names, state_fill: dict, arena: dict | None = None)
     nslot = len(f.args)
     ops, bound = [], set(symbols)
     streams = sorted({op_stream(op) for op in f.ops} | {0})
+    served: dict = {}  # id(result) -> (its record, its slot description): what the runtime's arena will hold
+    unserved = {k: [0, 0] for k in ("kernel", "domain", "other")}  # planned values made elsewhere: [count, bytes]
     for op in f.ops:
         rec = lower_op(op, slot)
+        known = set(bound)  # the sizes the runtime has bound before this op runs
         if len(streams) > 1:
             rec["stream"] = op_stream(op)
         if op.attrs.get("once"):
@@ -277,9 +285,16 @@ def lower_function(f, output_names, state_fill: dict, arena: dict | None = None)
                         bound.add(s)
         rec["out"] = outs
         if arena is not None:
-            placed = [_arena_slot(r, arena["binding"]) for r in op.results]
-            if any(placed):
-                rec["arena"] = placed
+            for r in op.results:
+                desc = _arena_slot(r, arena["binding"])
+                if desc is None:
+                    continue
+                kind = _arena_writer(rec, r, known, len(op.results))
+                if kind is None:
+                    served[id(r)] = (rec, desc)
+                else:
+                    unserved[kind][0] += 1
+                    unserved[kind][1] += desc["bytes"]
         if is_alias_op(op.name):
             rec["alias"] = True  # its result may share operand 0's bytes (planned so: ir/aliases.py)
         if binds:
@@ -291,8 +306,39 @@ def lower_function(f, output_names, state_fill: dict, arena: dict | None = None)
     out = {"args": args, "symbols": symbols, "ops": ops, "outputs": [slot[id(v)] for v in f.returns],
            "output_names": list(output_names), "nslots": nslot, "streams": streams}
     if arena is not None:
-        out["arena"] = arena
+        out["arena"] = _served_arena(f, arena, served, unserved)
     return out
+
+
+def _arena_writer(rec, r, known: set, nresults: int) -> str | None:
+    """None if the runtime writes this placed result into its arena slot (an ATen target with an out= form,
+    not a factory, one result, a shape known before the op runs), else who makes it: kernel / domain / other."""
+    target = rec["target"]
+    if target.startswith("kernel."):
+        return "kernel"
+    if target.startswith("dsv41."):
+        return "domain"
+    fn = aten_target(target)
+    if (fn is None or nresults != 1 or out_form(fn) is None or (takes_device(fn) and "device" not in rec.get("kwargs", {}))
+            or not r.type.free_symbols() <= known):
+        return "other"
+    return None
+
+
+def _served_arena(f, arena: dict, served: dict, unserved: dict) -> dict:
+    """The arena of the values the runtime writes: plan-memory's lifetimes of those values only, placed again
+    (`passes/arena_fit.py`), so the bytes of values that kernel launchers and reference ops allocate for
+    themselves are not reserved twice. Records each such result's slot in its op's `arena` list."""
+    from dsv41c.passes.arena_fit import best_placement
+    from dsv41c.passes.plan_memory import collect_buffers
+
+    bufs = [b for b in collect_buffers(f, arena["binding"]) if b.value is not None and id(b.value) in served]
+    offsets, size, _ = best_placement([(b.start, b.end, b.size) for b in bufs])
+    for b, off in zip(bufs, offsets):
+        rec, desc = served[id(b.value)]
+        rec.setdefault("arena", [None] * len(rec["out"]))[b.value.index] = {**desc, "offset": off}
+    return {"bytes": size, "binding": arena["binding"], "planned_bytes": arena["bytes"],
+            "unserved": {k: {"values": v[0], "bytes": v[1]} for k, v in unserved.items()}}
 
 
 def _add_frees(f, ops, slot):

@@ -7,9 +7,11 @@
 
 The arena is one byte tensor, allocated once per function and device (the first run on that
 device) and kept: every later run, and a CUDA graph captured from one, writes the same
-addresses. plan-memory placed every transient value so that two values live at the same time
-never share bytes (lifetimes extended to stream joins and to the last read of any view, see
-`ir/aliases.py`), so the executor only has to write each value where the plan put it:
+addresses. Its slots are those of the values the runtime writes (codegen/cpu.py places them
+again with plan-memory's lifetimes, so the bytes of values made elsewhere are not reserved in
+it): two values live at the same time never share bytes (lifetimes extended to stream joins and
+to the last read of any view, see `ir/aliases.py`), so the executor only has to write each value
+where the plan put it:
 
 - an ATen op with an `out=` form writes its result into its slot (the overload packet picks the
   out overload; `_to_copy` copies into it, which is what `_to_copy` itself does);
@@ -58,20 +60,6 @@ class ArenaSlot:
             return [int(d(env)) for d in self.dims]
         except NameError:  # a size the run has not bound yet (data-dependent): not known before the op
             return None
-
-
-def out_form(fn) -> str | None:
-    """How an ATen target writes into a given tensor: "out" (an overload with an `out` argument),
-    "copy" (`_to_copy`), or None."""
-    packet = fn.overloadpacket if isinstance(fn, torch._ops.OpOverload) else fn
-    if not isinstance(packet, torch._ops.OpOverloadPacket) or packet._qualified_op_name.split("::")[0] != "aten":
-        return None
-    if packet._qualified_op_name == "aten::_to_copy":
-        return "copy"
-    for name in packet.overloads():
-        if any(a.name == "out" and a.is_out for a in getattr(packet, name)._schema.arguments):
-            return "out"
-    return None
 
 
 class Arena:
@@ -133,4 +121,4 @@ def write_into(fn, form: str, buf: torch.Tensor, args: list, kwargs: dict) -> to
     return fn(*args, **kwargs, out=buf)
 
 
-__all__ = ["Arena", "ArenaSlot", "out_form", "out_overload", "write_into"]
+__all__ = ["Arena", "ArenaSlot", "out_overload", "write_into"]

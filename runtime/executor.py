@@ -35,7 +35,8 @@ import torch
 
 import dsv41c.ops  # noqa: F401  (registers torch.ops.dsv41)
 from dsv41c.prims.state import cache_append_, ring_append_
-from dsv41c.runtime.arena import Arena, ArenaSlot, out_form, out_overload, write_into
+from dsv41c.aten_targets import out_form, takes_device
+from dsv41c.runtime.arena import Arena, ArenaSlot, out_overload, write_into
 from dsv41c.runtime.manifest import ArtifactError
 
 
@@ -157,21 +158,6 @@ def _compile_arg(x):
     return g
 
 
-def _is_factory(schema) -> bool:
-    args = schema.arguments
-    return any(a.name == "device" for a in args) and not any("Tensor" in str(a.type) for a in args)
-
-
-def _takes_device(fn) -> bool:
-    """Whether an aten op makes a tensor from no tensor, on a device it is told (arange, full, scalar_tensor...);
-    ops with tensor inputs (full_like, _to_copy) keep their input's device."""
-    if isinstance(fn, torch._ops.OpOverload):
-        return _is_factory(fn._schema)
-    if isinstance(fn, torch._ops.OpOverloadPacket):
-        return any(_is_factory(getattr(fn, o)._schema) for o in fn.overloads())
-    return False
-
-
 class _Op:
     __slots__ = ("fn", "args", "kwargs", "out", "bind", "free", "where", "rec", "stream", "factory", "once",
                  "place", "form", "alias", "out_fn")
@@ -180,7 +166,7 @@ class _Op:
         self.fn = resolve_target(rec["target"])
         # a factory op of the plan names no device: the run's device is given to it (torch's default-device
         # mode reaches torch.* functions only, not aten overloads called directly)
-        self.factory = _takes_device(self.fn) and "device" not in rec.get("kwargs", {})
+        self.factory = takes_device(self.fn) and "device" not in rec.get("kwargs", {})
         self.args = [_compile_arg(a) for a in rec["args"]]
         self.kwargs = [(k, _compile_arg(v)) for k, v in rec.get("kwargs", {}).items()]
         self.out = rec["out"]

@@ -22,7 +22,7 @@ import networkx
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # modules every component may import: they import nothing of the compiler or the runtime
-LEAVES = ("dsv41c.formats", "dsv41c.prims", "dsv41c.ops", "dsv41c.artifact_format", "dsv41c.outputs",
+LEAVES = ("dsv41c.formats", "dsv41c.prims", "dsv41c.ops", "dsv41c.artifact_format", "dsv41c.outputs", "dsv41c.aten_targets",
           "dsv41c.seeded_weights")
 KERNEL_LIBRARY = ("dsv41c.codegen.triton", "dsv41c.codegen.templates")
 RUNTIME = ("dsv41c.runtime",)
