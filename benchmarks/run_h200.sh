@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Run on the GPU machine (device tool) from the repository root; results go to $OUT.
 #   tests            the GPU tier of the kernel tests (real widths, `-m gpu`; GPU_TESTS: other test files)
+#   arena_capture    benchmarks/arena_capture.py -> arena_capture_h200.json (a decode step in the arena, captured;
+#                    which op's arena write breaks the capture, if one does)
 #   bench_attention  benchmarks/kernels_attention.py -> kernels_attention.json
 #   bench_ffn        benchmarks/kernels_ffn.py       -> kernels_ffn.json
 #   tune_prefill     benchmarks/tune_moe_prefill.py  -> tune_moe_prefill.json (FP4 grouped GEMM decoders x tiles)
@@ -59,6 +61,8 @@ for step in $STEPS; do
     # rc is pytest's, not tail's
     tests) (set -o pipefail; timeout "$T" python3 -m pytest -m gpu -p no:cacheprovider ${GPU_TESTS:-tests/test_kernels_*.py} 2>&1 \
              | tail -40 > "$OUT/gpu_tests.txt") ;;
+    arena_capture) timeout "$T" python3 benchmarks/arena_capture.py --out "$OUT/arena_capture_h200.json" \
+             > "$OUT/arena_capture.txt" 2>&1 ;;
     bench_attention) timeout "$T" python3 benchmarks/kernels_attention.py --out "$OUT/kernels_attention.json" \
              ${ATTN_ONLY:+--only "$ATTN_ONLY"} > "$OUT/bench_attention.txt" 2>&1 ;;
     bench_ffn) timeout "$T" python3 benchmarks/kernels_ffn.py --out "$OUT/kernels_ffn.json" \

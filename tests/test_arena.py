@@ -152,3 +152,18 @@ def test_a_damaged_arena_record_is_refused_naming_the_op():
         s["functions"]["prefill"]["ops"][i]["arena"][0].update(bad)
         with pytest.raises(ArtifactError, match=rf"@prefill: op #{i} aten.mm .*{msg}"):
             Program(s)
+
+
+def test_the_capture_bisect_script_needs_a_gpu_and_says_so(capsys):
+    import importlib.util
+    import os
+
+    import pytest
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the script would build and capture")
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "arena_capture.py")
+    spec = importlib.util.spec_from_file_location("arena_capture", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main([]) == 2 and "needs a CUDA GPU" in capsys.readouterr().err
