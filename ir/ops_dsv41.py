@@ -180,3 +180,21 @@ def _dequant_weight(a):
 register("dsv41.dequant_weight(Tensor w, Tensor? scale, str fmt, dtype dtype, bool bf16_round, int block) -> Tensor",
          shape=_dequant_weight, impl=_call("dequant_weight", "w", "scale", "fmt", "dtype", "bf16_round", "block"),
          cost=lambda a, r: Cost(r[0].numel, memory_cost(a, r).bytes))
+
+_ROW_FORMATS = ("fp8_row", "fp4_row", "cast")
+
+
+def _dequant_rows(a):
+    whole = _dequant_weight(a)
+    rows = need_tensor(a.rows)
+    if a.fmt not in _ROW_FORMATS or whole.rank != 2:
+        raise ShapeError(f"dequant_rows: a 2-D row-scaled weight ({', '.join(_ROW_FORMATS)}), got {a.fmt} {a.w}")
+    if rows.dtype is not i64:
+        raise ShapeError(f"dequant_rows: rows must be i64, got {rows}")
+    return TensorType(a.dtype, tuple(rows.shape) + (whole.shape[-1],))
+
+
+register("dsv41.dequant_rows(Tensor w, Tensor? scale, Tensor rows, str fmt, dtype dtype, bool bf16_round, int block) "
+         "-> Tensor", shape=_dequant_rows,
+         impl=_call("dequant_rows", "w", "scale", "rows", "fmt", "dtype", "bf16_round", "block"),
+         cost=lambda a, r: Cost(r[0].numel, memory_cost(a, r).bytes))

@@ -35,6 +35,7 @@ PIPELINE = [
     "lower-kv-fp4",         # the KV state stored packed (FP4 + E4M3/16, FP4 + E8M0/32, FP8 + E8M0/32)
     "fuse-compressor",      # compressor -> RoPE -> FP4 pack -> cache appends (lower-kv-fp4's form) as one op
     "lower-indexer-int8",   # exact integer scoring of FP4 indexer data (the float path's scores)
+    "gather-engram-rows",   # an Engram layer dequantizes the table rows it reads, not the whole table
     ("split-ced-prefill", CED_SPLIT),    # optional: @prefill_encoder + the exact decoder suffix
     "cse{across_writes=true}",  # again after the domain rewrites: per-layer position arithmetic merges across layers
     "dce",

@@ -30,6 +30,7 @@ PASSES = {
     "lower-indexer-int8": "dsv41c.passes.lower_indexer_int8:LowerIndexerInt8",
     "fuse-compressor": "dsv41c.passes.fuse_compressor:FuseCompressor",
     "hoist-invariants": "dsv41c.passes.hoist_invariants:HoistInvariants",
+    "gather-engram-rows": "dsv41c.passes.gather_engram_rows:GatherEngramRows",
     # Later passes plug in here: share-csa2-state, fuse-compressor, lower-kv-fp4,
     # lower-indexer-int8, split-ced-prefill, plan-chunks, schedule-streams, plan-memory,
     # specialize-kernels, partition-pd, plan-dspark.

@@ -84,6 +84,7 @@ GENERIC_FALLBACK = {
     "dsv41.fq_compressed_kv": "the compressed KV is fake-quantized until lower-kv-fp4 stores it packed",
     "dsv41.fq_indexer": "the indexer keys are fake-quantized until lower-kv-fp4 stores them packed",
     "dsv41.dequant_weight": "a weight no kernel reads packed yet (norm weights, BF16 linears, casts)",
+    "dsv41.dequant_rows": "the table rows an Engram lookup reads (gather-engram-rows); engram_gather would read them packed",
 }
 
 # ops that only move, view or size data: not counted as compute left outside kernels
