@@ -16,7 +16,8 @@ from collections import Counter
 import pytest
 import torch
 
-from dsv41c.runtime.executor import Program, _takes_device
+from dsv41c.aten_targets import takes_device as _takes_device
+from dsv41c.runtime.executor import Program
 from dsv41c.runtime.manifest import ArtifactError
 
 
