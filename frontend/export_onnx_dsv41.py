@@ -17,7 +17,7 @@ select_topk (stable top-k = ONNX TopK, whose ties go to the lower index as in `p
 moe (the router, then every routed expert over all tokens with a weight that is 0 where the token
 did not pick it: the same sums as the eager loop), hc_mixes (Sinkhorn's repeated row and column
 normalizations as one Loop), engram_hash (the multipliers, primes and offsets as constants; int64
-products wrap as in torch), engram_apply, dequant_weight (E4M3 / E8M0 / E2M1 by 256-entry lookup
+products wrap as in torch), engram_apply, dequant_weight and dequant_rows (its rows gathered first; E4M3 / E8M0 / E2M1 by 256-entry lookup
 tables on the raw bytes), cache_append and ring_append (ScatterND at the rows the state layout gives).
 The packed KV path's ops (kv_pack, kv_unpack, compressor_fused, index_scores_int8, the fq_* fake
 quantizers) are in `export_onnx_kv.py`; every byte-sized format travels as UINT8 (opset 21's Slice,
@@ -341,25 +341,26 @@ def _repeat_cols(n, s, block, like):
     return n.slice(flat, -1, 0, n.dim(like, -1))
 
 
-def dequant_weight(F):
+def _dequant(F, w: str, scale: str):
+    """The stored tensor `w` (+ `scale`), both names in the function body, dequantized as F's attributes say."""
     from dsv41c.formats import E2M1_LUT
 
     n, a = F.n, F.attrs
     fmt, block, out_t = a["fmt"], int(a["block"]), F.out_dtypes[0]
     if fmt == "cast":
-        v = n.op("Identity", "w")
+        v = n.op("Identity", w)
         tv = F.dtypes["w"]
     elif fmt == "fp4_row":  # a byte holds two E2M1 codes (low nibble first); one E8M0 scale per 32 values
         pair = n.const([[E2M1_LUT[b & 15], E2M1_LUT[b >> 4]] for b in range(256)], TP.FLOAT)
-        vals = n.op("Reshape", n.op("Gather", pair, n.cast("w", TP.INT64), axis=0), n.i64(0, -1, 32))
-        v = n.op("Mul", vals, n.op("Unsqueeze", _e8m0(n, "scale"), n.i64(-1)))
+        vals = n.op("Reshape", n.op("Gather", pair, n.cast(w, TP.INT64), axis=0), n.i64(0, -1, 32))
+        v = n.op("Mul", vals, n.op("Unsqueeze", _e8m0(n, scale), n.i64(-1)))
         v, tv = n.op("Reshape", v, n.i64(0, -1)), TP.FLOAT
     elif fmt == "fp8_row":
-        q = lut(n, e4m3_lut(n), "w")
-        v, tv = n.op("Mul", q, _repeat_cols(n, _e8m0(n, "scale"), 32, q)), TP.FLOAT
+        q = lut(n, e4m3_lut(n), w)
+        v, tv = n.op("Mul", q, _repeat_cols(n, _e8m0(n, scale), 32, q)), TP.FLOAT
     elif fmt == "fp8_block":
-        q = lut(n, e4m3_lut(n), "w")
-        s = _repeat_cols(n, _e8m0(n, "scale"), block, q)                                # [Bo, in]
+        q = lut(n, e4m3_lut(n), w)
+        s = _repeat_cols(n, _e8m0(n, scale), block, q)                                # [Bo, in]
         s = n.op("Transpose", _repeat_cols(n, n.op("Transpose", s, perm=[1, 0]), block,
                                            n.op("Transpose", q, perm=[1, 0])), perm=[1, 0])
         v, tv = n.op("Mul", q, s), TP.FLOAT
@@ -367,7 +368,19 @@ def dequant_weight(F):
         raise ValueError(f"dequant_weight: unknown format {fmt!r}")
     if a["bf16_round"]:
         v, tv = n.cast(v, TP.BFLOAT16, tv), TP.BFLOAT16
-    return [n.op("Cast", v, to=out_t) if tv != out_t or fmt == "cast" else v]
+    return n.op("Cast", v, to=out_t) if tv != out_t or fmt == "cast" else v
+
+
+def dequant_weight(F):
+    return [_dequant(F, "w", "scale")]
+
+
+def dequant_rows(F):
+    """The rows `rows` of a row-scaled weight: its codes' and scales' rows gathered, then dequantized."""
+    n = F.n
+    flat = n.op("Reshape", "rows", n.i64(-1))
+    v = _dequant(F, n.op("Gather", "w", flat, axis=0), n.op("Gather", "scale", flat, axis=0))
+    return [n.op("Reshape", v, n.op("Concat", n.op("Shape", "rows"), n.i64(-1), axis=0))]
 
 
 # ------------------------------------------------------------------------------------------ state writes
@@ -413,6 +426,7 @@ FUNCS = {
     "dsv41.engram_hash": (engram_hash, None),
     "dsv41.engram_apply": (engram_apply, None),
     "dsv41.dequant_weight": (dequant_weight, None),
+    "dsv41.dequant_rows": (dequant_rows, None),
     "dsv41.cache_append": (cache_append, None),
     "dsv41.ring_append": (ring_append, None),
 }
