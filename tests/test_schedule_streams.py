@@ -69,7 +69,7 @@ def dequant_once(monkeypatch):
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("name, target, fn, n", [("tiny", "cpu", "decode", 1),
+@pytest.mark.parametrize("name, target, fn, n", [pytest.param("tiny", "cpu", "decode", 1, marks=pytest.mark.slow),
                                                  ("mini", "cpu", "prefill", 6)])
 def test_random_interleavings_equal_the_serial_result_bit_for_bit(name, target, fn, n, dequant_once):
     from dsv41c.frontend.model.weights import stored_state_dict
