@@ -23,6 +23,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks.common import write_json  # noqa: E402
+
 
 def _try_capture(model, session) -> str | None:
     from dsv41c.runtime.decode_graph import DecodeGraph, GraphCaptureError
@@ -91,11 +93,8 @@ def main(argv=None) -> int:
             out["first_breaking_write"] = {"index": fn.ops.index(op), "target": op.rec["target"],
                                            "loc": op.rec.get("loc"), "form": op.form,
                                            "error": allow(hi)}
-    text = json.dumps(out, indent=1, sort_keys=True, default=str)
-    if a.out:
-        with open(a.out, "w") as fh:
-            fh.write(text + "\n")
-    print(text)
+    write_json(a.out, out)
+    print(json.dumps(out, indent=1, sort_keys=True, default=str))
     return 0
 
 

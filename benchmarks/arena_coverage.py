@@ -27,6 +27,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks.common import write_json  # noqa: E402
+
 
 def coverage(path: str) -> dict:
     spec = json.load(open(os.path.join(path, "program.json")))
@@ -57,11 +59,8 @@ def main(argv=None) -> int:
     for p in a.artifacts:
         m = json.load(open(os.path.join(p, "manifest.json")))
         out["artifacts"][os.path.basename(p.rstrip("/"))] = {"target": m.get("target"), "functions": coverage(p)}
-    text = json.dumps(out, indent=1, sort_keys=True)
-    if a.out:
-        with open(a.out, "w") as fh:
-            fh.write(text + "\n")
-    print(text)
+    write_json(a.out, out)
+    print(json.dumps(out, indent=1, sort_keys=True, default=str))
     return 0
 
 

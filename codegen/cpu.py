@@ -221,27 +221,12 @@ def _bare(d):
 
 def arena_plan(module, fname: str) -> dict | None:
     """The function's arena as plan-memory recorded it: {"bytes", "binding"}, or None (not planned)."""
+    from dsv41c.passes.plan_memory import parse_binding
+
     size, text = module.attrs.get(f"memory.{fname}.arena_bytes"), module.attrs.get(f"memory.{fname}.binding")
     if not isinstance(size, int) or not isinstance(text, str):
         return None
-    binding = {}
-    for item in filter(None, text.split(",")):
-        k, _, v = item.partition("=")
-        binding[k.strip()] = int(v)
-    return {"bytes": size, "binding": binding}
-
-
-def _arena_slot(r, binding: dict):
-    """An arena-placed result: {offset, bytes (its planned size), dtype, shape}, or None."""
-    off = r.attrs.get("arena_offset")
-    if off is None or not isinstance(r.type, TensorType):
-        return None
-    n = r.type.nbytes
-    try:
-        n = n if isinstance(n, int) else int(n.evaluate(binding))
-    except KeyError:
-        return None
-    return {"offset": int(off), "bytes": n, "dtype": r.type.dtype.torch_name, "shape": _dims_json(r.type)}
+    return {"bytes": size, "binding": parse_binding(text, f"memory.{fname}.binding")}
 
 
 def lower_function(f, output_names, state_fill: dict, arena: dict | None = None) -> dict:
@@ -263,8 +248,7 @@ def lower_function(f, output_names, state_fill: dict, arena: dict | None = None)
     nslot = len(f.args)
     ops, bound = [], set(symbols)
     streams = sorted({op_stream(op) for op in f.ops} | {0})
-    served: dict = {}  # id(result) -> (its record, its slot description): what the runtime's arena will hold
-    unserved = {k: [0, 0] for k in ("kernel", "domain", "other")}  # planned values made elsewhere: [count, bytes]
+    writer: dict = {}  # id(placed result) -> (its record, None if the runtime writes it into its arena, else who makes it)
     for op in f.ops:
         rec = lower_op(op, slot)
         known = set(bound)  # the sizes the runtime has bound before this op runs
@@ -286,15 +270,8 @@ def lower_function(f, output_names, state_fill: dict, arena: dict | None = None)
         rec["out"] = outs
         if arena is not None:
             for r in op.results:
-                desc = _arena_slot(r, arena["binding"])
-                if desc is None:
-                    continue
-                kind = _arena_writer(rec, r, known, len(op.results))
-                if kind is None:
-                    served[id(r)] = (rec, desc)
-                else:
-                    unserved[kind][0] += 1
-                    unserved[kind][1] += desc["bytes"]
+                if "arena_offset" in r.attrs:
+                    writer[id(r)] = (rec, _arena_writer(rec, r, known, len(op.results)))
         if is_alias_op(op.name):
             rec["alias"] = True  # its result may share operand 0's bytes (planned so: ir/aliases.py)
         if binds:
@@ -306,7 +283,7 @@ def lower_function(f, output_names, state_fill: dict, arena: dict | None = None)
     out = {"args": args, "symbols": symbols, "ops": ops, "outputs": [slot[id(v)] for v in f.returns],
            "output_names": list(output_names), "nslots": nslot, "streams": streams}
     if arena is not None:
-        out["arena"] = _served_arena(f, arena, served, unserved)
+        out["arena"] = _served_arena(f, arena, writer)
     return out
 
 
@@ -325,20 +302,29 @@ def _arena_writer(rec, r, known: set, nresults: int) -> str | None:
     return None
 
 
-def _served_arena(f, arena: dict, served: dict, unserved: dict) -> dict:
+def _served_arena(f, arena: dict, writer: dict) -> dict:
     """The arena of the values the runtime writes: plan-memory's lifetimes of those values only, placed again
     (`passes/arena_fit.py`), so the bytes of values that kernel launchers and reference ops allocate for
     themselves are not reserved twice. Records each such result's slot in its op's `arena` list."""
     from dsv41c.passes.arena_fit import best_placement
     from dsv41c.passes.plan_memory import collect_buffers
 
-    bufs = [b for b in collect_buffers(f, arena["binding"]) if b.value is not None and id(b.value) in served]
-    offsets, size, _ = best_placement([(b.start, b.end, b.size) for b in bufs])
-    for b, off in zip(bufs, offsets):
-        rec, desc = served[id(b.value)]
-        rec.setdefault("arena", [None] * len(rec["out"]))[b.value.index] = {**desc, "offset": off}
-    return {"bytes": size, "binding": arena["binding"], "planned_bytes": arena["bytes"],
-            "unserved": {k: {"values": v[0], "bytes": v[1]} for k, v in unserved.items()}}
+    served, unserved = [], {k: {"values": 0, "bytes": 0} for k in ("kernel", "domain", "other")}
+    for b in collect_buffers(f, arena["binding"]):
+        if b.value is None or id(b.value) not in writer:
+            continue
+        kind = writer[id(b.value)][1]
+        if kind is None:
+            served.append(b)
+        else:
+            unserved[kind]["values"] += 1
+            unserved[kind]["bytes"] += b.nbytes
+    offsets, size, _ = best_placement([(b.start, b.end, b.size) for b in served])
+    for b, off in zip(served, offsets):
+        rec, t = writer[id(b.value)][0], b.value.type
+        rec.setdefault("arena", [None] * len(rec["out"]))[b.value.index] = {
+            "offset": off, "bytes": b.nbytes, "dtype": t.dtype.torch_name, "shape": _dims_json(t)}
+    return {"bytes": size, "binding": arena["binding"], "planned_bytes": arena["bytes"], "unserved": unserved}
 
 
 def _add_frees(f, ops, slot):

@@ -34,18 +34,9 @@ from dsv41c.ir.builder import Builder
 from dsv41c.ir.symbolic import mul
 from dsv41c.ir.types import i64
 from dsv41c.passes.base import ModulePass, PassResult
+from dsv41c.passes.rewrite import use_counts
 
 ROW_FORMATS = ("fp8_row", "fp4_row")  # row-scaled, with a scale operand
-
-
-def _uses(f) -> dict:
-    n: dict = {}
-    for op in f.ops:
-        for v in op.operands:
-            n[id(v)] = n.get(id(v), 0) + 1
-    for v in f.returns or []:
-        n[id(v)] = n.get(id(v), 0) + 1
-    return n
 
 
 def _bytes_at_one(t) -> int:
@@ -63,7 +54,7 @@ class GatherEngramRows(ModulePass):
         stats: dict = {}
         total = 0
         for f in module.functions.values():
-            uses = _uses(f)
+            uses = use_counts(f)
             b = Builder(f)
             out, gathered, avoided = [], 0, 0
             for op in f.ops:

@@ -54,6 +54,17 @@ def producer(v: Value, *names: str) -> Op | None:
     return op
 
 
+def use_counts(f: Function) -> dict:
+    """{id(value): how many operand slots and returns read it}."""
+    n: dict = {}
+    for op in f.ops:
+        for v in op.operands:
+            n[id(v)] = n.get(id(v), 0) + 1
+    for v in f.returns or ():
+        n[id(v)] = n.get(id(v), 0) + 1
+    return n
+
+
 def has_side_effects(op: Op) -> bool:
     d = lookup(op.name)
     return d is None or d.has_side_effects

@@ -51,7 +51,7 @@ from dsv41c.ir.core import Function, Op
 from dsv41c.ir.kernel_contracts import KEY_PREFIX, ContractError, check_call
 from dsv41c.ir.types import TensorType
 from dsv41c.passes.base import ModulePass, PassError, PassResult
-from dsv41c.passes.rewrite import erase_dead_ops
+from dsv41c.passes.rewrite import erase_dead_ops, use_counts
 from dsv41c.passes.specialize_indexer import indexer_scores_call
 
 # Domain ops that run as their reference on a GPU target until the pass that makes their kernel's operands
@@ -106,16 +106,6 @@ def _aten_left(module) -> dict:
             for f in module.functions.values()}
 
 
-def _uses(f) -> dict:
-    n: dict = {}
-    for op in f.ops:
-        for v in op.operands:
-            n[id(v)] = n.get(id(v), 0) + 1
-    for v in f.returns or ():
-        n[id(v)] = n.get(id(v), 0) + 1
-    return n
-
-
 def _static(t) -> bool:
     return isinstance(t, TensorType) and all(isinstance(d, int) for d in t.shape)
 
@@ -141,7 +131,7 @@ class SpecializeKernels(ModulePass):
         return PassResult(module, changed, dict(sorted(stats.items())))
 
     def _function(self, f, widths, stats) -> bool:
-        uses = _uses(f)
+        uses = use_counts(f)
         by_result = {id(r): op for op in f.ops for r in op.results}
         out, changed = [], False
         stacks: dict = {}  # stacked weight name -> its function argument (one per layer matrix)

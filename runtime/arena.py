@@ -3,6 +3,7 @@
     arena = Arena(spec["arena"], device)       # {"bytes", "binding"} from program.json
     slot = ArenaSlot.compile(rec["arena"][0])  # {offset, bytes, dtype, shape}
     buf = arena.view(slot, env)                # the value's bytes, or None (larger than planned)
+    arena.placed(buf)                          # counted once the op wrote it
     arena.owns(t)                              # does t share the arena's bytes?
 
 The arena is one byte tensor, allocated once per function and device (the first run on that
@@ -66,8 +67,7 @@ class Arena:
     def __init__(self, spec: dict, device):
         self.bytes = int(spec["bytes"])
         self.binding = dict(spec.get("binding") or {})
-        self.device = torch.device(device if device is not None else "cpu")
-        self.tensor = torch.empty(max(self.bytes, 1), dtype=torch.uint8, device=self.device)
+        self.tensor = torch.empty(max(self.bytes, 1), dtype=torch.uint8, device=device if device is not None else "cpu")
         self.device = self.tensor.device  # with its index ("cuda" -> "cuda:0"), as tensors compare it
         self._ptr = self.tensor.untyped_storage().data_ptr()
         # values written in place, their bytes; results served by torch's allocator instead (too large for
@@ -84,8 +84,6 @@ class Arena:
         if n > slot.bytes:
             self.stats["oversize"] += 1
             return None
-        self.stats["placed"] += 1
-        self.stats["placed_bytes"] += n
         last = slot.last
         if last is not None and last[0] is self and last[1] == shape:  # a decode step: the same view every time
             return last[2]
@@ -93,10 +91,10 @@ class Arena:
         slot.last = (self, shape, v)
         return v
 
-    def unplace(self, buf: torch.Tensor) -> None:
-        """A view handed out but not written (the op had no out= form for its arguments after all)."""
-        self.stats["placed"] -= 1
-        self.stats["placed_bytes"] -= buf.numel() * buf.element_size()
+    def placed(self, buf: torch.Tensor) -> None:
+        """A value was written into `buf`, a view `view` gave."""
+        self.stats["placed"] += 1
+        self.stats["placed_bytes"] += buf.numel() * buf.element_size()
 
     def owns(self, t) -> bool:
         return isinstance(t, torch.Tensor) and t.device == self.device and t.untyped_storage().data_ptr() == self._ptr

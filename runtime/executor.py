@@ -277,12 +277,12 @@ class Function:
                 if buf is not None:
                     res = _written(op, buf, args, kwargs, streams, made_on if alive is None else None)
                     if res is None:  # no out= form for these arguments: torch's allocator from now on
-                        arena.unplace(buf)
                         buf = op.place = op.form = None
                 if buf is not None:
                     if res is not buf and (res.data_ptr() != buf.data_ptr() or res.shape != buf.shape):
                         raise ExecutionError(f"the result {tuple(res.shape)} is not the planned {tuple(buf.shape)} "
                                              f"{buf.dtype} value at arena offset {op.place.offset}")
+                    arena.placed(buf)
                 elif streams is None:
                     res = op.fn(*args, **kwargs)
                 elif op.rec["target"] == "rt.record":
@@ -337,7 +337,9 @@ def _check_arena(fname: str, arena, recs: list) -> None:
             if slot is None:
                 continue
             where = f"program.json: @{fname}: op #{i} {rec.get('target')} at loc({rec.get('loc', '?')})"
-            off, n = slot.get("offset") if isinstance(slot, dict) else None, slot.get("bytes") if isinstance(slot, dict) else None
+            if not isinstance(slot, dict):
+                raise ArtifactError(f"{where}: arena slot {slot!r} is not a record")
+            off, n = slot.get("offset"), slot.get("bytes")
             if type(off) is not int or type(n) is not int or off < 0 or n < 0 or off + n > size:
                 raise ArtifactError(f"{where}: arena slot [{off}, +{n}) is not inside the {size}-byte arena")
             if not isinstance(getattr(torch, str(slot.get("dtype")), None), torch.dtype):
